@@ -1,0 +1,93 @@
+"""The dispatcher: claims runnable actors and starts them under the worker's dynamic supervisor.
+
+It wakes on a ``toren_mail`` notification for an actor not hosted here, on a kick (an actor just
+passivated), and every ``poll_seconds`` for a sweep that also finds actors of dead workers and
+expired leases. It claims no more than the worker's free slots (``max_actors``): at the cap it
+stops claiming, which is the worker's backpressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import anyio
+import asyncpg
+
+from toren import Settings
+from toren.kernel import Claim, claim, forget_dead_workers
+
+from actors.hosts import HostRegistry
+
+log = logging.getLogger("toren.worker")
+
+StartHost = Callable[[Claim], Awaitable[None]]
+
+
+class Dispatcher:
+    """Turns mail into running actors for one worker incarnation."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        worker_id: uuid.UUID,
+        hosts: HostRegistry,
+        settings: Settings,
+        start_host: StartHost,
+    ) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.hosts = hosts
+        self.settings = settings
+        self.start_host = start_host
+        self._wanted: set[str] = set()
+        self._kick = anyio.Event()
+
+    def on_mail(self, actor_id: str) -> None:
+        """A notification: wake the actor if it runs here, else try to claim it."""
+        if not self.hosts.wake(actor_id):
+            self.want(actor_id)
+
+    def want(self, actor_id: str) -> None:
+        """Try to claim ``actor_id`` soon (targeted, cheaper than a sweep)."""
+        self._wanted.add(actor_id)
+        self._kick.set()
+
+    async def run(self, started: Callable[[], None]) -> None:
+        """Claim until cancelled."""
+        started()
+        next_sweep = 0.0
+        sweeps = 0
+        while True:
+            now = anyio.current_time()
+            if now >= next_sweep:
+                await self._claim(None)
+                next_sweep = now + self.settings.poll_seconds
+                sweeps += 1
+                if sweeps % 30 == 0:
+                    await forget_dead_workers(self.pool)
+            elif self._wanted:
+                wanted, self._wanted = self._wanted, set()
+                await self._claim([a for a in wanted if a not in self.hosts])
+            if not self._wanted:
+                with anyio.move_on_after(max(0.0, next_sweep - anyio.current_time())):
+                    await self._kick.wait()
+                self._kick = anyio.Event()
+
+    async def _claim(self, only: list[str] | None) -> None:
+        if only is not None and not only:
+            return
+        room = self.settings.max_actors - len(self.hosts)
+        if room <= 0:
+            return
+        claims = await claim(
+            self.pool,
+            self.worker_id,
+            limit=room,
+            lease=self.settings.lease_seconds,
+            only=only,
+        )
+        for c in claims:
+            log.debug("claimed %s at epoch %d", c.actor_id, c.epoch)
+            await self.start_host(c)

@@ -1,0 +1,115 @@
+"""The hosted actors of one worker incarnation: who runs here, waking them, stopping them.
+
+Each claimed actor runs as a child of the worker's dynamic supervisor (simple_one_for_one), inside
+a cancel scope of its own kept here, so that the worker can stop all of its actors at once the
+moment it learns its claim on them may be gone (lock connection lost, lease renewal failed).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import anyio
+import asyncpg
+
+from toren import Settings
+from toren.kernel import ActorHost, Claim, mark_failed
+
+log = logging.getLogger("toren.worker")
+
+
+class HostRegistry:
+    """The actors this worker incarnation hosts, by id."""
+
+    def __init__(self, pool: asyncpg.Pool, worker_id: uuid.UUID, settings: Settings) -> None:
+        self.pool = pool
+        self.worker_id = worker_id
+        self.settings = settings
+        self.hosts: dict[str, ActorHost] = {}
+        self._scopes: dict[str, anyio.CancelScope] = {}
+        self._claims: dict[str, Claim] = {}
+        self.on_exit: Callable[[str], None] = lambda _actor_id: None
+
+    def __len__(self) -> int:
+        return len(self.hosts)
+
+    def __contains__(self, actor_id: object) -> bool:
+        return actor_id in self._claims
+
+    def wake(self, actor_id: str) -> bool:
+        """Tell a hosted actor that mail arrived; False if it is not hosted here."""
+        host = self.hosts.get(actor_id)
+        if host is None:
+            return False
+        host.wake()
+        return True
+
+    def adopt(self, claim: Claim) -> Callable[[Callable[[], None], anyio.Event], Awaitable[None]]:
+        """Register a claim; returns the coroutine function its supervisor child runs.
+
+        The child may be restarted by its supervisor: each run builds a fresh host (a fresh actor
+        object, state rebuilt from the journal) for the same claim.
+        """
+        self._claims[claim.actor_id] = claim
+
+        async def run(started: Callable[[], None], stopping: anyio.Event) -> None:
+            host = ActorHost(
+                self.pool, self.worker_id, claim, poll_seconds=self.settings.poll_seconds
+            )
+            scope = anyio.CancelScope()
+            self.hosts[claim.actor_id] = host
+            self._scopes[claim.actor_id] = scope
+            finished = False
+            try:
+                with scope:
+                    await host.run(started, stopping)
+                finished = True
+            finally:
+                if self.hosts.get(claim.actor_id) is host:
+                    del self.hosts[claim.actor_id]
+                    del self._scopes[claim.actor_id]
+                if finished or scope.cancel_called:
+                    self._claims.pop(claim.actor_id, None)
+                    self.on_exit(claim.actor_id)
+
+        return run
+
+    def stop_lost(self, held: set[tuple[str, int]]) -> list[str]:
+        """Cancel every hosted actor whose (id, epoch) is not in ``held``; returns their ids."""
+        lost = [
+            actor_id
+            for actor_id, claim in self._claims.items()
+            if (actor_id, claim.epoch) not in held
+        ]
+        for actor_id in lost:
+            self.cancel(actor_id)
+        return lost
+
+    def cancel(self, actor_id: str) -> None:
+        """Stop one hosted actor at once (no grace: its claim is gone)."""
+        scope = self._scopes.get(actor_id)
+        if scope is not None:
+            scope.cancel()
+        self._claims.pop(actor_id, None)
+
+    def cancel_all(self) -> int:
+        """Stop every hosted actor at once; returns how many were running."""
+        count = len(self._scopes)
+        for scope in list(self._scopes.values()):
+            scope.cancel()
+        self._claims.clear()
+        return count
+
+    async def give_up(self, actor_id: str, exc: BaseException) -> None:
+        """Escalation: the actor exceeded its restart intensity; mark it failed, tell its parent."""
+        claim = self._claims.pop(actor_id, None)
+        if claim is None:
+            return
+        error = f"{type(exc).__name__}: {exc}"
+        failed = await mark_failed(
+            self.pool, actor_id, claim.kind, self.worker_id, claim.epoch, error
+        )
+        if failed:
+            log.error("%s: restart intensity exceeded, marked failed: %s", actor_id, error)

@@ -1,0 +1,269 @@
+"""The worker's supervision tree and ``toren worker``.
+
+::
+
+    worker (one_for_one, persisted-free; gives up after 10 incarnations in 60 s)
+    └── incarnation (one_for_all, intensity 0: any failure ends the incarnation)
+        ├── session        advisory lock + registry row + LISTEN, on a dedicated connection
+        ├── lease_keeper   renews all leases in one statement; stops actors it lost
+        ├── actors         simple_one_for_one: one child per claimed actor (ActorHost)
+        └── dispatcher     claims runnable actors (notifications + polling) up to the cap
+
+An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
+its lock connection drops or a renewal fails, every actor it hosts is cancelled at once (it may
+already be owned elsewhere), the incarnation ends, and the worker starts a new one with a new id.
+On SIGTERM the tree stops in reverse order: the dispatcher stops claiming, each actor finishes
+the message in hand (within the grace period) and releases its lease, the session deregisters.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+import anyio
+import asyncpg
+from anyio.abc import TaskStatus
+
+from actors.dispatcher import Dispatcher
+from actors.hosts import HostRegistry
+from actors.lease_keeper import LeaseKeeper
+from supervisors._backoff import Backoff
+from supervisors._dynamic import DynamicSupervisor
+from supervisors._supervisor import ChildContext, ChildSpec, Ready, Restart, Strategy, Supervisor
+from toren import ConfigError, PostgresRestartStore, Settings
+from toren.kernel import Claim, WorkerSession, connect, create_pool, release, schema_status
+from toren.kernel import migrate as _migrate
+
+log = logging.getLogger("toren.worker")
+
+ACTOR_RESTART_INTENSITY = 5
+ACTOR_RESTART_PERIOD = 60.0
+
+
+class Worker:
+    """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        url: str,
+        *,
+        actor_intensity: int = ACTOR_RESTART_INTENSITY,
+        actor_period: float = ACTOR_RESTART_PERIOD,
+    ) -> None:
+        self.settings = settings
+        self.url = url
+        self.actor_intensity = actor_intensity
+        self.actor_period = actor_period
+        self.hosts: HostRegistry | None = None
+        self.session: WorkerSession | None = None
+        self._tree: Supervisor | None = None
+        self._pool: asyncpg.Pool | None = None
+
+    async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run the tree until :meth:`stop`.
+
+        Raises:
+            ConfigError: the database schema is older than this code (run ``toren migrate``).
+            SupervisorEscalation: incarnations kept failing (Postgres unreachable for long).
+        """
+        pool = await create_pool(self.url, size=self.settings.pool_size)
+        self._pool = pool
+        try:
+            await _check_schema(pool)
+            self._tree = Supervisor(
+                "worker",
+                [
+                    ChildSpec(
+                        id="incarnation",
+                        run=self._incarnation,
+                        graceful=True,
+                        shutdown_timeout=self.settings.grace_seconds + 5,
+                    )
+                ],
+                strategy=Strategy.ONE_FOR_ONE,
+                intensity=10,
+                period=60.0,
+                backoff=Backoff(base=0.1, cap=5.0),
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(self._tree.run)
+                task_status.started(self)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pool.close()
+
+    async def stop(self) -> None:
+        """Graceful stop: stop claiming, finish messages in hand, release leases, deregister."""
+        if self._tree is not None:
+            await self._tree.stop()
+
+    async def _incarnation(self, ctx: ChildContext) -> None:
+        pool = self._pool
+        if pool is None:
+            raise ConfigError("worker pool is not open")
+        settings = self.settings
+        session = await WorkerSession.open(self.url, settings)
+        hosts = HostRegistry(pool, session.worker_id, settings)
+        session.on_lost = hosts.cancel_all
+        self.session, self.hosts = session, hosts
+        actors = DynamicSupervisor(
+            "actors",
+            intensity=self.actor_intensity,
+            period=self.actor_period,
+            store=PostgresRestartStore(pool),
+            on_give_up=hosts.give_up,
+        )
+
+        async def start_host(claim: Claim) -> None:
+            # A host that just passivated may still be leaving its supervisor.
+            with anyio.move_on_after(1):
+                while claim.actor_id in actors.child_ids():
+                    await anyio.sleep(0.005)
+            run = hosts.adopt(claim)
+
+            async def child(c: ChildContext) -> None:
+                await run(lambda: None, c.stopping)
+
+            await actors.start_child(
+                ChildSpec(
+                    id=claim.actor_id,
+                    run=child,
+                    restart=Restart.TRANSIENT,
+                    # Ready at once: the dispatcher must not wait on a rebuild (or on a start
+                    # that fails and is retried with backoff).
+                    ready=Ready.IMMEDIATE,
+                    graceful=True,
+                    shutdown_timeout=settings.grace_seconds,
+                )
+            )
+
+        keeper = LeaseKeeper(pool, session.worker_id, hosts, settings)
+        dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
+        hosts.on_exit = dispatcher.want
+        await session.listen(dispatcher.on_mail)
+
+        async def run_session(c: ChildContext) -> None:
+            c.started()
+            await session.keepalive(settings.renew_seconds)
+            raise SessionLost(str(session.worker_id))
+
+        async def run_actors(c: ChildContext) -> None:
+            async with anyio.create_task_group() as tg:
+                await tg.start(actors.run)
+                c.started()
+                await c.stopping.wait()
+                await actors.stop()
+                tg.cancel_scope.cancel()
+
+        incarnation = Supervisor(
+            f"incarnation/{session.worker_id}",
+            [
+                ChildSpec(id="session", run=_fatal(run_session, hosts)),
+                ChildSpec(id="lease_keeper", run=_fatal(lambda c: keeper.run(c.started), hosts)),
+                ChildSpec(
+                    id="actors",
+                    run=run_actors,
+                    graceful=True,
+                    shutdown_timeout=settings.grace_seconds + 1,
+                ),
+                ChildSpec(id="dispatcher", run=_fatal(lambda c: dispatcher.run(c.started), hosts)),
+            ],
+            strategy=Strategy.ONE_FOR_ALL,
+            intensity=0,
+        )
+        log.info(
+            "worker %s up: lease %.1fs, renew %.1fs, poll %.1fs, cap %d actors",
+            session.worker_id,
+            settings.lease_seconds,
+            settings.renew_seconds,
+            settings.poll_seconds,
+            settings.max_actors,
+        )
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(incarnation.run)
+                ctx.started()
+                await ctx.stopping.wait()
+                await incarnation.stop()
+        finally:
+            with anyio.CancelScope(shield=True):
+                hosts.cancel_all()
+                try:
+                    released = await release(pool, session.worker_id, None)
+                    if released:
+                        log.info("released %d leases", released)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    log.warning(
+                        "could not release leases; they expire in %gs", settings.lease_seconds
+                    )
+                await session.close()
+                log.info("worker %s down", session.worker_id)
+
+
+class SessionLost(ConfigError):
+    """The worker's lock connection dropped: its incarnation ends."""
+
+    def __init__(self, worker_id: str) -> None:
+        super().__init__(f"worker {worker_id} lost its lock connection")
+
+
+def _fatal(
+    run: Callable[[ChildContext], Awaitable[None]], hosts: HostRegistry
+) -> Callable[[ChildContext], Awaitable[None]]:
+    """Wrap a child whose failure means the incarnation's claims are in doubt: stop all actors
+    at once, before the supervisor's orderly shutdown, then let the failure escalate."""
+
+    async def wrapped(ctx: ChildContext) -> None:
+        try:
+            await run(ctx)
+        except Exception:
+            hosts.cancel_all()
+            raise
+
+    return wrapped
+
+
+async def _check_schema(pool: asyncpg.Pool) -> None:
+    current, latest = await schema_status(pool)
+    if current < latest:
+        raise ConfigError(
+            f"the database schema is at version {current}, this worker needs {latest}",
+            hint="Run `toren migrate` (toren dev does it for you).",
+        )
+
+
+async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> None:
+    """Run a worker until SIGTERM or SIGINT; a second signal exits at once."""
+    if migrate:
+        conn = await connect(url)
+        try:
+            await _migrate(conn)
+        finally:
+            await conn.close()
+    worker = Worker(settings, url)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+
+        async def on_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signum in signals:
+                    log.info(
+                        "%s: draining (grace %gs)",
+                        signal.Signals(signum).name,
+                        settings.grace_seconds,
+                    )
+                    tg.start_soon(_stop_then_exit, worker, tg)
+                    break
+                async for _ in signals:
+                    log.warning("second signal: exiting now")
+                    tg.cancel_scope.cancel()
+                    return
+
+        tg.start_soon(on_signals)
+
+
+async def _stop_then_exit(worker: Worker, tg: anyio.abc.TaskGroup) -> None:
+    await worker.stop()
+    tg.cancel_scope.cancel()

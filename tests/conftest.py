@@ -1,0 +1,198 @@
+"""Shared fixtures: a real Postgres (embedded unless TOREN_TEST_DATABASE_URL is set), a fresh
+migrated database per test, clients, and worker processes that tests can kill."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from toren import Client
+from toren._db import EmbeddedPostgres, with_database
+from toren._migrate import migrate
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = "toren_test_template"
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Postgres server for the whole session; migrations applied to a template database."""
+    url = os.environ.get("TOREN_TEST_DATABASE_URL")
+    server = None
+    if url is None:
+        server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+        url = server.url
+    import anyio
+
+    async def prepare() -> None:
+        conn = await asyncpg.connect(url)
+        try:
+            await conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE} WITH (FORCE)")
+            await conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        finally:
+            await conn.close()
+        tconn = await asyncpg.connect(with_database(url, TEMPLATE))
+        try:
+            await migrate(tconn)
+        finally:
+            await tconn.close()
+
+    anyio.run(prepare)
+    yield url
+    if server is not None:
+        server.stop()
+
+
+@pytest.fixture
+async def db_url(server_url: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    finally:
+        await conn.close()
+    yield with_database(server_url, name)
+    conn = await asyncpg.connect(server_url)
+    try:
+        await conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+async def client(db_url: str) -> AsyncIterator[Client]:
+    c = await Client.connect(db_url)
+    yield c
+    await c.close()
+
+
+class WorkerProcess:
+    """A real ``toren worker`` process running the test app, with its log in a file."""
+
+    def __init__(self, db_url: str, log_path: Path, **settings: float | str) -> None:
+        self.log_path = log_path
+        env = dict(os.environ)
+        env.update(
+            {
+                "TOREN_DATABASE_URL": db_url,
+                "TOREN_LEASE_SECONDS": "3",
+                "TOREN_RENEW_SECONDS": "1",
+                "TOREN_POLL_SECONDS": "0.2",
+                "TOREN_GRACE_SECONDS": "10",
+                "PYTHONPATH": str(ROOT),
+            }
+        )
+        env.update({f"TOREN_{k.upper()}": str(v) for k, v in settings.items()})
+        self._log = log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toren", "--log-level", "DEBUG", "worker", "--app", "tests.app"],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a stopped process cannot die until continued
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture
+def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
+    started: list[WorkerProcess] = []
+
+    def start(**settings: float | str) -> WorkerProcess:
+        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log", **settings)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.close()
+
+
+class WorkerFactory:
+    def __call__(self, **settings: float | str) -> WorkerProcess: ...
+
+
+async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = ""):  # type: ignore[no-untyped-def]
+    """Poll an async predicate until it returns a truthy value."""
+    import anyio
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        await anyio.sleep(interval)
+
+
+async def worker_registered(client: Client, pid: int) -> bool:
+    row = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.workers WHERE pid = $1", pid
+    )
+    return bool(row)
+
+
+@contextlib.asynccontextmanager
+async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
+    """A worker tree inside the test's own process (for weak references and fast tests)."""
+    import anyio
+
+    from supervisors.worker import Worker
+    from toren import Settings
+
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "lease_seconds": 3.0,
+        "renew_seconds": 1.0,
+        "poll_seconds": 0.2,
+        "grace_seconds": 5.0,
+    }
+    intensity = overrides.pop("actor_intensity", 5)
+    period = overrides.pop("actor_period", 60.0)
+    values.update(overrides)
+    worker = Worker(Settings(**values), db_url, actor_intensity=intensity, actor_period=period)
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            with anyio.fail_after(15, shield=True):
+                await worker.stop()

@@ -1,0 +1,63 @@
+"""Toren: a durable runtime for LLM agents on asyncio and Postgres.
+
+The public API: :class:`Actor` and :class:`Context` to write actors, :func:`message` to register
+payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and the errors.
+"""
+
+from toren._actor import Actor, AskFailed, ChildFailed, Context, Envelope, PoisonMessage
+from toren._client import AskError, Client, DeadLetter
+from toren._codec import event, message
+from toren._config import Settings
+from toren._errors import (
+    ActorAlreadyExists,
+    ActorStopped,
+    AskTimeout,
+    ConfigError,
+    DatabaseUnavailable,
+    FencedOut,
+    InternalError,
+    MailboxFull,
+    MigrationError,
+    SupervisorEscalation,
+    TorenError,
+    UnknownActor,
+    UnknownActorKind,
+    UnknownMessageType,
+)
+from toren._journal import JournalEntry
+from toren._restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
+from toren._version import __version__
+
+__all__ = [
+    "Actor",
+    "ActorAlreadyExists",
+    "ActorStopped",
+    "AskError",
+    "AskFailed",
+    "AskTimeout",
+    "ChildFailed",
+    "Client",
+    "ConfigError",
+    "Context",
+    "DatabaseUnavailable",
+    "DeadLetter",
+    "Envelope",
+    "FencedOut",
+    "InternalError",
+    "JournalEntry",
+    "MailboxFull",
+    "MemoryRestartStore",
+    "MigrationError",
+    "PoisonMessage",
+    "PostgresRestartStore",
+    "RestartStore",
+    "Settings",
+    "SupervisorEscalation",
+    "TorenError",
+    "UnknownActor",
+    "UnknownActorKind",
+    "UnknownMessageType",
+    "__version__",
+    "event",
+    "message",
+]

@@ -1,0 +1,287 @@
+"""Actors: the base class users subclass, the context a handler works through, kernel messages.
+
+An actor's state is a pure fold of its journal: ``apply(state, event)`` for each event, from
+``initial_state()``. A handler never writes state directly; it emits events through the
+:class:`Context`, which applies them to a working copy at once (so the handler sees its own
+effects) and commits them, together with the consumption of the message and every message the
+handler sent, in one transaction. If the handler raises, nothing it did is kept.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any, ClassVar, Generic, TypeVar
+
+import attrs
+
+from toren._codec import encode, message
+from toren._errors import InternalError
+
+S = TypeVar("S")
+
+SYSTEM_LANE = 0
+USER_LANE = 1
+
+_kinds: dict[str, type[Actor[Any]]] = {}
+
+
+class Actor(Generic[S]):
+    """Base class of every actor.
+
+    Subclasses set ``kind`` (a stable name stored with each actor) and override
+    :meth:`initial_state`, :meth:`apply` and :meth:`handle`. Class attributes tune delivery:
+
+    Attributes:
+        kind: The stable name this class is registered under.
+        idle_seconds: How long an actor with an empty mailbox stays in memory before it
+            passivates (releases its lease and leaves the worker).
+        max_attempts: Times a message may make :meth:`handle` raise before it is dead-lettered.
+        max_deliveries: Times a message may be claimed at all (crashes included) before it is
+            dead-lettered without being handled again. Worker deaths count here, so this is set
+            well above what unrelated crashes produce.
+        retry_base_seconds: First retry delay after a handler failure; doubles, capped at 30 s.
+        snapshot_every: Write a snapshot of the state every N events (``None``: never). Needs
+            ``state_type`` so the snapshot can be read back.
+        state_type: The class of the state, for snapshots.
+        snapshot_version: Bump when the state's shape changes; older snapshots are then ignored.
+        restart_intensity: Restarts (failed starts, dead letters) tolerated within
+            ``restart_period`` seconds before the actor is marked failed.
+    """
+
+    kind: ClassVar[str]
+    idle_seconds: ClassVar[float] = 5.0
+    max_attempts: ClassVar[int] = 5
+    max_deliveries: ClassVar[int] = 25
+    retry_base_seconds: ClassVar[float] = 0.1
+    snapshot_every: ClassVar[int | None] = None
+    state_type: ClassVar[type | None] = None
+    snapshot_version: ClassVar[int] = 1
+    restart_intensity: ClassVar[int] = 5
+    restart_period: ClassVar[float] = 60.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("kind")
+        if kind is None:
+            return
+        other = _kinds.get(kind)
+        if other is not None and other.__qualname__ != cls.__qualname__:
+            raise InternalError(f"actor kind {kind!r} is taken by {other.__qualname__}")
+        _kinds[kind] = cls
+
+    def __init__(self, actor_id: str, args: Mapping[str, Any]) -> None:
+        self.actor_id = actor_id
+        self.args = args
+
+    def initial_state(self) -> S:
+        """The state before the first event."""
+        raise NotImplementedError
+
+    def apply(self, state: S, event: Any) -> S:
+        """The state after ``event``. Must be pure: replay calls it for every journaled event."""
+        raise NotImplementedError
+
+    async def on_start(self, ctx: Context[S]) -> None:
+        """Called after the state is rebuilt, before the first message. Raising here counts
+        toward the actor's restart intensity."""
+
+    async def handle(self, ctx: Context[S], msg: Any) -> None:
+        """Handle one message: emit events, send messages, set timers, reply.
+
+        An exception is charged to the message: it is retried with backoff and dead-lettered
+        past ``max_attempts``; nothing the failed attempt emitted or sent is kept.
+        """
+        raise NotImplementedError
+
+
+def actor_class(kind: str) -> type[Actor[Any]] | None:
+    """The class registered for ``kind``, if a loaded module defines one."""
+    return _kinds.get(kind)
+
+
+def actor_kinds() -> list[str]:
+    """Every registered actor kind, sorted."""
+    return sorted(_kinds)
+
+
+@attrs.frozen(kw_only=True)
+class Outgoing:
+    """A message a handler sends; inserted in the same transaction as the step's events."""
+
+    to: str
+    kind: str
+    body: Any
+    lane: int = USER_LANE
+    dedupe_key: str | None = None
+    timer_key: str | None = None
+    delay: float = 0.0
+    reply_to: uuid.UUID | None = None
+
+
+@attrs.frozen(kw_only=True)
+class SpawnRequest:
+    """An actor a handler spawns; created in the same transaction as the step's events."""
+
+    actor_id: str
+    kind: str
+    args: Mapping[str, Any]
+    parent: str | None
+
+
+@attrs.frozen(kw_only=True)
+class Envelope:
+    """A claimed message with its delivery metadata."""
+
+    id: int
+    lane: int
+    sender: str | None
+    kind: str
+    body: Any
+    payload: Any
+    reply_to: uuid.UUID | None
+    deliveries: int
+    attempts: int
+    is_timer: bool
+
+
+class Context(Generic[S]):
+    """What a handler may do. Everything it records is committed atomically after it returns."""
+
+    def __init__(
+        self, actor: Actor[S], state: S, seq: int, epoch: int, envelope: Envelope | None
+    ) -> None:
+        self.actor_id = actor.actor_id
+        self.epoch = epoch
+        self.envelope = envelope
+        self._actor = actor
+        self._state = state
+        self._seq = seq
+        self.events: list[tuple[int, str, Any, Any]] = []  # (seq, type, body, payload)
+        self.outgoing: list[Outgoing] = []
+        self.cancelled_timers: list[str] = []
+        self.spawns: list[SpawnRequest] = []
+        self.reply_body: tuple[str, Any] | None = None
+
+    @property
+    def state(self) -> S:
+        """The state including events emitted so far in this handler."""
+        return self._state
+
+    @property
+    def seq(self) -> int:
+        """The sequence number of the last event, emitted ones included."""
+        return self._seq
+
+    @property
+    def sender(self) -> str | None:
+        """The actor that sent the message being handled, if an actor sent it."""
+        return self.envelope.sender if self.envelope else None
+
+    def emit(self, event: Any) -> None:
+        """Append ``event`` (committed with the step) and apply it to :attr:`state` now."""
+        name, body = encode(event)
+        self._state = self._actor.apply(self._state, event)
+        self._seq += 1
+        self.events.append((self._seq, name, body, event))
+
+    def send(
+        self,
+        to: str,
+        msg: Any,
+        *,
+        system: bool = False,
+        dedupe_key: str | None = None,
+        delay: timedelta | float = 0.0,
+    ) -> None:
+        """Send ``msg`` to actor ``to`` when this step commits (transactional outbox)."""
+        name, body = encode(msg)
+        self.outgoing.append(
+            Outgoing(
+                to=to,
+                kind=name,
+                body=body,
+                lane=SYSTEM_LANE if system else USER_LANE,
+                dedupe_key=dedupe_key,
+                delay=_seconds(delay),
+            )
+        )
+
+    def set_timer(self, key: str, delay: timedelta | float, msg: Any) -> None:
+        """Deliver ``msg`` to this actor after ``delay``; durable, fired exactly once.
+
+        A pending timer with the same key is replaced.
+        """
+        name, body = encode(msg)
+        # Within one step the last word on a key wins: one statement cannot both delete and
+        # upsert the same timer row.
+        self._drop_timer(key)
+        self.outgoing.append(
+            Outgoing(
+                to=self.actor_id,
+                kind=name,
+                body=body,
+                lane=SYSTEM_LANE,
+                timer_key=key,
+                delay=_seconds(delay),
+            )
+        )
+
+    def cancel_timer(self, key: str) -> None:
+        """Cancel the pending timer ``key`` when this step commits (no-op if none)."""
+        self._drop_timer(key)
+        self.cancelled_timers.append(key)
+
+    def _drop_timer(self, key: str) -> None:
+        self.outgoing = [o for o in self.outgoing if o.timer_key != key]
+        self.cancelled_timers = [k for k in self.cancelled_timers if k != key]
+
+    def spawn(
+        self, kind: str | type[Actor[Any]], actor_id: str, args: Mapping[str, Any] | None = None
+    ) -> None:
+        """Create a child actor when this step commits; this actor becomes its parent."""
+        kind_name = kind if isinstance(kind, str) else kind.kind
+        self.spawns.append(
+            SpawnRequest(actor_id=actor_id, kind=kind_name, args=args or {}, parent=self.actor_id)
+        )
+
+    def reply(self, msg: Any) -> None:
+        """Answer the ask() that sent the message being handled (ignored if it was a send)."""
+        self.reply_body = encode(msg)
+
+
+def _seconds(delay: timedelta | float) -> float:
+    return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+
+
+@message("toren.poison")
+@attrs.frozen(kw_only=True)
+class PoisonMessage:
+    """Told to a sender when its message was dead-lettered by the recipient."""
+
+    actor_id: str
+    message_id: int
+    kind: str
+    error: str
+    attempts: int
+    deliveries: int
+
+
+@message("toren.child_failed")
+@attrs.frozen(kw_only=True)
+class ChildFailed:
+    """Told to a parent when its child exceeded its restart intensity and was marked failed."""
+
+    actor_id: str
+    kind: str
+    error: str
+
+
+@message("toren.ask_failed")
+@attrs.frozen(kw_only=True)
+class AskFailed:
+    """The reply an asker gets when its message was dead-lettered."""
+
+    actor_id: str
+    error: str

@@ -1,0 +1,280 @@
+"""The client: spawn actors, send and ask them, read their state, journals and dead letters.
+
+A :class:`Client` is what a program (a web handler, a script, the CLI, a test) uses to talk to
+actors from outside. Everything it does is a row in Postgres: a send is a mailbox insert (which can
+join the caller's own transaction), a spawn is an actor row, an ask is a send whose reply comes
+back through ``toren.replies`` and a notification.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+import attrs
+
+from toren import _mailbox
+from toren._actor import Actor, AskFailed, actor_class
+from toren._codec import decode
+from toren._db import connect, create_pool
+from toren._errors import ActorAlreadyExists, AskTimeout, TorenError, UnknownActor, UnknownActorKind
+from toren._journal import JournalEntry, read_journal
+
+_ASK_POLL = 0.5
+
+
+class AskError(TorenError):
+    """The asked actor could not handle the message (it was dead-lettered)."""
+
+    def __init__(self, actor_id: str, error: str) -> None:
+        self.actor_id = actor_id
+        self.error = error
+        super().__init__(f"{actor_id} could not handle the message: {error}")
+
+
+@attrs.frozen(kw_only=True)
+class DeadLetter:
+    """A message its actor gave up on."""
+
+    id: int
+    actor_id: str
+    sender: str | None
+    kind: str
+    body: Any
+    deliveries: int
+    attempts: int
+    error: str
+    dead_at: Any
+
+
+class Client:
+    """A connection pool plus the public actor API.
+
+    Use :meth:`connect` and close it when done (or ``async with``).
+    """
+
+    def __init__(self, pool: asyncpg.Pool, url: str) -> None:
+        self.pool = pool
+        self.url = url
+        self._listener: asyncpg.Connection | None = None
+        self._waiters: dict[str, anyio.Event] = {}
+        self._listener_lock = anyio.Lock()
+
+    @classmethod
+    async def connect(cls, url: str, *, pool_size: int = 5) -> Client:
+        """Open a client on the database at ``url`` (schema already migrated).
+
+        Raises:
+            DatabaseUnavailable: Postgres cannot be reached.
+        """
+        return cls(await create_pool(url, size=pool_size), url)
+
+    async def close(self) -> None:
+        """Close the pool and the reply listener."""
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+        await self.pool.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def spawn(
+        self,
+        kind: str | type[Actor[Any]],
+        actor_id: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        parent: str | None = None,
+        max_depth: int = 10000,
+    ) -> bool:
+        """Persist a new actor. It runs when its first message arrives.
+
+        Spawning an existing id of the same kind is a no-op, so spawn is safe to repeat.
+
+        Returns:
+            True if the actor was created now, False if it existed.
+
+        Raises:
+            ActorAlreadyExists: ``actor_id`` belongs to an actor of another kind.
+        """
+        kind_name = kind if isinstance(kind, str) else kind.kind
+        created = await self.pool.fetchval(
+            "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth) "
+            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
+            actor_id,
+            kind_name,
+            dict(args or {}),
+            parent,
+            max_depth,
+        )
+        if created:
+            return True
+        existing = await self.pool.fetchval(
+            "SELECT kind FROM toren.actors WHERE actor_id = $1", actor_id
+        )
+        if existing != kind_name:
+            raise ActorAlreadyExists(actor_id, kind_name, str(existing))
+        return False
+
+    async def send(
+        self,
+        to: str,
+        msg: Any,
+        *,
+        dedupe_key: str | None = None,
+        system: bool = False,
+        delay: timedelta | float = 0.0,
+        conn: asyncpg.Connection | None = None,
+    ) -> int | None:
+        """Persist ``msg`` in ``to``'s mailbox.
+
+        Pass ``conn`` (a connection inside your transaction) to make the send part of it: the
+        message exists if and only if your transaction commits.
+
+        Returns:
+            The message id, or ``None`` if ``dedupe_key`` was already used for ``to``.
+
+        Raises:
+            UnknownActor: no such actor.
+            MailboxFull: the mailbox is at its depth limit (retryable).
+        """
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        return await _mailbox.send(
+            conn or self.pool, to, msg, system=system, dedupe_key=dedupe_key, delay=seconds
+        )
+
+    async def ask(self, to: str, msg: Any, *, timeout: float) -> Any:
+        """Send ``msg`` and wait for the handler's ``ctx.reply(...)``.
+
+        Raises:
+            AskTimeout: no reply within ``timeout`` seconds (the message may still be handled).
+            AskError: the message was dead-lettered.
+            UnknownActor, MailboxFull: as for :meth:`send`.
+        """
+        correlation = uuid.uuid4()
+        key = str(correlation)
+        await self._ensure_listener()
+        event = self._waiters[key] = anyio.Event()
+        try:
+            await _mailbox.send(self.pool, to, msg, reply_to=correlation)
+            with anyio.move_on_after(timeout):
+                while True:
+                    row = await self.pool.fetchrow(
+                        "DELETE FROM toren.replies WHERE correlation_id = $1 RETURNING kind, body",
+                        correlation,
+                    )
+                    if row is not None:
+                        reply = decode(row["kind"], row["body"])
+                        if isinstance(reply, AskFailed):
+                            raise AskError(to, reply.error)
+                        return reply
+                    with anyio.move_on_after(_ASK_POLL):
+                        await event.wait()
+                    event = self._waiters[key] = anyio.Event()
+        finally:
+            self._waiters.pop(key, None)
+        raise AskTimeout(to, timeout)
+
+    async def _ensure_listener(self) -> None:
+        async with self._listener_lock:
+            if self._listener is None or self._listener.is_closed():
+                self._listener = await connect(self.url)
+                await self._listener.add_listener("toren_reply", self._on_reply)
+
+    def _on_reply(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        event = self._waiters.get(str(payload))
+        if event is not None:
+            event.set()
+
+    async def journal(self, actor_id: str, *, after: int = 0) -> list[JournalEntry]:
+        """The actor's stored events after ``after``."""
+        return await read_journal(self.pool, actor_id, after=after)
+
+    async def state(self, actor_id: str) -> tuple[Any, int]:
+        """The actor's current state, folded from its journal here, and its last seq.
+
+        Raises:
+            UnknownActor: no such actor.
+            UnknownActorKind: this process has no class for the actor's kind.
+        """
+        row = await self.pool.fetchrow(
+            "SELECT kind, args FROM toren.actors WHERE actor_id = $1", actor_id
+        )
+        if row is None:
+            raise UnknownActor(actor_id)
+        cls = actor_class(row["kind"])
+        if cls is None:
+            raise UnknownActorKind(row["kind"], [])
+        actor = cls(actor_id, row["args"])
+        state = actor.initial_state()
+        seq = 0
+        for entry in await read_journal(self.pool, actor_id):
+            state = actor.apply(state, decode(entry.type, entry.data))
+            seq = entry.seq
+        return state, seq
+
+    async def actor(self, actor_id: str) -> asyncpg.Record:
+        """The actor's row: kind, status, failure, owner, epoch, lease.
+
+        Raises:
+            UnknownActor: no such actor.
+        """
+        row: asyncpg.Record | None = await self.pool.fetchrow(
+            "SELECT * FROM toren.actors WHERE actor_id = $1", actor_id
+        )
+        if row is None:
+            raise UnknownActor(actor_id)
+        return row
+
+    async def deadletters(self, *, actor_id: str | None = None, limit: int = 100) -> list[DeadLetter]:
+        """Dead-lettered messages, newest first."""
+        rows = await self.pool.fetch(
+            "SELECT * FROM toren.deadletters WHERE $1::text IS NULL OR actor_id = $1 "
+            "ORDER BY dead_at DESC, id DESC LIMIT $2",
+            actor_id,
+            limit,
+        )
+        return [
+            DeadLetter(
+                id=r["id"],
+                actor_id=r["actor_id"],
+                sender=r["sender"],
+                kind=r["kind"],
+                body=r["body"],
+                deliveries=r["deliveries"],
+                attempts=r["attempts"],
+                error=r["error"],
+                dead_at=r["dead_at"],
+            )
+            for r in rows
+        ]
+
+    async def requeue(self, ids: list[int]) -> list[int]:
+        """Put dead letters back at the end of their mailboxes, with fresh counts.
+
+        Returns:
+            The new message ids (dead letters that no longer exist are skipped).
+        """
+        new_ids: list[int] = await self.pool.fetchval(
+            """
+            WITH moved AS (
+                DELETE FROM toren.deadletters WHERE id = ANY($1::bigint[]) RETURNING *
+            ), ins AS (
+                INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body, reply_to)
+                SELECT actor_id, lane, sender, kind, body, reply_to FROM moved ORDER BY id
+                RETURNING id, actor_id
+            )
+            SELECT coalesce(array_agg(id ORDER BY id), '{}')
+            FROM (SELECT id, pg_notify('toren_mail', actor_id) FROM ins) AS n
+            """,
+            ids,
+        )
+        return new_ids

@@ -1,0 +1,124 @@
+"""Settings: what is not code. Read from ``toren.toml`` (or ``TOREN_CONFIG``) and ``TOREN_*``.
+
+Precedence, lowest first: defaults, the TOML file, environment variables, explicit overrides
+(command-line options). Invalid values raise :class:`~toren.ConfigError` naming the setting.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from toren._errors import ConfigError
+
+# Setting name -> (environment variable, type). The TOML file uses the setting names as keys,
+# at top level or under [worker].
+_ENV: dict[str, tuple[str, type]] = {
+    "database_url": ("TOREN_DATABASE_URL", str),
+    "home": ("TOREN_HOME", Path),
+    "lease_seconds": ("TOREN_LEASE_SECONDS", float),
+    "renew_seconds": ("TOREN_RENEW_SECONDS", float),
+    "poll_seconds": ("TOREN_POLL_SECONDS", float),
+    "grace_seconds": ("TOREN_GRACE_SECONDS", float),
+    "max_actors": ("TOREN_MAX_ACTORS", int),
+    "pool_size": ("TOREN_POOL_SIZE", int),
+    "worker_name": ("TOREN_WORKER_NAME", str),
+    "deploy_label": ("TOREN_DEPLOY_LABEL", str),
+}
+
+
+def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Settings:
+    """Runtime settings of a worker or a client.
+
+    Attributes:
+        database_url: Postgres URL; ``None`` means the embedded server under ``home``.
+        home: Where ``toren dev`` keeps its embedded database and records its URL.
+        lease_seconds: How long a claim on an actor lasts without renewal.
+        renew_seconds: How often a worker renews all of its leases (one statement).
+        poll_seconds: Fallback poll for runnable actors when no notification arrives.
+        grace_seconds: On SIGTERM, how long in-flight handling may take before it is cut.
+        max_actors: How many actors one worker runs at once; it stops claiming at the cap.
+        pool_size: Connections in the worker's pool (plus one dedicated lock connection).
+        worker_name: Shown by ``toren workers``; defaults to the host name.
+        deploy_label: Optional label added to the code version (for example a git sha).
+    """
+
+    database_url: str | None = None
+    home: Path = attrs.field(factory=lambda: Path.home() / ".toren")
+    lease_seconds: float = attrs.field(default=15.0, validator=_positive)
+    renew_seconds: float = attrs.field(default=5.0, validator=_positive)
+    poll_seconds: float = attrs.field(default=1.0, validator=_positive)
+    grace_seconds: float = attrs.field(default=30.0, validator=_positive)
+    max_actors: int = attrs.field(default=1000, validator=_positive)
+    pool_size: int = attrs.field(default=10, validator=_positive)
+    worker_name: str = attrs.field(factory=socket.gethostname)
+    deploy_label: str | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.renew_seconds >= self.lease_seconds:
+            raise ConfigError(
+                f"renew_seconds ({self.renew_seconds:g}) must be shorter than lease_seconds "
+                f"({self.lease_seconds:g})",
+                hint="A lease must be renewed before it expires; use about a third of the lease.",
+            )
+
+    @classmethod
+    def load(
+        cls, *, config_file: Path | None = None, env: dict[str, str] | None = None, **overrides: Any
+    ) -> Settings:
+        """Build settings from the TOML file, the environment and ``overrides``.
+
+        Raises:
+            ConfigError: a value has the wrong type, a key is unknown, or the file is not TOML.
+        """
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        path = config_file or (Path(env["TOREN_CONFIG"]) if "TOREN_CONFIG" in env else None)
+        if path is None and Path("toren.toml").is_file():
+            path = Path("toren.toml")
+        if path is not None:
+            values.update(_read_toml(path))
+        for name, (var, typ) in _ENV.items():
+            if env.get(var):
+                values[name] = _convert(name, var, typ, env[var])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise ConfigError(f"invalid settings: {exc}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    flat.update(data.get("worker", {}))
+    unknown = sorted(set(flat) - set(_ENV))
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) in {path}: {', '.join(unknown)}",
+            hint=f"Known settings: {', '.join(sorted(_ENV))}.",
+        )
+    return {name: _convert(name, str(path), _ENV[name][1], v) for name, v in flat.items()}
+
+
+def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
+    try:
+        return typ(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"{name} from {source} must be a {typ.__name__}, got {raw!r}"
+        ) from None

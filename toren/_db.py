@@ -1,0 +1,126 @@
+"""Connections to Postgres: the embedded server, pools with Toren's codecs, dedicated connections.
+
+With no ``TOREN_DATABASE_URL``, Toren runs Postgres itself through the ``pgserver`` package: a real
+Postgres 16 listening on a Unix socket in a data directory of ours. ``fsync`` and
+``synchronous_commit`` are left at their defaults, so the embedded server is as durable as any.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import orjson
+
+from toren._errors import ConfigError, DatabaseUnavailable
+
+_URL_FILE = "database.json"
+
+
+def _encode_json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    """Decode and encode ``jsonb`` with orjson on every connection Toren opens."""
+    await conn.set_type_codec(
+        "jsonb", encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog"
+    )
+
+
+async def create_pool(url: str, *, size: int = 10) -> asyncpg.Pool:
+    """Open a pool of ``size`` connections.
+
+    Raises:
+        DatabaseUnavailable: the server does not answer or refuses the login.
+    """
+    try:
+        pool = await asyncpg.create_pool(
+            url, min_size=min(2, size), max_size=size, init=init_connection
+        )
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(redact(url), exc) from exc
+    return pool
+
+
+async def connect(url: str) -> asyncpg.Connection:
+    """Open one dedicated (never pooled) connection.
+
+    Dedicated connections carry session state a pool would reset: the worker's advisory lock and
+    its LISTEN registrations (asyncpg's pool runs ``pg_advisory_unlock_all()`` on release).
+
+    Raises:
+        DatabaseUnavailable: the server does not answer or refuses the login.
+    """
+    try:
+        conn = await asyncpg.connect(url)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        raise DatabaseUnavailable(redact(url), exc) from exc
+    await init_connection(conn)
+    return conn
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced by ``***``, safe for logs and errors."""
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def with_database(url: str, dbname: str) -> str:
+    """The same server URL pointing at another database."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path=f"/{dbname}"))
+
+
+class EmbeddedPostgres:
+    """A Postgres server run by this process from a data directory (``pgserver``).
+
+    The server stops when :meth:`stop` is called or the process that started it exits.
+    """
+
+    def __init__(self, data_dir: Path, *, keep_running: bool = False) -> None:
+        import pgserver  # heavy import: only when the embedded server is used
+
+        data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._server: Any = pgserver.get_server(  # type: ignore[attr-defined]
+                data_dir, cleanup_mode=None if keep_running else "stop"
+            )
+        except Exception as exc:  # pgserver raises plain Exceptions for a broken data dir
+            raise ConfigError(
+                f"cannot start the embedded Postgres in {data_dir}: {exc}",
+                hint="Remove the directory if it is left over from an old version, or set "
+                "TOREN_DATABASE_URL to use a server of your own.",
+            ) from exc
+        self.data_dir = data_dir
+        self.url: str = self._server.get_uri()
+
+    def stop(self) -> None:
+        """Stop the server (a no-op if another process still uses it)."""
+        self._server.cleanup()
+
+
+def record_dev_url(home: Path, url: str) -> None:
+    """Remember the dev server's URL so a CLI in another terminal finds it."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / _URL_FILE
+    path.write_text(json.dumps({"database_url": url, "pid": os.getpid()}))
+
+
+def recorded_dev_url(home: Path) -> str | None:
+    """The URL ``toren dev`` recorded, if its process is still alive."""
+    path = home / _URL_FILE
+    try:
+        data = json.loads(path.read_text())
+        os.kill(int(data["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    url = data["database_url"]
+    return url if isinstance(url, str) else None

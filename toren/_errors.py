@@ -1,0 +1,170 @@
+"""Toren's error hierarchy.
+
+Every error Toren raises on purpose derives from :class:`TorenError`. Errors carry structured
+fields and build their message in ``__init__``; whether an operation may be retried travels on
+the error (``retryable``)::
+
+    TorenError
+    ├── ConfigError               bad settings or environment; fix the config and restart
+    ├── DatabaseUnavailable       Postgres could not be reached (retryable)
+    ├── MigrationError            the schema could not be brought up to date
+    ├── UnknownActor              no actor with that id was spawned
+    ├── UnknownActorKind          a worker has no class registered for an actor's kind
+    ├── UnknownMessageType        a stored payload names a type nobody registered
+    ├── ActorAlreadyExists        spawn() with an id that is taken by an actor of another kind
+    ├── MailboxFull               the recipient's mailbox is at its depth limit (retryable)
+    ├── AskTimeout                ask() got no reply in time (retryable)
+    ├── FencedOut                 this worker no longer owns the actor; its write was refused
+    ├── SupervisorEscalation      a supervisor exceeded its restart intensity and gave up
+    └── InternalError             an invariant of Toren itself broke: a bug, please report it
+
+Stop signals (:class:`ActorStopped`) derive from ``BaseException`` so that an actor's
+``except Exception`` cannot swallow them.
+"""
+
+from __future__ import annotations
+
+
+class TorenError(Exception):
+    """Base class of every error Toren raises on purpose."""
+
+    retryable: bool = False
+
+
+class ConfigError(TorenError):
+    """Settings, environment or command-line input are invalid."""
+
+    def __init__(self, what: str, *, hint: str = "") -> None:
+        self.what = what
+        self.hint = hint
+        super().__init__(f"{what}. {hint}".strip() if hint else what)
+
+
+class DatabaseUnavailable(TorenError):
+    """Postgres could not be reached."""
+
+    retryable = True
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        self.cause = cause
+        super().__init__(
+            f"cannot reach Postgres at {url}: {cause}. "
+            "Check TOREN_DATABASE_URL, or unset it to use the embedded server."
+        )
+
+
+class MigrationError(TorenError):
+    """A schema migration failed; the schema is left at the last version that applied."""
+
+    def __init__(self, version: int, name: str, cause: BaseException) -> None:
+        self.version = version
+        self.name = name
+        self.cause = cause
+        super().__init__(f"migration {version:04d}_{name} failed: {cause}")
+
+
+class UnknownActor(TorenError):
+    """No actor with this id exists."""
+
+    def __init__(self, actor_id: str) -> None:
+        self.actor_id = actor_id
+        super().__init__(f"no actor {actor_id!r}; spawn it first (toren.Client.spawn)")
+
+
+class UnknownActorKind(TorenError):
+    """A worker was asked to run an actor whose kind no loaded module registered."""
+
+    def __init__(self, kind: str, known: list[str]) -> None:
+        self.kind = kind
+        self.known = known
+        super().__init__(
+            f"no actor class registered for kind {kind!r} (known: {', '.join(known) or 'none'}); "
+            "start the worker with --app naming the module that defines it"
+        )
+
+
+class UnknownMessageType(TorenError):
+    """A stored message or event names a type that no loaded module registered."""
+
+    def __init__(self, type_name: str) -> None:
+        self.type_name = type_name
+        super().__init__(
+            f"no payload type registered as {type_name!r}; "
+            "load the module that defines it (worker --app) or register it with @toren.message"
+        )
+
+
+class ActorAlreadyExists(TorenError):
+    """spawn() named an id that belongs to an actor of another kind."""
+
+    def __init__(self, actor_id: str, kind: str, existing_kind: str) -> None:
+        self.actor_id = actor_id
+        self.kind = kind
+        self.existing_kind = existing_kind
+        super().__init__(
+            f"actor {actor_id!r} already exists with kind {existing_kind!r}, not {kind!r}"
+        )
+
+
+class MailboxFull(TorenError):
+    """The recipient's mailbox holds its maximum number of pending user messages."""
+
+    retryable = True
+
+    def __init__(self, actor_id: str, depth: int) -> None:
+        self.actor_id = actor_id
+        self.depth = depth
+        super().__init__(
+            f"mailbox of {actor_id!r} is full ({depth} pending messages); retry later "
+            "or raise the actor's max_depth"
+        )
+
+
+class AskTimeout(TorenError):
+    """ask() waited its whole timeout for a reply."""
+
+    retryable = True
+
+    def __init__(self, actor_id: str, timeout: float) -> None:
+        self.actor_id = actor_id
+        self.timeout = timeout
+        super().__init__(f"no reply from {actor_id!r} within {timeout:g}s")
+
+
+class FencedOut(TorenError):
+    """This worker's claim on the actor is stale: another claim raised the epoch."""
+
+    def __init__(self, actor_id: str, epoch: int) -> None:
+        self.actor_id = actor_id
+        self.epoch = epoch
+        super().__init__(
+            f"write to {actor_id!r} refused: epoch {epoch} is no longer the owner's; "
+            "the actor runs elsewhere now"
+        )
+
+
+class SupervisorEscalation(TorenError):
+    """A supervisor saw more restarts than its intensity allows within its period."""
+
+    def __init__(self, supervisor: str, child: str, restarts: int, period: float) -> None:
+        self.supervisor = supervisor
+        self.child = child
+        self.restarts = restarts
+        self.period = period
+        super().__init__(
+            f"supervisor {supervisor!r} gave up: child {child!r} restarted {restarts} times "
+            f"within {period:g}s"
+        )
+
+
+class InternalError(TorenError):
+    """An invariant of Toren itself was broken. This is a bug; please report it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"internal error: {what} (this is a bug in Toren)")
+
+
+class ActorStopped(BaseException):  # noqa: N818  (a signal, like CancelledError, not an error)
+    """Raised inside an actor's task to stop it; derives from BaseException on purpose."""

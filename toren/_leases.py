@@ -1,0 +1,332 @@
+"""Leases and fencing: who runs which actor, and how a dead worker's actors move on at once.
+
+Ownership of an actor is its row: ``owner`` (a worker incarnation id), ``epoch`` (raised by every
+claim) and ``lease_expires_at``. A worker may claim an actor that has visible mail and is either
+unowned, past its lease, or owned by a worker that is not alive. A worker is alive while it holds
+its session advisory lock on a dedicated connection: when its process dies, Postgres drops the
+session and the lock with it, so its actors are claimable at the next poll instead of after the
+lease. Lease expiry still bounds the case of a host that vanished with its sockets open.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import asyncpg
+import attrs
+
+from toren._actor import ChildFailed
+from toren._codec import encode
+from toren._config import Settings
+from toren._db import connect
+from toren._errors import FencedOut
+from toren._version import __version__
+
+log = logging.getLogger("toren.leases")
+
+LOCK_NAMESPACE = 0x746F7265  # "tore": classid of every worker's advisory lock in pg_locks
+
+
+@attrs.frozen(kw_only=True)
+class Claim:
+    """An actor this worker now owns at ``epoch``."""
+
+    actor_id: str
+    kind: str
+    args: dict[str, Any]
+    epoch: int
+
+
+def code_version(settings: Settings) -> str:
+    """The version a worker reports: the package version plus the optional deploy label."""
+    return f"{__version__}+{settings.deploy_label}" if settings.deploy_label else __version__
+
+
+class WorkerSession:
+    """A worker incarnation: its registry row and its advisory lock on a dedicated connection.
+
+    The same connection carries the worker's LISTEN registrations. When the connection dies,
+    :attr:`lost` is set: the lock is gone, other workers may already own this incarnation's
+    actors, and the caller must stop them all and open a new session (a new incarnation).
+    """
+
+    def __init__(self, conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int) -> None:
+        self.conn = conn
+        self.worker_id = worker_id
+        self.lock_key = lock_key
+        self.lost = anyio.Event()
+        self._closing = False
+        # Called synchronously the moment the connection drops, before any other task runs:
+        # the worker stops its actors here, as early as it can know its lock is gone.
+        self.on_lost: Callable[[], object] = lambda: None
+        conn.add_termination_listener(self._on_termination)
+
+    @classmethod
+    async def open(cls, url: str, settings: Settings) -> WorkerSession:
+        """Connect, take a fresh advisory lock and register this worker incarnation.
+
+        Raises:
+            DatabaseUnavailable: Postgres cannot be reached.
+        """
+        conn = await connect(url)
+        try:
+            lock_key: int = await conn.fetchval("SELECT nextval('toren.worker_lock_keys')")
+            await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key)
+            worker_id = uuid.uuid4()
+            await conn.execute(
+                "INSERT INTO toren.workers (worker_id, lock_key, name, version, deploy_label, "
+                "host, pid) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                worker_id,
+                lock_key,
+                settings.worker_name,
+                code_version(settings),
+                settings.deploy_label,
+                socket.gethostname(),
+                os.getpid(),
+            )
+            session = cls(conn, worker_id, lock_key)
+        except BaseException:
+            await _close_quietly(conn)
+            raise
+        log.info("worker %s registered (lock key %d)", worker_id, lock_key)
+        return session
+
+    async def listen(self, on_mail: Callable[[str], None]) -> None:
+        """Call ``on_mail(actor_id)`` for every ``toren_mail`` notification."""
+        await self.conn.add_listener(
+            "toren_mail", lambda _c, _pid, _ch, payload: on_mail(str(payload))
+        )
+
+    def _on_termination(self, _conn: object) -> None:
+        if not self._closing:
+            self._mark_lost()
+
+    def _mark_lost(self) -> None:
+        if not self.lost.is_set():
+            self.lost.set()
+            log.error("worker %s lost its lock connection; stopping its actors", self.worker_id)
+            self.on_lost()
+
+    async def keepalive(self, interval: float) -> None:
+        """Ping the lock connection every ``interval`` seconds until it fails.
+
+        Returns when the connection is lost (a dead socket may only show up on use).
+        """
+        while not self.lost.is_set():
+            with anyio.move_on_after(interval):
+                await self.lost.wait()
+            if self.lost.is_set():
+                return
+            try:
+                with anyio.fail_after(interval):
+                    await self.conn.fetchval("SELECT 1")
+            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                self._mark_lost()
+
+    async def close(self) -> None:
+        """Deregister and drop the lock (closing the connection releases it)."""
+        self._closing = True
+        if not self.lost.is_set():
+            with anyio.move_on_after(5, shield=True):
+                try:
+                    await self.conn.execute(
+                        "DELETE FROM toren.workers WHERE worker_id = $1", self.worker_id
+                    )
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+                    log.warning("could not deregister worker %s", self.worker_id)
+        await _close_quietly(self.conn)
+
+
+async def _close_quietly(conn: asyncpg.Connection) -> None:
+    with anyio.move_on_after(5, shield=True):
+        try:
+            await conn.close()
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            conn.terminate()
+
+
+_LIVE_WORKERS = f"""
+    SELECT w.worker_id FROM toren.workers w
+    JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
+"""
+
+_CLAIM = f"""
+WITH live AS ({_LIVE_WORKERS}
+), ready AS (
+    SELECT DISTINCT actor_id FROM toren.mailbox
+    WHERE visible_at <= now() AND ($4::text[] IS NULL OR actor_id = ANY($4::text[]))
+), cand AS (
+    SELECT a.actor_id FROM toren.actors a JOIN ready USING (actor_id)
+    WHERE a.status = 'live'
+      AND (a.owner IS NULL OR a.lease_expires_at < now()
+           OR a.owner NOT IN (SELECT worker_id FROM live))
+      AND $1 IN (SELECT worker_id FROM live)
+    LIMIT $3
+    FOR NO KEY UPDATE OF a SKIP LOCKED
+)
+UPDATE toren.actors a
+SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $2)
+FROM cand WHERE a.actor_id = cand.actor_id
+RETURNING a.actor_id, a.kind, a.args, a.epoch
+"""
+
+
+async def claim(
+    pool: asyncpg.Pool,
+    worker_id: uuid.UUID,
+    *,
+    limit: int,
+    lease: float,
+    only: list[str] | None = None,
+) -> list[Claim]:
+    """Claim up to ``limit`` runnable actors (``only`` those named, if given).
+
+    A claim raises the actor's epoch, which fences out every earlier owner. A worker whose own
+    lock is not held (its session died) claims nothing.
+    """
+    if limit <= 0:
+        return []
+    rows = await pool.fetch(_CLAIM, worker_id, float(lease), limit, only)
+    return [
+        Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
+        for r in rows
+    ]
+
+
+_RENEW = """
+WITH renewed AS (
+    UPDATE toren.actors SET lease_expires_at = now() + make_interval(secs => $2)
+    WHERE owner = $1 RETURNING actor_id, epoch
+), beat AS (
+    UPDATE toren.workers SET heartbeat_at = now(), stats = $3
+    WHERE worker_id = $1 RETURNING 1
+)
+SELECT (SELECT count(*) FROM beat) AS registered,
+       (SELECT coalesce(array_agg(actor_id || '@' || epoch), '{}') FROM renewed) AS held
+"""
+
+
+async def renew(
+    pool: asyncpg.Pool, worker_id: uuid.UUID, *, lease: float, stats: dict[str, Any]
+) -> set[tuple[str, int]] | None:
+    """Renew every lease of this worker in one statement and publish its statistics.
+
+    Returns:
+        The ``(actor_id, epoch)`` pairs still held, or ``None`` if the worker's registry row is
+        gone (another worker judged it dead).
+    """
+    row = await pool.fetchrow(_RENEW, worker_id, float(lease), stats)
+    if row is None or not row["registered"]:
+        return None
+    held: set[tuple[str, int]] = set()
+    for item in row["held"]:
+        actor_id, _, epoch = item.rpartition("@")
+        held.add((actor_id, int(epoch)))
+    return held
+
+
+_RELEASE_IF_IDLE = """
+WITH mine AS (
+    SELECT 1 FROM toren.actors WHERE actor_id = $1 AND owner = $2 AND epoch = $3
+), pending AS (
+    SELECT 1 FROM toren.mailbox WHERE actor_id = $1 AND visible_at <= now() LIMIT 1
+), released AS (
+    UPDATE toren.actors SET owner = NULL, lease_expires_at = NULL
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND NOT EXISTS (SELECT 1 FROM pending)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM mine) AS mine, (SELECT count(*) FROM released) AS released
+"""
+
+
+async def release_if_idle(pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, epoch: int) -> bool:
+    """Give up the lease if no message is waiting (passivation).
+
+    Returns:
+        True if released; False if mail arrived meanwhile (keep handling).
+
+    Raises:
+        FencedOut: the actor is no longer ours.
+    """
+    row = await pool.fetchrow(_RELEASE_IF_IDLE, actor_id, owner, epoch)
+    if row is None or not row["mine"]:
+        raise FencedOut(actor_id, epoch)
+    return bool(row["released"])
+
+
+_RELEASE = """
+WITH released AS (
+    UPDATE toren.actors SET owner = NULL, lease_expires_at = NULL
+    WHERE owner = $1 AND ($2::text[] IS NULL OR actor_id = ANY($2::text[]))
+    RETURNING actor_id
+)
+SELECT count(pg_notify('toren_mail', actor_id)) FROM released
+"""
+
+
+async def release(
+    pool: asyncpg.Pool | asyncpg.Connection, worker_id: uuid.UUID, actor_ids: list[str] | None
+) -> int:
+    """Release this worker's leases (all, or those named) and wake other workers to claim them.
+
+    Returns:
+        How many leases were released.
+    """
+    count: int = await pool.fetchval(_RELEASE, worker_id, actor_ids)
+    return count
+
+
+_FAIL = """
+WITH failed AS (
+    UPDATE toren.actors SET status = 'failed', failure = $4, owner = NULL, lease_expires_at = NULL
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3
+    RETURNING actor_id, kind, parent
+), told AS (
+    INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
+    SELECT f.parent, 0, f.actor_id, $5, $6 FROM failed f JOIN toren.actors p ON p.actor_id = f.parent
+    RETURNING actor_id
+)
+SELECT (SELECT count(*) FROM failed) AS failed,
+       (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told
+"""
+
+
+async def mark_failed(
+    pool: asyncpg.Pool, actor_id: str, kind: str, owner: uuid.UUID, epoch: int, error: str
+) -> bool:
+    """Mark an actor failed (escalation) and tell its parent with :class:`ChildFailed`.
+
+    Returns:
+        False if the actor was no longer ours (the next owner decides its fate).
+    """
+    name, body = encode(ChildFailed(actor_id=actor_id, kind=kind, error=error))
+    row = await pool.fetchrow(_FAIL, actor_id, owner, epoch, error, name, body)
+    return bool(row and row["failed"])
+
+
+async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
+    """Registered workers whose advisory lock is held, with their statistics."""
+    rows: list[asyncpg.Record] = await conn.fetch(
+        f"""
+        SELECT w.*, (SELECT count(*) FROM toren.actors a WHERE a.owner = w.worker_id) AS leases
+        FROM toren.workers w WHERE w.worker_id IN ({_LIVE_WORKERS})
+        ORDER BY w.started_at
+        """
+    )
+    return rows
+
+
+async def forget_dead_workers(pool: asyncpg.Pool) -> int:
+    """Delete registry rows of workers whose lock is gone; their actors stay claimable."""
+    deleted: int = await pool.fetchval(
+        f"WITH gone AS (DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) "
+        "RETURNING 1) SELECT count(*) FROM gone"
+    )
+    return deleted

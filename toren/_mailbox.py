@@ -1,0 +1,347 @@
+"""Mailboxes: sending, claiming the next message, committing a step, failures and dead letters.
+
+Every statement an owner issues is fenced: it checks ``owner = me AND epoch = mine`` on the
+actor's row in the same statement, and the step commit takes a share lock on that row so a
+concurrent claim (which raises the epoch) either waits for the step or fences it out. A step is
+one statement, hence one transaction and one round trip: consume the message, append the events,
+spawn children, insert the outgoing messages and timers, store the reply, notify recipients.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from toren._actor import SYSTEM_LANE, USER_LANE, Context, Envelope, PoisonMessage
+from toren._codec import decode, encode
+from toren._errors import FencedOut, MailboxFull, UnknownActor
+
+_SEND = """
+WITH target AS (
+    SELECT actor_id, max_depth FROM toren.actors WHERE actor_id = $1
+), depth AS (
+    SELECT count(*) AS n FROM (
+        SELECT 1 FROM toren.mailbox WHERE actor_id = $1 AND lane = 1
+        LIMIT (SELECT max_depth FROM target)) s
+), ok AS (
+    SELECT 1 FROM target, depth WHERE $2 = 0 OR depth.n < target.max_depth
+), dd AS (
+    INSERT INTO toren.dedupe (actor_id, key) SELECT $1, $6 FROM ok WHERE $6::text IS NOT NULL
+    ON CONFLICT DO NOTHING RETURNING 1
+), ins AS (
+    INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body, dedupe_key, reply_to, visible_at)
+    SELECT $1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8) FROM ok
+    WHERE $6::text IS NULL OR EXISTS (SELECT 1 FROM dd)
+    RETURNING id
+), woken AS (
+    SELECT pg_notify('toren_mail', $1) FROM ins WHERE $8 = 0
+)
+SELECT (SELECT count(*) FROM target) AS found, (SELECT n FROM depth) AS depth,
+       (SELECT count(*) FROM ok) AS ok, (SELECT id FROM ins) AS id,
+       (SELECT count(*) FROM woken) AS woken
+"""
+
+
+async def send(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    to: str,
+    msg: Any,
+    *,
+    sender: str | None = None,
+    system: bool = False,
+    dedupe_key: str | None = None,
+    delay: float = 0.0,
+    reply_to: uuid.UUID | None = None,
+) -> int | None:
+    """Persist a message for ``to``; joins the caller's transaction when given a connection in one.
+
+    Returns:
+        The message id, or ``None`` when ``dedupe_key`` was used before for this recipient.
+
+    Raises:
+        UnknownActor: no actor ``to`` exists.
+        MailboxFull: ``to`` already holds its ``max_depth`` pending user messages.
+    """
+    kind, body = encode(msg)
+    lane = SYSTEM_LANE if system else USER_LANE
+    row = await conn.fetchrow(
+        _SEND, to, lane, sender, kind, body, dedupe_key, reply_to, float(delay)
+    )
+    if row is None or not row["found"]:
+        raise UnknownActor(to)
+    if not row["ok"]:
+        raise MailboxFull(to, row["depth"])
+    msg_id: int | None = row["id"]
+    return msg_id
+
+
+_CLAIM_NEXT = """
+WITH fence AS (
+    SELECT 1 FROM toren.actors
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
+), next AS (
+    SELECT id, timer_key FROM toren.mailbox
+    WHERE actor_id = $1 AND visible_at <= now() AND EXISTS (SELECT 1 FROM fence)
+    ORDER BY lane, id LIMIT 1
+), claimed AS (
+    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1, timer_key = NULL
+    FROM next WHERE m.id = next.id
+    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
+              next.timer_key IS NOT NULL AS is_timer
+)
+SELECT (SELECT count(*) FROM fence) AS owned, c.*
+FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
+"""
+
+
+async def claim_next(
+    pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, epoch: int
+) -> Envelope | None:
+    """Claim the actor's next visible message (system lane first) and raise its delivery count.
+
+    The raised count is committed before the message is handled, so a message that kills its
+    worker is charged for it.
+
+    Raises:
+        FencedOut: the actor is no longer ours.
+    """
+    row = await pool.fetchrow(_CLAIM_NEXT, actor_id, owner, epoch)
+    if row is None or not row["owned"]:
+        raise FencedOut(actor_id, epoch)
+    if row["id"] is None:
+        return None
+    return Envelope(
+        id=row["id"],
+        lane=row["lane"],
+        sender=row["sender"],
+        kind=row["kind"],
+        body=row["body"],
+        payload=None,
+        reply_to=row["reply_to"],
+        deliveries=row["deliveries"],
+        attempts=row["attempts"],
+        is_timer=row["is_timer"],
+    )
+
+
+_COMMIT = """
+WITH fence AS (
+    SELECT actor_id FROM toren.actors
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
+    FOR SHARE
+), consumed AS (
+    DELETE FROM toren.mailbox m USING fence WHERE m.id = $4 AND m.actor_id = fence.actor_id
+    RETURNING m.id
+), ev AS (
+    INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
+    SELECT $1, e.seq, $3, e.type, e.data
+    FROM unnest($5::bigint[], $6::text[], $7::jsonb[]) AS e(seq, type, data), consumed
+    RETURNING 1
+), sp AS (
+    INSERT INTO toren.actors (actor_id, kind, args, parent)
+    SELECT s.id, s.kind, s.args, $1
+    FROM unnest($8::text[], $9::text[], $10::jsonb[]) AS s(id, kind, args), consumed
+    ON CONFLICT (actor_id) DO NOTHING
+    RETURNING 1
+), cancelled AS (
+    DELETE FROM toren.mailbox m USING consumed
+    WHERE m.actor_id = $1 AND m.timer_key = ANY($11::text[])
+    RETURNING 1
+), o AS (
+    SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::jsonb[], $16::text[],
+                         $17::text[], $18::float8[])
+        AS o(recipient, lane, kind, body, dedupe_key, timer_key, delay)
+    WHERE EXISTS (SELECT 1 FROM consumed)
+), dd AS (
+    INSERT INTO toren.dedupe (actor_id, key)
+    SELECT o.recipient, o.dedupe_key FROM o WHERE o.dedupe_key IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING actor_id, key
+), sent AS (
+    INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body, dedupe_key, timer_key, visible_at)
+    SELECT o.recipient, o.lane, $1, o.kind, o.body, o.dedupe_key, o.timer_key,
+           now() + make_interval(secs => o.delay)
+    FROM o
+    WHERE o.dedupe_key IS NULL
+       OR EXISTS (SELECT 1 FROM dd WHERE dd.actor_id = o.recipient AND dd.key = o.dedupe_key)
+    ON CONFLICT (actor_id, timer_key) WHERE timer_key IS NOT NULL DO UPDATE
+        SET kind = EXCLUDED.kind, body = EXCLUDED.body, visible_at = EXCLUDED.visible_at,
+            deliveries = 0, attempts = 0, last_error = NULL
+    RETURNING actor_id, visible_at <= now() AS due
+), rep AS (
+    INSERT INTO toren.replies (correlation_id, kind, body)
+    SELECT $19, $20, $21 FROM consumed WHERE $19::uuid IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING correlation_id
+), woken AS (
+    SELECT pg_notify('toren_mail', r.actor_id)
+    FROM (SELECT DISTINCT actor_id FROM sent WHERE due AND actor_id <> $1) AS r
+    UNION ALL
+    SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
+)
+SELECT (SELECT count(*) FROM consumed) AS consumed, (SELECT count(*) FROM ev) AS events,
+       (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
+       (SELECT count(*) FROM sent) AS sent, (SELECT count(*) FROM woken) AS woken
+"""
+
+
+async def commit_step(
+    pool: asyncpg.Pool, owner: uuid.UUID, envelope: Envelope, ctx: Context[Any]
+) -> None:
+    """Commit one handled message: everything in ``ctx`` or nothing.
+
+    Raises:
+        FencedOut: the actor is no longer ours (epoch raised, or a newer owner wrote the seq).
+        UnknownActor: the handler sent a message to an actor that does not exist.
+    """
+    events = ctx.events
+    out = ctx.outgoing
+    reply = ctx.reply_body if envelope.reply_to is not None else None
+    try:
+        row = await pool.fetchrow(
+            _COMMIT,
+            ctx.actor_id,
+            owner,
+            ctx.epoch,
+            envelope.id,
+            [e[0] for e in events],
+            [e[1] for e in events],
+            [e[2] for e in events],
+            [s.actor_id for s in ctx.spawns],
+            [s.kind for s in ctx.spawns],
+            [dict(s.args) for s in ctx.spawns],
+            ctx.cancelled_timers,
+            [o.to for o in out],
+            [o.lane for o in out],
+            [o.kind for o in out],
+            [o.body for o in out],
+            [o.dedupe_key for o in out],
+            [o.timer_key for o in out],
+            [o.delay for o in out],
+            envelope.reply_to if reply else None,
+            reply[0] if reply else None,
+            reply[1] if reply else None,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.
+        raise FencedOut(ctx.actor_id, ctx.epoch) from exc
+    except asyncpg.ForeignKeyViolationError as exc:
+        raise UnknownActor(_recipient_named_in(exc, [o.to for o in out])) from exc
+    if row is None or not row["consumed"]:
+        raise FencedOut(ctx.actor_id, ctx.epoch)
+
+
+def _recipient_named_in(exc: asyncpg.ForeignKeyViolationError, recipients: list[str]) -> str:
+    detail = str(getattr(exc, "detail", "") or "")
+    for to in recipients:
+        if f"({to})" in detail:
+            return to
+    return recipients[0] if recipients else "?"
+
+
+_RECORD_FAILURE = """
+UPDATE toren.mailbox m SET attempts = m.attempts + 1, last_error = $5
+FROM toren.actors a
+WHERE m.id = $4 AND a.actor_id = $1 AND a.owner = $2 AND a.epoch = $3 AND a.status = 'live'
+RETURNING m.attempts
+"""
+
+
+async def record_failure(
+    pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, epoch: int, msg_id: int, error: str
+) -> int:
+    """Charge a handler failure to the message.
+
+    Returns:
+        The message's attempts so far, this one included.
+
+    Raises:
+        FencedOut: the actor is no longer ours.
+    """
+    attempts: int | None = await pool.fetchval(
+        _RECORD_FAILURE, actor_id, owner, epoch, msg_id, error
+    )
+    if attempts is None:
+        raise FencedOut(actor_id, epoch)
+    return attempts
+
+
+_DEAD_LETTER = """
+WITH fence AS (
+    SELECT 1 FROM toren.actors
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
+    FOR SHARE
+), moved AS (
+    DELETE FROM toren.mailbox m WHERE m.id = $4 AND EXISTS (SELECT 1 FROM fence)
+    RETURNING m.*
+), dl AS (
+    INSERT INTO toren.deadletters (id, actor_id, lane, sender, kind, body, dedupe_key, reply_to,
+                                   deliveries, attempts, error, created_at)
+    SELECT id, actor_id, lane, sender, kind, body, dedupe_key, reply_to, deliveries, attempts, $5,
+           created_at
+    FROM moved
+    RETURNING id, sender, reply_to
+), told AS (
+    INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
+    SELECT dl.sender, 0, $1, 'toren.poison', $6 FROM dl JOIN toren.actors s ON s.actor_id = dl.sender
+    RETURNING actor_id
+), rep AS (
+    INSERT INTO toren.replies (correlation_id, kind, body)
+    SELECT dl.reply_to, 'toren.ask_failed', $7 FROM dl WHERE dl.reply_to IS NOT NULL
+    ON CONFLICT DO NOTHING
+    RETURNING correlation_id
+), woken AS (
+    SELECT pg_notify('toren_mail', actor_id) FROM told
+    UNION ALL
+    SELECT pg_notify('toren_reply', correlation_id::text) FROM rep
+)
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken
+"""
+
+
+async def dead_letter(
+    pool: asyncpg.Pool,
+    actor_id: str,
+    owner: uuid.UUID,
+    epoch: int,
+    envelope: Envelope,
+    error: str,
+) -> None:
+    """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask().
+
+    Raises:
+        FencedOut: the actor is no longer ours.
+    """
+    poison = PoisonMessage(
+        actor_id=actor_id,
+        message_id=envelope.id,
+        kind=envelope.kind,
+        error=error,
+        attempts=envelope.attempts,
+        deliveries=envelope.deliveries,
+    )
+    _, poison_body = encode(poison)
+    ask_failed = {"actor_id": actor_id, "error": error}
+    moved = await pool.fetchval(
+        _DEAD_LETTER, actor_id, owner, epoch, envelope.id, error, poison_body, ask_failed
+    )
+    if not moved:
+        raise FencedOut(actor_id, epoch)
+
+
+def open_envelope(envelope: Envelope) -> Envelope:
+    """The envelope with its payload decoded (raises UnknownMessageType)."""
+    return Envelope(
+        id=envelope.id,
+        lane=envelope.lane,
+        sender=envelope.sender,
+        kind=envelope.kind,
+        body=envelope.body,
+        payload=decode(envelope.kind, envelope.body),
+        reply_to=envelope.reply_to,
+        deliveries=envelope.deliveries,
+        attempts=envelope.attempts,
+        is_timer=envelope.is_timer,
+    )

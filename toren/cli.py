@@ -1,0 +1,254 @@
+"""The ``toren`` command line.
+
+Exit codes: 0 success; 1 a Toren error at run time (database unreachable, unknown actor, ...);
+2 bad usage or configuration (click's own usage errors use 2 as well).
+
+The CLI talks to Postgres directly: ``TOREN_DATABASE_URL``, else the URL a running ``toren dev``
+recorded under ``~/.toren/``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import anyio
+import click
+from rich.console import Console
+from rich.table import Table
+
+from toren._app import load_app
+from toren._client import Client
+from toren._config import Settings
+from toren._db import connect, recorded_dev_url, redact
+from toren._errors import ConfigError, TorenError
+from toren._logging import configure
+from toren._migrate import migrate as apply_migrations
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def _settings(ctx: click.Context) -> Settings:
+    settings: Settings = ctx.obj["settings"]
+    return settings
+
+
+def database_url(settings: Settings) -> str:
+    """The URL to use: configured, else the one a running ``toren dev`` recorded.
+
+    Raises:
+        ConfigError: neither exists.
+    """
+    url = settings.database_url or recorded_dev_url(settings.home)
+    if url is None:
+        raise ConfigError(
+            "no database: TOREN_DATABASE_URL is not set and no `toren dev` is running",
+            hint="Set TOREN_DATABASE_URL=postgresql://..., or start `toren dev` in another "
+            "terminal.",
+        )
+    return url
+
+
+def run_async(fn: Callable[P, Awaitable[R]]) -> Callable[P, R]:
+    """Run an async command body, turning Toren errors into a message and an exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        async def main() -> R:
+            return await fn(*args, **kwargs)
+
+        try:
+            return anyio.run(main)
+        except ConfigError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            sys.exit(2)
+        except TorenError as exc:
+            err.print(f"[red]error:[/red] {exc}", highlight=False)
+            sys.exit(1)
+
+    return wrapper
+
+
+@click.group()
+@click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML settings.")
+@click.option("--log-level", default="INFO", show_default=True, help="Logging level.")
+@click.version_option(package_name="toren")
+@click.pass_context
+def main(ctx: click.Context, config: Path | None, log_level: str) -> None:
+    """Toren: a durable runtime for LLM agents on Postgres."""
+    configure(log_level)
+    try:
+        ctx.obj = {"settings": Settings.load(config_file=config)}
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+
+
+@main.command()
+@click.pass_context
+@run_async
+async def migrate(ctx: click.Context) -> None:
+    """Bring the database schema up to date (safe to run from several processes at once)."""
+    url = database_url(_settings(ctx))
+    conn = await connect(url)
+    try:
+        applied = await apply_migrations(conn)
+    finally:
+        await conn.close()
+    out.print(f"applied {len(applied)} migration(s)" if applied else "schema is up to date")
+
+
+@main.command()
+@click.option("--app", envvar="TOREN_APP", help="Module defining your actors (MODULE[:ATTR]).")
+@click.option("--migrate/--no-migrate", default=False, help="Apply migrations first.")
+@click.option("--max-actors", type=int, help="Cap on actors run at once by this worker.")
+@click.option("--lease-seconds", type=float, help="Lease length (default 15).")
+@click.option("--renew-seconds", type=float, help="Lease renewal interval (default 5).")
+@click.option("--poll-seconds", type=float, help="Polling fallback interval (default 1).")
+@click.option("--grace-seconds", type=float, help="Shutdown grace period (default 30).")
+@click.option("--deploy-label", help="Added to the version shown by `toren workers`.")
+@click.pass_context
+@run_async
+async def worker(ctx: click.Context, app: str | None, migrate: bool, **overrides: Any) -> None:
+    """Run a worker: claim actors with mail and run them until SIGTERM."""
+    from supervisors.worker import run_worker  # the entry point that boots a worker
+
+    settings = Settings.load(config_file=ctx.parent.params.get("config") if ctx.parent else None,
+                             **overrides)
+    if app:
+        load_app(app)
+    await run_worker(settings, database_url(settings), migrate=migrate)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+@run_async
+async def workers(ctx: click.Context, as_json: bool) -> None:
+    """List live workers with their versions and statistics."""
+    from toren._leases import live_workers
+
+    conn = await connect(database_url(_settings(ctx)))
+    try:
+        rows = await live_workers(conn)
+    finally:
+        await conn.close()
+    items = [
+        {
+            "worker_id": str(r["worker_id"]),
+            "name": r["name"],
+            "version": r["version"],
+            "host": r["host"],
+            "pid": r["pid"],
+            "started_at": r["started_at"].isoformat(),
+            "heartbeat_at": r["heartbeat_at"].isoformat(),
+            "leases": r["leases"],
+            "actors_in_memory": r["stats"].get("actors_in_memory", 0),
+            "rss_mb": round(r["stats"].get("rss_bytes", 0) / 2**20, 1),
+        }
+        for r in rows
+    ]
+    if as_json:
+        out.print_json(json.dumps(items))
+        return
+    versions = {i["version"] for i in items}
+    table = Table(title=f"{len(items)} live worker(s)")
+    for col in ("worker", "name", "version", "pid", "leases", "in memory", "RSS MB", "heartbeat"):
+        table.add_column(col)
+    for i in items:
+        table.add_row(
+            i["worker_id"][:8], i["name"], i["version"], str(i["pid"]), str(i["leases"]),
+            str(i["actors_in_memory"]), str(i["rss_mb"]), i["heartbeat_at"][11:19],
+        )
+    out.print(table)
+    if len(versions) > 1:
+        out.print(f"[yellow]version skew:[/yellow] {', '.join(sorted(versions))}")
+
+
+@main.group(invoke_without_command=True)
+@click.option("--actor", help="Only this actor's dead letters.")
+@click.option("--limit", default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@click.pass_context
+def deadletters(ctx: click.Context, actor: str | None, limit: int, as_json: bool) -> None:
+    """List dead-lettered messages (or requeue them: `toren deadletters requeue ID...`)."""
+    if ctx.invoked_subcommand is None:
+        _list_deadletters(ctx, actor, limit, as_json)
+
+
+@run_async
+async def _list_deadletters(
+    ctx: click.Context, actor: str | None, limit: int, as_json: bool
+) -> None:
+    async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
+        items = await client.deadletters(actor_id=actor, limit=limit)
+    if as_json:
+        out.print_json(
+            json.dumps(
+                [
+                    {
+                        "id": d.id, "actor_id": d.actor_id, "sender": d.sender, "kind": d.kind,
+                        "body": d.body, "deliveries": d.deliveries, "attempts": d.attempts,
+                        "error": d.error, "dead_at": d.dead_at.isoformat(),
+                    }
+                    for d in items
+                ]
+            )
+        )
+        return
+    table = Table(title=f"{len(items)} dead letter(s)")
+    for col in ("id", "actor", "kind", "attempts", "deliveries", "error", "dead at"):
+        table.add_column(col)
+    for d in items:
+        table.add_row(
+            str(d.id), d.actor_id, d.kind, str(d.attempts), str(d.deliveries),
+            d.error[:60], d.dead_at.isoformat(timespec="seconds"),
+        )
+    out.print(table)
+
+
+@deadletters.command("requeue")
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.pass_context
+@run_async
+async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
+    """Put dead letters back at the end of their mailboxes with fresh counts."""
+    async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
+        new_ids = await client.requeue(list(ids))
+    missing = len(ids) - len(new_ids)
+    out.print(f"requeued {len(new_ids)} message(s)" + (f"; {missing} not found" if missing else ""))
+    if missing and not new_ids:
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Embedded Postgres data directory (default ~/.toren/pgdata).")
+@click.option("--app", envvar="TOREN_APP", help="Module defining your actors (MODULE[:ATTR]).")
+@click.pass_context
+def dev(ctx: click.Context, data_dir: Path | None, app: str | None) -> None:
+    """Run everything on one machine: embedded Postgres, migrations, a worker, the demo."""
+    from toren._dev import run_dev
+
+    settings = _settings(ctx)
+    try:
+        anyio.run(functools.partial(run_dev, settings, data_dir=data_dir, app=app))
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    except TorenError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(1)
+
+
+def describe_url(url: str) -> str:
+    """A URL fit to print (password redacted)."""
+    return redact(url)
