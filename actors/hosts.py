@@ -107,7 +107,8 @@ class HostRegistry:
         claim = self._claims.pop(actor_id, None)
         if claim is None:
             return
-        error = f"{type(exc).__name__}: {exc}"
+        cause = exc.__cause__
+        error = f"{exc}; last error: {type(cause).__name__}: {cause}" if cause else str(exc)
         failed = await mark_failed(
             self.pool, actor_id, claim.kind, self.worker_id, claim.epoch, error
         )

@@ -142,6 +142,9 @@ class Relay(Actor[list[str]]):
             ctx.send(msg["spawn"], {"hello": True})
 
 
+bad_starts: list[str] = []
+
+
 class BadStart(Actor[int]):
     """Fails on every start (state rebuild succeeded; on_start raises)."""
 
@@ -154,10 +157,7 @@ class BadStart(Actor[int]):
         return state
 
     async def on_start(self, ctx: Context[int]) -> None:
-        marker = os.environ.get("TOREN_TEST_STARTS")
-        if marker:
-            with Path(marker).open("a") as f:
-                f.write(f"{os.getpid()}\n")
+        bad_starts.append(ctx.actor_id)
         raise RuntimeError("refusing to start")
 
     async def handle(self, ctx: Context[int], msg: Any) -> None:

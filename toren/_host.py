@@ -119,6 +119,7 @@ class ActorHost:
                 snapshot_seq = seq
         # Graceful stop: hand the actor back so another worker can claim it without waiting.
         await release(self.pool, self.worker_id, [self.actor_id])
+        log.info("%s: stopping; lease released", self.actor_id)
 
     async def _idle(self, actor: Actor[Any], stopping: anyio.Event, idle_since: float) -> bool:
         """Wait for mail; True once the actor has passivated."""
