@@ -15,10 +15,9 @@ from collections.abc import Awaitable, Callable
 import anyio
 import asyncpg
 
+from actors.hosts import HostRegistry
 from toren import Settings
 from toren.kernel import Claim, claim, forget_dead_workers
-
-from actors.hosts import HostRegistry
 
 log = logging.getLogger("toren.worker")
 

@@ -76,6 +76,14 @@ class HostRegistry:
 
         return run
 
+    def request_stop_all(self) -> None:
+        """Ask every hosted actor to finish its message in hand and release its lease.
+
+        All at once, so that a drain takes the longest handling time, not the sum of them.
+        """
+        for host in self.hosts.values():
+            host.request_stop()
+
     def stop_lost(self, held: set[tuple[str, int]]) -> list[str]:
         """Cancel every hosted actor whose (id, epoch) is not in ``held``; returns their ids."""
         lost = [

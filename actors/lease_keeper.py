@@ -15,10 +15,9 @@ import anyio
 import asyncpg
 import psutil
 
+from actors.hosts import HostRegistry
 from toren import Settings, TorenError
 from toren.kernel import renew
-
-from actors.hosts import HostRegistry
 
 log = logging.getLogger("toren.worker")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Awaitable, Callable
+
 import anyio
 import asyncpg
 from anyio.abc import TaskStatus
@@ -29,7 +30,7 @@ from actors.dispatcher import Dispatcher
 from actors.hosts import HostRegistry
 from actors.lease_keeper import LeaseKeeper
 from supervisors._backoff import Backoff
-from supervisors._dynamic import DynamicSupervisor
+from supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
 from supervisors._supervisor import ChildContext, ChildSpec, Ready, Restart, Strategy, Supervisor
 from toren import ConfigError, PostgresRestartStore, Settings
 from toren.kernel import Claim, WorkerSession, connect, create_pool, release, schema_status
@@ -117,27 +118,30 @@ class Worker:
         )
 
         async def start_host(claim: Claim) -> None:
-            # A host that just passivated may still be leaving its supervisor.
-            with anyio.move_on_after(1):
-                while claim.actor_id in actors.child_ids():
-                    await anyio.sleep(0.005)
             run = hosts.adopt(claim)
 
             async def child(c: ChildContext) -> None:
                 await run(lambda: None, c.stopping)
 
-            await actors.start_child(
-                ChildSpec(
-                    id=claim.actor_id,
-                    run=child,
-                    restart=Restart.TRANSIENT,
-                    # Ready at once: the dispatcher must not wait on a rebuild (or on a start
-                    # that fails and is retried with backoff).
-                    ready=Ready.IMMEDIATE,
-                    graceful=True,
-                    shutdown_timeout=settings.grace_seconds,
-                )
+            spec = ChildSpec(
+                id=claim.actor_id,
+                run=child,
+                restart=Restart.TRANSIENT,
+                # Ready at once: the dispatcher must not wait on a rebuild (or on a start that
+                # fails and is retried with backoff).
+                ready=Ready.IMMEDIATE,
+                graceful=True,
+                shutdown_timeout=settings.grace_seconds,
             )
+            for _ in range(200):
+                try:
+                    await actors.start_child(spec)
+                    return
+                except ChildAlreadyRunning:
+                    # A host that just passivated is still leaving its supervisor.
+                    await anyio.sleep(0.005)
+            hosts.cancel(claim.actor_id)
+            log.warning("%s: previous host did not leave; claim left to expire", claim.actor_id)
 
         keeper = LeaseKeeper(pool, session.worker_id, hosts, settings)
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
@@ -154,6 +158,7 @@ class Worker:
                 await tg.start(actors.run)
                 c.started()
                 await c.stopping.wait()
+                hosts.request_stop_all()
                 await actors.stop()
                 tg.cancel_scope.cancel()
 

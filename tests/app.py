@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import attrs
 
-from toren import Actor, Context, PoisonMessage, ChildFailed, message
+from toren import Actor, ChildFailed, Context, PoisonMessage, message
 
 # --- counter -----------------------------------------------------------------------------------
 
@@ -239,7 +239,8 @@ class Alarm(Actor[list[str]]):
             ctx.set_timer("alarm", msg.seconds, Fire())
             ctx.emit(TimerEvent(what="armed", pid=os.getpid()))
         elif isinstance(msg, Fire):
-            assert ctx.envelope is not None and ctx.envelope.is_timer
+            assert ctx.envelope is not None
+            assert ctx.envelope.is_timer
             ctx.emit(TimerEvent(what="fired", pid=os.getpid()))
 
 

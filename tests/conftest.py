@@ -164,9 +164,7 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, wha
 
 
 async def worker_registered(client: Client, pid: int) -> bool:
-    row = await client.pool.fetchval(
-        "SELECT count(*) FROM toren.workers WHERE pid = $1", pid
-    )
+    row = await client.pool.fetchval("SELECT count(*) FROM toren.workers WHERE pid = $1", pid)
     return bool(row)
 
 

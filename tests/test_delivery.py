@@ -95,9 +95,7 @@ async def test_actor_failing_to_start_escalates_and_the_count_survives_a_worker_
             return (await client.actor("bad/1"))["status"] == "failed"
 
         await wait_for(failed, what="escalation")
-        told, _ = await wait_for(
-            lambda: _nonempty_state(client, "relay/p"), what="parent told"
-        )
+        told, _ = await wait_for(lambda: _nonempty_state(client, "relay/p"), what="parent told")
     starts_second_worker = len(app.bad_starts) - starts_first_worker
     assert await restarts() == 4  # intensity 3: the fourth restart within the period escalates
     assert starts_first_worker + starts_second_worker == 4
@@ -149,8 +147,9 @@ async def test_handler_spawns_a_child_and_messages_it_in_the_same_step(
 
         async def child_handled() -> bool:
             row = await client.pool.fetchrow(
-                "SELECT parent, (SELECT count(*) FROM toren.mailbox m WHERE m.actor_id = a.actor_id)"
-                " AS pending FROM toren.actors a WHERE actor_id = 'counter/child'"
+                "SELECT parent, (SELECT count(*) FROM toren.mailbox m"
+                " WHERE m.actor_id = a.actor_id) AS pending"
+                " FROM toren.actors a WHERE actor_id = 'counter/child'"
             )
             return row is not None and row["parent"] == "relay/s" and row["pending"] == 0
 

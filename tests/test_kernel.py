@@ -19,7 +19,9 @@ async def total(client: Client, actor_id: str) -> int:
     return int(state.total)
 
 
-async def test_messages_sent_are_handled_and_journaled_in_order(client: Client, db_url: str) -> None:
+async def test_messages_sent_are_handled_and_journaled_in_order(
+    client: Client, db_url: str
+) -> None:
     await client.spawn(app.Counter, "c/1")
     for i in range(5):
         await client.send("c/1", app.Add(n=i, tag=f"t{i}"))

@@ -181,9 +181,10 @@ async def test_sigterm_finishes_the_message_in_hand_and_hands_over_without_expir
         ("next", staying.pid),
     ]
     assert "w/t: stopping; lease released" in leaving.log()
-    assert await client.pool.fetchval(
-        "SELECT count(*) FROM toren.workers WHERE pid = $1", leaving.pid
-    ) == 0
+    assert (
+        await client.pool.fetchval("SELECT count(*) FROM toren.workers WHERE pid = $1", leaving.pid)
+        == 0
+    )
 
 
 async def test_worker_whose_lock_session_is_terminated_stops_its_actors_then_claims_again(
@@ -211,7 +212,9 @@ async def test_worker_whose_lock_session_is_terminated_stops_its_actors_then_cla
         "SELECT created_at FROM toren.journal WHERE actor_id = 'w/l'"
     )
     log = victim.log()
-    stopped = re.search(r"^(\S+)Z ERROR toren.leases: worker \S+ lost its lock connection", log, re.M)
+    stopped = re.search(
+        r"^(\S+)Z ERROR toren.leases: worker \S+ lost its lock connection", log, re.M
+    )
     assert stopped is not None, log
     stopped_at = dt.datetime.fromisoformat(stopped.group(1)).replace(tzinfo=dt.UTC)
     assert stopped_at < written_at

@@ -151,7 +151,8 @@ class Client:
             conn or self.pool, to, msg, system=system, dedupe_key=dedupe_key, delay=seconds
         )
 
-    async def ask(self, to: str, msg: Any, *, timeout: float) -> Any:
+    # The deadline is part of what ask() means (STYLE: timeouts as cancel scopes, except there).
+    async def ask(self, to: str, msg: Any, *, timeout: float) -> Any:  # noqa: ASYNC109
         """Send ``msg`` and wait for the handler's ``ctx.reply(...)``.
 
         Raises:
@@ -234,7 +235,9 @@ class Client:
             raise UnknownActor(actor_id)
         return row
 
-    async def deadletters(self, *, actor_id: str | None = None, limit: int = 100) -> list[DeadLetter]:
+    async def deadletters(
+        self, *, actor_id: str | None = None, limit: int = 100
+    ) -> list[DeadLetter]:
         """Dead-lettered messages, newest first."""
         rows = await self.pool.fetch(
             "SELECT * FROM toren.deadletters WHERE $1::text IS NULL OR actor_id = $1 "

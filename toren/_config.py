@@ -119,6 +119,4 @@ def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
     try:
         return typ(raw)
     except (TypeError, ValueError):
-        raise ConfigError(
-            f"{name} from {source} must be a {typ.__name__}, got {raw!r}"
-        ) from None
+        raise ConfigError(f"{name} from {source} must be a {typ.__name__}, got {raw!r}") from None

@@ -166,5 +166,5 @@ class InternalError(TorenError):
         super().__init__(f"internal error: {what} (this is a bug in Toren)")
 
 
-class ActorStopped(BaseException):  # noqa: N818  (a signal, like CancelledError, not an error)
+class ActorStopped(BaseException):
     """Raised inside an actor's task to stop it; derives from BaseException on purpose."""

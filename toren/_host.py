@@ -31,7 +31,7 @@ log = logging.getLogger("toren.host")
 _RETRY_CAP = 30.0
 
 
-class MessageDeadLettered(TorenError):  # noqa: N818  (an outcome reported to the supervisor)
+class MessageDeadLettered(TorenError):
     """A message was dead-lettered; raised out of the host so one restart is counted."""
 
     def __init__(self, actor_id: str, message_id: int, error: str) -> None:
@@ -67,9 +67,15 @@ class ActorHost:
         self._wake = anyio.Event()
         self.fenced = False
         self.in_hand: int | None = None
+        self._stop_requested = False
 
     def wake(self) -> None:
         """Mail arrived for this actor (a notification); stop waiting."""
+        self._wake.set()
+
+    def request_stop(self) -> None:
+        """Graceful stop from outside: finish the message in hand, release, return."""
+        self._stop_requested = True
         self._wake.set()
 
     async def run(self, started: Callable[[], None], stopping: anyio.Event) -> None:
@@ -99,7 +105,7 @@ class ActorHost:
         await actor.on_start(Context(actor, state, seq, self.epoch, None))
         started()
         idle_since = anyio.current_time()
-        while not stopping.is_set():
+        while not (stopping.is_set() or self._stop_requested):
             envelope = await claim_next(self.pool, self.actor_id, self.worker_id, self.epoch)
             if envelope is None:
                 if await self._idle(actor, stopping, idle_since):
@@ -124,6 +130,8 @@ class ActorHost:
     async def _idle(self, actor: Actor[Any], stopping: anyio.Event, idle_since: float) -> bool:
         """Wait for mail; True once the actor has passivated."""
         remaining = idle_since + self._cls.idle_seconds - anyio.current_time()
+        if self._stop_requested:
+            return False
         if remaining <= 0:
             return await release_if_idle(self.pool, self.actor_id, self.worker_id, self.epoch)
         self._wake = anyio.Event()
@@ -148,7 +156,8 @@ class ActorHost:
             await commit_step(self.pool, self.worker_id, opened, ctx)
         except FencedOut:
             raise
-        except Exception as exc:
+        # Whatever the handler raised is charged to the message, not to the worker.
+        except Exception as exc:  # noqa: BLE001
             error = "".join(traceback.format_exception_only(exc)).strip()
             log.warning("%s: message %d failed: %s", self.actor_id, envelope.id, error)
             attempts = await record_failure(

@@ -40,7 +40,9 @@ async def read_journal(
         actor_id,
         after,
     )
-    return [JournalEntry(seq=r["seq"], epoch=r["epoch"], type=r["type"], data=r["data"]) for r in rows]
+    return [
+        JournalEntry(seq=r["seq"], epoch=r["epoch"], type=r["type"], data=r["data"]) for r in rows
+    ]
 
 
 async def rebuild(pool: asyncpg.Pool, actor: Actor[Any]) -> tuple[Any, int]:

@@ -290,7 +290,8 @@ WITH failed AS (
     RETURNING actor_id, kind, parent
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
-    SELECT f.parent, 0, f.actor_id, $5, $6 FROM failed f JOIN toren.actors p ON p.actor_id = f.parent
+    SELECT f.parent, 0, f.actor_id, $5, $6
+    FROM failed f JOIN toren.actors p ON p.actor_id = f.parent
     RETURNING actor_id
 )
 SELECT (SELECT count(*) FROM failed) AS failed,

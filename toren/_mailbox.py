@@ -160,7 +160,8 @@ WITH fence AS (
     ON CONFLICT DO NOTHING
     RETURNING actor_id, key
 ), sent AS (
-    INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body, dedupe_key, timer_key, visible_at)
+    INSERT INTO toren.mailbox
+        (actor_id, lane, sender, kind, body, dedupe_key, timer_key, visible_at)
     SELECT o.recipient, o.lane, $1, o.kind, o.body, o.dedupe_key, o.timer_key,
            now() + make_interval(secs => o.delay)
     FROM o
@@ -285,7 +286,8 @@ WITH fence AS (
     RETURNING id, sender, reply_to
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
-    SELECT dl.sender, 0, $1, 'toren.poison', $6 FROM dl JOIN toren.actors s ON s.actor_id = dl.sender
+    SELECT dl.sender, 0, $1, 'toren.poison', $6
+    FROM dl JOIN toren.actors s ON s.actor_id = dl.sender
     RETURNING actor_id
 ), rep AS (
     INSERT INTO toren.replies (correlation_id, kind, body)

@@ -117,12 +117,13 @@ async def migrate(ctx: click.Context) -> None:
 @click.option("--deploy-label", help="Added to the version shown by `toren workers`.")
 @click.pass_context
 @run_async
-async def worker(ctx: click.Context, app: str | None, migrate: bool, **overrides: Any) -> None:
+async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overrides: Any) -> None:
     """Run a worker: claim actors with mail and run them until SIGTERM."""
     from supervisors.worker import run_worker  # the entry point that boots a worker
 
-    settings = Settings.load(config_file=ctx.parent.params.get("config") if ctx.parent else None,
-                             **overrides)
+    settings = Settings.load(
+        config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
+    )
     if app:
         load_app(app)
     await run_worker(settings, database_url(settings), migrate=migrate)
@@ -165,8 +166,14 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
         table.add_column(col)
     for i in items:
         table.add_row(
-            i["worker_id"][:8], i["name"], i["version"], str(i["pid"]), str(i["leases"]),
-            str(i["actors_in_memory"]), str(i["rss_mb"]), i["heartbeat_at"][11:19],
+            i["worker_id"][:8],
+            i["name"],
+            i["version"],
+            str(i["pid"]),
+            str(i["leases"]),
+            str(i["actors_in_memory"]),
+            str(i["rss_mb"]),
+            i["heartbeat_at"][11:19],
         )
     out.print(table)
     if len(versions) > 1:
@@ -195,9 +202,15 @@ async def _list_deadletters(
             json.dumps(
                 [
                     {
-                        "id": d.id, "actor_id": d.actor_id, "sender": d.sender, "kind": d.kind,
-                        "body": d.body, "deliveries": d.deliveries, "attempts": d.attempts,
-                        "error": d.error, "dead_at": d.dead_at.isoformat(),
+                        "id": d.id,
+                        "actor_id": d.actor_id,
+                        "sender": d.sender,
+                        "kind": d.kind,
+                        "body": d.body,
+                        "deliveries": d.deliveries,
+                        "attempts": d.attempts,
+                        "error": d.error,
+                        "dead_at": d.dead_at.isoformat(),
                     }
                     for d in items
                 ]
@@ -209,8 +222,13 @@ async def _list_deadletters(
         table.add_column(col)
     for d in items:
         table.add_row(
-            str(d.id), d.actor_id, d.kind, str(d.attempts), str(d.deliveries),
-            d.error[:60], d.dead_at.isoformat(timespec="seconds"),
+            str(d.id),
+            d.actor_id,
+            d.kind,
+            str(d.attempts),
+            str(d.deliveries),
+            d.error[:60],
+            d.dead_at.isoformat(timespec="seconds"),
         )
     out.print(table)
 
@@ -230,8 +248,11 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
 
 
 @main.command()
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Embedded Postgres data directory (default ~/.toren/pgdata).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Embedded Postgres data directory (default ~/.toren/pgdata).",
+)
 @click.option("--app", envvar="TOREN_APP", help="Module defining your actors (MODULE[:ATTR]).")
 @click.pass_context
 def dev(ctx: click.Context, data_dir: Path | None, app: str | None) -> None:

@@ -1,0 +1,129 @@
+"""Fencing at the statement level: a stale epoch can neither consume, append, nor renew."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+from tests import app
+from toren import Client, FencedOut, Settings
+from toren._actor import Context
+from toren._leases import WorkerSession, claim, live_workers, release, renew
+from toren._mailbox import claim_next, commit_step, open_envelope
+from toren._migrate import migrate
+
+pytestmark = pytest.mark.anyio
+
+
+async def _session(db_url: str) -> WorkerSession:
+    return await WorkerSession.open(db_url, Settings(database_url=db_url))
+
+
+async def test_a_newer_claim_fences_out_the_old_owners_step(client: Client, db_url: str) -> None:
+    await client.spawn(app.Counter, "c/f")
+    await client.send("c/f", app.Add(n=1, tag="a"))
+    first, second = await _session(db_url), await _session(db_url)
+    try:
+        [c1] = await claim(client.pool, first.worker_id, limit=10, lease=30)
+        envelope = await claim_next(client.pool, "c/f", first.worker_id, c1.epoch)
+        assert envelope is not None
+        # The first owner's session dies; the second worker claims and raises the epoch.
+        await first.conn.close()
+        [c2] = await claim(client.pool, second.worker_id, limit=10, lease=30)
+        assert c2.epoch == c1.epoch + 1
+
+        actor = app.Counter("c/f", {})
+        opened = open_envelope(envelope)
+        ctx = Context(actor, actor.initial_state(), 0, c1.epoch, opened)
+        ctx.emit(app.Added(n=1, tag="a", message_id=opened.id))
+        with pytest.raises(FencedOut):
+            await commit_step(client.pool, first.worker_id, opened, ctx)
+        with pytest.raises(FencedOut):
+            await claim_next(client.pool, "c/f", first.worker_id, c1.epoch)
+        assert await client.journal("c/f") == []
+        assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 1
+
+        # The new owner's step goes through.
+        ctx2 = Context(actor, actor.initial_state(), 0, c2.epoch, opened)
+        ctx2.emit(app.Added(n=1, tag="a", message_id=opened.id))
+        await commit_step(client.pool, second.worker_id, opened, ctx2)
+        [entry] = await client.journal("c/f")
+        assert entry.epoch == c2.epoch
+    finally:
+        await second.close()
+
+
+async def test_the_journal_primary_key_refuses_a_second_write_of_a_seq(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/pk")
+    await client.pool.execute(
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+        "VALUES ('c/pk', 1, 1, 'test.added', '{}')"
+    )
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await client.pool.execute(
+            "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+            "VALUES ('c/pk', 1, 2, 'test.added', '{}')"
+        )
+
+
+async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/d")
+    await client.send("c/d", app.Add(n=1, tag="a"))
+    owner, other = await _session(db_url), await _session(db_url)
+    try:
+        [c1] = await claim(client.pool, owner.worker_id, limit=10, lease=30)
+        assert await claim(client.pool, other.worker_id, limit=10, lease=30) == []
+        assert {r["worker_id"] for r in await live_workers(client.pool)} == {
+            owner.worker_id,
+            other.worker_id,
+        }
+        await owner.conn.close()  # the process "dies": its lock goes with its session
+        [c2] = await claim(client.pool, other.worker_id, limit=10, lease=30)
+        assert (c2.actor_id, c2.epoch) == ("c/d", c1.epoch + 1)
+        # The dead incarnation's renewal finds nothing of its own left.
+        assert await renew(client.pool, owner.worker_id, lease=30, stats={}) == set()
+        assert await renew(client.pool, other.worker_id, lease=30, stats={}) == {("c/d", c2.epoch)}
+        assert await release(client.pool, other.worker_id, None) == 1
+    finally:
+        await other.close()
+
+
+async def test_a_worker_without_its_lock_claims_nothing(client: Client, db_url: str) -> None:
+    await client.spawn(app.Counter, "c/n")
+    await client.send("c/n", app.Add(n=1, tag="a"))
+    assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30) == []
+
+
+async def test_two_processes_migrating_at_once_both_succeed(server_url: str) -> None:
+    import anyio
+
+    from toren._db import with_database
+
+    name = f"m_{uuid.uuid4().hex[:10]}"
+    admin = await asyncpg.connect(server_url)
+    await admin.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    results: list[list[int]] = []
+    try:
+
+        async def run() -> None:
+            conn = await asyncpg.connect(url)
+            try:
+                results.append(await migrate(conn))
+            finally:
+                await conn.close()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(run)
+        applied = sorted(results, key=len)
+        assert applied == [[], [], [1]]
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
