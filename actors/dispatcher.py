@@ -3,7 +3,8 @@
 It wakes on a ``toren_mail`` notification for an actor not hosted here, on a kick (an actor just
 passivated), and every ``poll_seconds`` for a sweep that also finds actors of dead workers and
 expired leases. It claims no more than the worker's free slots (``max_actors``): at the cap it
-stops claiming, which is the worker's backpressure.
+stops claiming, which is the worker's backpressure, and asks idle actors to passivate early so
+that actors with mail get their turn.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import asyncpg
 
 from actors.hosts import HostRegistry
 from toren import Settings
-from toren.kernel import Claim, claim, forget_dead_workers
+from toren.kernel import Claim, claim, forget_dead_workers, waiting
 
 log = logging.getLogger("toren.worker")
 
@@ -79,6 +80,15 @@ class Dispatcher:
             return
         room = self.settings.max_actors - len(self.hosts)
         if room <= 0:
+            # At the cap: idle actors make way for actors with mail (they passivate early).
+            if only:
+                demand = len(only)
+            else:
+                demand = await waiting(self.pool, self.worker_id, limit=8)
+            if demand and self.hosts.evict_idle(demand):
+                log.debug(
+                    "at cap (%d): evicting idle actors for %d waiting", len(self.hosts), demand
+                )
             return
         claims = await claim(
             self.pool,

@@ -84,6 +84,21 @@ class HostRegistry:
         for host in self.hosts.values():
             host.request_stop()
 
+    def evict_idle(self, count: int) -> int:
+        """Passivate up to ``count`` idle actors early, oldest claim first, to make room.
+
+        Returns:
+            How many were asked to leave.
+        """
+        evicted = 0
+        for host in list(self.hosts.values()):
+            if evicted >= count:
+                break
+            if host.idle:
+                host.request_stop()
+                evicted += 1
+        return evicted
+
     def stop_lost(self, held: set[tuple[str, int]]) -> list[str]:
         """Cancel every hosted actor whose (id, epoch) is not in ``held``; returns their ids."""
         lost = [

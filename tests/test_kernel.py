@@ -145,3 +145,24 @@ async def test_snapshots_shorten_the_replay(client: Client, db_url: str) -> None
 
 async def _owner_is_none(client: Client, actor_id: str) -> bool:
     return (await client.actor(actor_id))["owner"] is None
+
+
+async def test_worker_stops_claiming_at_its_cap(client: Client, db_url: str) -> None:
+    for i in range(5):
+        await client.spawn(app.Worker, f"cap/{i}")
+        await client.send(f"cap/{i}", app.Work(seconds=0.3, tag=f"t{i}"))
+    peak = 0
+    async with running_worker(db_url, max_actors=2) as worker:
+
+        async def all_done() -> bool:
+            nonlocal peak
+            peak = max(peak, len(worker.hosts))
+            owned = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.actors WHERE owner IS NOT NULL"
+            )
+            assert owned <= 2
+            done = await client.pool.fetchval("SELECT count(*) FROM toren.journal")
+            return done == 5
+
+        await wait_for(all_done, interval=0.02, what="all five handled")
+    assert peak == 2

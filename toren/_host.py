@@ -68,6 +68,7 @@ class ActorHost:
         self.fenced = False
         self.in_hand: int | None = None
         self._stop_requested = False
+        self.idle = False
 
     def wake(self) -> None:
         """Mail arrived for this actor (a notification); stop waiting."""
@@ -135,11 +136,15 @@ class ActorHost:
         if remaining <= 0:
             return await release_if_idle(self.pool, self.actor_id, self.worker_id, self.epoch)
         self._wake = anyio.Event()
-        with anyio.move_on_after(min(remaining, self._poll)):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(_set_when, stopping, self._wake)
-                await self._wake.wait()
-                tg.cancel_scope.cancel()
+        self.idle = True
+        try:
+            with anyio.move_on_after(min(remaining, self._poll)):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_set_when, stopping, self._wake)
+                    await self._wake.wait()
+                    tg.cancel_scope.cancel()
+        finally:
+            self.idle = False
         return False
 
     async def _step(

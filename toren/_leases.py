@@ -157,25 +157,35 @@ _LIVE_WORKERS = f"""
         AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
 """
 
-_CLAIM = f"""
+_CLAIMABLE = f"""
 WITH live AS ({_LIVE_WORKERS}
 ), ready AS (
     SELECT DISTINCT actor_id FROM toren.mailbox
-    WHERE visible_at <= now() AND ($4::text[] IS NULL OR actor_id = ANY($4::text[]))
+    WHERE visible_at <= now() AND ($3::text[] IS NULL OR actor_id = ANY($3::text[]))
 ), cand AS (
     SELECT a.actor_id FROM toren.actors a JOIN ready USING (actor_id)
     WHERE a.status = 'live'
       AND (a.owner IS NULL OR a.lease_expires_at < now()
            OR a.owner NOT IN (SELECT worker_id FROM live))
       AND $1 IN (SELECT worker_id FROM live)
-    LIMIT $3
+    LIMIT $2
     FOR NO KEY UPDATE OF a SKIP LOCKED
-)
+)"""
+
+_CLAIM = f"""{_CLAIMABLE}
 UPDATE toren.actors a
-SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $2)
+SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $4)
 FROM cand WHERE a.actor_id = cand.actor_id
 RETURNING a.actor_id, a.kind, a.args, a.epoch
 """
+
+
+async def waiting(pool: asyncpg.Pool, worker_id: uuid.UUID, *, limit: int) -> int:
+    """How many actors (up to ``limit``) have mail and no live owner: demand for a full worker."""
+    count: int = await pool.fetchval(
+        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, None
+    )
+    return count
 
 
 async def claim(
@@ -193,7 +203,7 @@ async def claim(
     """
     if limit <= 0:
         return []
-    rows = await pool.fetch(_CLAIM, worker_id, float(lease), limit, only)
+    rows = await pool.fetch(_CLAIM, worker_id, limit, only, float(lease))
     return [
         Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
         for r in rows

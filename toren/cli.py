@@ -24,7 +24,7 @@ from rich.table import Table
 from toren._app import load_app
 from toren._client import Client
 from toren._config import Settings
-from toren._db import connect, recorded_dev_url, redact
+from toren._db import connect, recorded_dev_url
 from toren._errors import ConfigError, TorenError
 from toren._logging import configure
 from toren._migrate import migrate as apply_migrations
@@ -33,7 +33,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -65,16 +65,34 @@ def run_async(fn: Callable[P, Awaitable[R]]) -> Callable[P, R]:
         async def main() -> R:
             return await fn(*args, **kwargs)
 
-        try:
-            return anyio.run(main)
-        except ConfigError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
-            sys.exit(2)
-        except TorenError as exc:
-            err.print(f"[red]error:[/red] {exc}", highlight=False)
-            sys.exit(1)
+        return run_reporting(main)
 
     return wrapper
+
+
+def run_reporting(main: Callable[[], Awaitable[R]]) -> R:
+    """``anyio.run(main)``; a Toren error (also inside an exception group) becomes a message on
+    stderr and exit code 2 (configuration) or 1 (anything else)."""
+    try:
+        return anyio.run(main)
+    except (TorenError, BaseExceptionGroup) as exc:
+        error = _toren_error(exc)
+        if error is None:
+            raise
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        sys.exit(2 if isinstance(error, ConfigError) else 1)
+
+
+def _toren_error(exc: BaseException) -> TorenError | None:
+    """The Toren error at the root of ``exc``, looking through exception groups."""
+    if isinstance(exc, TorenError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _toren_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 @click.group()
@@ -260,16 +278,4 @@ def dev(ctx: click.Context, data_dir: Path | None, app: str | None) -> None:
     from toren._dev import run_dev
 
     settings = _settings(ctx)
-    try:
-        anyio.run(functools.partial(run_dev, settings, data_dir=data_dir, app=app))
-    except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(2)
-    except TorenError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        sys.exit(1)
-
-
-def describe_url(url: str) -> str:
-    """A URL fit to print (password redacted)."""
-    return redact(url)
+    run_reporting(functools.partial(run_dev, settings, data_dir=data_dir, app=app))

@@ -17,6 +17,7 @@ from toren._leases import (
     mark_failed,
     release,
     renew,
+    waiting,
 )
 from toren._migrate import migrate, schema_status
 
@@ -39,4 +40,5 @@ __all__ = [
     "release",
     "renew",
     "schema_status",
+    "waiting",
 ]

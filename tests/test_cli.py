@@ -1,0 +1,180 @@
+"""The ``toren`` command line, run as a real process: output, exit codes, errors that say what
+to do next."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests import app
+from tests.conftest import ROOT, WorkerFactory, running_worker, wait_for, worker_registered
+from toren import Client, __version__
+
+pytestmark = pytest.mark.anyio
+
+
+def toren(
+    *args: str, db_url: str | None = None, home: Path | None = None, **env: str
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    full_env["PYTHONPATH"] = str(ROOT)
+    if db_url:
+        full_env["TOREN_DATABASE_URL"] = db_url
+    if home:
+        full_env["TOREN_HOME"] = str(home)
+    full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "toren", *args],
+        env=full_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def test_migrate_applies_once_then_reports_up_to_date(server_url: str) -> None:
+    import asyncpg
+
+    from toren._db import with_database
+
+    admin = await asyncpg.connect(server_url)
+    await admin.execute("CREATE DATABASE cli_migrate")
+    try:
+        url = with_database(server_url, "cli_migrate")
+        first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=url))
+        assert first.returncode == 0, first.stderr
+        assert "applied 1 migration(s)" in first.stdout
+        second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=url))
+        assert "schema is up to date" in second.stdout
+    finally:
+        await admin.execute("DROP DATABASE cli_migrate WITH (FORCE)")
+        await admin.close()
+
+
+async def test_worker_refuses_an_unmigrated_database(server_url: str) -> None:
+    import asyncpg
+
+    from toren._db import with_database
+
+    admin = await asyncpg.connect(server_url)
+    await admin.execute("CREATE DATABASE cli_empty")
+    try:
+        url = with_database(server_url, "cli_empty")
+        result = await anyio.to_thread.run_sync(lambda: toren("worker", db_url=url))
+        assert result.returncode == 2
+        assert "toren migrate" in result.stderr
+    finally:
+        await admin.execute("DROP DATABASE cli_empty WITH (FORCE)")
+        await admin.close()
+
+
+async def test_workers_lists_live_workers_with_version_and_statistics(
+    client: Client, db_url: str, workers: WorkerFactory
+) -> None:
+    w = workers(deploy_label="blue")
+    await wait_for(lambda: worker_registered(client, w.pid))
+    await client.spawn(app.Worker, "w/cli")
+    await client.send("w/cli", app.Work(seconds=0, tag="x"))
+
+    async def stats_published() -> bool:
+        row = await client.pool.fetchval("SELECT stats FROM toren.workers WHERE pid = $1", w.pid)
+        return bool(row) and row.get("actors_in_memory") == 1
+
+    await wait_for(stats_published, what="statistics")
+    result = await anyio.to_thread.run_sync(lambda: toren("workers", "--json", db_url=db_url))
+    assert result.returncode == 0, result.stderr
+    [item] = json.loads(result.stdout)
+    assert item["pid"] == w.pid
+    assert item["version"] == f"{__version__}+blue"
+    assert item["leases"] == 1
+    assert item["actors_in_memory"] == 1
+    assert item["rss_mb"] > 10
+    table = await anyio.to_thread.run_sync(lambda: toren("workers", db_url=db_url))
+    assert "1 live worker(s)" in table.stdout
+
+
+async def test_deadletters_lists_and_requeues(client: Client, db_url: str) -> None:
+    await client.spawn(app.Fragile, "fragile/cli")
+    await client.send("fragile/cli", app.Boom(tag="x"))
+    async with running_worker(db_url):
+        await wait_for(lambda: client.deadletters(), what="dead letter")
+    [dead] = await client.deadletters()
+    listed = await anyio.to_thread.run_sync(lambda: toren("deadletters", "--json", db_url=db_url))
+    assert listed.returncode == 0, listed.stderr
+    [item] = json.loads(listed.stdout)
+    assert item["id"] == dead.id
+    assert "cannot handle x" in item["error"]
+    requeued = await anyio.to_thread.run_sync(
+        lambda: toren("deadletters", "requeue", str(dead.id), db_url=db_url)
+    )
+    assert requeued.returncode == 0, requeued.stderr
+    assert "requeued 1 message(s)" in requeued.stdout
+    assert await client.deadletters() == []
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 1
+    missing = await anyio.to_thread.run_sync(
+        lambda: toren("deadletters", "requeue", "999999", db_url=db_url)
+    )
+    assert missing.returncode == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (("workers",), {}, "TOREN_DATABASE_URL"),
+        (("worker", "--app", "no_such_module_xyz"), {"TOREN_DATABASE_URL": "x"}, "--app"),
+        (("workers",), {"TOREN_LEASE_SECONDS": "soon"}, "lease_seconds"),
+        (("workers",), {"TOREN_RENEW_SECONDS": "20"}, "renew_seconds"),
+    ],
+)
+def test_bad_configuration_exits_2_and_says_what_to_do(
+    tmp_path: Path, args: tuple[str, ...], env: dict[str, str], needle: str
+) -> None:
+    result = toren(*args, home=tmp_path, **env)
+    assert result.returncode == 2, result
+    assert needle in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unreachable_database_exits_1_without_a_traceback(tmp_path: Path) -> None:
+    url = f"postgresql://toren:secret@/toren?host={tmp_path}"
+    result = toren("workers", db_url=url)
+    assert result.returncode == 1
+    assert "cannot reach Postgres" in result.stderr
+    assert "secret" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_dev_runs_the_demo_and_a_second_terminal_finds_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    env.update({"TOREN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)})
+    log = (tmp_path / "dev.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toren", "dev"], env=env, cwd=ROOT, stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + 60
+        text = ""
+        while "beat 1" not in text:
+            assert proc.poll() is None, (tmp_path / "dev.log").read_text()
+            assert time.monotonic() < deadline, text
+            time.sleep(0.2)
+            text = (tmp_path / "dev.log").read_text()
+        assert "toren workers" in text  # it tells the user what to run next
+        result = toren("workers", "--json", home=tmp_path / "home")
+        assert result.returncode == 0, result.stderr
+        assert len(json.loads(result.stdout)) == 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "dev.log").read_text()

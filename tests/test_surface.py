@@ -1,0 +1,140 @@
+"""The public surface: exported names, layering between packages, payload codec, settings."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import toren
+import toren.kernel
+from toren import ConfigError, Settings, UnknownMessageType, message
+from toren._codec import decode, encode
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_public_api_is_pinned() -> None:
+    assert toren.__all__ == sorted(toren.__all__)
+    assert toren.__all__ == [
+        "Actor", "ActorAlreadyExists", "ActorStopped", "AskError", "AskFailed", "AskTimeout",
+        "ChildFailed", "Client", "ConfigError", "Context", "DatabaseUnavailable", "DeadLetter",
+        "Envelope", "FencedOut", "InternalError", "JournalEntry", "MailboxFull",
+        "MemoryRestartStore", "MigrationError", "PoisonMessage", "PostgresRestartStore",
+        "RestartStore", "Settings", "SupervisorEscalation", "TorenError", "UnknownActor",
+        "UnknownActorKind", "UnknownMessageType", "__version__", "event", "message",
+    ]  # fmt: skip
+    assert toren.kernel.__all__ == sorted(toren.kernel.__all__)
+    for name in toren.__all__ + toren.kernel.__all__:
+        assert hasattr(toren, name) or hasattr(toren.kernel, name), name
+
+
+def _imports(path: Path) -> list[str]:
+    names: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.append(node.module)
+    return names
+
+
+@pytest.mark.parametrize("package", ["actors", "supervisors"])
+def test_actors_and_supervisors_use_only_the_public_kernel_api(package: str) -> None:
+    for path in (ROOT / package).glob("*.py"):
+        for name in _imports(path):
+            if name == "toren" or name.startswith("toren."):
+                parts = name.split(".")
+                assert not any(p.startswith("_") for p in parts[1:]), f"{path.name}: {name}"
+
+
+def test_the_kernel_imports_nothing_from_actors_or_supervisors_but_worker_entry_points() -> None:
+    entry_points = {"cli.py", "_dev.py"}
+    for path in (ROOT / "toren").rglob("*.py"):
+        for name in _imports(path):
+            root = name.split(".")[0]
+            if root in {"actors", "supervisors"}:
+                assert path.name in entry_points, f"{path.relative_to(ROOT)} imports {name}"
+
+
+def test_no_bare_asyncio_tasks_in_library_code() -> None:
+    for package in ("toren", "actors", "supervisors"):
+        for path in (ROOT / package).rglob("*.py"):
+            text = path.read_text()
+            for call in ("create_task(", "ensure_future(", "asyncio.gather(", "asyncio.wait_for("):
+                assert call not in text, f"{path.relative_to(ROOT)} uses {call}"
+
+
+@message("test.payload")
+@attrs.frozen(kw_only=True)
+class Payload:
+    text: str
+    n: int
+    items: tuple[str, ...]
+    extra: dict[str, int]
+    maybe: float | None
+
+
+json_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+
+
+@given(
+    st.builds(
+        Payload,
+        text=json_text,
+        n=st.integers(-(2**53), 2**53),
+        items=st.tuples(json_text, json_text),
+        extra=st.dictionaries(json_text, st.integers(-1000, 1000), max_size=4),
+        maybe=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    )
+)
+def test_payloads_round_trip_through_the_codec(payload: Payload) -> None:
+    import orjson
+
+    name, body = encode(payload)
+    assert name == "test.payload"
+    assert decode(name, orjson.loads(orjson.dumps(body))) == payload
+
+
+def test_plain_dicts_are_payloads_and_unknown_types_are_refused() -> None:
+    assert encode({"a": 1}) == ("json", {"a": 1})
+    with pytest.raises(UnknownMessageType):
+        decode("nobody.registered.this", {})
+
+    @attrs.frozen
+    class Unregistered:
+        x: int
+
+    with pytest.raises(UnknownMessageType):
+        encode(Unregistered(1))
+
+
+def test_settings_come_from_toml_then_environment_then_overrides(tmp_path: Path) -> None:
+    config = tmp_path / "toren.toml"
+    config.write_text('database_url = "postgresql://from-file"\n[worker]\nlease_seconds = 9\n')
+    settings = Settings.load(
+        config_file=config, env={"TOREN_LEASE_SECONDS": "12"}, renew_seconds=2.0
+    )
+    assert settings.database_url == "postgresql://from-file"
+    assert settings.lease_seconds == 12.0
+    assert settings.renew_seconds == 2.0
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("lease_second = 3\n", "unknown setting"),
+        ("lease_seconds = 'x'\n", "lease_seconds"),
+        ("max_actors = 0\n", "max_actors must be positive"),
+        ("not toml at all [", "cannot read config file"),
+    ],
+)
+def test_bad_settings_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    config = tmp_path / "toren.toml"
+    config.write_text(text)
+    with pytest.raises(ConfigError, match=needle):
+        Settings.load(config_file=config, env={})
