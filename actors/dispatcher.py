@@ -43,11 +43,17 @@ class Dispatcher:
         self.start_host = start_host
         self._wanted: set[str] = set()
         self._kick = anyio.Event()
+        self._sweep_now = False
 
     def on_mail(self, actor_id: str) -> None:
         """A notification: wake the actor if it runs here, else try to claim it."""
         if not self.hosts.wake(actor_id):
             self.want(actor_id)
+
+    def sweep_now(self) -> None:
+        """Sweep at once (a worker died: its actors are claimable now)."""
+        self._sweep_now = True
+        self._kick.set()
 
     def want(self, actor_id: str) -> None:
         """Try to claim ``actor_id`` soon (targeted, cheaper than a sweep)."""
@@ -61,7 +67,8 @@ class Dispatcher:
         sweeps = 0
         while True:
             now = anyio.current_time()
-            if now >= next_sweep:
+            if now >= next_sweep or self._sweep_now:
+                self._sweep_now = False
                 await self._claim(None)
                 next_sweep = now + self.settings.poll_seconds
                 sweeps += 1
@@ -70,7 +77,7 @@ class Dispatcher:
             elif self._wanted:
                 wanted, self._wanted = self._wanted, set()
                 await self._claim([a for a in wanted if a not in self.hosts])
-            if not self._wanted:
+            if not (self._wanted or self._sweep_now):
                 with anyio.move_on_after(max(0.0, next_sweep - anyio.current_time())):
                     await self._kick.wait()
                 self._kick = anyio.Event()

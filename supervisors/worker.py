@@ -7,7 +7,8 @@
         ├── session        advisory lock + registry row + LISTEN, on a dedicated connection
         ├── lease_keeper   renews all leases in one statement; stops actors it lost
         ├── actors         simple_one_for_one: one child per claimed actor (ActorHost)
-        └── dispatcher     claims runnable actors (notifications + polling) up to the cap
+        ├── dispatcher     claims runnable actors (notifications + polling) up to the cap
+        └── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
 its lock connection drops or a renewal fails, every actor it hosts is cancelled at once (it may
@@ -26,6 +27,7 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
+from actors.death_watch import DeathWatch
 from actors.dispatcher import Dispatcher
 from actors.hosts import HostRegistry
 from actors.lease_keeper import LeaseKeeper
@@ -145,6 +147,9 @@ class Worker:
 
         keeper = LeaseKeeper(pool, session.worker_id, hosts, settings)
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
+        watch = DeathWatch(
+            self.url, session.worker_id, session.lock_key, settings, dispatcher.sweep_now
+        )
         hosts.on_exit = dispatcher.want
         await session.listen(dispatcher.on_mail)
 
@@ -174,6 +179,7 @@ class Worker:
                     shutdown_timeout=settings.grace_seconds + 1,
                 ),
                 ChildSpec(id="dispatcher", run=_fatal(lambda c: dispatcher.run(c.started), hosts)),
+                ChildSpec(id="death_watch", run=lambda c: watch.run(c.started)),
             ],
             strategy=Strategy.ONE_FOR_ALL,
             intensity=0,

@@ -201,7 +201,7 @@ async def test_worker_whose_lock_session_is_terminated_stops_its_actors_then_cla
     await _registered(client, other)
     lock_pid = await client.pool.fetchval(
         "SELECT l.pid FROM pg_locks l JOIN toren.workers w ON l.objid = w.lock_key::oid "
-        "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND w.pid = $1",
+        "WHERE l.locktype = 'advisory' AND l.objsubid = 2 AND l.granted AND w.pid = $1",
         victim.pid,
     )
     assert lock_pid is not None

@@ -322,6 +322,48 @@ async def mark_failed(
     return bool(row and row["failed"])
 
 
+_SUCCESSOR = f"""
+SELECT w.lock_key FROM toren.workers w
+WHERE w.worker_id IN ({_LIVE_WORKERS}) AND w.worker_id <> $1
+ORDER BY w.lock_key <= $2, w.lock_key
+LIMIT 1
+"""
+
+
+async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
+    """A dedicated connection for :func:`watch_successor`.
+
+    Its lock waits give up after ``recheck`` seconds, so that the peer watched is re-chosen as
+    workers come and go.
+    """
+    conn = await connect(url)
+    await conn.execute(f"SET lock_timeout = '{int(recheck * 1000)}ms'")
+    return conn
+
+
+async def watch_successor(conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int) -> bool:
+    """Wait until the next live worker in lock-key order (a ring) dies.
+
+    Workers watch each other in a ring, so that each one has a watcher: the wait is a shared
+    request on the peer's advisory lock, granted the instant Postgres drops the dead peer's
+    session. That turns a worker's death into an event instead of something the next poll finds.
+
+    Returns:
+        True if the watched worker died (or stopped); False if there is no peer to watch or the
+        wait timed out (call again: the ring may have changed).
+    """
+    peer: int | None = await conn.fetchval(_SUCCESSOR, worker_id, lock_key)
+    if peer is None:
+        return False
+    try:
+        await conn.execute("SELECT pg_advisory_lock_shared($1, $2)", LOCK_NAMESPACE, peer)
+    except asyncpg.LockNotAvailableError:
+        return False
+    await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", LOCK_NAMESPACE, peer)
+    log.info("watched worker (lock key %d) is gone; claiming its actors now", peer)
+    return True
+
+
 async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
     """Registered workers whose advisory lock is held, with their statistics."""
     rows: list[asyncpg.Record] = await conn.fetch(

@@ -15,9 +15,11 @@ from toren._leases import (
     forget_dead_workers,
     live_workers,
     mark_failed,
+    open_death_watch,
     release,
     renew,
     waiting,
+    watch_successor,
 )
 from toren._migrate import migrate, schema_status
 
@@ -35,10 +37,12 @@ __all__ = [
     "live_workers",
     "mark_failed",
     "migrate",
+    "open_death_watch",
     "record_dev_url",
     "recorded_dev_url",
     "release",
     "renew",
     "schema_status",
     "waiting",
+    "watch_successor",
 ]
