@@ -1,0 +1,1 @@
+"""The chaos harness (kill matrix); see README.md beside this file."""
