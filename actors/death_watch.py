@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Callable
 
 import anyio
-import asyncpg
 
 from toren import Settings
 from toren.kernel import open_death_watch, watch_successor
@@ -50,7 +49,9 @@ class DeathWatch:
         while True:
             try:
                 await self._watch()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            # Any failure of the watch only costs speed (polling still finds dead workers), so
+            # it must never end the worker's incarnation.
+            except Exception as exc:  # noqa: BLE001
                 failures += 1
                 delay = min(RECHECK_SECONDS, 0.1 * 2**failures)
                 log.warning("death watch connection failed (%s); again in %.1fs", exc, delay)
@@ -60,10 +61,11 @@ class DeathWatch:
         conn = await open_death_watch(self.url, recheck=RECHECK_SECONDS)
         try:
             while True:
-                if await watch_successor(conn, self.worker_id, self.lock_key):
+                died = await watch_successor(conn, self.worker_id, self.lock_key)
+                if died:
                     self.on_death()
-                else:
-                    # Alone, or the wait timed out: look at the ring again shortly.
+                elif died is None:
+                    # Alone: look for a peer to watch again shortly.
                     await anyio.sleep(min(self.settings.poll_seconds, RECHECK_SECONDS))
         finally:
             conn.terminate()  # a lock wait may be pending: no polite close

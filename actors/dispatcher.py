@@ -18,7 +18,7 @@ import asyncpg
 
 from actors.hosts import HostRegistry
 from toren import Settings
-from toren.kernel import Claim, claim, forget_dead_workers, waiting
+from toren.kernel import TRANSIENT_DB_ERRORS, Claim, actor_kinds, claim, housekeep, waiting
 
 log = logging.getLogger("toren.worker")
 
@@ -44,6 +44,7 @@ class Dispatcher:
         self._wanted: set[str] = set()
         self._kick = anyio.Event()
         self._sweep_now = False
+        self._failures = 0  # consecutive failed claim passes
 
     def on_mail(self, actor_id: str) -> None:
         """A notification: wake the actor if it runs here, else try to claim it."""
@@ -61,8 +62,22 @@ class Dispatcher:
         self._kick.set()
 
     async def run(self, started: Callable[[], None]) -> None:
-        """Claim until cancelled."""
+        """Claim until cancelled.
+
+        Claims are single statements, so a dropped connection loses nothing: the dispatcher
+        logs it, pauses, and goes on.
+        """
         started()
+        while True:
+            try:
+                await self._loop()
+            except TRANSIENT_DB_ERRORS as exc:
+                self._failures += 1
+                delay = min(5.0, 0.05 * 2**self._failures)
+                log.warning("claiming failed (%s); again in %.2fs", exc, delay)
+                await anyio.sleep(delay)
+
+    async def _loop(self) -> None:
         next_sweep = 0.0
         sweeps = 0
         while True:
@@ -72,8 +87,10 @@ class Dispatcher:
                 await self._claim(None)
                 next_sweep = now + self.settings.poll_seconds
                 sweeps += 1
-                if sweeps % 30 == 0:
-                    await forget_dead_workers(self.pool)
+                if sweeps % 60 == 0:
+                    await housekeep(
+                        self.pool, dedupe_retention=self.settings.dedupe_retention_seconds
+                    )
             elif self._wanted:
                 wanted, self._wanted = self._wanted, set()
                 await self._claim([a for a in wanted if a not in self.hosts])
@@ -88,10 +105,9 @@ class Dispatcher:
         room = self.settings.max_actors - len(self.hosts)
         if room <= 0:
             # At the cap: idle actors make way for actors with mail (they passivate early).
-            if only:
-                demand = len(only)
-            else:
-                demand = await waiting(self.pool, self.worker_id, limit=8)
+            demand = await waiting(
+                self.pool, self.worker_id, limit=8, kinds=actor_kinds(), only=only
+            )
             if demand and self.hosts.evict_idle(demand):
                 log.debug(
                     "at cap (%d): evicting idle actors for %d waiting", len(self.hosts), demand
@@ -102,8 +118,10 @@ class Dispatcher:
             self.worker_id,
             limit=room,
             lease=self.settings.lease_seconds,
+            kinds=actor_kinds(),
             only=only,
         )
+        self._failures = 0
         for c in claims:
             log.debug("claimed %s at epoch %d", c.actor_id, c.epoch)
             await self.start_host(c)

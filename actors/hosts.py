@@ -15,7 +15,7 @@ import anyio
 import asyncpg
 
 from toren import Settings
-from toren.kernel import ActorHost, Claim, mark_failed
+from toren.kernel import ActorHost, Claim, mark_failed, release_claim
 
 log = logging.getLogger("toren.worker")
 
@@ -61,17 +61,20 @@ class HostRegistry:
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host
             self._scopes[claim.actor_id] = scope
-            finished = False
+            restarting = False
             try:
                 with scope:
                     await host.run(started, stopping)
-                finished = True
+            except Exception:
+                restarting = True  # the supervisor restarts it (same claim) or gives up on it
+                raise
             finally:
                 if self.hosts.get(claim.actor_id) is host:
                     del self.hosts[claim.actor_id]
                     del self._scopes[claim.actor_id]
-                if finished or scope.cancel_called:
-                    self._claims.pop(claim.actor_id, None)
+                if not restarting and self._claims.get(claim.actor_id) is claim:
+                    del self._claims[claim.actor_id]
+                if not restarting:
                     self.on_exit(claim.actor_id)
 
         return run
@@ -99,12 +102,19 @@ class HostRegistry:
                 evicted += 1
         return evicted
 
-    def stop_lost(self, held: set[tuple[str, int]]) -> list[str]:
-        """Cancel every hosted actor whose (id, epoch) is not in ``held``; returns their ids."""
+    def claims(self) -> list[tuple[str, int]]:
+        """Every claim held here, as ``(actor_id, epoch)``: what the lease keeper renews."""
+        return [(c.actor_id, c.epoch) for c in self._claims.values()]
+
+    def stop_lost(self, judged: list[tuple[str, int]], held: set[tuple[str, int]]) -> list[str]:
+        """Cancel every actor whose claim was ``judged`` by a renewal and is not ``held`` any
+        more (its owner or epoch changed in the database); returns their ids."""
         lost = [
             actor_id
-            for actor_id, claim in self._claims.items()
-            if (actor_id, claim.epoch) not in held
+            for actor_id, epoch in judged
+            if (actor_id, epoch) not in held
+            and (c := self._claims.get(actor_id)) is not None
+            and c.epoch == epoch
         ]
         for actor_id in lost:
             self.cancel(actor_id)
@@ -116,6 +126,12 @@ class HostRegistry:
         if scope is not None:
             scope.cancel()
         self._claims.pop(actor_id, None)
+
+    async def abandon(self, claim: Claim) -> None:
+        """Give back a claim that could not be started here (fenced release)."""
+        if self._claims.get(claim.actor_id) is claim:
+            del self._claims[claim.actor_id]
+        await release_claim(self.pool, claim.actor_id, self.worker_id, claim.epoch)
 
     def cancel_all(self) -> int:
         """Stop every hosted actor at once; returns how many were running."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 
 import anyio
 import asyncpg
@@ -17,9 +18,12 @@ import psutil
 
 from actors.hosts import HostRegistry
 from toren import Settings, TorenError
-from toren.kernel import renew
+from toren.kernel import TRANSIENT_DB_ERRORS, renew
 
 log = logging.getLogger("toren.worker")
+
+# A renewal that failed on these may simply be tried again (while the leases are still valid).
+_RENEWAL_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, TimeoutError)
 
 
 class RegistrationLost(TorenError):
@@ -56,23 +60,50 @@ class LeaseKeeper:
         Raises:
             RegistrationLost: the registry row is gone.
         """
-        held = await renew(
-            self.pool,
-            self.worker_id,
-            lease=self.settings.lease_seconds,
-            stats=self.stats(leases=len(self.hosts)),
-        )
+        # Judge only the claims held when the statement starts: a claim taken meanwhile is
+        # neither renewed nor judged lost (its lease is fresh).
+        judged = self.hosts.claims()
+        with anyio.fail_after(self.settings.renew_seconds):
+            held = await renew(
+                self.pool,
+                self.worker_id,
+                judged,
+                lease=self.settings.lease_seconds,
+                stats=self.stats(leases=len(judged)),
+            )
         if held is None:
             raise RegistrationLost(self.worker_id)
-        for actor_id in self.hosts.stop_lost(held):
+        for actor_id in self.hosts.stop_lost(judged, held):
             log.warning("%s: lease lost to another worker; stopped here", actor_id)
         return len(held)
 
-    async def run(self, started: object) -> None:
-        """Renew every ``renew_seconds`` until cancelled."""
-        await self.renew_once()
-        if callable(started):
-            started()
+    async def run(self, started: Callable[[], None]) -> None:
+        """Renew every ``renew_seconds`` until cancelled.
+
+        A renewal that fails on a dropped connection is retried at once and then with a short
+        backoff, for as long as the leases are certainly still valid: until one renewal interval
+        before the last successful renewal's leases expire. Past that the keeper raises, and the
+        worker stops every actor (they may be claimed elsewhere soon).
+
+        Raises:
+            RegistrationLost: the registry row is gone.
+            Exception: renewal kept failing until the safety deadline.
+        """
+        started()
+        renewed_at = anyio.current_time()  # a new incarnation holds no lease yet
         while True:
+            deadline = renewed_at + self.settings.lease_seconds - self.settings.renew_seconds
+            delay = 0.05
+            while True:
+                try:
+                    await self.renew_once()
+                    renewed_at = anyio.current_time()
+                    break
+                except _RENEWAL_ERRORS as exc:
+                    if anyio.current_time() + delay >= deadline:
+                        log.exception("lease renewal keeps failing; stopping all actors")
+                        raise
+                    log.warning("lease renewal failed (%s); retrying in %.2fs", exc, delay)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
             await anyio.sleep(self.settings.renew_seconds)
-            await self.renew_once()

@@ -34,31 +34,19 @@ from actors.lease_keeper import LeaseKeeper
 from supervisors._backoff import Backoff
 from supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
 from supervisors._supervisor import ChildContext, ChildSpec, Ready, Restart, Strategy, Supervisor
-from toren import ConfigError, PostgresRestartStore, Settings
+from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.kernel import Claim, WorkerSession, connect, create_pool, release, schema_status
 from toren.kernel import migrate as _migrate
 
 log = logging.getLogger("toren.worker")
 
-ACTOR_RESTART_INTENSITY = 5
-ACTOR_RESTART_PERIOD = 60.0
-
 
 class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        url: str,
-        *,
-        actor_intensity: int = ACTOR_RESTART_INTENSITY,
-        actor_period: float = ACTOR_RESTART_PERIOD,
-    ) -> None:
+    def __init__(self, settings: Settings, url: str) -> None:
         self.settings = settings
         self.url = url
-        self.actor_intensity = actor_intensity
-        self.actor_period = actor_period
         self.hosts: HostRegistry | None = None
         self.session: WorkerSession | None = None
         self._tree: Supervisor | None = None
@@ -71,7 +59,7 @@ class Worker:
             ConfigError: the database schema is older than this code (run ``toren migrate``).
             SupervisorEscalation: incarnations kept failing (Postgres unreachable for long).
         """
-        pool = await create_pool(self.url, size=self.settings.pool_size)
+        pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
         try:
             await _check_schema(pool)
@@ -113,8 +101,11 @@ class Worker:
         self.session, self.hosts = session, hosts
         actors = DynamicSupervisor(
             "actors",
-            intensity=self.actor_intensity,
-            period=self.actor_period,
+            intensity=settings.actor_restart_intensity,
+            period=settings.actor_restart_period,
+            # Restarts of an actor rebuild its state from the journal; give a failing start
+            # room to recover (a dependency coming back) before the intensity is spent.
+            backoff=Backoff(base=0.5, cap=30.0),
             store=PostgresRestartStore(pool),
             on_give_up=hosts.give_up,
         )
@@ -142,8 +133,8 @@ class Worker:
                 except ChildAlreadyRunning:
                     # A host that just passivated is still leaving its supervisor.
                     await anyio.sleep(0.005)
-            hosts.cancel(claim.actor_id)
-            log.warning("%s: previous host did not leave; claim left to expire", claim.actor_id)
+            await hosts.abandon(claim)
+            log.warning("%s: previous host did not leave in time; claim given back", claim.actor_id)
 
         keeper = LeaseKeeper(pool, session.worker_id, hosts, settings)
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
@@ -178,7 +169,7 @@ class Worker:
                     graceful=True,
                     shutdown_timeout=settings.grace_seconds + 1,
                 ),
-                ChildSpec(id="dispatcher", run=_fatal(lambda c: dispatcher.run(c.started), hosts)),
+                ChildSpec(id="dispatcher", run=lambda c: dispatcher.run(c.started)),
                 ChildSpec(id="death_watch", run=lambda c: watch.run(c.started)),
             ],
             strategy=Strategy.ONE_FOR_ALL,
@@ -213,7 +204,7 @@ class Worker:
                 log.info("worker %s down", session.worker_id)
 
 
-class SessionLost(ConfigError):
+class SessionLost(TorenError):
     """The worker's lock connection dropped: its incarnation ends."""
 
     def __init__(self, worker_id: str) -> None:

@@ -183,10 +183,8 @@ async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
         "poll_seconds": 0.2,
         "grace_seconds": 5.0,
     }
-    intensity = overrides.pop("actor_intensity", 5)
-    period = overrides.pop("actor_period", 60.0)
     values.update(overrides)
-    worker = Worker(Settings(**values), db_url, actor_intensity=intensity, actor_period=period)
+    worker = Worker(Settings(**values), db_url)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         try:

@@ -84,12 +84,12 @@ async def test_actor_failing_to_start_escalates_and_the_count_survives_a_worker_
         )
         return int(n or 0)
 
-    async with running_worker(db_url, actor_intensity=3, actor_period=60.0):
+    async with running_worker(db_url, actor_restart_intensity=3, actor_restart_period=60.0):
         await wait_for(lambda: _at_least(restarts(), 2), what="two restarts")
     starts_first_worker = len(app.bad_starts)
     assert (await client.actor("bad/1"))["status"] == "live"
 
-    async with running_worker(db_url, actor_intensity=3, actor_period=60.0):
+    async with running_worker(db_url, actor_restart_intensity=3, actor_restart_period=60.0):
 
         async def failed() -> bool:
             return (await client.actor("bad/1"))["status"] == "failed"
@@ -166,3 +166,54 @@ async def test_sending_to_an_unknown_actor_from_a_handler_fails_the_message(
     [dead] = await client.deadletters()
     assert "ghost" in dead.error
     assert await client.journal("relay/u") == []
+
+
+async def test_dropped_database_connections_lose_nothing_and_charge_no_restart(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/db")
+    total = 60
+    for i in range(total):
+        await client.send("c/db", app.Add(n=1, tag=f"t{i}"))
+    cuts = 0
+    async with running_worker(db_url):
+        # Cut the worker's pooled connections again and again, mid-statement or idle; blips,
+        # not an outage (a renewal failing past the lease's safety margin stops all actors).
+        while len(await client.journal("c/db")) < total:
+            cuts += await client.pool.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE application_name = 'toren-worker' AND datname = current_database()"
+            )
+            await anyio.sleep(0.1)
+    assert cuts >= 3
+    journal = await client.journal("c/db")
+    assert [e.seq for e in journal] == list(range(1, total + 1))
+    assert len({e.data["tag"] for e in journal}) == total
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.restart_windows") == 0
+    assert (await client.actor("c/db"))["status"] == "live"
+    assert await client.deadletters() == []
+
+
+async def test_spawning_an_id_held_by_another_kind_fails_the_step(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Fragile, "taken")
+    await client.spawn(app.Relay, "relay/clash")
+    await client.send("relay/clash", {"spawn": "taken", "kind": "test.counter"})
+    async with running_worker(db_url):
+        await wait_for(lambda: client.deadletters(), what="dead letter")
+    [dead] = await client.deadletters()
+    assert "already exists with kind 'test.fragile'" in dead.error
+    assert await client.journal("relay/clash") == []
+    assert (await client.actor("taken"))["kind"] == "test.fragile"
+
+
+async def test_on_start_cannot_emit(client: Client) -> None:
+    from toren import Context, EffectOutsideHandler
+
+    actor = app.Counter("c/x", {})
+    ctx = Context(actor, actor.initial_state(), 0, 1, None, read_only=True)
+    with pytest.raises(EffectOutsideHandler):
+        ctx.emit(app.Added(n=1, tag="t", message_id=1))
+    with pytest.raises(EffectOutsideHandler):
+        ctx.send("elsewhere", app.Get())

@@ -16,6 +16,8 @@ from toren._migrate import migrate
 
 pytestmark = pytest.mark.anyio
 
+KINDS = [app.Counter.kind]
+
 
 async def _session(db_url: str) -> WorkerSession:
     return await WorkerSession.open(db_url, Settings(database_url=db_url))
@@ -26,12 +28,12 @@ async def test_a_newer_claim_fences_out_the_old_owners_step(client: Client, db_u
     await client.send("c/f", app.Add(n=1, tag="a"))
     first, second = await _session(db_url), await _session(db_url)
     try:
-        [c1] = await claim(client.pool, first.worker_id, limit=10, lease=30)
+        [c1] = await claim(client.pool, first.worker_id, limit=10, lease=30, kinds=KINDS)
         envelope = await claim_next(client.pool, "c/f", first.worker_id, c1.epoch)
         assert envelope is not None
         # The first owner's session dies; the second worker claims and raises the epoch.
         await first.conn.close()
-        [c2] = await claim(client.pool, second.worker_id, limit=10, lease=30)
+        [c2] = await claim(client.pool, second.worker_id, limit=10, lease=30, kinds=KINDS)
         assert c2.epoch == c1.epoch + 1
 
         actor = app.Counter("c/f", {})
@@ -77,18 +79,20 @@ async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
     await client.send("c/d", app.Add(n=1, tag="a"))
     owner, other = await _session(db_url), await _session(db_url)
     try:
-        [c1] = await claim(client.pool, owner.worker_id, limit=10, lease=30)
-        assert await claim(client.pool, other.worker_id, limit=10, lease=30) == []
+        [c1] = await claim(client.pool, owner.worker_id, limit=10, lease=30, kinds=KINDS)
+        assert await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS) == []
         assert {r["worker_id"] for r in await live_workers(client.pool)} == {
             owner.worker_id,
             other.worker_id,
         }
         await owner.conn.close()  # the process "dies": its lock goes with its session
-        [c2] = await claim(client.pool, other.worker_id, limit=10, lease=30)
+        [c2] = await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS)
         assert (c2.actor_id, c2.epoch) == ("c/d", c1.epoch + 1)
-        # The dead incarnation's renewal finds nothing of its own left.
-        assert await renew(client.pool, owner.worker_id, lease=30, stats={}) == set()
-        assert await renew(client.pool, other.worker_id, lease=30, stats={}) == {("c/d", c2.epoch)}
+        # The dead incarnation's renewal finds its claim gone; the taker's holds.
+        stale = [("c/d", c1.epoch)]
+        assert await renew(client.pool, owner.worker_id, stale, lease=30, stats={}) == set()
+        fresh = [("c/d", c2.epoch)]
+        assert await renew(client.pool, other.worker_id, fresh, lease=30, stats={}) == set(fresh)
         assert await release(client.pool, other.worker_id, None) == 1
     finally:
         await other.close()
@@ -97,7 +101,7 @@ async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
 async def test_a_worker_without_its_lock_claims_nothing(client: Client, db_url: str) -> None:
     await client.spawn(app.Counter, "c/n")
     await client.send("c/n", app.Add(n=1, tag="a"))
-    assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30) == []
+    assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30, kinds=KINDS) == []
 
 
 async def test_two_processes_migrating_at_once_both_succeed(server_url: str) -> None:
@@ -127,3 +131,23 @@ async def test_two_processes_migrating_at_once_both_succeed(server_url: str) -> 
     finally:
         await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await admin.close()
+
+
+async def test_a_worker_claims_only_kinds_it_knows_and_never_its_own_actors(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/k")
+    await client.send("c/k", app.Add(n=1, tag="a"))
+    session = await _session(db_url)
+    try:
+        assert await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=["x"]) == []
+        [c1] = await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS)
+        await client.pool.execute(
+            "UPDATE toren.actors SET lease_expires_at = now() - interval '1s'"
+        )
+        # Its own expired lease is renewed, not re-claimed (a re-claim would fence itself).
+        assert await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS) == []
+        mine = [("c/k", c1.epoch)]
+        assert await renew(client.pool, session.worker_id, mine, lease=30, stats={}) == set(mine)
+    finally:
+        await session.close()

@@ -84,15 +84,20 @@ async def test_system_lane_is_drained_before_user_messages(client: Client, db_ur
     assert tags == ["system", "user-1", "user-2"]
 
 
-async def test_a_send_joins_the_callers_transaction(client: Client) -> None:
+async def test_a_send_joins_the_callers_transaction(client: Client, db_url: str) -> None:
+    import asyncpg
+
     await client.spawn(app.Counter, "c/tx")
-    async with client.pool.acquire() as conn:
+    conn = await asyncpg.connect(db_url)  # the application's own connection, no Toren codecs
+    try:
         tx = conn.transaction()
         await tx.start()
         await client.send("c/tx", app.Add(n=1, tag="rolled-back"), conn=conn)
         await tx.rollback()
         async with conn.transaction():
             await client.send("c/tx", app.Add(n=1, tag="kept"), conn=conn)
+    finally:
+        await conn.close()
     kinds = await client.pool.fetch("SELECT body->>'tag' AS tag FROM toren.mailbox")
     assert [r["tag"] for r in kinds] == ["kept"]
 
@@ -166,3 +171,23 @@ async def test_worker_stops_claiming_at_its_cap(client: Client, db_url: str) -> 
 
         await wait_for(all_done, interval=0.02, what="all five handled")
     assert peak == 2
+
+
+async def test_housekeeping_forgets_old_dedupe_keys_and_replies(client: Client) -> None:
+    from toren.kernel import housekeep
+
+    await client.spawn(app.Counter, "c/hk")
+    await client.send("c/hk", app.Add(n=1, tag="a"), dedupe_key="old")
+    await client.send("c/hk", app.Add(n=1, tag="b"), dedupe_key="new")
+    await client.pool.execute(
+        "UPDATE toren.dedupe SET created_at = now() - interval '8 days' WHERE key = 'old'"
+    )
+    await client.pool.execute(
+        "INSERT INTO toren.replies (correlation_id, kind, body, created_at) "
+        "VALUES (gen_random_uuid(), 'json', '{}', now() - interval '2 hours')"
+    )
+    done = await housekeep(client.pool, dedupe_retention=7 * 86400)
+    assert done["keys"] == 1
+    assert done["replies"] == 1
+    assert await client.send("c/hk", app.Add(n=1, tag="a2"), dedupe_key="old") is not None
+    assert await client.send("c/hk", app.Add(n=1, tag="b2"), dedupe_key="new") is None

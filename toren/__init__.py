@@ -10,10 +10,11 @@ from toren._codec import event, message
 from toren._config import Settings
 from toren._errors import (
     ActorAlreadyExists,
-    ActorStopped,
+    ActorNotLive,
     AskTimeout,
     ConfigError,
     DatabaseUnavailable,
+    EffectOutsideHandler,
     FencedOut,
     InternalError,
     MailboxFull,
@@ -31,7 +32,7 @@ from toren._version import __version__
 __all__ = [
     "Actor",
     "ActorAlreadyExists",
-    "ActorStopped",
+    "ActorNotLive",
     "AskError",
     "AskFailed",
     "AskTimeout",
@@ -41,6 +42,7 @@ __all__ = [
     "Context",
     "DatabaseUnavailable",
     "DeadLetter",
+    "EffectOutsideHandler",
     "Envelope",
     "FencedOut",
     "InternalError",

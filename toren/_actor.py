@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 import attrs
 
 from toren._codec import encode, message
-from toren._errors import InternalError
+from toren._errors import EffectOutsideHandler, InternalError
 
 S = TypeVar("S")
 
@@ -46,8 +46,9 @@ class Actor(Generic[S]):
             ``state_type`` so the snapshot can be read back.
         state_type: The class of the state, for snapshots.
         snapshot_version: Bump when the state's shape changes; older snapshots are then ignored.
-        restart_intensity: Restarts (failed starts, dead letters) tolerated within
-            ``restart_period`` seconds before the actor is marked failed.
+
+    How many restarts (failed starts, dead letters) an actor may have before it is marked failed
+    is a worker setting (``actor_restart_intensity`` within ``actor_restart_period``).
     """
 
     kind: ClassVar[str]
@@ -58,8 +59,6 @@ class Actor(Generic[S]):
     snapshot_every: ClassVar[int | None] = None
     state_type: ClassVar[type | None] = None
     snapshot_version: ClassVar[int] = 1
-    restart_intensity: ClassVar[int] = 5
-    restart_period: ClassVar[float] = 60.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -84,8 +83,11 @@ class Actor(Generic[S]):
         raise NotImplementedError
 
     async def on_start(self, ctx: Context[S]) -> None:
-        """Called after the state is rebuilt, before the first message. Raising here counts
-        toward the actor's restart intensity."""
+        """Called after the state is rebuilt, before the first message.
+
+        ``ctx`` is read-only here (emitting or sending raises): effects belong to a handled
+        message, where they commit with its consumption. Raising counts one restart.
+        """
 
     async def handle(self, ctx: Context[S], msg: Any) -> None:
         """Handle one message: emit events, send messages, set timers, reply.
@@ -150,9 +152,17 @@ class Context(Generic[S]):
     """What a handler may do. Everything it records is committed atomically after it returns."""
 
     def __init__(
-        self, actor: Actor[S], state: S, seq: int, epoch: int, envelope: Envelope | None
+        self,
+        actor: Actor[S],
+        state: S,
+        seq: int,
+        epoch: int,
+        envelope: Envelope | None,
+        *,
+        read_only: bool = False,
     ) -> None:
         self.actor_id = actor.actor_id
+        self._read_only = read_only
         self.epoch = epoch
         self.envelope = envelope
         self._actor = actor
@@ -181,6 +191,7 @@ class Context(Generic[S]):
 
     def emit(self, event: Any) -> None:
         """Append ``event`` (committed with the step) and apply it to :attr:`state` now."""
+        self._writable()
         name, body = encode(event)
         self._state = self._actor.apply(self._state, event)
         self._seq += 1
@@ -195,7 +206,15 @@ class Context(Generic[S]):
         dedupe_key: str | None = None,
         delay: timedelta | float = 0.0,
     ) -> None:
-        """Send ``msg`` to actor ``to`` when this step commits (transactional outbox)."""
+        """Send ``msg`` to actor ``to`` when this step commits (transactional outbox).
+
+        A ``dedupe_key`` used before for ``to`` (also earlier in this step) makes it a no-op.
+        """
+        self._writable()
+        if dedupe_key is not None and any(
+            o.to == to and o.dedupe_key == dedupe_key for o in self.outgoing
+        ):
+            return
         name, body = encode(msg)
         self.outgoing.append(
             Outgoing(
@@ -213,6 +232,7 @@ class Context(Generic[S]):
 
         A pending timer with the same key is replaced.
         """
+        self._writable()
         name, body = encode(msg)
         # Within one step the last word on a key wins: one statement cannot both delete and
         # upsert the same timer row.
@@ -230,8 +250,13 @@ class Context(Generic[S]):
 
     def cancel_timer(self, key: str) -> None:
         """Cancel the pending timer ``key`` when this step commits (no-op if none)."""
+        self._writable()
         self._drop_timer(key)
         self.cancelled_timers.append(key)
+
+    def _writable(self) -> None:
+        if self._read_only:
+            raise EffectOutsideHandler(self.actor_id)
 
     def _drop_timer(self, key: str) -> None:
         self.outgoing = [o for o in self.outgoing if o.timer_key != key]
@@ -240,7 +265,12 @@ class Context(Generic[S]):
     def spawn(
         self, kind: str | type[Actor[Any]], actor_id: str, args: Mapping[str, Any] | None = None
     ) -> None:
-        """Create a child actor when this step commits; this actor becomes its parent."""
+        """Create a child actor when this step commits; this actor becomes its parent.
+
+        If ``actor_id`` exists with the same kind this is a no-op; with another kind the step
+        fails with :class:`~toren.ActorAlreadyExists` (charged to the message).
+        """
+        self._writable()
         kind_name = kind if isinstance(kind, str) else kind.kind
         self.spawns.append(
             SpawnRequest(actor_id=actor_id, kind=kind_name, args=args or {}, parent=self.actor_id)
@@ -248,6 +278,7 @@ class Context(Generic[S]):
 
     def reply(self, msg: Any) -> None:
         """Answer the ask() that sent the message being handled (ignored if it was a send)."""
+        self._writable()
         self.reply_body = encode(msg)
 
 

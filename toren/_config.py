@@ -29,7 +29,12 @@ _ENV: dict[str, tuple[str, type]] = {
     "pool_size": ("TOREN_POOL_SIZE", int),
     "worker_name": ("TOREN_WORKER_NAME", str),
     "deploy_label": ("TOREN_DEPLOY_LABEL", str),
+    "actor_restart_intensity": ("TOREN_ACTOR_RESTART_INTENSITY", int),
+    "actor_restart_period": ("TOREN_ACTOR_RESTART_PERIOD", float),
+    "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
 }
+
+_TABLES = {"worker"}
 
 
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -52,6 +57,11 @@ class Settings:
         pool_size: Connections in the worker's pool (plus one dedicated lock connection).
         worker_name: Shown by ``toren workers``; defaults to the host name.
         deploy_label: Optional label added to the code version (for example a git sha).
+        actor_restart_intensity: Restarts of one actor (failed starts, dead-lettered messages)
+            tolerated within ``actor_restart_period`` seconds; one more marks it failed.
+        actor_restart_period: The window for ``actor_restart_intensity``, in seconds.
+        dedupe_retention_seconds: How long a used dedupe key is remembered (7 days by default);
+            a repeated send within that window is a no-op.
     """
 
     database_url: str | None = None
@@ -64,6 +74,9 @@ class Settings:
     pool_size: int = attrs.field(default=10, validator=_positive)
     worker_name: str = attrs.field(factory=socket.gethostname)
     deploy_label: str | None = None
+    actor_restart_intensity: int = attrs.field(default=5, validator=_positive)
+    actor_restart_period: float = attrs.field(default=60.0, validator=_positive)
+    dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.renew_seconds >= self.lease_seconds:
@@ -104,6 +117,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in _TABLES)
+    if tables:
+        raise ConfigError(
+            f"unknown table(s) in {path}: {', '.join(f'[{t}]' for t in tables)}",
+            hint=f"Known tables: {', '.join(f'[{t}]' for t in sorted(_TABLES))}.",
+        )
     flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
     flat.update(data.get("worker", {}))
     unknown = sorted(set(flat) - set(_ENV))

@@ -20,6 +20,20 @@ from toren._errors import ConfigError, DatabaseUnavailable
 
 _URL_FILE = "database.json"
 
+# Errors that say the database, or the way to it, failed (a dropped connection, a restart, a
+# refused login), as opposed to a statement that is wrong. Worth retrying after a pause.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.AdminShutdownError,
+    asyncpg.CrashShutdownError,
+    asyncpg.TooManyConnectionsError,
+    # asyncpg reports a connection whose operation was cut mid-way this way on its next use.
+    asyncpg.InternalClientError,
+)
+
 
 def _encode_json(value: Any) -> str:
     return orjson.dumps(value).decode()
@@ -32,23 +46,27 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
-async def create_pool(url: str, *, size: int = 10) -> asyncpg.Pool:
-    """Open a pool of ``size`` connections.
+async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> asyncpg.Pool:
+    """Open a pool of ``size`` connections, shown as ``name`` in ``pg_stat_activity``.
 
     Raises:
         DatabaseUnavailable: the server does not answer or refuses the login.
     """
     try:
         pool = await asyncpg.create_pool(
-            url, min_size=min(2, size), max_size=size, init=init_connection
+            url,
+            min_size=min(2, size),
+            max_size=size,
+            init=init_connection,
+            server_settings={"application_name": name},
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(redact(url), exc) from exc
     return pool
 
 
-async def connect(url: str) -> asyncpg.Connection:
-    """Open one dedicated (never pooled) connection.
+async def connect(url: str, *, name: str = "toren") -> asyncpg.Connection:
+    """Open one dedicated (never pooled) connection, shown as ``name`` in ``pg_stat_activity``.
 
     Dedicated connections carry session state a pool would reset: the worker's advisory lock and
     its LISTEN registrations (asyncpg's pool runs ``pg_advisory_unlock_all()`` on release).
@@ -57,7 +75,7 @@ async def connect(url: str) -> asyncpg.Connection:
         DatabaseUnavailable: the server does not answer or refuses the login.
     """
     try:
-        conn = await asyncpg.connect(url)
+        conn = await asyncpg.connect(url, server_settings={"application_name": name})
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(redact(url), exc) from exc
     await init_connection(conn)

@@ -12,14 +12,16 @@ the error (``retryable``)::
     ├── UnknownActorKind          a worker has no class registered for an actor's kind
     ├── UnknownMessageType        a stored payload names a type nobody registered
     ├── ActorAlreadyExists        spawn() with an id that is taken by an actor of another kind
+    ├── ActorNotLive              a send to an actor that was marked failed
     ├── MailboxFull               the recipient's mailbox is at its depth limit (retryable)
     ├── AskTimeout                ask() got no reply in time (retryable)
     ├── FencedOut                 this worker no longer owns the actor; its write was refused
     ├── SupervisorEscalation      a supervisor exceeded its restart intensity and gave up
+    ├── EffectOutsideHandler      on_start() tried to emit or send
     └── InternalError             an invariant of Toren itself broke: a bug, please report it
 
-Stop signals (:class:`ActorStopped`) derive from ``BaseException`` so that an actor's
-``except Exception`` cannot swallow them.
+Actors are stopped by cancelling their scope (anyio), which derives from ``BaseException``, so an
+actor's ``except Exception`` cannot swallow a stop.
 """
 
 from __future__ import annotations
@@ -107,6 +109,18 @@ class ActorAlreadyExists(TorenError):
         )
 
 
+class ActorNotLive(TorenError):
+    """The recipient was marked failed (or stopped): no worker will handle its mail."""
+
+    def __init__(self, actor_id: str, status: str) -> None:
+        self.actor_id = actor_id
+        self.status = status
+        super().__init__(
+            f"actor {actor_id!r} is {status} and handles no mail (why is recorded in the failure "
+            "column of toren.actors); spawn a new actor to go on"
+        )
+
+
 class MailboxFull(TorenError):
     """The recipient's mailbox holds its maximum number of pending user messages."""
 
@@ -158,13 +172,20 @@ class SupervisorEscalation(TorenError):
         )
 
 
+class EffectOutsideHandler(TorenError):
+    """An actor tried to emit, send or set a timer outside :meth:`Actor.handle`."""
+
+    def __init__(self, actor_id: str) -> None:
+        self.actor_id = actor_id
+        super().__init__(
+            f"{actor_id}: on_start() cannot emit, send or set timers; do it in handle(), where it "
+            "commits with the message"
+        )
+
+
 class InternalError(TorenError):
     """An invariant of Toren itself was broken. This is a bug; please report it."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         super().__init__(f"internal error: {what} (this is a bug in Toren)")
-
-
-class ActorStopped(BaseException):
-    """Raised inside an actor's task to stop it; derives from BaseException on purpose."""

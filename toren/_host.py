@@ -10,7 +10,9 @@ object of the actor remain.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable
@@ -21,14 +23,26 @@ import asyncpg
 import attrs
 
 from toren._actor import Actor, Context, Envelope, actor_class, actor_kinds
-from toren._errors import FencedOut, TorenError, UnknownActorKind
+from toren._db import TRANSIENT_DB_ERRORS
+from toren._errors import (
+    ActorAlreadyExists,
+    FencedOut,
+    TorenError,
+    UnknownActor,
+    UnknownActorKind,
+)
 from toren._journal import rebuild, save_snapshot
-from toren._leases import Claim, release, release_if_idle
+from toren._leases import Claim, release_claim, release_if_idle
 from toren._mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
 
 log = logging.getLogger("toren.host")
 
 _RETRY_CAP = 30.0
+
+
+def _jittered(delay: float) -> float:
+    """``delay`` spread by +-20 % so that retries of many actors do not move in step."""
+    return delay * (0.8 + 0.4 * random.random())
 
 
 class MessageDeadLettered(TorenError):
@@ -65,10 +79,11 @@ class ActorHost:
         self._poll = poll_seconds
         self._sleep = sleep
         self._wake = anyio.Event()
+        self._stop = anyio.Event()
         self.fenced = False
         self.in_hand: int | None = None
-        self._stop_requested = False
         self.idle = False
+        self.steps = 0  # messages handled by this host, committed or charged
 
     def wake(self) -> None:
         """Mail arrived for this actor (a notification); stop waiting."""
@@ -76,76 +91,126 @@ class ActorHost:
 
     def request_stop(self) -> None:
         """Graceful stop from outside: finish the message in hand, release, return."""
-        self._stop_requested = True
+        self._stop.set()
         self._wake.set()
 
     async def run(self, started: Callable[[], None], stopping: anyio.Event) -> None:
-        """Run the actor until it passivates, is fenced out, or ``stopping`` is set.
+        """Run the actor until it passivates, is fenced out, or is asked to stop.
 
-        On ``stopping`` the message in hand is finished and the lease released, so another worker
-        can claim the actor at once. Cancellation (a brutal stop) leaves the lease to expire or to
-        be taken from a dead worker.
+        On ``stopping`` (or :meth:`request_stop`) the message in hand is finished and the lease
+        released, so another worker can claim the actor at once. A database error is not the
+        actor's: the host waits and rebuilds, charging nothing. Whenever the host ends without
+        handing the claim on (cancelled, or returning early), it releases the claim if it is
+        still its own, so an actor is never left owned by a live worker that does not run it.
 
         Raises:
-            MessageDeadLettered: a message was dead-lettered (counts one restart).
+            MessageDeadLettered: a message was dead-lettered (counts one restart; the claim is
+                kept for the restart).
             Exception: the actor failed to start (its state could not be rebuilt, or ``on_start``
-                raised); counts one restart.
+                raised); counts one restart, the claim is kept.
         """
-        actor = self._cls(self.actor_id, self.claim.args)
+        settled = False  # the claim was handed on (released) or taken (fenced)
+        error: Exception | None = None
         try:
-            await self._run(actor, started, stopping)
-        except FencedOut:
-            self.fenced = True
-            log.info("%s: fenced out at epoch %d; it runs elsewhere now", self.actor_id, self.epoch)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_set_when, stopping, self._stop)
+                try:
+                    settled = await self._run_until_settled(started)
+                except Exception as exc:  # noqa: BLE001  (re-raised below, outside the group)
+                    error = exc
+                    settled = True  # the supervisor restarts or gives up; the claim stays
+                tg.cancel_scope.cancel()
+            if error is not None:
+                raise error
+        finally:
+            if not settled:
+                with anyio.move_on_after(2, shield=True):
+                    try:
+                        await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch)
+                    except TRANSIENT_DB_ERRORS:
+                        log.warning(
+                            "%s: could not release its claim; it will expire", self.actor_id
+                        )
 
-    async def _run(
-        self, actor: Actor[Any], started: Callable[[], None], stopping: anyio.Event
-    ) -> None:
+    async def _run_until_settled(self, started: Callable[[], None]) -> bool:
+        failures = 0
+        steps_at_failure = -1
+        while True:
+            actor = self._cls(self.actor_id, self.claim.args)
+            try:
+                await self._run(actor, started)
+                return True
+            except FencedOut:
+                self.fenced = True
+                log.info(
+                    "%s: fenced out at epoch %d; it runs elsewhere now", self.actor_id, self.epoch
+                )
+                return True
+            except TRANSIENT_DB_ERRORS as exc:
+                # Not the actor's fault: no restart is charged. The state is rebuilt afresh once
+                # the database answers again (the claim still holds, or the next write fences).
+                # Back off on consecutive failures; progress since the last one starts afresh.
+                failures = 1 if self.steps != steps_at_failure else failures + 1
+                steps_at_failure = self.steps
+                delay = _jittered(min(_RETRY_CAP, 0.05 * 2**failures))
+                log.warning(
+                    "%s: database error (%s); rebuilding in %.1fs", self.actor_id, exc, delay
+                )
+                del actor
+                if await self._pause(delay):
+                    return False
+
+    async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
         state, seq = await rebuild(self.pool, actor)
         snapshot_seq = seq
-        await actor.on_start(Context(actor, state, seq, self.epoch, None))
+        await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
         started()
         idle_since = anyio.current_time()
-        while not (stopping.is_set() or self._stop_requested):
+        while not self._stop.is_set():
+            # Re-armed before looking, so a notification that arrives meanwhile is not lost.
+            self._wake = anyio.Event()
             envelope = await claim_next(self.pool, self.actor_id, self.worker_id, self.epoch)
             if envelope is None:
-                if await self._idle(actor, stopping, idle_since):
+                if await self._idle(idle_since):
                     return
                 continue
-            # A graceful stop (``stopping``) lets this step finish; only the supervisor's
-            # cancellation after the grace period cuts it.
+            # A graceful stop lets this step finish; only the supervisor's cancellation after
+            # the grace period cuts it.
             self.in_hand = envelope.id
             try:
                 state, seq = await self._step(actor, envelope, state, seq)
             finally:
                 self.in_hand = None
+            self.steps += 1
             idle_since = anyio.current_time()
             every = self._cls.snapshot_every
             if every and self._cls.state_type is not None and seq - snapshot_seq >= every:
                 await save_snapshot(self.pool, actor, state, seq)
                 snapshot_seq = seq
         # Graceful stop: hand the actor back so another worker can claim it without waiting.
-        await release(self.pool, self.worker_id, [self.actor_id])
-        log.info("%s: stopping; lease released", self.actor_id)
+        if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
+            log.info("%s: stopping; lease released", self.actor_id)
+        else:
+            raise FencedOut(self.actor_id, self.epoch)
 
-    async def _idle(self, actor: Actor[Any], stopping: anyio.Event, idle_since: float) -> bool:
+    async def _idle(self, idle_since: float) -> bool:
         """Wait for mail; True once the actor has passivated."""
         remaining = idle_since + self._cls.idle_seconds - anyio.current_time()
-        if self._stop_requested:
-            return False
         if remaining <= 0:
             return await release_if_idle(self.pool, self.actor_id, self.worker_id, self.epoch)
-        self._wake = anyio.Event()
         self.idle = True
         try:
             with anyio.move_on_after(min(remaining, self._poll)):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_set_when, stopping, self._wake)
-                    await self._wake.wait()
-                    tg.cancel_scope.cancel()
+                await self._wake.wait()
         finally:
             self.idle = False
         return False
+
+    async def _pause(self, seconds: float) -> bool:
+        """Sleep, but wake early for a stop request; True if a stop was requested."""
+        with anyio.move_on_after(seconds):
+            await self._stop.wait()
+        return self._stop.is_set()
 
     async def _step(
         self, actor: Actor[Any], envelope: Envelope, state: Any, seq: int
@@ -158,21 +223,39 @@ class ActorHost:
             opened = open_envelope(envelope)
             ctx = Context(actor, state, seq, self.epoch, opened)
             await actor.handle(ctx, opened.payload)
-            await commit_step(self.pool, self.worker_id, opened, ctx)
-        except FencedOut:
-            raise
         # Whatever the handler raised is charged to the message, not to the worker.
         except Exception as exc:  # noqa: BLE001
-            error = "".join(traceback.format_exception_only(exc)).strip()
-            log.warning("%s: message %d failed: %s", self.actor_id, envelope.id, error)
-            attempts = await record_failure(
-                self.pool, self.actor_id, self.worker_id, self.epoch, envelope.id, error
-            )
-            if attempts >= cls.max_attempts:
-                await self._dead_letter(envelope, error, attempts=attempts)
-            await self._sleep(min(_RETRY_CAP, cls.retry_base_seconds * 2 ** (attempts - 1)))
+            await self._charge(envelope, exc)
+            return state, seq
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # we are being cancelled: let it through
+            # A cancellation that leaked out of the handler (a library cancelled a future it
+            # awaited) is the handler's failure, not a stop of the worker's tree.
+            await self._charge(envelope, RuntimeError(f"handler raised {exc!r}"))
+            return state, seq
+        try:
+            await commit_step(self.pool, self.worker_id, opened, ctx)
+        except (UnknownActor, ActorAlreadyExists) as exc:
+            # What the handler asked for cannot be committed: its fault, charged likewise.
+            await self._charge(envelope, exc)
             return state, seq
         return ctx.state, ctx.seq
+
+    async def _charge(self, envelope: Envelope, exc: Exception) -> None:
+        """Record a failed attempt; dead-letter past the limit; else back off before retrying."""
+        cls = self._cls
+        error = "".join(traceback.format_exception_only(exc)).strip()
+        log.warning("%s: message %d failed: %s", self.actor_id, envelope.id, error)
+        attempts = await record_failure(
+            self.pool, self.actor_id, self.worker_id, self.epoch, envelope.id, error
+        )
+        if attempts == 0:
+            return  # the message is gone: a commit did land after all
+        if attempts >= cls.max_attempts:
+            await self._dead_letter(envelope, error, attempts=attempts)
+        await self._pause(_jittered(min(_RETRY_CAP, cls.retry_base_seconds * 2 ** (attempts - 1))))
 
     async def _dead_letter(self, envelope: Envelope, error: str, *, attempts: int = 0) -> None:
         if attempts:

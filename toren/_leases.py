@@ -74,7 +74,7 @@ class WorkerSession:
         Raises:
             DatabaseUnavailable: Postgres cannot be reached.
         """
-        conn = await connect(url)
+        conn = await connect(url, name="toren-worker-lock")
         try:
             lock_key: int = await conn.fetchval("SELECT nextval('toren.worker_lock_keys')")
             await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key)
@@ -151,22 +151,38 @@ async def _close_quietly(conn: asyncpg.Connection) -> None:
             conn.terminate()
 
 
+# Advisory locks belong to one database, but pg_locks shows every database's: filter on ours,
+# or another Toren installation on the same server would make our dead workers look alive.
 _LIVE_WORKERS = f"""
     SELECT w.worker_id FROM toren.workers w
     JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
         AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
 """
 
+# Actors with mail are found by skipping through the mailbox's (actor_id, ...) index one distinct
+# actor at a time (a loose index scan), so a sweep costs per actor with mail, not per message:
+# a backlog of many messages for a few busy actors stays cheap.
 _CLAIMABLE = f"""
-WITH live AS ({_LIVE_WORKERS}
-), ready AS (
-    SELECT DISTINCT actor_id FROM toren.mailbox
-    WHERE visible_at <= now() AND ($3::text[] IS NULL OR actor_id = ANY($3::text[]))
+WITH RECURSIVE with_mail(actor_id) AS (
+    (SELECT actor_id FROM toren.mailbox
+     WHERE $3::text[] IS NULL OR actor_id = ANY($3::text[])
+     ORDER BY actor_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT m.actor_id FROM toren.mailbox m
+            WHERE m.actor_id > w.actor_id AND ($3::text[] IS NULL OR m.actor_id = ANY($3::text[]))
+            ORDER BY m.actor_id LIMIT 1)
+    FROM with_mail w WHERE w.actor_id IS NOT NULL
+), live AS ({_LIVE_WORKERS}
 ), cand AS (
-    SELECT a.actor_id FROM toren.actors a JOIN ready USING (actor_id)
+    SELECT a.actor_id FROM with_mail JOIN toren.actors a USING (actor_id)
     WHERE a.status = 'live'
+      AND a.kind = ANY($4::text[])
+      AND a.owner IS DISTINCT FROM $1
       AND (a.owner IS NULL OR a.lease_expires_at < now()
            OR a.owner NOT IN (SELECT worker_id FROM live))
+      AND EXISTS (SELECT 1 FROM toren.mailbox m
+                  WHERE m.actor_id = a.actor_id AND m.visible_at <= now())
       AND $1 IN (SELECT worker_id FROM live)
     LIMIT $2
     FOR NO KEY UPDATE OF a SKIP LOCKED
@@ -174,16 +190,23 @@ WITH live AS ({_LIVE_WORKERS}
 
 _CLAIM = f"""{_CLAIMABLE}
 UPDATE toren.actors a
-SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $4)
+SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $5)
 FROM cand WHERE a.actor_id = cand.actor_id
 RETURNING a.actor_id, a.kind, a.args, a.epoch
 """
 
 
-async def waiting(pool: asyncpg.Pool, worker_id: uuid.UUID, *, limit: int) -> int:
-    """How many actors (up to ``limit``) have mail and no live owner: demand for a full worker."""
+async def waiting(
+    pool: asyncpg.Pool,
+    worker_id: uuid.UUID,
+    *,
+    limit: int,
+    kinds: list[str],
+    only: list[str] | None = None,
+) -> int:
+    """How many actors (up to ``limit``) this worker could claim now: demand for a full worker."""
     count: int = await pool.fetchval(
-        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, None
+        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, only, kinds
     )
     return count
 
@@ -194,16 +217,19 @@ async def claim(
     *,
     limit: int,
     lease: float,
+    kinds: list[str],
     only: list[str] | None = None,
 ) -> list[Claim]:
-    """Claim up to ``limit`` runnable actors (``only`` those named, if given).
+    """Claim up to ``limit`` runnable actors of ``kinds`` (``only`` those named, if given).
 
-    A claim raises the actor's epoch, which fences out every earlier owner. A worker whose own
-    lock is not held (its session died) claims nothing.
+    A claim raises the actor's epoch, which fences out every earlier owner. A worker claims only
+    kinds it has classes for (workers may run different apps on one database), never an actor
+    it already owns (its own renewal extends that lease), and nothing at all once its own lock
+    is gone (its session died).
     """
-    if limit <= 0:
+    if limit <= 0 or not kinds:
         return []
-    rows = await pool.fetch(_CLAIM, worker_id, limit, only, float(lease))
+    rows = await pool.fetch(_CLAIM, worker_id, limit, only, kinds, float(lease))
     return [
         Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
         for r in rows
@@ -211,9 +237,12 @@ async def claim(
 
 
 _RENEW = """
-WITH renewed AS (
-    UPDATE toren.actors SET lease_expires_at = now() + make_interval(secs => $2)
-    WHERE owner = $1 RETURNING actor_id, epoch
+WITH mine AS (
+    SELECT * FROM unnest($4::text[], $5::bigint[]) AS m(actor_id, epoch)
+), renewed AS (
+    UPDATE toren.actors a SET lease_expires_at = now() + make_interval(secs => $2)
+    FROM mine WHERE a.actor_id = mine.actor_id AND a.owner = $1 AND a.epoch = mine.epoch
+    RETURNING a.actor_id, a.epoch
 ), beat AS (
     UPDATE toren.workers SET heartbeat_at = now(), stats = $3
     WHERE worker_id = $1 RETURNING 1
@@ -224,15 +253,31 @@ SELECT (SELECT count(*) FROM beat) AS registered,
 
 
 async def renew(
-    pool: asyncpg.Pool, worker_id: uuid.UUID, *, lease: float, stats: dict[str, Any]
+    pool: asyncpg.Pool,
+    worker_id: uuid.UUID,
+    claims: list[tuple[str, int]],
+    *,
+    lease: float,
+    stats: dict[str, Any],
 ) -> set[tuple[str, int]] | None:
-    """Renew every lease of this worker in one statement and publish its statistics.
+    """Renew the leases of ``claims`` (``(actor_id, epoch)`` pairs) in one statement, and
+    publish the worker's statistics.
+
+    Only the claims named are renewed and judged: a claim taken while this statement ran is
+    neither (its lease is fresh), so a renewal never mistakes a new claim for a lost one.
 
     Returns:
-        The ``(actor_id, epoch)`` pairs still held, or ``None`` if the worker's registry row is
-        gone (another worker judged it dead).
+        The pairs still held (owner and epoch unchanged), or ``None`` if the worker's registry
+        row is gone (another worker judged it dead).
     """
-    row = await pool.fetchrow(_RENEW, worker_id, float(lease), stats)
+    row = await pool.fetchrow(
+        _RENEW,
+        worker_id,
+        float(lease),
+        stats,
+        [c[0] for c in claims],
+        [c[1] for c in claims],
+    )
     if row is None or not row["registered"]:
         return None
     held: set[tuple[str, int]] = set()
@@ -269,6 +314,26 @@ async def release_if_idle(pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, e
     if row is None or not row["mine"]:
         raise FencedOut(actor_id, epoch)
     return bool(row["released"])
+
+
+_RELEASE_CLAIM = """
+WITH released AS (
+    UPDATE toren.actors SET owner = NULL, lease_expires_at = NULL
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3
+    RETURNING actor_id
+)
+SELECT count(pg_notify('toren_mail', actor_id)) FROM released
+"""
+
+
+async def release_claim(pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, epoch: int) -> bool:
+    """Give up one claim, if it is still ours at that epoch, and wake workers to claim it.
+
+    Returns:
+        True if released; False if the claim had already moved on (nothing to do).
+    """
+    count: int = await pool.fetchval(_RELEASE_CLAIM, actor_id, owner, epoch)
+    return count > 0
 
 
 _RELEASE = """
@@ -336,12 +401,14 @@ async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
     Its lock waits give up after ``recheck`` seconds, so that the peer watched is re-chosen as
     workers come and go.
     """
-    conn = await connect(url)
+    conn = await connect(url, name="toren-worker-watch")
     await conn.execute(f"SET lock_timeout = '{int(recheck * 1000)}ms'")
     return conn
 
 
-async def watch_successor(conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int) -> bool:
+async def watch_successor(
+    conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int
+) -> bool | None:
     """Wait until the next live worker in lock-key order (a ring) dies.
 
     Workers watch each other in a ring, so that each one has a watcher: the wait is a shared
@@ -349,12 +416,12 @@ async def watch_successor(conn: asyncpg.Connection, worker_id: uuid.UUID, lock_k
     session. That turns a worker's death into an event instead of something the next poll finds.
 
     Returns:
-        True if the watched worker died (or stopped); False if there is no peer to watch or the
-        wait timed out (call again: the ring may have changed).
+        True if the watched worker died (or stopped); False if the wait timed out (call again at
+        once: the ring may have changed); None if there is no peer to watch.
     """
     peer: int | None = await conn.fetchval(_SUCCESSOR, worker_id, lock_key)
     if peer is None:
-        return False
+        return None
     try:
         await conn.execute("SELECT pg_advisory_lock_shared($1, $2)", LOCK_NAMESPACE, peer)
     except asyncpg.LockNotAvailableError:
@@ -376,10 +443,32 @@ async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.
     return rows
 
 
-async def forget_dead_workers(pool: asyncpg.Pool) -> int:
-    """Delete registry rows of workers whose lock is gone; their actors stay claimable."""
-    deleted: int = await pool.fetchval(
-        f"WITH gone AS (DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) "
-        "RETURNING 1) SELECT count(*) FROM gone"
-    )
-    return deleted
+_HOUSEKEEP = f"""
+WITH gone AS (
+    DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) RETURNING 1
+), keys AS (
+    DELETE FROM toren.dedupe WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM toren.dedupe
+        WHERE created_at < now() - make_interval(secs => $1) LIMIT 10000))
+    RETURNING 1
+), replies AS (
+    DELETE FROM toren.replies WHERE created_at < now() - interval '1 hour' RETURNING 1
+), windows AS (
+    DELETE FROM toren.restart_windows
+    WHERE restarts[cardinality(restarts)] < now() - interval '1 day' RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS workers, (SELECT count(*) FROM keys) AS keys,
+       (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows
+"""
+
+
+async def housekeep(pool: asyncpg.Pool, *, dedupe_retention: float) -> dict[str, int]:
+    """Delete what nobody will read again: registry rows of dead workers, dedupe keys past their
+    retention (in batches), replies older than an hour (their ask() has long timed out),
+    restart windows whose last restart is a day old.
+
+    Returns:
+        How many rows of each were deleted.
+    """
+    row = await pool.fetchrow(_HOUSEKEEP, float(dedupe_retention))
+    return dict(row) if row is not None else {}

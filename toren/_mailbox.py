@@ -13,32 +13,35 @@ import uuid
 from typing import Any
 
 import asyncpg
+import orjson
 
 from toren._actor import SYSTEM_LANE, USER_LANE, Context, Envelope, PoisonMessage
 from toren._codec import decode, encode
-from toren._errors import FencedOut, MailboxFull, UnknownActor
+from toren._errors import ActorAlreadyExists, ActorNotLive, FencedOut, MailboxFull, UnknownActor
 
 _SEND = """
 WITH target AS (
-    SELECT actor_id, max_depth FROM toren.actors WHERE actor_id = $1
+    SELECT actor_id, max_depth, status FROM toren.actors WHERE actor_id = $1
 ), depth AS (
     SELECT count(*) AS n FROM (
         SELECT 1 FROM toren.mailbox WHERE actor_id = $1 AND lane = 1
         LIMIT (SELECT max_depth FROM target)) s
 ), ok AS (
-    SELECT 1 FROM target, depth WHERE $2 = 0 OR depth.n < target.max_depth
+    SELECT 1 FROM target, depth
+    WHERE target.status = 'live' AND ($2 = 0 OR depth.n < target.max_depth)
 ), dd AS (
     INSERT INTO toren.dedupe (actor_id, key) SELECT $1, $6 FROM ok WHERE $6::text IS NOT NULL
     ON CONFLICT DO NOTHING RETURNING 1
 ), ins AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body, dedupe_key, reply_to, visible_at)
-    SELECT $1, $2, $3, $4, $5, $6, $7, now() + make_interval(secs => $8) FROM ok
+    SELECT $1, $2, $3, $4, $5::text::jsonb, $6, $7, now() + make_interval(secs => $8) FROM ok
     WHERE $6::text IS NULL OR EXISTS (SELECT 1 FROM dd)
     RETURNING id
 ), woken AS (
     SELECT pg_notify('toren_mail', $1) FROM ins WHERE $8 = 0
 )
-SELECT (SELECT count(*) FROM target) AS found, (SELECT n FROM depth) AS depth,
+SELECT (SELECT count(*) FROM target) AS found, (SELECT status FROM target) AS status,
+       (SELECT n FROM depth) AS depth,
        (SELECT count(*) FROM ok) AS ok, (SELECT id FROM ins) AS id,
        (SELECT count(*) FROM woken) AS woken
 """
@@ -62,15 +65,28 @@ async def send(
 
     Raises:
         UnknownActor: no actor ``to`` exists.
+        ActorNotLive: ``to`` was marked failed (or stopped); nobody would handle the message.
         MailboxFull: ``to`` already holds its ``max_depth`` pending user messages.
     """
     kind, body = encode(msg)
     lane = SYSTEM_LANE if system else USER_LANE
+    # The body travels as JSON text, so a plain asyncpg connection (the caller's own, inside its
+    # transaction) works without Toren's jsonb codec.
     row = await conn.fetchrow(
-        _SEND, to, lane, sender, kind, body, dedupe_key, reply_to, float(delay)
+        _SEND,
+        to,
+        lane,
+        sender,
+        kind,
+        orjson.dumps(body).decode(),
+        dedupe_key,
+        reply_to,
+        float(delay),
     )
     if row is None or not row["found"]:
         raise UnknownActor(to)
+    if row["status"] != "live":
+        raise ActorNotLive(to, row["status"])
     if not row["ok"]:
         raise MailboxFull(to, row["depth"])
     msg_id: int | None = row["id"]
@@ -81,15 +97,16 @@ _CLAIM_NEXT = """
 WITH fence AS (
     SELECT 1 FROM toren.actors
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
+    FOR SHARE
 ), next AS (
-    SELECT id, timer_key FROM toren.mailbox
+    SELECT id FROM toren.mailbox
     WHERE actor_id = $1 AND visible_at <= now() AND EXISTS (SELECT 1 FROM fence)
     ORDER BY lane, id LIMIT 1
 ), claimed AS (
-    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1, timer_key = NULL
+    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
     FROM next WHERE m.id = next.id
     RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
-              next.timer_key IS NOT NULL AS is_timer
+              m.timer_name IS NOT NULL AS is_timer
 )
 SELECT (SELECT count(*) FROM fence) AS owned, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
@@ -131,8 +148,14 @@ WITH fence AS (
     SELECT actor_id FROM toren.actors
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
     FOR SHARE
+), clash AS (
+    -- A spawn of an id that another kind holds fails the whole step.
+    SELECT s.id, s.kind, a.kind AS existing
+    FROM unnest($8::text[], $9::text[]) AS s(id, kind)
+    JOIN toren.actors a ON a.actor_id = s.id AND a.kind <> s.kind
 ), consumed AS (
-    DELETE FROM toren.mailbox m USING fence WHERE m.id = $4 AND m.actor_id = fence.actor_id
+    DELETE FROM toren.mailbox m USING fence
+    WHERE m.id = $4 AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
     RETURNING m.id
 ), ev AS (
     INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
@@ -146,8 +169,10 @@ WITH fence AS (
     ON CONFLICT (actor_id) DO NOTHING
     RETURNING 1
 ), cancelled AS (
+    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
+    -- being retried), except the message this step consumes.
     DELETE FROM toren.mailbox m USING consumed
-    WHERE m.actor_id = $1 AND m.timer_key = ANY($11::text[])
+    WHERE m.actor_id = $1 AND m.timer_name = ANY($11::text[]) AND m.id <> $4
     RETURNING 1
 ), o AS (
     SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::jsonb[], $16::text[],
@@ -161,15 +186,12 @@ WITH fence AS (
     RETURNING actor_id, key
 ), sent AS (
     INSERT INTO toren.mailbox
-        (actor_id, lane, sender, kind, body, dedupe_key, timer_key, visible_at)
+        (actor_id, lane, sender, kind, body, dedupe_key, timer_name, visible_at)
     SELECT o.recipient, o.lane, $1, o.kind, o.body, o.dedupe_key, o.timer_key,
            now() + make_interval(secs => o.delay)
     FROM o
     WHERE o.dedupe_key IS NULL
        OR EXISTS (SELECT 1 FROM dd WHERE dd.actor_id = o.recipient AND dd.key = o.dedupe_key)
-    ON CONFLICT (actor_id, timer_key) WHERE timer_key IS NOT NULL DO UPDATE
-        SET kind = EXCLUDED.kind, body = EXCLUDED.body, visible_at = EXCLUDED.visible_at,
-            deliveries = 0, attempts = 0, last_error = NULL
     RETURNING actor_id, visible_at <= now() AS due
 ), rep AS (
     INSERT INTO toren.replies (correlation_id, kind, body)
@@ -182,7 +204,9 @@ WITH fence AS (
     UNION ALL
     SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
 )
-SELECT (SELECT count(*) FROM consumed) AS consumed, (SELECT count(*) FROM ev) AS events,
+SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS consumed,
+       (SELECT array[id, kind, existing] FROM clash LIMIT 1) AS clash,
+       (SELECT count(*) FROM ev) AS events,
        (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
        (SELECT count(*) FROM sent) AS sent, (SELECT count(*) FROM woken) AS woken
 """
@@ -196,6 +220,7 @@ async def commit_step(
     Raises:
         FencedOut: the actor is no longer ours (epoch raised, or a newer owner wrote the seq).
         UnknownActor: the handler sent a message to an actor that does not exist.
+        ActorAlreadyExists: the handler spawned an id that an actor of another kind holds.
     """
     events = ctx.events
     out = ctx.outgoing
@@ -213,7 +238,7 @@ async def commit_step(
             [s.actor_id for s in ctx.spawns],
             [s.kind for s in ctx.spawns],
             [dict(s.args) for s in ctx.spawns],
-            ctx.cancelled_timers,
+            ctx.cancelled_timers + [o.timer_key for o in out if o.timer_key is not None],
             [o.to for o in out],
             [o.lane for o in out],
             [o.kind for o in out],
@@ -230,6 +255,8 @@ async def commit_step(
         raise FencedOut(ctx.actor_id, ctx.epoch) from exc
     except asyncpg.ForeignKeyViolationError as exc:
         raise UnknownActor(_recipient_named_in(exc, [o.to for o in out])) from exc
+    if row is not None and row["owned"] and row["clash"]:
+        raise ActorAlreadyExists(*row["clash"])
     if row is None or not row["consumed"]:
         raise FencedOut(ctx.actor_id, ctx.epoch)
 
@@ -243,10 +270,16 @@ def _recipient_named_in(exc: asyncpg.ForeignKeyViolationError, recipients: list[
 
 
 _RECORD_FAILURE = """
-UPDATE toren.mailbox m SET attempts = m.attempts + 1, last_error = $5
-FROM toren.actors a
-WHERE m.id = $4 AND a.actor_id = $1 AND a.owner = $2 AND a.epoch = $3 AND a.status = 'live'
-RETURNING m.attempts
+WITH fence AS (
+    SELECT 1 FROM toren.actors
+    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
+    FOR SHARE
+), charged AS (
+    UPDATE toren.mailbox m SET attempts = m.attempts + 1, last_error = $5
+    WHERE m.id = $4 AND EXISTS (SELECT 1 FROM fence)
+    RETURNING m.attempts
+)
+SELECT (SELECT count(*) FROM fence) AS owned, (SELECT attempts FROM charged) AS attempts
 """
 
 
@@ -256,17 +289,16 @@ async def record_failure(
     """Charge a handler failure to the message.
 
     Returns:
-        The message's attempts so far, this one included.
+        The message's attempts so far, this one included; 0 if the message is gone (it was
+        consumed after all: a commit whose answer was lost).
 
     Raises:
         FencedOut: the actor is no longer ours.
     """
-    attempts: int | None = await pool.fetchval(
-        _RECORD_FAILURE, actor_id, owner, epoch, msg_id, error
-    )
-    if attempts is None:
+    row = await pool.fetchrow(_RECORD_FAILURE, actor_id, owner, epoch, msg_id, error)
+    if row is None or not row["owned"]:
         raise FencedOut(actor_id, epoch)
-    return attempts
+    return int(row["attempts"] or 0)
 
 
 _DEAD_LETTER = """
@@ -283,11 +315,13 @@ WITH fence AS (
     SELECT id, actor_id, lane, sender, kind, body, dedupe_key, reply_to, deliveries, attempts, $5,
            created_at
     FROM moved
-    RETURNING id, sender, reply_to
+    RETURNING id, sender, reply_to, kind
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT dl.sender, 0, $1, 'toren.poison', $6
     FROM dl JOIN toren.actors s ON s.actor_id = dl.sender
+    -- No notice to itself, none about a notice: a poison chain must not feed itself.
+    WHERE dl.sender <> $1 AND dl.kind NOT LIKE 'toren.%' AND s.status = 'live'
     RETURNING actor_id
 ), rep AS (
     INSERT INTO toren.replies (correlation_id, kind, body)

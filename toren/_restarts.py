@@ -13,6 +13,23 @@ from collections import defaultdict, deque
 from typing import Protocol
 
 import asyncpg
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from toren._db import TRANSIENT_DB_ERRORS
+
+
+def _retrying() -> AsyncRetrying:
+    return AsyncRetrying(
+        retry=retry_if_exception_type(TRANSIENT_DB_ERRORS),
+        wait=wait_exponential_jitter(multiplier=0.05, max=1.0),
+        stop=stop_after_delay(10),
+        reraise=True,
+    )
 
 
 class RestartStore(Protocol):
@@ -58,13 +75,19 @@ RETURNING cardinality(restarts)
 
 
 class PostgresRestartStore:
-    """Restart windows persisted in Postgres, so that they survive worker restarts."""
+    """Restart windows persisted in Postgres, so that they survive worker restarts.
+
+    A dropped connection is retried for a few seconds (a supervisor that cannot count restarts
+    cannot decide anything, so giving up at once would turn a blip into an escalation).
+    """
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
     async def record_restart(self, key: str, period: float) -> int:
-        count: int = await self._pool.fetchval(_RECORD, key, float(period))
+        async for attempt in _retrying():
+            with attempt:
+                count: int = await self._pool.fetchval(_RECORD, key, float(period))
         return count
 
     async def reset(self, key: str) -> None:

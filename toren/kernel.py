@@ -5,18 +5,27 @@ and the worker. The lease keeper, the dispatcher and the worker tree use what is
 and only this, so that the kernel's internals can change without touching them.
 """
 
-from toren._db import EmbeddedPostgres, connect, create_pool, record_dev_url, recorded_dev_url
+from toren._actor import actor_kinds
+from toren._db import (
+    TRANSIENT_DB_ERRORS,
+    EmbeddedPostgres,
+    connect,
+    create_pool,
+    record_dev_url,
+    recorded_dev_url,
+)
 from toren._host import ActorHost, MessageDeadLettered
 from toren._leases import (
     Claim,
     WorkerSession,
     claim,
     code_version,
-    forget_dead_workers,
+    housekeep,
     live_workers,
     mark_failed,
     open_death_watch,
     release,
+    release_claim,
     renew,
     waiting,
     watch_successor,
@@ -24,16 +33,18 @@ from toren._leases import (
 from toren._migrate import migrate, schema_status
 
 __all__ = [
+    "TRANSIENT_DB_ERRORS",
     "ActorHost",
     "Claim",
     "EmbeddedPostgres",
     "MessageDeadLettered",
     "WorkerSession",
+    "actor_kinds",
     "claim",
     "code_version",
     "connect",
     "create_pool",
-    "forget_dead_workers",
+    "housekeep",
     "live_workers",
     "mark_failed",
     "migrate",
@@ -41,6 +52,7 @@ __all__ = [
     "record_dev_url",
     "recorded_dev_url",
     "release",
+    "release_claim",
     "renew",
     "schema_status",
     "waiting",

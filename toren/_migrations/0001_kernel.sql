@@ -57,7 +57,7 @@ CREATE TABLE toren.mailbox (
     kind        text NOT NULL,
     body        jsonb NOT NULL,
     dedupe_key  text,
-    timer_key   text,                             -- set for durable timers; one pending timer per key
+    timer_name  text,                             -- set for durable timers: the key they were set under
     reply_to    uuid,                             -- correlation id of an ask()
     deliveries  integer NOT NULL DEFAULT 0,       -- raised when claimed, before handling
     attempts    integer NOT NULL DEFAULT 0,       -- raised when the handler raised
@@ -66,8 +66,8 @@ CREATE TABLE toren.mailbox (
     created_at  timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX mailbox_next ON toren.mailbox (actor_id, lane, id);
-CREATE INDEX mailbox_visible ON toren.mailbox (visible_at, actor_id);
-CREATE UNIQUE INDEX mailbox_timer ON toren.mailbox (actor_id, timer_key) WHERE timer_key IS NOT NULL;
+CREATE INDEX mailbox_visible ON toren.mailbox (actor_id, visible_at);
+CREATE INDEX mailbox_timer ON toren.mailbox (actor_id, timer_name) WHERE timer_name IS NOT NULL;
 
 CREATE TABLE toren.dedupe (
     actor_id    text NOT NULL,
@@ -75,6 +75,7 @@ CREATE TABLE toren.dedupe (
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (actor_id, key)
 );
+CREATE INDEX dedupe_age ON toren.dedupe (created_at);
 
 CREATE TABLE toren.deadletters (
     id          bigint PRIMARY KEY,                -- the message's mailbox id
