@@ -77,6 +77,19 @@ async def db_url(server_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture
+async def empty_db_url(server_url: str) -> AsyncIterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"e_{uuid.uuid4().hex[:12]}"
+    admin = await asyncpg.connect(server_url)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")
+        yield with_database(server_url, name)
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
 async def client(db_url: str) -> AsyncIterator[Client]:
     c = await Client.connect(db_url)
     yield c

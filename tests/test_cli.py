@@ -42,40 +42,18 @@ def toren(
     )
 
 
-async def test_migrate_applies_once_then_reports_up_to_date(server_url: str) -> None:
-    import asyncpg
-
-    from toren._db import with_database
-
-    admin = await asyncpg.connect(server_url)
-    await admin.execute("CREATE DATABASE cli_migrate")
-    try:
-        url = with_database(server_url, "cli_migrate")
-        first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=url))
-        assert first.returncode == 0, first.stderr
-        assert "applied 1 migration(s)" in first.stdout
-        second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=url))
-        assert "schema is up to date" in second.stdout
-    finally:
-        await admin.execute("DROP DATABASE cli_migrate WITH (FORCE)")
-        await admin.close()
+async def test_migrate_applies_once_then_reports_up_to_date(empty_db_url: str) -> None:
+    first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
+    assert first.returncode == 0, first.stderr
+    assert "applied 1 migration(s)" in first.stdout
+    second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
+    assert "schema is up to date" in second.stdout
 
 
-async def test_worker_refuses_an_unmigrated_database(server_url: str) -> None:
-    import asyncpg
-
-    from toren._db import with_database
-
-    admin = await asyncpg.connect(server_url)
-    await admin.execute("CREATE DATABASE cli_empty")
-    try:
-        url = with_database(server_url, "cli_empty")
-        result = await anyio.to_thread.run_sync(lambda: toren("worker", db_url=url))
-        assert result.returncode == 2
-        assert "toren migrate" in result.stderr
-    finally:
-        await admin.execute("DROP DATABASE cli_empty WITH (FORCE)")
-        await admin.close()
+async def test_worker_refuses_an_unmigrated_database(empty_db_url: str) -> None:
+    result = await anyio.to_thread.run_sync(lambda: toren("worker", db_url=empty_db_url))
+    assert result.returncode == 2
+    assert "toren migrate" in result.stderr
 
 
 async def test_workers_lists_live_workers_with_version_and_statistics(

@@ -104,33 +104,22 @@ async def test_a_worker_without_its_lock_claims_nothing(client: Client, db_url: 
     assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30, kinds=KINDS) == []
 
 
-async def test_two_processes_migrating_at_once_both_succeed(server_url: str) -> None:
+async def test_two_processes_migrating_at_once_both_succeed(empty_db_url: str) -> None:
     import anyio
 
-    from toren._db import with_database
-
-    name = f"m_{uuid.uuid4().hex[:10]}"
-    admin = await asyncpg.connect(server_url)
-    await admin.execute(f"CREATE DATABASE {name}")
-    url = with_database(server_url, name)
     results: list[list[int]] = []
-    try:
 
-        async def run() -> None:
-            conn = await asyncpg.connect(url)
-            try:
-                results.append(await migrate(conn))
-            finally:
-                await conn.close()
+    async def run() -> None:
+        conn = await asyncpg.connect(empty_db_url)
+        try:
+            results.append(await migrate(conn))
+        finally:
+            await conn.close()
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(3):
-                tg.start_soon(run)
-        applied = sorted(results, key=len)
-        assert applied == [[], [], [1]]
-    finally:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.close()
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(run)
+    assert sorted(results, key=len) == [[], [], [1]]
 
 
 async def test_a_worker_claims_only_kinds_it_knows_and_never_its_own_actors(
