@@ -51,9 +51,13 @@ async def test_migrate_applies_once_then_reports_up_to_date(empty_db_url: str) -
 
 
 async def test_worker_refuses_an_unmigrated_database(empty_db_url: str) -> None:
-    result = await anyio.to_thread.run_sync(lambda: toren("worker", db_url=empty_db_url))
+    result = await anyio.to_thread.run_sync(
+        lambda: toren("worker", "--app", "tests.agents_app", db_url=empty_db_url)
+    )
     assert result.returncode == 2
     assert "toren migrate" in result.stderr
+    # The boot-time flag comes first, from the app's agents.
+    assert "tool send_email is external, unkeyed and needs no approval" in result.stderr
 
 
 async def test_workers_lists_live_workers_with_version_and_statistics(
@@ -156,3 +160,17 @@ def test_dev_runs_the_demo_and_a_second_terminal_finds_it(tmp_path: Path) -> Non
         proc.wait(30)
         log.close()
     assert proc.returncode == 0, (tmp_path / "dev.log").read_text()
+
+
+def test_agents_check_lists_tools_and_flags_the_dangerous_one() -> None:
+    result = toren("agents", "check", "--app", "tests.agents_app")
+    assert result.returncode == 0, result.stderr
+    assert "create_ticket" in result.stdout
+    assert "FLAG" in result.stdout
+    flagged_lines = [line for line in result.stdout.splitlines() if "FLAG" in line]
+    assert len(flagged_lines) == 1
+    assert "send_email" in flagged_lines[0]
+    strict = toren("agents", "check", "--app", "tests.agents_app", "--strict")
+    assert strict.returncode == 1
+    missing = toren("agents", "check", "--app", "tests.nope_nope")
+    assert missing.returncode == 2

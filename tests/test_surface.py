@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_public_api_is_pinned() -> None:
     assert sorted(toren.__all__) == [
-        "Actor", "ActorAlreadyExists", "ActorNotLive", "AskError", "AskFailed", "AskTimeout",
-        "ChildFailed", "Client", "ConfigError", "Context", "DatabaseUnavailable", "DeadLetter",
-        "EffectOutsideHandler", "Envelope", "FencedOut", "InternalError", "JournalEntry",
-        "MailboxFull",
-        "MemoryRestartStore", "MigrationError", "PoisonMessage", "PostgresRestartStore",
-        "RestartStore", "Settings", "SupervisorEscalation", "TorenError", "UnknownActor",
-        "UnknownActorKind", "UnknownMessageType", "__version__", "event", "message",
+        "Actor", "ActorAlreadyExists", "ActorNotLive", "Agent", "AskError", "AskFailed",
+        "AskTimeout", "ChildFailed", "Client", "ConfigError", "Context", "DatabaseUnavailable",
+        "DeadLetter", "EffectOutsideHandler", "Envelope", "FencedOut", "InternalError",
+        "JournalEntry", "MailboxFull", "MemoryRestartStore", "MigrationError", "PoisonMessage",
+        "PostgresRestartStore", "RestartStore", "Settings", "SupervisorEscalation", "Tool",
+        "ToolContext", "TorenError", "UnknownActor", "UnknownActorKind", "UnknownMessageType",
+        "__version__", "event", "message", "tool",
     ]  # fmt: skip
     # (the order within __all__ is ruff's RUF022: constants, classes, functions)
     for name in toren.__all__ + toren.kernel.__all__:

@@ -5,6 +5,7 @@ payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and th
 """
 
 from toren._actor import Actor, AskFailed, ChildFailed, Context, Envelope, PoisonMessage
+from toren._agents import Agent, Tool, ToolContext, tool
 from toren._client import AskError, Client, DeadLetter
 from toren._codec import event, message
 from toren._config import Settings
@@ -33,6 +34,7 @@ __all__ = [
     "Actor",
     "ActorAlreadyExists",
     "ActorNotLive",
+    "Agent",
     "AskError",
     "AskFailed",
     "AskTimeout",
@@ -55,6 +57,8 @@ __all__ = [
     "RestartStore",
     "Settings",
     "SupervisorEscalation",
+    "Tool",
+    "ToolContext",
     "TorenError",
     "UnknownActor",
     "UnknownActorKind",
@@ -62,4 +66,5 @@ __all__ = [
     "__version__",
     "event",
     "message",
+    "tool",
 ]

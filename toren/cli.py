@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
@@ -21,6 +23,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from toren._agents import agents_in, check
 from toren._app import load_app
 from toren._client import Client
 from toren._config import Settings
@@ -143,8 +146,21 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
         config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
     )
     if app:
-        load_app(app)
+        log_tool_flags(load_app(app))
     await run_worker(settings, database_url(settings), migrate=migrate)
+
+
+def log_tool_flags(module: ModuleType) -> None:
+    """At boot, say loudly which tools can repeat a real-world effect with nobody asked."""
+    for finding in check(agents_in(module).values()):
+        if finding.flagged:
+            logging.getLogger("toren.worker").warning(
+                "agent %s: tool %s is external, unkeyed and needs no approval: a crash between "
+                "its effect and its record repeats the effect (at-least-once). Make it keyed "
+                "(pass ctx.idempotency_key on) or ask for approval.",
+                finding.agent,
+                finding.tool,
+            )
 
 
 @main.command()
@@ -263,6 +279,39 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
     out.print(f"requeued {len(new_ids)} message(s)" + (f"; {missing} not found" if missing else ""))
     if missing and not new_ids:
         sys.exit(1)
+
+
+@main.group()
+def agents() -> None:
+    """Inspect the agents an app defines."""
+
+
+@agents.command("check")
+@click.option("--app", envvar="TOREN_APP", required=True, help="Module defining your agents.")
+@click.option("--strict", is_flag=True, help="Exit 1 if any tool is flagged.")
+def agents_check(app: str, strict: bool) -> None:
+    """List every tool with its declarations; flag external + unkeyed + no-approval tools."""
+    try:
+        module = load_app(app)
+        findings = check(agents_in(module).values())
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        sys.exit(2)
+    table = Table(title=f"{len(findings)} tool(s)")
+    for col in ("agent", "tool", "effects", "idempotency", "approval", ""):
+        table.add_column(col)
+    for f in findings:
+        mark = "[red]FLAG: external, unkeyed, no approval[/red]" if f.flagged else ""
+        table.add_row(f.agent, f.tool, f.effects, f.idempotency, f.approval, mark)
+    out.print(table)
+    flagged = [f for f in findings if f.flagged]
+    if flagged:
+        out.print(
+            f"[yellow]{len(flagged)} flagged:[/yellow] a crash between the effect and its record "
+            "repeats it. Make the tool keyed or require approval."
+        )
+        if strict:
+            sys.exit(1)
 
 
 @main.command()

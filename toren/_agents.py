@@ -1,0 +1,267 @@
+"""Agents and tools as users declare them: ``Agent(...)`` and the ``@tool`` decorator.
+
+A tool declares what it does to the world, so the runtime can treat it accordingly:
+
+- ``effects``: ``"read"`` (looks only), ``"write"`` (changes state Toren owns or can undo) or
+  ``"external"`` (changes the outside world: a ticket, an email, a payment);
+- ``idempotency``: ``"keyed"`` (the tool passes ``ctx.idempotency_key`` to the system it calls,
+  which deduplicates, so a re-run after a crash has no second effect) or ``"unkeyed"``
+  (at-least-once: a crash between the effect and its record repeats it);
+- ``approval``: ``"never"``, ``"always"``, or a predicate on the call's arguments.
+
+An external, unkeyed tool that needs no approval can repeat a real-world effect with nobody
+asked: :func:`check` flags it, and the worker logs the same flag at boot.
+
+Arguments are described by the function's type hints; pydantic derives the JSON schema the model
+sees and validates what the model sends back (malformed arguments go back to the model as an
+error result, never into the function).
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from types import ModuleType
+from typing import Any, Literal, get_type_hints
+
+import attrs
+import pydantic
+
+from toren._errors import ConfigError
+
+Effects = Literal["read", "write", "external"]
+Idempotency = Literal["keyed", "unkeyed"]
+ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
+
+_DURATION = re.compile(r"^\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds in ``"30m"``, ``"1h30m"``, ``"45s"`` or a number of seconds.
+
+    Raises:
+        ConfigError: the text is not a duration.
+    """
+    if isinstance(text, int | float):
+        if text <= 0:
+            raise ConfigError(f"duration must be positive, got {text!r}")
+        return float(text)
+    match = _DURATION.match(text)
+    if not match or not any(match.groups()):
+        raise ConfigError(f"not a duration: {text!r}", hint="Write it like '30m', '1h30m', '45s'.")
+    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return float(hours * 3600 + minutes * 60 + seconds)
+
+
+@attrs.frozen(kw_only=True)
+class ToolContext:
+    """What a tool function receives first: who calls and the key that makes retries safe."""
+
+    run_id: str
+    tool_call_id: str
+    idempotency_key: str
+
+
+@attrs.frozen(kw_only=True)
+class Tool:
+    """A tool an agent may call. Build it with :func:`tool`."""
+
+    name: str
+    description: str
+    fn: Callable[..., Awaitable[Any]]
+    effects: Effects
+    idempotency: Idempotency
+    approval: ApprovalRule
+    timeout: float
+    arguments: type[pydantic.BaseModel]
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The JSON schema of the arguments, as the model sees it."""
+        schema = self.arguments.model_json_schema()
+        schema.pop("title", None)
+        return schema
+
+    @property
+    def dangerous(self) -> bool:
+        """External, unkeyed and asking nobody: a crash can repeat a real-world effect."""
+        return (
+            self.effects == "external"
+            and self.idempotency == "unkeyed"
+            and self.approval == "never"
+        )
+
+    def needs_approval(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether this call must wait for a human decision."""
+        if self.approval == "never":
+            return False
+        if self.approval == "always":
+            return True
+        return bool(self.approval(arguments))
+
+    def validate(self, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The arguments checked against the signature.
+
+        Raises:
+            pydantic.ValidationError: they do not match (sent back to the model as an error).
+        """
+        return self.arguments.model_validate(arguments or {}).model_dump()
+
+
+def tool(
+    fn: Callable[..., Awaitable[Any]] | None = None,
+    *,
+    effects: Effects = "read",
+    idempotency: Idempotency = "unkeyed",
+    approval: ApprovalRule = "never",
+    timeout: float | str = 60.0,
+    name: str | None = None,
+    description: str | None = None,
+) -> Any:
+    """Declare an async function ``fn(ctx, **arguments)`` as a tool.
+
+    Usable bare (``@tool``) or with declarations (``@tool(effects="external", ...)``).
+
+    Raises:
+        ConfigError: the function is not async, has no ``ctx`` first parameter, a parameter
+            has no type hint, or a declaration has an unknown value.
+    """
+
+    def build(f: Callable[..., Awaitable[Any]]) -> Tool:
+        if not inspect.iscoroutinefunction(f):
+            raise ConfigError(f"tool {f.__qualname__} must be an async function")
+        if effects not in ("read", "write", "external"):
+            raise ConfigError(f"tool {f.__qualname__}: effects must be read, write or external")
+        if idempotency not in ("keyed", "unkeyed"):
+            raise ConfigError(f"tool {f.__qualname__}: idempotency must be keyed or unkeyed")
+        if not (approval in ("never", "always") or callable(approval)):
+            raise ConfigError(
+                f"tool {f.__qualname__}: approval must be 'never', 'always' or a predicate"
+            )
+        return Tool(
+            name=name or f.__name__,
+            description=description or inspect.getdoc(f) or f.__name__,
+            fn=f,
+            effects=effects,
+            idempotency=idempotency,
+            approval=approval,
+            timeout=parse_duration(timeout),
+            arguments=_arguments_model(f),
+        )
+
+    return build(fn) if fn is not None else build
+
+
+def _arguments_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel]:
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].name != "ctx":
+        raise ConfigError(f"tool {fn.__qualname__} must take `ctx` as its first parameter")
+    hints = get_type_hints(fn)
+    fields: dict[str, Any] = {}
+    for p in params[1:]:
+        if p.name not in hints:
+            raise ConfigError(f"tool {fn.__qualname__}: parameter {p.name!r} needs a type hint")
+        default = ... if p.default is inspect.Parameter.empty else p.default
+        fields[p.name] = (hints[p.name], default)
+    model: type[pydantic.BaseModel] = pydantic.create_model(
+        f"{fn.__name__}_arguments",
+        __config__=pydantic.ConfigDict(extra="forbid"),
+        **fields,
+    )
+    return model
+
+
+@attrs.frozen(kw_only=True)
+class Agent:
+    """An LLM agent: a model, a system prompt, tools, and the limits a run of it keeps.
+
+    Attributes:
+        name: Unique; runs are started by it (``toren run NAME INPUT``).
+        model: ``"anthropic/<model>"``, ``"openai/<model>"`` or ``"bedrock/<model>"``.
+        system: The system prompt.
+        tools: Tools it may call.
+        max_attempts: Consecutive failed attempts at one step before the run fails (class
+            ``attempts``).
+        wall_clock: Time budget (``"30m"``), excluding time parked on a human or a timer.
+        budget_usd: Dollar budget of a run (``None``: unlimited).
+        max_tokens: Output tokens per model call.
+        calls: Agents this one may call (they must accept it too).
+        accepts: Agents allowed to call this one.
+    """
+
+    name: str
+    model: str
+    system: str = ""
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
+    max_attempts: int = 5
+    wall_clock: float = attrs.field(default=1800.0, converter=parse_duration)
+    budget_usd: float | None = None
+    max_tokens: int = 4096
+    calls: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    accepts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if "/" not in self.model:
+            raise ConfigError(
+                f"agent {self.name!r}: model {self.model!r} needs a provider prefix",
+                hint="Use anthropic/<model>, openai/<model> or bedrock/<model>.",
+            )
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigError(f"agent {self.name!r}: duplicate tool names {duplicates}")
+        if self.max_attempts < 1:
+            raise ConfigError(f"agent {self.name!r}: max_attempts must be at least 1")
+        if self.budget_usd is not None and self.budget_usd <= 0:
+            raise ConfigError(f"agent {self.name!r}: budget_usd must be positive")
+
+    def tool_named(self, name: str) -> Tool | None:
+        """The agent's tool called ``name``, if any."""
+        return next((t for t in self.tools if t.name == name), None)
+
+
+def agents_in(module: ModuleType) -> dict[str, Agent]:
+    """Every :class:`Agent` defined at the top level of ``module``, by name.
+
+    Raises:
+        ConfigError: two agents share a name.
+    """
+    found: dict[str, Agent] = {}
+    for value in vars(module).values():
+        if isinstance(value, Agent):
+            if value.name in found and found[value.name] is not value:
+                raise ConfigError(f"two agents are named {value.name!r} in {module.__name__}")
+            found[value.name] = value
+    return found
+
+
+@attrs.frozen(kw_only=True)
+class ToolFinding:
+    """One tool of one agent as ``toren agents check`` reports it."""
+
+    agent: str
+    tool: str
+    effects: str
+    idempotency: str
+    approval: str
+    flagged: bool
+
+
+def check(agents: Iterable[Agent]) -> list[ToolFinding]:
+    """Every tool with its declarations; ``flagged`` marks external + unkeyed + no approval."""
+    findings = []
+    for agent in agents:
+        for t in agent.tools:
+            approval = t.approval if isinstance(t.approval, str) else "per call"
+            findings.append(
+                ToolFinding(
+                    agent=agent.name,
+                    tool=t.name,
+                    effects=t.effects,
+                    idempotency=t.idempotency,
+                    approval=approval,
+                    flagged=t.dangerous,
+                )
+            )
+    return findings
