@@ -45,6 +45,7 @@ class Dispatcher:
         self._kick = anyio.Event()
         self._sweep_now = False
         self._failures = 0  # consecutive failed claim passes
+        self._sweeps = 0
 
     def on_mail(self, actor_id: str) -> None:
         """A notification: wake the actor if it runs here, else try to claim it."""
@@ -79,18 +80,15 @@ class Dispatcher:
 
     async def _loop(self) -> None:
         next_sweep = 0.0
-        sweeps = 0
         while True:
             now = anyio.current_time()
             if now >= next_sweep or self._sweep_now:
                 self._sweep_now = False
                 await self._claim(None)
                 next_sweep = now + self.settings.poll_seconds
-                sweeps += 1
-                if sweeps % 60 == 0:
-                    await housekeep(
-                        self.pool, dedupe_retention=self.settings.dedupe_retention_seconds
-                    )
+                self._sweeps += 1
+                if self._sweeps % 60 == 0:
+                    await self._housekeep()
             elif self._wanted:
                 wanted, self._wanted = self._wanted, set()
                 await self._claim([a for a in wanted if a not in self.hosts])
@@ -99,6 +97,14 @@ class Dispatcher:
                     await self._kick.wait()
                 self._kick = anyio.Event()
 
+    async def _housekeep(self) -> None:
+        # Housekeeping is tidying: its failure (a slow DELETE, a dropped connection) must never
+        # cost the worker anything but a log line.
+        try:
+            await housekeep(self.pool, dedupe_retention=self.settings.dedupe_retention_seconds)
+        except Exception:
+            log.warning("housekeeping failed; will try again later", exc_info=True)
+
     async def _claim(self, only: list[str] | None) -> None:
         if only is not None and not only:
             return
@@ -106,7 +112,12 @@ class Dispatcher:
         if room <= 0:
             # At the cap: idle actors make way for actors with mail (they passivate early).
             demand = await waiting(
-                self.pool, self.worker_id, limit=8, kinds=actor_kinds(), only=only
+                self.pool,
+                self.worker_id,
+                limit=8,
+                kinds=actor_kinds(),
+                hosted=self.hosts.claimed_ids(),
+                only=only,
             )
             if demand and self.hosts.evict_idle(demand):
                 log.debug(
@@ -119,6 +130,7 @@ class Dispatcher:
             limit=room,
             lease=self.settings.lease_seconds,
             kinds=actor_kinds(),
+            hosted=self.hosts.claimed_ids(),
             only=only,
         )
         self._failures = 0

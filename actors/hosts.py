@@ -2,7 +2,8 @@
 
 Each claimed actor runs as a child of the worker's dynamic supervisor (simple_one_for_one), inside
 a cancel scope of its own kept here, so that the worker can stop all of its actors at once the
-moment it learns its claim on them may be gone (lock connection lost, lease renewal failed).
+moment it learns its claim on them may be gone (lock connection lost, or renewals failing
+until the leases could have expired).
 """
 
 from __future__ import annotations
@@ -101,6 +102,10 @@ class HostRegistry:
                 host.request_stop()
                 evicted += 1
         return evicted
+
+    def claimed_ids(self) -> list[str]:
+        """Ids of every actor claimed here (hosted, or restarting under its supervisor)."""
+        return list(self._claims)
 
     def claims(self) -> list[tuple[str, int]]:
         """Every claim held here, as ``(actor_id, epoch)``: what the lease keeper renews."""

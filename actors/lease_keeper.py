@@ -1,9 +1,11 @@
 """The lease keeper: renews all of this worker's leases in one statement, every few seconds.
 
 Renewal also publishes the worker's live statistics (actors in memory, leases held, RSS) to the
-registry. Any actor missing from the renewed set was taken by another worker: it is stopped at
-once. If renewal fails, or the worker's registry row is gone, the keeper raises; the worker's
-supervisor then stops every actor and starts a new incarnation.
+registry. Any claim the renewal names but does not find any more (owner or epoch changed) was
+taken by another worker: its actor is stopped at once. A renewal that fails on a dropped
+connection is retried while the leases are still certainly valid; if it keeps failing past that,
+or the worker's registry row is gone, the keeper raises, and the worker's supervisor stops every
+actor and starts a new incarnation.
 """
 
 from __future__ import annotations
@@ -80,10 +82,11 @@ class LeaseKeeper:
     async def run(self, started: Callable[[], None]) -> None:
         """Renew every ``renew_seconds`` until cancelled.
 
-        A renewal that fails on a dropped connection is retried at once and then with a short
-        backoff, for as long as the leases are certainly still valid: until one renewal interval
-        before the last successful renewal's leases expire. Past that the keeper raises, and the
-        worker stops every actor (they may be claimed elsewhere soon).
+        A renewal that fails on a dropped connection is retried after a short, growing pause,
+        for as long as the leases are certainly still valid: until one renewal interval before
+        the leases of the last successful renewal (counted from when it was sent) expire. Past
+        that the keeper raises, and the worker stops every actor (they may soon be claimed
+        elsewhere).
 
         Raises:
             RegistrationLost: the registry row is gone.
@@ -95,9 +98,11 @@ class LeaseKeeper:
             deadline = renewed_at + self.settings.lease_seconds - self.settings.renew_seconds
             delay = 0.05
             while True:
+                sent_at = anyio.current_time()
                 try:
-                    await self.renew_once()
-                    renewed_at = anyio.current_time()
+                    with anyio.fail_after(max(0.1, deadline - sent_at)):
+                        await self.renew_once()
+                    renewed_at = sent_at  # the new leases run from when the statement was sent
                     break
                 except _RENEWAL_ERRORS as exc:
                     if anyio.current_time() + delay >= deadline:

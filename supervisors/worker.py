@@ -11,8 +11,10 @@
         └── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
-its lock connection drops or a renewal fails, every actor it hosts is cancelled at once (it may
-already be owned elsewhere), the incarnation ends, and the worker starts a new one with a new id.
+its lock connection drops, or renewals keep failing until its leases could have expired, every
+actor it hosts is cancelled at once (it may already be owned elsewhere), the incarnation ends,
+and the worker starts a new one with a new id. The dispatcher and the death watch retry their
+own failures; they never end an incarnation.
 On SIGTERM the tree stops in reverse order: the dispatcher stops claiming, each actor finishes
 the message in hand (within the grace period) and releases its lease, the session deregisters.
 """

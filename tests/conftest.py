@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -31,12 +33,16 @@ def anyio_backend() -> str:
 
 
 @pytest.fixture(scope="session")
-def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server_url() -> Iterator[str]:
     """A Postgres server for the whole session; migrations applied to a template database."""
     url = os.environ.get("TOREN_TEST_DATABASE_URL")
     server = None
+    data_dir = None
     if url is None:
-        server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"))
+        # Outside pytest's basetemp: a concurrent pytest session prunes old basetemps, and with
+        # them the data directory of a server still in use.
+        data_dir = Path(tempfile.mkdtemp(prefix="toren-test-pg-"))
+        server = EmbeddedPostgres(data_dir)
         url = server.url
     import anyio
 
@@ -57,6 +63,8 @@ def server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield url
     if server is not None:
         server.stop()
+    if data_dir is not None:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture

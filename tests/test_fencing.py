@@ -28,12 +28,14 @@ async def test_a_newer_claim_fences_out_the_old_owners_step(client: Client, db_u
     await client.send("c/f", app.Add(n=1, tag="a"))
     first, second = await _session(db_url), await _session(db_url)
     try:
-        [c1] = await claim(client.pool, first.worker_id, limit=10, lease=30, kinds=KINDS)
+        [c1] = await claim(client.pool, first.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
         envelope = await claim_next(client.pool, "c/f", first.worker_id, c1.epoch)
         assert envelope is not None
         # The first owner's session dies; the second worker claims and raises the epoch.
         await first.conn.close()
-        [c2] = await claim(client.pool, second.worker_id, limit=10, lease=30, kinds=KINDS)
+        [c2] = await claim(
+            client.pool, second.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[]
+        )
         assert c2.epoch == c1.epoch + 1
 
         actor = app.Counter("c/f", {})
@@ -79,14 +81,17 @@ async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
     await client.send("c/d", app.Add(n=1, tag="a"))
     owner, other = await _session(db_url), await _session(db_url)
     try:
-        [c1] = await claim(client.pool, owner.worker_id, limit=10, lease=30, kinds=KINDS)
-        assert await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS) == []
+        [c1] = await claim(client.pool, owner.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
+        assert (
+            await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
+            == []
+        )
         assert {r["worker_id"] for r in await live_workers(client.pool)} == {
             owner.worker_id,
             other.worker_id,
         }
         await owner.conn.close()  # the process "dies": its lock goes with its session
-        [c2] = await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS)
+        [c2] = await claim(client.pool, other.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
         assert (c2.actor_id, c2.epoch) == ("c/d", c1.epoch + 1)
         # The dead incarnation's renewal finds its claim gone; the taker's holds.
         stale = [("c/d", c1.epoch)]
@@ -101,7 +106,7 @@ async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
 async def test_a_worker_without_its_lock_claims_nothing(client: Client, db_url: str) -> None:
     await client.spawn(app.Counter, "c/n")
     await client.send("c/n", app.Add(n=1, tag="a"))
-    assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30, kinds=KINDS) == []
+    assert await claim(client.pool, uuid.uuid4(), limit=10, lease=30, kinds=KINDS, hosted=[]) == []
 
 
 async def test_two_processes_migrating_at_once_both_succeed(empty_db_url: str) -> None:
@@ -122,21 +127,37 @@ async def test_two_processes_migrating_at_once_both_succeed(empty_db_url: str) -
     assert sorted(results, key=len) == [[], [], [1]]
 
 
-async def test_a_worker_claims_only_kinds_it_knows_and_never_its_own_actors(
+async def test_a_worker_claims_only_kinds_it_knows_and_never_what_it_hosts(
     client: Client, db_url: str
 ) -> None:
     await client.spawn(app.Counter, "c/k")
     await client.send("c/k", app.Add(n=1, tag="a"))
     session = await _session(db_url)
     try:
-        assert await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=["x"]) == []
-        [c1] = await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS)
+        assert (
+            await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=["x"], hosted=[])
+            == []
+        )
+        [c1] = await claim(
+            client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[]
+        )
         await client.pool.execute(
             "UPDATE toren.actors SET lease_expires_at = now() - interval '1s'"
         )
-        # Its own expired lease is renewed, not re-claimed (a re-claim would fence itself).
-        assert await claim(client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS) == []
+        # Its own expired lease is renewed, not re-claimed, while it hosts the actor...
+        hosted = ["c/k"]
+        assert (
+            await claim(
+                client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS, hosted=hosted
+            )
+            == []
+        )
         mine = [("c/k", c1.epoch)]
         assert await renew(client.pool, session.worker_id, mine, lease=30, stats={}) == set(mine)
+        # ...but an actor it owns and no longer hosts (a lost release) is claimed again.
+        [c2] = await claim(
+            client.pool, session.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[]
+        )
+        assert (c2.actor_id, c2.epoch) == ("c/k", c1.epoch + 1)
     finally:
         await session.close()

@@ -45,6 +45,15 @@ def _jittered(delay: float) -> float:
     return delay * (0.8 + 0.4 * random.random())
 
 
+class ActorStartFailed(TorenError):
+    """``on_start`` or the fold of the journal (``apply``) raised: a failed start."""
+
+    def __init__(self, actor_id: str, cause: BaseException) -> None:
+        self.actor_id = actor_id
+        self.cause = cause
+        super().__init__(f"{actor_id}: failed to start: {type(cause).__name__}: {cause}")
+
+
 class MessageDeadLettered(TorenError):
     """A message was dead-lettered; raised out of the host so one restart is counted."""
 
@@ -163,7 +172,12 @@ class ActorHost:
     async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
         state, seq = await rebuild(self.pool, actor)
         snapshot_seq = seq
-        await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
+        try:
+            await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
+        except Exception as exc:
+            # User code: whatever it raised (an OSError included) is a failed start, counted
+            # against the actor's restart intensity, never mistaken for a database error.
+            raise ActorStartFailed(self.actor_id, exc) from exc
         started()
         idle_since = anyio.current_time()
         while not self._stop.is_set():

@@ -15,9 +15,21 @@ import attrs
 
 from toren._actor import Actor
 from toren._codec import converter, decode
-from toren._errors import InternalError
+from toren._errors import InternalError, TorenError
 
 _BATCH = 5000
+
+
+class ReplayFailed(TorenError):
+    """Folding the journal raised (``apply`` failed, or an event type is unknown here)."""
+
+    def __init__(self, actor_id: str, seq: int, cause: BaseException) -> None:
+        self.actor_id = actor_id
+        self.seq = seq
+        self.cause = cause
+        super().__init__(
+            f"{actor_id}: replaying event {seq} failed: {type(cause).__name__}: {cause}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -75,7 +87,11 @@ async def rebuild(pool: asyncpg.Pool, actor: Actor[Any]) -> tuple[Any, int]:
                 raise InternalError(
                     f"journal of {actor.actor_id!r} jumps from seq {seq} to {row['seq']}"
                 )
-            state = actor.apply(state, decode(row["type"], row["data"]))
+            try:
+                state = actor.apply(state, decode(row["type"], row["data"]))
+            except Exception as exc:
+                # User code (or an unknown payload type): a failed start, whatever it raised.
+                raise ReplayFailed(actor.actor_id, row["seq"], exc) from exc
             seq = row["seq"]
     return state, seq
 

@@ -178,8 +178,10 @@ WITH RECURSIVE with_mail(actor_id) AS (
     SELECT a.actor_id FROM with_mail JOIN toren.actors a USING (actor_id)
     WHERE a.status = 'live'
       AND a.kind = ANY($4::text[])
-      AND a.owner IS DISTINCT FROM $1
-      AND (a.owner IS NULL OR a.lease_expires_at < now()
+      -- Never an actor this worker hosts now (its renewal extends that lease), but one it owns
+      -- and lost track of (a release that failed, a claim whose answer was lost) is fair game.
+      AND NOT (a.actor_id = ANY($5::text[]))
+      AND (a.owner IS NULL OR a.owner = $1 OR a.lease_expires_at < now()
            OR a.owner NOT IN (SELECT worker_id FROM live))
       AND EXISTS (SELECT 1 FROM toren.mailbox m
                   WHERE m.actor_id = a.actor_id AND m.visible_at <= now())
@@ -190,7 +192,7 @@ WITH RECURSIVE with_mail(actor_id) AS (
 
 _CLAIM = f"""{_CLAIMABLE}
 UPDATE toren.actors a
-SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $5)
+SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $6)
 FROM cand WHERE a.actor_id = cand.actor_id
 RETURNING a.actor_id, a.kind, a.args, a.epoch
 """
@@ -202,11 +204,12 @@ async def waiting(
     *,
     limit: int,
     kinds: list[str],
+    hosted: list[str],
     only: list[str] | None = None,
 ) -> int:
     """How many actors (up to ``limit``) this worker could claim now: demand for a full worker."""
     count: int = await pool.fetchval(
-        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, only, kinds
+        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, only, kinds, hosted
     )
     return count
 
@@ -218,18 +221,19 @@ async def claim(
     limit: int,
     lease: float,
     kinds: list[str],
+    hosted: list[str],
     only: list[str] | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` runnable actors of ``kinds`` (``only`` those named, if given).
 
     A claim raises the actor's epoch, which fences out every earlier owner. A worker claims only
     kinds it has classes for (workers may run different apps on one database), never an actor
-    it already owns (its own renewal extends that lease), and nothing at all once its own lock
-    is gone (its session died).
+    it ``hosted`` now (its own renewal extends that lease; an actor it owns but does not host
+    is claimed again, so nothing stays stranded), and nothing once its own lock is gone.
     """
     if limit <= 0 or not kinds:
         return []
-    rows = await pool.fetch(_CLAIM, worker_id, limit, only, kinds, float(lease))
+    rows = await pool.fetch(_CLAIM, worker_id, limit, only, kinds, hosted, float(lease))
     return [
         Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
         for r in rows
