@@ -1,0 +1,352 @@
+"""The scripted server core: steps, holds, call counting and the aiohttp lifecycle.
+
+A :class:`ScriptedServer` answers each request with the next scripted step, rendered by a subclass
+in its provider's wire format. Everything a test wants to assert is recorded: every request (also
+those beyond the script), in arrival order, and the scripted model time actually served.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import attrs
+import orjson
+from aiohttp import web
+
+from toren._model import StopReason, Text, ToolCall, Usage
+
+__all__ = ["Disconnect", "Fail", "Hold", "ReceivedRequest", "Reply", "ScriptedServer", "Step"]
+
+
+def _content(value: str | Iterable[Text | ToolCall]) -> tuple[Text | ToolCall, ...]:
+    if isinstance(value, str):
+        return (Text(text=value),)
+    return tuple(value)
+
+
+@attrs.frozen
+class Reply:
+    """A model answer, rendered in the provider's own response format.
+
+    ``content`` is a string (one text block) or text blocks and tool calls, in order.
+    ``stop_reason`` defaults to ``"tool_use"`` when the content holds a tool call, else ``"end"``.
+    ``latency`` is the model time the server waits before answering; it is added to
+    :attr:`ScriptedServer.model_time` once the answer was served.
+    """
+
+    content: tuple[Text | ToolCall, ...] = attrs.field(converter=_content)
+    stop_reason: StopReason | None = attrs.field(default=None, kw_only=True)
+    usage: Usage = attrs.field(default=Usage(input_tokens=10, output_tokens=5), kw_only=True)
+    latency: float = attrs.field(default=0.0, kw_only=True)
+
+    @property
+    def effective_stop_reason(self) -> StopReason:
+        """The stop reason to send: the scripted one, or one inferred from the content."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        return "tool_use" if any(isinstance(b, ToolCall) for b in self.content) else "end"
+
+
+@attrs.frozen(kw_only=True)
+class Fail:
+    """An error answer: the provider's own error body, status code and ``Retry-After`` header."""
+
+    status: int = 500
+    message: str = "scripted failure"
+    retry_after: float | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Disconnect:
+    """Close the connection without answering (a connection reset, as the client sees it)."""
+
+
+Step = Reply | Fail | Disconnect
+Script = Sequence[Step] | Callable[[dict[str, Any], int], Step]
+
+
+@attrs.frozen(kw_only=True)
+class ReceivedRequest:
+    """One request as the server received it. ``n`` counts from 1 over all requests."""
+
+    n: int
+    method: str
+    path: str
+    headers: dict[str, str] = attrs.field(repr=False)
+    body: dict[str, Any]
+
+
+class Hold:
+    """Keeps request ``n`` waiting until :meth:`release` (or until the server stops).
+
+    ``arrived`` is set as soon as request ``n`` was received and recorded, before it waits.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.arrived = anyio.Event()
+        self._released = anyio.Event()
+
+    def release(self) -> None:
+        """Let the held request go on to its scripted step."""
+        self._released.set()
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` was called (or the server stopped)."""
+        return self._released.is_set()
+
+    async def wait_released(self) -> None:
+        """Wait until the request may go on."""
+        await self._released.wait()
+
+
+class ScriptedServer:
+    """A local HTTP server answering from a script; subclasses speak one provider's protocol.
+
+    Use it as an async context manager: it listens on 127.0.0.1 on a free port while inside.
+    ``script`` is a sequence of steps consumed in arrival order, or a callable
+    ``(request_json, n) -> step``. A request beyond a scripted sequence is recorded and answered
+    with a 500 in the provider's error format whose message says the script ran out.
+    """
+
+    provider = "scripted"
+
+    def __init__(self, script: Script = ()) -> None:
+        self._steps: deque[Step] = deque()
+        self._script_fn: Callable[[dict[str, Any], int], Step] | None = None
+        if callable(script):
+            self._script_fn = script
+        else:
+            self._steps.extend(script)
+        self._scripted = len(self._steps)
+        self.received: list[ReceivedRequest] = []
+        self.model_time = 0.0
+        self._holds: dict[int, Hold] = {}
+        self._arrivals: dict[int, anyio.Event] = {}
+        self._stopping: anyio.Event | None = None
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+
+    # -- the script ---------------------------------------------------------------------------
+
+    def add(self, *steps: Step) -> None:
+        """Append steps to a sequence script.
+
+        Raises:
+            TypeError: the server was scripted with a callable.
+        """
+        if self._script_fn is not None:
+            raise TypeError("this server is scripted by a callable; it takes no extra steps")
+        self._steps.extend(steps)
+        self._scripted += len(steps)
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """The parsed JSON bodies of every request received, in arrival order."""
+        return [r.body for r in self.received]
+
+    def hold(self, n: int) -> Hold:
+        """Make request ``n`` (1-based, over all requests) wait until released.
+
+        Raises:
+            ValueError: request ``n`` has already arrived.
+        """
+        if n <= len(self.received):
+            raise ValueError(f"request {n} has already arrived; hold it before it is sent")
+        hold = self._holds.get(n)
+        if hold is None:
+            hold = self._holds[n] = Hold(n)
+        return hold
+
+    def release(self, n: int | None = None) -> None:
+        """Release the hold on request ``n``, or every hold when ``n`` is ``None``."""
+        for number, hold in self._holds.items():
+            if n is None or number == n:
+                hold.release()
+
+    def arrived(self, n: int) -> anyio.Event:
+        """An event set once request ``n`` (1-based) has been received and recorded."""
+        event = self._arrivals.get(n)
+        if event is None:
+            event = self._arrivals[n] = anyio.Event()
+            if n <= len(self.received):
+                event.set()
+        return event
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The TCP port the server listens on.
+
+        Raises:
+            RuntimeError: the server is not running.
+        """
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__} is not running; use it with `async with`")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``, the server's root."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The base URL to give the provider's SDK."""
+        return self.url
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point Toren's provider adapter at this server."""
+        return {}
+
+    def routes(self) -> list[web.RouteDef]:
+        """The routes of the provider's API that this server answers."""
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self._stopping = anyio.Event()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.add_routes(self.routes())
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind(("127.0.0.1", 0))
+            await web.SockSite(runner, sock).start()
+        except BaseException:
+            sock.close()
+            with anyio.CancelScope(shield=True):
+                await runner.cleanup()
+            raise
+        self._port = sock.getsockname()[1]
+        self._runner = runner
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+        self.release()
+        if self._runner is not None:
+            with anyio.CancelScope(shield=True):
+                await self._runner.cleanup()
+        self._runner = None
+        self._port = None
+
+    # -- request handling ---------------------------------------------------------------------
+
+    async def _receive(self, request: web.Request) -> tuple[ReceivedRequest, Step | None]:
+        """Record a request, wait out its hold, and pick its step (``None``: script ran out)."""
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw) if raw else {}
+        except orjson.JSONDecodeError:
+            body = {"_unparsed": raw.decode(errors="replace")}
+        if not isinstance(body, dict):
+            body = {"_unparsed": body}
+        n = len(self.received) + 1
+        received = ReceivedRequest(
+            n=n, method=request.method, path=request.path, headers=dict(request.headers), body=body
+        )
+        self.received.append(received)
+        step: Step | None
+        if self._script_fn is not None:
+            step = self._script_fn(body, n)
+        else:
+            step = self._steps.popleft() if self._steps else None
+        self.arrived(n).set()
+        hold = self._holds.get(n)
+        if hold is not None:
+            hold.arrived.set()
+            await hold.wait_released()
+        return received, step
+
+    def _ran_out(self, n: int) -> Fail:
+        return Fail(
+            status=500,
+            message=(
+                f"{type(self).__name__}: the script ran out at request {n} "
+                f"({self._scripted} steps were scripted); add steps for every expected call"
+            ),
+        )
+
+    async def _serve_latency(self, request: web.Request, step: Reply) -> bool:
+        """Wait the step's model latency; ``False`` if the server stopped or the client left."""
+        if step.latency > 0 and self._stopping is not None:
+            with anyio.move_on_after(step.latency):
+                await self._stopping.wait()
+                return False
+        return self._client_connected(request)
+
+    def _count_served(self, request: web.Request, step: Reply) -> None:
+        if self._client_connected(request):
+            self.model_time += step.latency
+
+    @staticmethod
+    def _client_connected(request: web.Request) -> bool:
+        transport = request.transport
+        return transport is not None and not transport.is_closing()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the server is shutting down."""
+        return self._stopping is not None and self._stopping.is_set()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        received, step = await self._receive(request)
+        if self.stopping:
+            return self.render_fail(Fail(status=503, message="the scripted server is stopping"))
+        if step is None:
+            return self.render_fail(self._ran_out(received.n))
+        if isinstance(step, Disconnect):
+            if request.transport is not None:
+                request.transport.abort()
+            raise web.HTTPServiceUnavailable  # never sent: the connection is gone
+        if isinstance(step, Fail):
+            return self.render_fail(step)
+        if not await self._serve_latency(request, step):
+            return self.render_fail(Fail(status=503, message="the scripted server is stopping"))
+        response = await self.render_reply(request, received, step)
+        self._count_served(request, step)
+        return response
+
+    # -- rendering (per provider) -------------------------------------------------------------
+
+    def error_headers(self, step: Fail) -> dict[str, str]:
+        """``Retry-After`` (seconds) and ``retry-after-ms`` when the step names a delay."""
+        if step.retry_after is None:
+            return {}
+        return {
+            "Retry-After": format(step.retry_after, "g"),
+            "retry-after-ms": format(step.retry_after * 1000, "g"),
+        }
+
+    def render_fail(self, step: Fail) -> web.Response:
+        """The provider's error response for ``step``."""
+        raise NotImplementedError
+
+    async def render_reply(
+        self, request: web.Request, received: ReceivedRequest, step: Reply
+    ) -> web.StreamResponse:
+        """The provider's response for ``step`` (plain JSON or a stream, as requested)."""
+        raise NotImplementedError
+
+
+def json_response(
+    body: Any, *, status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    """A JSON response serialised with orjson."""
+    return web.Response(
+        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+    )
