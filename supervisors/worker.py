@@ -29,6 +29,7 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
+import actors.run  # noqa: F401  (registers the run actor kind with this worker)
 from actors.death_watch import DeathWatch
 from actors.dispatcher import Dispatcher
 from actors.hosts import HostRegistry

@@ -221,6 +221,27 @@ class Agent:
         return next((t for t in self.tools if t.name == name), None)
 
 
+_registry: dict[str, Agent] = {}
+
+
+def register_agents(agents: Iterable[Agent]) -> None:
+    """Make agents known to this process (the worker runs them by name).
+
+    Raises:
+        ConfigError: another agent of the same name is registered already.
+    """
+    for agent in agents:
+        known = _registry.get(agent.name)
+        if known is not None and known is not agent:
+            raise ConfigError(f"two agents are named {agent.name!r}")
+        _registry[agent.name] = agent
+
+
+def agent_named(name: str) -> Agent | None:
+    """The registered agent called ``name``, if this process loaded it."""
+    return _registry.get(name)
+
+
 def agents_in(module: ModuleType) -> dict[str, Agent]:
     """Every :class:`Agent` defined at the top level of ``module``, by name.
 

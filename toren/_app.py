@@ -30,4 +30,7 @@ def load_app(spec: str) -> ModuleType:
         ) from exc
     if attr and not hasattr(module, attr):
         raise ConfigError(f"app module {module_name!r} has no attribute {attr!r}")
+    from toren._agents import agents_in, register_agents
+
+    register_agents(agents_in(module).values())
     return module

@@ -95,3 +95,8 @@ class ModelResponse:
     usage: Usage
     model: str  # as reported by the provider
     response_id: str = ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        """The tool calls the model asked for, in order."""
+        return [b for b in self.content if isinstance(b, ToolCall)]

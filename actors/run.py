@@ -1,0 +1,263 @@
+"""The run actor: an agent's model-call loop as an event-sourced actor (kind ``toren.run``).
+
+Every unit of work is one handled ``Continue`` message and one commit, so that each step's
+result is in the journal before the next step starts:
+
+- the next pending tool call without a decision that needs one: ``approval.requested``, and the
+  run parks (no ``Continue`` is sent: the actor passivates; a ``Decide`` message resumes it);
+- the next pending tool call without an intent: ``tool.intent`` with its idempotency key;
+- the next intent without a result: run the tool under that key, ``tool.result``;
+- nothing pending: call the model (no transaction is open meanwhile), ``model.called``; or, if
+  the last answer was final, ``run.completed``.
+
+A crash at any point loses only the unit in flight: a model call without its ``model.called`` is
+made again (once), a tool intent without its result runs again under the same key. Completed
+calls are never sent again: they are in the state, folded from the journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+import anyio
+import orjson
+import pydantic
+
+from toren import Actor, Context
+from toren.providers import ModelProvider, ProviderError, parse_model, price, provider_for
+from toren.runs import GENESIS as DIGEST_GENESIS
+from toren.runs import (
+    RUN_KIND,
+    Agent,
+    ApprovalDecided,
+    ApprovalRequested,
+    Continue,
+    Decide,
+    ModelCalled,
+    ModelRequest,
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    RunState,
+    StartRun,
+    Tool,
+    ToolContext,
+    ToolIntended,
+    ToolResulted,
+    ToolSpec,
+    agent_named,
+    chain,
+    final_text,
+    fold,
+)
+
+log = logging.getLogger("toren.run")
+
+_providers: dict[str, ModelProvider] = {}
+
+
+def _provider(model: str) -> ModelProvider:
+    """One provider per model for the life of the worker process (they pool connections)."""
+    found = _providers.get(model)
+    if found is None:
+        found = _providers[model] = provider_for(model)
+    return found
+
+
+async def close_providers() -> None:
+    """Close every provider this process opened (their connection pools)."""
+    providers = list(_providers.values())
+    _providers.clear()
+    for provider in providers:
+        await provider.aclose()
+
+
+def idempotency_key(run_id: str, name: str, arguments: dict[str, Any], occurrence: int) -> str:
+    """Same run, same tool, same arguments, same count of identical calls before: same key."""
+    canonical = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    h = hashlib.sha256(f"{run_id}\0{name}\0{occurrence}\0".encode())
+    h.update(canonical)
+    return h.hexdigest()[:32]
+
+
+class RunActor(Actor[RunState]):
+    """Runs one agent run."""
+
+    kind = RUN_KIND
+    idle_seconds = 0.5  # parked runs leave the worker quickly
+
+    def __init__(self, actor_id: str, args: Any) -> None:
+        super().__init__(actor_id, args)
+        self._resume_counted = False
+
+    def initial_state(self) -> RunState:
+        return RunState()
+
+    def apply(self, state: RunState, event: Any) -> RunState:
+        return fold(state, event)
+
+    async def handle(self, ctx: Context[RunState], msg: Any) -> None:
+        state = ctx.state
+        if isinstance(msg, StartRun):
+            if not state.agent:
+                ctx.emit(RunStarted(agent=msg.agent, input=msg.input))
+                ctx.send(ctx.actor_id, Continue())
+            return
+        if state.status in ("completed", "failed"):
+            return
+        if not self._resume_counted:
+            self._resume_counted = True
+            if len(state.calls) > state.replayed:
+                # This activation goes on from the journal: the calls recorded so far are
+                # served from it, not sent again.
+                ctx.emit(RunResumed(replayed=len(state.calls)))
+        if isinstance(msg, Decide):
+            self._decide(ctx, msg)
+            return
+        if isinstance(msg, Continue) and state.status == "running":
+            await self._next(ctx)
+
+    def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
+        state = ctx.state
+        waiting = [c for c in state.asked if c not in state.decisions]
+        if not waiting:
+            log.warning("%s: a decision arrived but nothing waits for one", ctx.actor_id)
+            return
+        call_id = sorted(waiting)[0]
+        ctx.emit(
+            ApprovalDecided(
+                call_id=call_id,
+                approved=msg.approved,
+                who=msg.who,
+                reason=msg.reason,
+                channel=msg.channel,
+            )
+        )
+        ctx.send(ctx.actor_id, Continue())
+
+    async def _next(self, ctx: Context[RunState]) -> None:
+        state = ctx.state
+        agent = agent_named(state.agent)
+        if agent is None:
+            ctx.emit(RunFailed(error_class="config", message=f"no agent named {state.agent!r}"))
+            return
+        pending = state.pending_calls
+        if pending:
+            await self._tool_step(ctx, agent, pending[0])
+            return
+        if state.calls and not state.calls[-1].response.tool_calls:
+            ctx.emit(RunCompleted(output=final_text(state.calls[-1].response)))
+            return
+        await self._model_step(ctx, agent)
+
+    async def _tool_step(self, ctx: Context[RunState], agent: Agent, call: Any) -> None:
+        state = ctx.state
+        tool = agent.tool_named(call.name)
+        if tool is None:
+            ctx.emit(
+                ToolResulted(call_id=call.id, content=f"unknown tool {call.name!r}", is_error=True)
+            )
+            ctx.send(ctx.actor_id, Continue())
+            return
+        intent = state.intents.get(call.id)
+        if intent is None:
+            try:
+                arguments = tool.validate(call.arguments) if call.arguments is not None else None
+            except pydantic.ValidationError as exc:
+                arguments = None
+                problem = f"invalid arguments for {call.name}: {exc.errors(include_url=False)}"
+            else:
+                problem = f"arguments for {call.name} are not a JSON object: {call.raw_arguments!r}"
+            if arguments is None:
+                ctx.emit(ToolResulted(call_id=call.id, content=problem, is_error=True))
+                ctx.send(ctx.actor_id, Continue())
+                return
+            if tool.needs_approval(arguments):
+                decision = state.decisions.get(call.id)
+                if decision is None:
+                    if call.id not in state.asked:
+                        ctx.emit(
+                            ApprovalRequested(call_id=call.id, name=call.name, arguments=arguments)
+                        )
+                    return  # parked: a Decide message resumes the run
+                if not decision.approved:
+                    reason = f": {decision.reason}" if decision.reason else ""
+                    ctx.emit(
+                        ToolResulted(
+                            call_id=call.id,
+                            content=f"denied by {decision.who}{reason}",
+                            is_error=True,
+                        )
+                    )
+                    ctx.send(ctx.actor_id, Continue())
+                    return
+            occurrence = sum(
+                1
+                for i in state.intents.values()
+                if i.name == call.name and i.arguments == arguments
+            )
+            key = idempotency_key(ctx.actor_id, call.name, arguments, occurrence)
+            ctx.emit(
+                ToolIntended(
+                    call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
+                )
+            )
+            ctx.send(ctx.actor_id, Continue())
+            return
+        content, is_error = await _run_tool(tool, ctx.actor_id, intent)
+        ctx.emit(ToolResulted(call_id=call.id, content=content, is_error=is_error))
+        ctx.send(ctx.actor_id, Continue())
+
+    async def _model_step(self, ctx: Context[RunState], agent: Agent) -> None:
+        state = ctx.state
+        provider_name, model_id = parse_model(agent.model)
+        request = ModelRequest(
+            model=model_id,
+            system=agent.system,
+            messages=state.messages,
+            tools=tuple(
+                ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
+                for t in agent.tools
+            ),
+            max_tokens=agent.max_tokens,
+        )
+        digest = chain(state.digest or DIGEST_GENESIS, request)
+        started = time.monotonic()
+        try:
+            response = await _provider(agent.model).call(request)
+        except ProviderError as exc:
+            ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+            return
+        cost = price(provider_name, model_id, response.usage)
+        ctx.emit(
+            ModelCalled(
+                step=len(state.calls) + 1,
+                digest=digest,
+                model=agent.model,
+                response=response,
+                cost_usd=str(cost) if cost is not None else None,
+                latency_ms=int((time.monotonic() - started) * 1000),
+            )
+        )
+        ctx.send(ctx.actor_id, Continue())
+
+
+async def _run_tool(tool: Tool, run_id: str, intent: ToolIntended) -> tuple[str, bool]:
+    """Run a tool under its intent's key; its failures go back to the model as error results."""
+    tctx = ToolContext(
+        run_id=run_id, tool_call_id=intent.call_id, idempotency_key=intent.idempotency_key
+    )
+    try:
+        with anyio.fail_after(tool.timeout):
+            result = await tool.fn(tctx, **intent.arguments)
+    except TimeoutError:
+        return f"{tool.name} timed out after {tool.timeout:g}s", True
+    except Exception as exc:  # noqa: BLE001  (a tool's failure is the model's to handle)
+        return f"{tool.name} failed: {type(exc).__name__}: {exc}", True
+    if isinstance(result, str):
+        return result, False
+    return orjson.dumps(result, default=str).decode(), False

@@ -1,0 +1,117 @@
+"""Durable agent runs: the model loop, tools with intents, approvals that park, the receipt."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests import run_app
+from tests.conftest import running_worker, wait_for
+from toren import Client
+from toren._app import load_app
+from toren._model import Text, ToolCall
+from toren.runs import decide, read_run, receipt, start_run
+from toren.testing import AnthropicServer, Reply
+
+pytestmark = pytest.mark.anyio
+
+
+@contextlib.asynccontextmanager
+async def anthropic(
+    script: list[Reply], monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[AnthropicServer]:
+    from actors.run import close_providers
+
+    async with AnthropicServer(script) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        try:
+            yield server
+        finally:
+            await close_providers()
+
+
+async def _status(client: Client, run_id: str, status: str) -> bool:
+    return (await read_run(client, run_id)).status == status
+
+
+async def test_a_run_calls_tools_parks_for_approval_and_completes(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    run_app.applied.clear()
+    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "broken"})
+    script = [
+        Reply([Text(text="Opening a ticket."), ticket]),
+        Reply([ToolCall(id="c2", name="refund", arguments={"amount": 500})]),
+        Reply("All done."),
+    ]
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "support", "My order is broken.")
+        await wait_for(lambda: _status(client, run_id, "parked"), what="parked on approval")
+
+        async def passivated() -> bool:
+            return (await client.actor(run_id))["owner"] is None
+
+        await wait_for(passivated, what="lease released while parked")
+        await decide(client, run_id, approved=True, who="alice", reason="ok")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+        assert len(server.requests) == 3
+
+    state = await read_run(client, run_id)
+    assert state.output == "All done."
+    assert [c.step for c in state.calls] == [1, 2, 3]
+    assert state.results["c1"].content == "ticket for 'broken'"
+    assert state.results["c2"].content == "refunded 500"
+    [decision] = state.decisions.values()
+    assert (decision.who, decision.approved, decision.reason) == ("alice", True, "ok")
+    assert len(run_app.applied) == 1
+    assert state.intents["c1"].idempotency_key == run_app.applied[0]
+    # The second request carried the tool result of the first call back to the model.
+    second = server.requests[1]["messages"]
+    assert second[-1]["content"][0]["type"] == "tool_result"
+    r = receipt(state)
+    assert r.calls_made == 3
+    assert r.input_tokens == 30
+    assert r.usd_paid > 0
+    assert r.unpriced_calls == 0
+
+
+async def test_denied_calls_and_bad_calls_go_back_to_the_model_as_errors(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    script = [
+        Reply([
+            ToolCall(id="u1", name="no_such_tool", arguments={}),
+            ToolCall(id="m1", name="create_ticket", arguments={"titel": "typo"}),
+            ToolCall(id="r1", name="refund", arguments={"amount": 1000}),
+        ]),
+        Reply("Sorry."),
+    ]  # fmt: skip
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "support", "Refund me.")
+        await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+        await decide(client, run_id, approved=False, who="bob", reason="too much")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+        results = server.requests[1]["messages"][-1]["content"]
+    assert [r["is_error"] for r in results] == [True, True, True]
+    texts = [
+        r["content"] if isinstance(r["content"], str) else r["content"][0]["text"] for r in results
+    ]
+    assert "unknown tool 'no_such_tool'" in texts[0]
+    assert "invalid arguments for create_ticket" in texts[1]
+    assert texts[2] == "denied by bob: too much"
+
+
+async def test_an_idempotency_key_starts_one_run(client: Client) -> None:
+    from toren.runs import IdempotencyConflict
+
+    first = await start_run(client, "support", "hello", idempotency_key="k1")
+    again = await start_run(client, "support", "hello", idempotency_key="k1")
+    assert again == first
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 1
+    with pytest.raises(IdempotencyConflict):
+        await start_run(client, "support", "other input", idempotency_key="k1")

@@ -1,0 +1,391 @@
+"""Agent runs as data: the messages a run receives, the events it records, and their fold.
+
+Public, because the run actor, the CLI and the API all build on it.
+
+A run is an actor (``run/<uuid>``, kind ``toren.run``) whose journal is the record of what the
+agent did: every model call with its response, usage and cost, every tool call's intent and
+result, every approval asked and given. Its state is the fold of those events (:func:`fold`), so
+anything that can read the journal (the CLI, the API) sees the same run the worker sees, and a
+resumed run rebuilds it without calling anything again.
+
+The event format is versioned: every event carries ``v`` (1 today). A later version adds events
+or fields with defaults; recorded journals of every earlier version are kept as test fixtures.
+"""
+
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, Literal
+
+import attrs
+
+from toren._agents import Agent, Tool, ToolContext, agent_named
+from toren._codec import decode, message
+from toren._digest import GENESIS, chain
+from toren._errors import TorenError, UnknownActor
+from toren._model import Message, ModelRequest, ModelResponse, Text, ToolCall, ToolResult, ToolSpec
+
+__all__ = [
+    "FORMAT",
+    "GENESIS",
+    "RUN_KIND",
+    "Agent",
+    "ApprovalDecided",
+    "ApprovalRequested",
+    "Continue",
+    "Decide",
+    "IdempotencyConflict",
+    "ModelCalled",
+    "ModelRequest",
+    "Receipt",
+    "RunCompleted",
+    "RunFailed",
+    "RunResumed",
+    "RunStarted",
+    "RunState",
+    "StartRun",
+    "Tool",
+    "ToolContext",
+    "ToolIntended",
+    "ToolResulted",
+    "ToolSpec",
+    "agent_named",
+    "chain",
+    "decide",
+    "final_text",
+    "fold",
+    "read_run",
+    "receipt",
+    "start_run",
+]
+
+if TYPE_CHECKING:
+    from toren._client import Client
+
+RUN_KIND = "toren.run"
+FORMAT = 1
+
+Status = Literal["running", "parked", "completed", "failed"]
+ErrorClass = Literal["provider", "attempts", "timeout", "budget", "tool", "cancelled", "crashloop"]
+
+# --- messages a run receives ----------------------------------------------------------------
+
+
+@message("run.start")
+@attrs.frozen(kw_only=True)
+class StartRun:
+    """Begin the run (sent with the spawn)."""
+
+    agent: str
+    input: str
+
+
+@message("run.continue")
+@attrs.frozen
+class Continue:
+    """Do the next unit of work (a model call, a tool intent, a tool execution)."""
+
+
+@message("run.decide")
+@attrs.frozen(kw_only=True)
+class Decide:
+    """A human's decision on a parked tool call."""
+
+    approved: bool
+    who: str
+    reason: str = ""
+    channel: str = "cli"
+
+
+# --- events a run records -------------------------------------------------------------------
+
+
+@message("run.started")
+@attrs.frozen(kw_only=True)
+class RunStarted:
+    agent: str
+    input: str
+    v: int = FORMAT
+
+
+@message("model.called")
+@attrs.frozen(kw_only=True)
+class ModelCalled:
+    """One completed model call, replayed by value on resume (never sent again)."""
+
+    step: int
+    digest: str
+    model: str
+    response: ModelResponse
+    cost_usd: str | None  # decimal as text; None: the model has no known price
+    latency_ms: int
+    v: int = FORMAT
+
+
+@message("tool.intent")
+@attrs.frozen(kw_only=True)
+class ToolIntended:
+    """Committed before the tool runs; its key makes a re-run after a crash safe (keyed tools)."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    v: int = FORMAT
+
+
+@message("tool.result")
+@attrs.frozen(kw_only=True)
+class ToolResulted:
+    call_id: str
+    content: str
+    is_error: bool = False
+    v: int = FORMAT
+
+
+@message("approval.requested")
+@attrs.frozen(kw_only=True)
+class ApprovalRequested:
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    v: int = FORMAT
+
+
+@message("approval.decided")
+@attrs.frozen(kw_only=True)
+class ApprovalDecided:
+    call_id: str
+    approved: bool
+    who: str
+    reason: str
+    channel: str
+    v: int = FORMAT
+
+
+@message("run.resumed")
+@attrs.frozen(kw_only=True)
+class RunResumed:
+    """The run went on from its journal; ``replayed`` calls were served from it, not re-sent."""
+
+    replayed: int
+    v: int = FORMAT
+
+
+@message("run.completed")
+@attrs.frozen(kw_only=True)
+class RunCompleted:
+    output: str
+    v: int = FORMAT
+
+
+@message("run.failed")
+@attrs.frozen(kw_only=True)
+class RunFailed:
+    error_class: str
+    message: str
+    v: int = FORMAT
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class RunState:
+    """A run as its events make it."""
+
+    agent: str = ""
+    input: str = ""
+    status: Status = "running"
+    messages: tuple[Message, ...] = ()
+    calls: tuple[ModelCalled, ...] = ()
+    intents: dict[str, ToolIntended] = attrs.field(factory=dict)
+    results: dict[str, ToolResulted] = attrs.field(factory=dict)
+    decisions: dict[str, ApprovalDecided] = attrs.field(factory=dict)
+    asked: frozenset[str] = frozenset()
+    replayed: int = 0
+    output: str | None = None
+    error_class: str | None = None
+    error: str | None = None
+
+    @property
+    def digest(self) -> str | None:
+        """The chained digest of the last recorded call."""
+        return self.calls[-1].digest if self.calls else None
+
+    @property
+    def pending_calls(self) -> list[ToolCall]:
+        """Tool calls of the last response that have no result yet, in order."""
+        if not self.calls:
+            return []
+        last = self.calls[-1].response
+        return [b for b in last.content if isinstance(b, ToolCall) and b.id not in self.results]
+
+
+def fold(state: RunState, event: Any) -> RunState:
+    """The state after ``event``; pure, for replay."""
+    if isinstance(event, RunStarted):
+        first = Message(role="user", content=(Text(text=event.input),))
+        return attrs.evolve(state, agent=event.agent, input=event.input, messages=(first,))
+    if isinstance(event, ModelCalled):
+        turn = Message(role="assistant", content=tuple(event.response.content))
+        return attrs.evolve(
+            state,
+            calls=(*state.calls, event),
+            messages=(*state.messages, turn),
+            status="running",
+        )
+    if isinstance(event, ToolIntended):
+        return attrs.evolve(state, intents={**state.intents, event.call_id: event})
+    if isinstance(event, ToolResulted):
+        result = ToolResult(
+            tool_call_id=event.call_id, content=event.content, is_error=event.is_error
+        )
+        messages = _append_result(state.messages, result)
+        return attrs.evolve(
+            state,
+            results={**state.results, event.call_id: event},
+            messages=messages,
+            status="running",
+        )
+    if isinstance(event, ApprovalRequested):
+        return attrs.evolve(state, asked=state.asked | {event.call_id}, status="parked")
+    if isinstance(event, ApprovalDecided):
+        return attrs.evolve(
+            state, decisions={**state.decisions, event.call_id: event}, status="running"
+        )
+    if isinstance(event, RunResumed):
+        return attrs.evolve(state, replayed=max(state.replayed, event.replayed))
+    if isinstance(event, RunCompleted):
+        return attrs.evolve(state, status="completed", output=event.output)
+    if isinstance(event, RunFailed):
+        return attrs.evolve(
+            state, status="failed", error_class=event.error_class, error=event.message
+        )
+    return state
+
+
+def _append_result(messages: tuple[Message, ...], result: ToolResult) -> tuple[Message, ...]:
+    """Tool results of one assistant turn go back together in the next user turn."""
+    if (
+        messages
+        and messages[-1].role == "user"
+        and all(isinstance(b, ToolResult) for b in messages[-1].content)
+    ):
+        last = messages[-1]
+        return (*messages[:-1], Message(role="user", content=(*last.content, result)))
+    return (*messages, Message(role="user", content=(result,)))
+
+
+@attrs.frozen(kw_only=True)
+class Receipt:
+    """What a run cost: calls made and replayed, tokens, dollars paid and not re-paid."""
+
+    calls_made: int
+    calls_replayed: int
+    input_tokens: int
+    output_tokens: int
+    usd_paid: Decimal
+    usd_not_repaid: Decimal
+    unpriced_calls: int
+
+
+def receipt(state: RunState) -> Receipt:
+    """The receipt of a run as recorded so far."""
+    paid = Decimal(0)
+    unpriced = 0
+    for call in state.calls:
+        if call.cost_usd is None:
+            unpriced += 1
+        else:
+            paid += Decimal(call.cost_usd)
+    not_repaid = sum(
+        (Decimal(c.cost_usd) for c in state.calls[: state.replayed] if c.cost_usd is not None),
+        Decimal(0),
+    )
+    return Receipt(
+        calls_made=len(state.calls),
+        calls_replayed=state.replayed,
+        input_tokens=sum(c.response.usage.input_tokens for c in state.calls),
+        output_tokens=sum(c.response.usage.output_tokens for c in state.calls),
+        usd_paid=paid,
+        usd_not_repaid=not_repaid,
+        unpriced_calls=unpriced,
+    )
+
+
+def final_text(response: ModelResponse) -> str:
+    """The text of a final response."""
+    return "".join(b.text for b in response.content if isinstance(b, Text))
+
+
+# --- starting, steering and reading runs ----------------------------------------------------
+
+_KEY_NAMESPACE = uuid.UUID("7c1f4f7e-3b0a-4f59-9a55-2f1c9b1d8e42")
+
+
+class IdempotencyConflict(TorenError):
+    """A run was started with a key that an earlier run with another input used."""
+
+    def __init__(self, key: str, run_id: str) -> None:
+        self.key = key
+        self.run_id = run_id
+        super().__init__(
+            f"idempotency key {key!r} already started {run_id} with a different agent or input; "
+            "use a new key for a new run"
+        )
+
+
+async def start_run(
+    client: Client, agent: str, input: str, *, idempotency_key: str | None = None
+) -> str:
+    """Start a run of ``agent`` on ``input``; returns its id (``run/<uuid>``).
+
+    With an ``idempotency_key``, starting again with the same key and input returns the same
+    run; the same key with another agent or input raises :class:`IdempotencyConflict`.
+    """
+    run_uuid = uuid.uuid5(_KEY_NAMESPACE, idempotency_key) if idempotency_key else uuid.uuid4()
+    run_id = f"run/{run_uuid}"
+    created = await client.spawn(RUN_KIND, run_id, {"agent": agent})
+    if not created and idempotency_key is not None:
+        started = await _started(client, run_id)
+        pending = await client.pool.fetchval(
+            "SELECT body FROM toren.mailbox WHERE actor_id = $1 AND kind = 'run.start'", run_id
+        )
+        existing = started or (StartRun(**pending) if pending else None)
+        if existing is not None and (existing.agent, existing.input) != (agent, input):
+            raise IdempotencyConflict(idempotency_key, run_id)
+    await client.send(run_id, StartRun(agent=agent, input=input), dedupe_key="start")
+    return run_id
+
+
+async def _started(client: Client, run_id: str) -> RunStarted | None:
+    row = await client.pool.fetchrow(
+        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'run.started'", run_id
+    )
+    return decode("run.started", row["data"]) if row else None
+
+
+async def decide(
+    client: Client, run_id: str, *, approved: bool, who: str, reason: str = "", channel: str = "cli"
+) -> None:
+    """Approve or deny the tool call a parked run waits on (recorded with who and why)."""
+    await client.send(
+        run_id, Decide(approved=approved, who=who, reason=reason, channel=channel), system=True
+    )
+
+
+async def read_run(client: Client, run_id: str) -> RunState:
+    """The run's state, folded from its journal here (no worker involved).
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    row = await client.actor(run_id)
+    if row["kind"] != RUN_KIND:
+        raise UnknownActor(run_id)
+    state = RunState()
+    for entry in await client.journal(run_id):
+        state = fold(state, decode(entry.type, entry.data))
+    return state
