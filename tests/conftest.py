@@ -107,7 +107,9 @@ async def client(db_url: str) -> AsyncIterator[Client]:
 class WorkerProcess:
     """A real ``toren worker`` process running the test app, with its log in a file."""
 
-    def __init__(self, db_url: str, log_path: Path, **settings: float | str) -> None:
+    def __init__(
+        self, db_url: str, log_path: Path, app: str = "tests.app", **settings: float | str
+    ) -> None:
         self.log_path = log_path
         env = dict(os.environ)
         env.update(
@@ -123,7 +125,7 @@ class WorkerProcess:
         env.update({f"TOREN_{k.upper()}": str(v) for k, v in settings.items()})
         self._log = log_path.open("ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "toren", "--log-level", "DEBUG", "worker", "--app", "tests.app"],
+            [sys.executable, "-m", "toren", "--log-level", "DEBUG", "worker", "--app", app],
             env=env,
             cwd=ROOT,
             stdout=self._log,
@@ -156,8 +158,8 @@ class WorkerProcess:
 def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
     started: list[WorkerProcess] = []
 
-    def start(**settings: float | str) -> WorkerProcess:
-        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log", **settings)
+    def start(app: str = "tests.app", **settings: float | str) -> WorkerProcess:
+        w = WorkerProcess(db_url, tmp_path / f"worker-{len(started)}.log", app, **settings)
         started.append(w)
         return w
 
@@ -167,7 +169,7 @@ def workers(db_url: str, tmp_path: Path) -> Iterator[WorkerFactory]:
 
 
 class WorkerFactory:
-    def __call__(self, **settings: float | str) -> WorkerProcess: ...
+    def __call__(self, app: str = "tests.app", **settings: float | str) -> WorkerProcess: ...
 
 
 async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, what: str = ""):  # type: ignore[no-untyped-def]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import anyio
+
 from toren import Agent, ToolContext, tool
 
 applied: list[str] = []  # effects the "outside world" applied, by idempotency key
@@ -12,6 +17,10 @@ async def create_ticket(ctx: ToolContext, title: str) -> str:
     """Open a ticket."""
     if ctx.idempotency_key not in applied:
         applied.append(ctx.idempotency_key)
+    ledger = os.environ.get("TOREN_TEST_LEDGER")  # the tracker's log, across worker processes
+    if ledger:
+        with Path(ledger).open("a") as f:
+            f.write(f"{ctx.idempotency_key} {title}\n")
     return f"ticket for {title!r}"
 
 
@@ -21,9 +30,22 @@ async def refund(ctx: ToolContext, amount: float) -> str:
     return f"refunded {amount:g}"
 
 
+@tool(effects="external", idempotency="keyed")
+async def slow_ticket(ctx: ToolContext, title: str) -> str:
+    """Open a ticket, slowly the first time (tests kill the worker while it runs)."""
+    ledger = Path(os.environ["TOREN_TEST_LEDGER"])
+    with ledger.open("a") as f:
+        f.write(f"{ctx.idempotency_key} {title}\n")
+    first = ledger.with_suffix(".first")
+    if not first.exists():
+        first.write_text("x")
+        await anyio.sleep(120)
+    return f"ticket for {title!r}"
+
+
 support = Agent(
     name="support",
     model="anthropic/claude-sonnet-4-6",
     system="You help customers.",
-    tools=[create_ticket, refund],
+    tools=[create_ticket, refund, slow_ticket],
 )

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
 
+import anyio
 import pytest
 
 from tests import run_app
-from tests.conftest import running_worker, wait_for
+from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._model import Text, ToolCall
@@ -115,3 +119,91 @@ async def test_an_idempotency_key_starts_one_run(client: Client) -> None:
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 1
     with pytest.raises(IdempotencyConflict):
         await start_run(client, "support", "other input", idempotency_key="k1")
+
+
+def _by_position(steps: int) -> Any:
+    """Answer by conversation position (assistant turns so far), not by arrival order, so that a
+    call repeated after a crash gets the same answer."""
+
+    def respond(request: dict[str, Any], n: int) -> Reply:
+        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        if position < steps - 1:
+            call = ToolCall(
+                id=f"t{position}", name="create_ticket", arguments={"title": f"#{position}"}
+            )
+            return Reply([call])
+        return Reply("Five tickets opened.")
+
+    return respond
+
+
+@pytest.mark.processes
+async def test_sigkill_while_a_model_call_is_in_flight_repays_only_that_call(
+    client: Client,
+    workers: WorkerFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv("TOREN_TEST_LEDGER", str(ledger))
+    async with AnthropicServer(_by_position(6)) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        held = server.hold(4)  # the fourth model call: three calls and three tickets are done
+        first = workers(app="tests.run_app")
+        run_id = await start_run(client, "support", "Open five tickets.")
+        with anyio.fail_after(30):
+            await held.arrived.wait()
+        first.kill()
+        held.release()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "completed"), timeout=30, what="completed")
+        positions = [
+            sum(1 for m in r["messages"] if m["role"] == "assistant") for r in server.requests
+        ]
+    # Every distinct call once, the one in flight at the kill twice, nothing else again.
+    assert sorted(positions) == [0, 1, 2, 3, 3, 4, 5]
+    state = await read_run(client, run_id)
+    assert state.output == "Five tickets opened."
+    r = receipt(state)
+    assert (r.calls_made, r.calls_replayed) == (6, 3)
+    assert r.usd_not_repaid == sum(
+        (Decimal(c.cost_usd) for c in state.calls[:3] if c.cost_usd), Decimal(0)
+    )
+    assert r.usd_not_repaid > 0
+    keys = [line.split()[0] for line in ledger.read_text().splitlines()]
+    assert len(set(keys)) == 5  # each ticket applied once (by key), none lost
+
+
+@pytest.mark.processes
+async def test_a_keyed_tool_cut_between_intent_and_result_reruns_under_the_same_key(
+    client: Client,
+    workers: WorkerFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv("TOREN_TEST_LEDGER", str(ledger))
+    script = [
+        Reply([ToolCall(id="s1", name="slow_ticket", arguments={"title": "slow"})]),
+        Reply("Opened."),
+    ]
+    async with AnthropicServer(script) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        first = workers(app="tests.run_app")
+        run_id = await start_run(client, "support", "Open a ticket.")
+
+        async def running() -> bool:
+            return ledger.exists() and ledger.with_suffix(".first").exists()
+
+        await wait_for(running, what="the tool running")
+        first.kill()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "completed"), timeout=30, what="completed")
+        assert len(server.requests) == 2
+    attempts = [line.split()[0] for line in ledger.read_text().splitlines()]
+    assert len(attempts) == 2  # the tool ran again after the kill...
+    assert len(set(attempts)) == 1  # ...under the same key: the tracker applies it once
+    state = await read_run(client, run_id)
+    assert state.intents["s1"].idempotency_key == attempts[0]
