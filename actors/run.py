@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import time
+from decimal import Decimal
 from typing import Any
 
 import anyio
@@ -27,22 +29,35 @@ import orjson
 import pydantic
 
 from toren import Actor, Context
-from toren.providers import ModelProvider, ProviderError, parse_model, price, provider_for
+from toren.providers import (
+    ModelProvider,
+    ProviderError,
+    RetryPolicy,
+    parse_model,
+    price,
+    provider_for,
+)
 from toren.runs import GENESIS as DIGEST_GENESIS
 from toren.runs import (
     RUN_KIND,
     Agent,
     ApprovalDecided,
     ApprovalRequested,
+    Cancel,
     Continue,
     Decide,
+    MessageReceived,
     ModelCalled,
     ModelRequest,
+    Retry,
     RunCompleted,
     RunFailed,
     RunResumed,
+    RunRetried,
+    RunRetrying,
     RunStarted,
     RunState,
+    Say,
     StartRun,
     Tool,
     ToolContext,
@@ -53,18 +68,31 @@ from toren.runs import (
     chain,
     final_text,
     fold,
+    receipt,
 )
 
 log = logging.getLogger("toren.run")
+
+_STEP_RETRY_BASE = 1.0
+_STEP_RETRY_CAP = 300.0
 
 _providers: dict[str, ModelProvider] = {}
 
 
 def _provider(model: str) -> ModelProvider:
-    """One provider per model for the life of the worker process (they pool connections)."""
+    """One provider per model for the life of the worker process (they pool connections).
+
+    Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
+    ``TOREN_MODEL_RETRY_BASE_SECONDS`` (default 0.5); past those the run's own step retry
+    (a durable timer, up to the agent's ``max_attempts``) takes over.
+    """
     found = _providers.get(model)
     if found is None:
-        found = _providers[model] = provider_for(model)
+        policy = RetryPolicy(
+            attempts=int(os.environ.get("TOREN_MODEL_RETRY_ATTEMPTS", "6")),
+            base=float(os.environ.get("TOREN_MODEL_RETRY_BASE_SECONDS", "0.5")),
+        )
+        found = _providers[model] = provider_for(model, retry=policy)
     return found
 
 
@@ -107,7 +135,23 @@ class RunActor(Actor[RunState]):
                 ctx.emit(RunStarted(agent=msg.agent, input=msg.input))
                 ctx.send(ctx.actor_id, Continue())
             return
+        if isinstance(msg, Retry):
+            if state.status == "failed" and state.error_class != "cancelled":
+                ctx.emit(RunRetried(who=msg.who))
+                ctx.send(ctx.actor_id, Continue())
+            return
+        if isinstance(msg, Say):
+            was_done = state.status == "completed"
+            if state.status != "failed":
+                ctx.emit(MessageReceived(text=msg.text, who=msg.who, channel=msg.channel))
+                if was_done:
+                    ctx.send(ctx.actor_id, Continue())
+            return
         if state.status in ("completed", "failed"):
+            return
+        if isinstance(msg, Cancel):
+            reason = f": {msg.reason}" if msg.reason else ""
+            ctx.emit(RunFailed(error_class="cancelled", message=f"cancelled by {msg.who}{reason}"))
             return
         if not self._resume_counted:
             self._resume_counted = True
@@ -118,7 +162,7 @@ class RunActor(Actor[RunState]):
         if isinstance(msg, Decide):
             self._decide(ctx, msg)
             return
-        if isinstance(msg, Continue) and state.status == "running":
+        if isinstance(msg, Continue) and ctx.state.status == "running":
             await self._next(ctx)
 
     def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
@@ -149,7 +193,8 @@ class RunActor(Actor[RunState]):
         if pending:
             await self._tool_step(ctx, agent, pending[0])
             return
-        if state.calls and not state.calls[-1].response.tool_calls:
+        if not state.awaiting_model:
+            # The model spoke last and asked for nothing: its answer is the output.
             ctx.emit(RunCompleted(output=final_text(state.calls[-1].response)))
             return
         await self._model_step(ctx, agent)
@@ -230,7 +275,7 @@ class RunActor(Actor[RunState]):
         try:
             response = await _provider(agent.model).call(request)
         except ProviderError as exc:
-            ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+            self._failed_attempt(ctx, agent, exc)
             return
         cost = price(provider_name, model_id, response.usage)
         ctx.emit(
@@ -243,7 +288,35 @@ class RunActor(Actor[RunState]):
                 latency_ms=int((time.monotonic() - started) * 1000),
             )
         )
+        spent = receipt(ctx.state).usd_paid
+        if agent.budget_usd is not None and spent > Decimal(str(agent.budget_usd)):
+            ctx.emit(
+                RunFailed(
+                    error_class="budget",
+                    message=f"spent ${spent:.4f}, over the budget of ${agent.budget_usd:g}",
+                )
+            )
+            return
         ctx.send(ctx.actor_id, Continue())
+
+    def _failed_attempt(self, ctx: Context[RunState], agent: Agent, exc: ProviderError) -> None:
+        """A model call failed after the provider's own retries: fail the run, or try the step
+        again later (a durable timer) until the agent's attempts cap."""
+        if not exc.retryable:
+            ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+            return
+        attempt = ctx.state.failed_attempts + 1
+        if attempt >= agent.max_attempts:
+            ctx.emit(
+                RunFailed(
+                    error_class="attempts",
+                    message=f"{attempt} failed attempts at step {len(ctx.state.calls) + 1}: {exc}",
+                )
+            )
+            return
+        delay = min(_STEP_RETRY_CAP, _STEP_RETRY_BASE * 2 ** (attempt - 1))
+        ctx.emit(RunRetrying(attempt=attempt, error=str(exc), delay=delay))
+        ctx.set_timer("retry", delay, Continue())
 
 
 async def _run_tool(tool: Tool, run_id: str, intent: ToolIntended) -> tuple[str, bool]:

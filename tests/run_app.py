@@ -49,3 +49,10 @@ support = Agent(
     system="You help customers.",
     tools=[create_ticket, refund, slow_ticket],
 )
+
+strict = Agent(
+    name="strict", model="anthropic/claude-sonnet-4-6", tools=[create_ticket], max_attempts=2
+)
+cheap = Agent(
+    name="cheap", model="anthropic/claude-sonnet-4-6", tools=[create_ticket], budget_usd=1e-9
+)

@@ -16,8 +16,8 @@ from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._model import Text, ToolCall
-from toren.runs import decide, read_run, receipt, start_run
-from toren.testing import AnthropicServer, Reply
+from toren.runs import cancel, decide, read_run, receipt, retry, say, start_run
+from toren.testing import AnthropicServer, Fail, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -207,3 +207,84 @@ async def test_a_keyed_tool_cut_between_intent_and_result_reruns_under_the_same_
     assert len(set(attempts)) == 1  # ...under the same key: the tracker applies it once
     state = await read_run(client, run_id)
     assert state.intents["s1"].idempotency_key == attempts[0]
+
+
+async def test_a_429_is_retried_and_a_400_fails_the_run_with_class_provider(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    monkeypatch.setenv("TOREN_MODEL_RETRY_BASE_SECONDS", "0.01")
+    script = [
+        Fail(status=429, retry_after=0.05),
+        Reply("fine"),
+        Fail(status=400, message="bad tool schema"),
+    ]
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        ok = await start_run(client, "support", "hi")
+        await wait_for(lambda: _status(client, ok, "completed"), what="completed after a 429")
+        assert len(server.requests) == 2
+        bad = await start_run(client, "support", "hi again")
+        await wait_for(lambda: _status(client, bad, "failed"), what="failed on a 400")
+    state = await read_run(client, bad)
+    assert state.error_class == "provider"
+    assert "bad tool schema" in (state.error or "")
+
+
+async def test_attempts_cap_fails_the_run_and_retry_finishes_it_without_repaying(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    monkeypatch.setenv("TOREN_MODEL_RETRY_ATTEMPTS", "1")
+    ticket = ToolCall(id="k1", name="create_ticket", arguments={"title": "x"})
+    script = [Reply([ticket]), Fail(status=500), Fail(status=500), Reply("Done after all.")]
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "strict", "open one")
+        await wait_for(lambda: _status(client, run_id, "failed"), timeout=30, what="attempts cap")
+        state = await read_run(client, run_id)
+        assert state.error_class == "attempts"
+        assert len(server.requests) == 3
+        await retry(client, run_id, who="ops")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed on retry")
+        assert len(server.requests) == 4  # the completed first call was not paid again
+    state = await read_run(client, run_id)
+    assert [c.step for c in state.calls] == [1, 2]
+    assert state.output == "Done after all."
+
+
+async def test_dollar_budget_fails_the_run_with_class_budget(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    ticket = ToolCall(id="b1", name="create_ticket", arguments={"title": "x"})
+    async with anthropic([Reply([ticket])], monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "cheap", "go")
+        await wait_for(lambda: _status(client, run_id, "failed"), what="budget")
+    state = await read_run(client, run_id)
+    assert state.error_class == "budget"
+    assert state.results == {}  # it stopped before running the tool
+
+
+async def test_cancel_a_parked_run_and_talk_to_a_completed_one(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    refund_call = ToolCall(id="p1", name="refund", arguments={"amount": 900})
+    script = [Reply([refund_call]), Reply("Hello."), Reply("Still here.")]
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        parked = await start_run(client, "support", "refund please")
+        await wait_for(lambda: _status(client, parked, "parked"), what="parked")
+        await cancel(client, parked, who="carol", reason="duplicate")
+        await wait_for(lambda: _status(client, parked, "failed"), what="cancelled")
+        chat = await start_run(client, "support", "hi")
+        await wait_for(lambda: _status(client, chat, "completed"), what="first answer")
+        await say(client, chat, "are you there?", who="dave")
+        await wait_for(lambda: _output(client, chat, "Still here."), what="second answer")
+        last_request = server.requests[-1]["messages"]
+    state = await read_run(client, parked)
+    assert (state.error_class, state.error) == ("cancelled", "cancelled by carol: duplicate")
+    assert last_request[-1]["content"][0]["text"] == "are you there?"
+
+
+async def _output(client: Client, run_id: str, text: str) -> bool:
+    state = await read_run(client, run_id)
+    return state.status == "completed" and state.output == text

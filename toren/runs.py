@@ -33,17 +33,23 @@ __all__ = [
     "Agent",
     "ApprovalDecided",
     "ApprovalRequested",
+    "Cancel",
     "Continue",
     "Decide",
     "IdempotencyConflict",
+    "MessageReceived",
     "ModelCalled",
     "ModelRequest",
     "Receipt",
+    "Retry",
     "RunCompleted",
     "RunFailed",
     "RunResumed",
+    "RunRetried",
+    "RunRetrying",
     "RunStarted",
     "RunState",
+    "Say",
     "StartRun",
     "Tool",
     "ToolContext",
@@ -51,12 +57,15 @@ __all__ = [
     "ToolResulted",
     "ToolSpec",
     "agent_named",
+    "cancel",
     "chain",
     "decide",
     "final_text",
     "fold",
     "read_run",
     "receipt",
+    "retry",
+    "say",
     "start_run",
 ]
 
@@ -96,6 +105,32 @@ class Decide:
     who: str
     reason: str = ""
     channel: str = "cli"
+
+
+@message("run.say")
+@attrs.frozen(kw_only=True)
+class Say:
+    """A human message to the run: applied at the next step boundary; to a completed run, it
+    continues the conversation."""
+
+    text: str
+    who: str
+    channel: str = "cli"
+
+
+@message("run.cancel")
+@attrs.frozen(kw_only=True)
+class Cancel:
+    who: str
+    reason: str = ""
+
+
+@message("run.retry")
+@attrs.frozen(kw_only=True)
+class Retry:
+    """Resume a failed run from its last good step; completed calls are not paid again."""
+
+    who: str
 
 
 # --- events a run records -------------------------------------------------------------------
@@ -164,6 +199,35 @@ class ApprovalDecided:
     v: int = FORMAT
 
 
+@message("message.received")
+@attrs.frozen(kw_only=True)
+class MessageReceived:
+    text: str
+    who: str
+    channel: str
+    v: int = FORMAT
+
+
+@message("run.retrying")
+@attrs.frozen(kw_only=True)
+class RunRetrying:
+    """A step failed in a way worth another attempt (after ``delay`` seconds)."""
+
+    attempt: int
+    error: str
+    delay: float
+    v: int = FORMAT
+
+
+@message("run.retried")
+@attrs.frozen(kw_only=True)
+class RunRetried:
+    """A failed run was resumed from its last good step."""
+
+    who: str
+    v: int = FORMAT
+
+
 @message("run.resumed")
 @attrs.frozen(kw_only=True)
 class RunResumed:
@@ -205,6 +269,8 @@ class RunState:
     decisions: dict[str, ApprovalDecided] = attrs.field(factory=dict)
     asked: frozenset[str] = frozenset()
     replayed: int = 0
+    inbox: tuple[str, ...] = ()  # human messages waiting for pending tool results
+    failed_attempts: int = 0  # consecutive failed attempts at the current step
     output: str | None = None
     error_class: str | None = None
     error: str | None = None
@@ -213,6 +279,11 @@ class RunState:
     def digest(self) -> str | None:
         """The chained digest of the last recorded call."""
         return self.calls[-1].digest if self.calls else None
+
+    @property
+    def awaiting_model(self) -> bool:
+        """The conversation ends with a user turn: the model speaks next."""
+        return bool(self.messages) and self.messages[-1].role == "user"
 
     @property
     def pending_calls(self) -> list[ToolCall]:
@@ -235,6 +306,23 @@ def fold(state: RunState, event: Any) -> RunState:
             calls=(*state.calls, event),
             messages=(*state.messages, turn),
             status="running",
+            failed_attempts=0,
+        )
+    if isinstance(event, MessageReceived):
+        if state.pending_calls:
+            return attrs.evolve(state, inbox=(*state.inbox, event.text))
+        status: Status = "running" if state.status in ("completed", "running") else state.status
+        return attrs.evolve(
+            state,
+            messages=_append_user(state.messages, Text(text=event.text)),
+            status=status,
+            output=None if status == "running" else state.output,
+        )
+    if isinstance(event, RunRetrying):
+        return attrs.evolve(state, failed_attempts=event.attempt)
+    if isinstance(event, RunRetried):
+        return attrs.evolve(
+            state, status="running", error_class=None, error=None, failed_attempts=0
         )
     if isinstance(event, ToolIntended):
         return attrs.evolve(state, intents={**state.intents, event.call_id: event})
@@ -242,13 +330,19 @@ def fold(state: RunState, event: Any) -> RunState:
         result = ToolResult(
             tool_call_id=event.call_id, content=event.content, is_error=event.is_error
         )
-        messages = _append_result(state.messages, result)
-        return attrs.evolve(
+        after = attrs.evolve(
             state,
             results={**state.results, event.call_id: event},
-            messages=messages,
+            messages=_append_user(state.messages, result),
             status="running",
         )
+        if after.inbox and not after.pending_calls:
+            # Human messages that arrived while tools ran join the turn of their results.
+            messages = after.messages
+            for text in after.inbox:
+                messages = _append_user(messages, Text(text=text))
+            after = attrs.evolve(after, messages=messages, inbox=())
+        return after
     if isinstance(event, ApprovalRequested):
         return attrs.evolve(state, asked=state.asked | {event.call_id}, status="parked")
     if isinstance(event, ApprovalDecided):
@@ -266,16 +360,13 @@ def fold(state: RunState, event: Any) -> RunState:
     return state
 
 
-def _append_result(messages: tuple[Message, ...], result: ToolResult) -> tuple[Message, ...]:
-    """Tool results of one assistant turn go back together in the next user turn."""
-    if (
-        messages
-        and messages[-1].role == "user"
-        and all(isinstance(b, ToolResult) for b in messages[-1].content)
-    ):
+def _append_user(messages: tuple[Message, ...], block: Text | ToolResult) -> tuple[Message, ...]:
+    """Add to the trailing user turn (tool results of one assistant turn travel together, and
+    turns alternate), or start one."""
+    if messages and messages[-1].role == "user":
         last = messages[-1]
-        return (*messages[:-1], Message(role="user", content=(*last.content, result)))
-    return (*messages, Message(role="user", content=(result,)))
+        return (*messages[:-1], Message(role="user", content=(*last.content, block)))
+    return (*messages, Message(role="user", content=(block,)))
 
 
 @attrs.frozen(kw_only=True)
@@ -389,3 +480,18 @@ async def read_run(client: Client, run_id: str) -> RunState:
     for entry in await client.journal(run_id):
         state = fold(state, decode(entry.type, entry.data))
     return state
+
+
+async def say(client: Client, run_id: str, text: str, *, who: str, channel: str = "cli") -> None:
+    """A human message to the run (applied at the next step boundary)."""
+    await client.send(run_id, Say(text=text, who=who, channel=channel), system=True)
+
+
+async def cancel(client: Client, run_id: str, *, who: str, reason: str = "") -> None:
+    """Cancel the run: it fails with class ``cancelled`` at its next step boundary."""
+    await client.send(run_id, Cancel(who=who, reason=reason), system=True)
+
+
+async def retry(client: Client, run_id: str, *, who: str) -> None:
+    """Resume a failed run from its last good step (completed calls are not paid again)."""
+    await client.send(run_id, Retry(who=who), system=True)
