@@ -174,3 +174,54 @@ def test_agents_check_lists_tools_and_flags_the_dangerous_one() -> None:
     assert strict.returncode == 1
     missing = toren("agents", "check", "--app", "tests.nope_nope")
     assert missing.returncode == 2
+
+
+async def test_run_approve_and_show_a_run_from_the_command_line(
+    client: Client, db_url: str, workers: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toren._model import ToolCall
+    from toren.runs import read_run
+    from toren.testing import AnthropicServer, Reply
+
+    refund_call = ToolCall(id="r1", name="refund", arguments={"amount": 250})
+    async with AnthropicServer([Reply([refund_call]), Reply("Refunded.")]) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        workers(app="tests.run_app")
+
+        def cli(*args: str) -> subprocess.CompletedProcess[str]:
+            return toren(*args, db_url=db_url)
+
+        started = await anyio.to_thread.run_sync(
+            lambda: cli("run", "support", "refund me", "--wait")
+        )
+        assert started.returncode == 0, started.stderr
+        run_id = started.stdout.split()[0]
+        assert "parked" in started.stdout
+
+        approved = await anyio.to_thread.run_sync(
+            lambda: cli("jobs", "approve", run_id, "--reason", "fine")
+        )
+        assert approved.returncode == 0, approved.stderr
+
+        async def done() -> bool:
+            return (await read_run(client, run_id)).status == "completed"
+
+        await wait_for(done, what="completed")
+    shown = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", run_id, "--json"))
+    record = json.loads(shown.stdout)
+    assert record["status"] == "completed"
+    assert record["output"] == "Refunded."
+    assert record["receipt"]["calls_made"] == 2
+    assert record["receipt"]["calls_replayed"] >= 1  # the run parked and went on from its journal
+    assert float(record["receipt"]["usd_paid"]) > 0
+    assert set(record["receipt"]) >= {"calls_made", "calls_replayed", "usd_paid", "usd_not_repaid"}
+    timeline = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", run_id))
+    assert "approval requested for refund" in timeline.stdout
+    assert "approved by cli:" in timeline.stdout
+    assert "receipt: 2 calls made" in timeline.stdout
+    listed = await anyio.to_thread.run_sync(lambda: cli("jobs", "list"))
+    assert run_id in listed.stdout
+    missing = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", "run/nope"))
+    assert missing.returncode == 2
+    assert "toren jobs list" in missing.stderr

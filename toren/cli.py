@@ -13,89 +13,28 @@ import functools
 import json
 import logging
 import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-import anyio
 import click
-from rich.console import Console
 from rich.table import Table
 
 from toren._agents import agents_in, check
 from toren._app import load_app
+from toren._cli_common import database_url, err, out, run_async, run_reporting
+from toren._cli_runs import register as register_run_commands
 from toren._client import Client
 from toren._config import Settings
-from toren._db import connect, recorded_dev_url
-from toren._errors import ConfigError, TorenError
+from toren._db import connect
+from toren._errors import ConfigError
 from toren._logging import configure
 from toren._migrate import migrate as apply_migrations
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-out = Console()
-err = Console(stderr=True, soft_wrap=True)
 
 
 def _settings(ctx: click.Context) -> Settings:
     settings: Settings = ctx.obj["settings"]
     return settings
-
-
-def database_url(settings: Settings) -> str:
-    """The URL to use: configured, else the one a running ``toren dev`` recorded.
-
-    Raises:
-        ConfigError: neither exists.
-    """
-    url = settings.database_url or recorded_dev_url(settings.home)
-    if url is None:
-        raise ConfigError(
-            "no database: TOREN_DATABASE_URL is not set and no `toren dev` is running",
-            hint="Set TOREN_DATABASE_URL=postgresql://..., or start `toren dev` in another "
-            "terminal.",
-        )
-    return url
-
-
-def run_async(fn: Callable[P, Awaitable[R]]) -> Callable[P, R]:
-    """Run an async command body, turning Toren errors into a message and an exit code."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        async def main() -> R:
-            return await fn(*args, **kwargs)
-
-        return run_reporting(main)
-
-    return wrapper
-
-
-def run_reporting(main: Callable[[], Awaitable[R]]) -> R:
-    """``anyio.run(main)``; a Toren error (also inside an exception group) becomes a message on
-    stderr and exit code 2 (configuration) or 1 (anything else)."""
-    try:
-        return anyio.run(main)
-    except (TorenError, BaseExceptionGroup) as exc:
-        error = _toren_error(exc)
-        if error is None:
-            raise
-        err.print(f"[red]error:[/red] {error}", highlight=False)
-        sys.exit(2 if isinstance(error, ConfigError) else 1)
-
-
-def _toren_error(exc: BaseException) -> TorenError | None:
-    """The Toren error at the root of ``exc``, looking through exception groups."""
-    if isinstance(exc, TorenError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _toren_error(inner)
-            if found is not None:
-                return found
-    return None
 
 
 @click.group()
@@ -279,6 +218,9 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
     out.print(f"requeued {len(new_ids)} message(s)" + (f"; {missing} not found" if missing else ""))
     if missing and not new_ids:
         sys.exit(1)
+
+
+register_run_commands(main)
 
 
 @main.group()

@@ -1,0 +1,279 @@
+"""``toren run`` and ``toren jobs ...``: start, inspect, follow and steer agent runs."""
+
+from __future__ import annotations
+
+import getpass
+import json
+from typing import Any
+
+import anyio
+import click
+from rich.table import Table
+
+from toren._cli_common import database_url, out, run_async
+from toren._client import Client
+from toren._config import Settings
+from toren._errors import ConfigError, UnknownActor
+from toren.runs import (
+    RUN_KIND,
+    RunState,
+    cancel,
+    decide,
+    read_run,
+    receipt,
+    retry,
+    say,
+    start_run,
+)
+
+
+def who() -> str:
+    """How a CLI user is recorded on approvals and messages."""
+    return f"cli:{getpass.getuser()}"
+
+
+def normalize(run_id: str) -> str:
+    """Accept ``run/<uuid>`` or the bare uuid."""
+    return run_id if run_id.startswith("run/") else f"run/{run_id}"
+
+
+async def _client(settings: Settings) -> Client:
+    return await Client.connect(database_url(settings), pool_size=2)
+
+
+async def _read(client: Client, run_id: str) -> RunState:
+    try:
+        return await read_run(client, run_id)
+    except UnknownActor:
+        raise ConfigError(f"no run {run_id!r}", hint="List runs with `toren jobs list`.") from None
+
+
+def record(run_id: str, state: RunState) -> dict[str, Any]:
+    """The run record ``toren jobs show --json`` prints."""
+    r = receipt(state)
+    return {
+        "id": run_id,
+        "agent": state.agent,
+        "status": state.status,
+        "input": state.input,
+        "output": state.output,
+        "error": {"class": state.error_class, "message": state.error} if state.error else None,
+        "receipt": {
+            "calls_made": r.calls_made,
+            "calls_replayed": r.calls_replayed,
+            "input_tokens": r.input_tokens,
+            "output_tokens": r.output_tokens,
+            "usd_paid": str(r.usd_paid),
+            "usd_not_repaid": str(r.usd_not_repaid),
+            "unpriced_calls": r.unpriced_calls,
+        },
+    }
+
+
+def describe(event_type: str, data: dict[str, Any]) -> str:
+    """One timeline line for an event."""
+    if event_type == "model.called":
+        usage = data["response"]["usage"]
+        cost = f"${data['cost_usd']}" if data.get("cost_usd") else "unpriced"
+        calls = [b["name"] for b in data["response"]["content"] if "name" in b]
+        asked = f" -> {', '.join(calls)}" if calls else ""
+        return (
+            f"model call {data['step']} ({data['model']}): {usage['input_tokens']} in, "
+            f"{usage['output_tokens']} out, {cost}, {data['latency_ms']} ms{asked}"
+        )
+    if event_type == "tool.intent":
+        return f"tool {data['name']} intent {json.dumps(data['arguments'])}"
+    if event_type == "tool.result":
+        mark = "error" if data.get("is_error") else "result"
+        return f"tool {mark}: {data['content'][:120]}"
+    if event_type == "approval.requested":
+        return f"approval requested for {data['name']} {json.dumps(data['arguments'])}"
+    if event_type == "approval.decided":
+        verdict = "approved" if data["approved"] else "denied"
+        reason = f" ({data['reason']})" if data.get("reason") else ""
+        return f"{verdict} by {data['who']} via {data['channel']}{reason}"
+    if event_type == "run.failed":
+        return f"failed [{data['error_class']}]: {data['message']}"
+    if event_type == "run.completed":
+        return f"completed: {data['output'][:200]}"
+    if event_type == "run.started":
+        return f"started {data['agent']}: {data['input'][:200]}"
+    if event_type == "message.received":
+        return f"message from {data['who']}: {data['text'][:200]}"
+    if event_type == "run.retrying":
+        return f"attempt {data['attempt']} failed, retrying in {data['delay']:g}s: {data['error']}"
+    if event_type == "run.resumed":
+        return f"resumed from the journal ({data['replayed']} calls replayed, not re-paid)"
+    return event_type
+
+
+def register(main: click.Group) -> None:
+    """Add ``run`` and ``jobs`` to the ``toren`` command group."""
+
+    @main.command("run")
+    @click.argument("agent")
+    @click.argument("text")
+    @click.option("--key", help="Idempotency key: the same key and input start one run.")
+    @click.option("--wait", is_flag=True, help="Wait until the run completes, fails or parks.")
+    @click.pass_context
+    @run_async
+    async def run_cmd(
+        ctx: click.Context, agent: str, text: str, key: str | None, wait: bool
+    ) -> None:
+        """Start a run of AGENT on TEXT; prints its id."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            run_id = await start_run(client, agent, text, idempotency_key=key)
+            out.print(run_id)
+            if wait:
+                state = await _until_settled(client, run_id)
+                out.print(f"{state.status}: {state.output or state.error or ''}")
+        finally:
+            await client.close()
+
+    @main.group()
+    def jobs() -> None:
+        """Inspect and steer runs."""
+
+    @jobs.command("list")
+    @click.option("--status", type=click.Choice(["running", "parked", "completed", "failed"]))
+    @click.option("--agent")
+    @click.option("--limit", default=50, show_default=True)
+    @click.pass_context
+    @run_async
+    async def jobs_list(
+        ctx: click.Context, status: str | None, agent: str | None, limit: int
+    ) -> None:
+        """The newest runs with their status and cost."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            ids = await client.pool.fetch(
+                "SELECT actor_id FROM toren.actors WHERE kind = $1 "
+                "AND ($2::text IS NULL OR args->>'agent' = $2) "
+                "ORDER BY created_at DESC LIMIT $3",
+                RUN_KIND,
+                agent,
+                limit,
+            )
+            table = Table()
+            for col in ("run", "agent", "status", "calls", "paid $"):
+                table.add_column(col)
+            for row in ids:
+                state = await read_run(client, row["actor_id"])
+                if status and state.status != status:
+                    continue
+                r = receipt(state)
+                table.add_row(
+                    row["actor_id"],
+                    state.agent,
+                    state.status,
+                    str(r.calls_made),
+                    f"{r.usd_paid:.6f}",
+                )
+            out.print(table)
+        finally:
+            await client.close()
+
+    @jobs.command("show")
+    @click.argument("run_id")
+    @click.option("--json", "as_json", is_flag=True)
+    @click.pass_context
+    @run_async
+    async def jobs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+        """The run's timeline and receipt."""
+        run_id = normalize(run_id)
+        client = await _client(ctx.obj["settings"])
+        try:
+            state = await _read(client, run_id)
+            if as_json:
+                out.print_json(json.dumps(record(run_id, state)))
+                return
+            for entry in await client.journal(run_id):
+                out.print(f"{entry.seq:>4}  {describe(entry.type, entry.data)}", highlight=False)
+            r = receipt(state)
+            out.print(
+                f"\nstatus {state.status}. receipt: {r.calls_made} calls made, {r.calls_replayed} "
+                f"replayed; {r.input_tokens} in / {r.output_tokens} out tokens; ${r.usd_paid} "
+                f"paid, ${r.usd_not_repaid} not re-paid"
+                + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else ""),
+                highlight=False,
+            )
+        finally:
+            await client.close()
+
+    @jobs.command("tail")
+    @click.argument("run_id")
+    @click.pass_context
+    @run_async
+    async def jobs_tail(ctx: click.Context, run_id: str) -> None:
+        """Follow a run's events until it completes or fails."""
+        run_id = normalize(run_id)
+        client = await _client(ctx.obj["settings"])
+        try:
+            await _read(client, run_id)
+            seen = 0
+            while True:
+                for entry in await client.journal(run_id, after=seen):
+                    out.print(
+                        f"{entry.seq:>4}  {describe(entry.type, entry.data)}", highlight=False
+                    )
+                    seen = entry.seq
+                    if entry.type in ("run.completed", "run.failed"):
+                        return
+                await anyio.sleep(0.5)
+        finally:
+            await client.close()
+
+    def steer(
+        name: str, help_text: str, action: Any, *, text: bool = False, reason: bool = False
+    ) -> None:
+        params: list[click.Parameter] = [click.Argument(["run_id"])]
+        if text:
+            params.append(click.Argument(["text"]))
+        if reason:
+            params.append(
+                click.Option(["--reason"], default="", help="Recorded with the decision.")
+            )
+
+        @click.pass_context
+        @run_async
+        async def command(ctx: click.Context, /, run_id: str, **kwargs: Any) -> None:
+            run_id = normalize(run_id)
+            client = await _client(ctx.obj["settings"])
+            try:
+                await _read(client, run_id)
+                await action(client, run_id, **kwargs)
+                out.print(f"{name}: sent to {run_id}")
+            finally:
+                await client.close()
+
+        jobs.add_command(click.Command(name, callback=command, params=params, help=help_text))
+
+    async def approve(c: Client, r: str, reason: str) -> None:
+        await decide(c, r, approved=True, who=who(), reason=reason)
+
+    async def deny(c: Client, r: str, reason: str) -> None:
+        await decide(c, r, approved=False, who=who(), reason=reason)
+
+    async def send(c: Client, r: str, text: str) -> None:
+        await say(c, r, text, who=who())
+
+    async def stop(c: Client, r: str, reason: str) -> None:
+        await cancel(c, r, who=who(), reason=reason)
+
+    async def again(c: Client, r: str) -> None:
+        await retry(c, r, who=who())
+
+    steer("approve", "Approve the tool call RUN waits on.", approve, reason=True)
+    steer("deny", "Deny the tool call RUN waits on (the model is told why).", deny, reason=True)
+    steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
+    steer("cancel", "Cancel RUN.", stop, reason=True)
+    steer("retry", "Resume failed RUN from its last good step.", again)
+
+
+async def _until_settled(client: Client, run_id: str) -> RunState:
+    while True:
+        state = await read_run(client, run_id)
+        if state.status in ("completed", "failed", "parked"):
+            return state
+        await anyio.sleep(0.25)
