@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,30 +137,50 @@ def test_unreachable_database_exits_1_without_a_traceback(tmp_path: Path) -> Non
     assert "Traceback" not in result.stderr
 
 
-def test_dev_runs_the_demo_and_a_second_terminal_finds_it(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+def test_dev_runs_the_demo_agent_and_a_second_terminal_approves_it(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOREN_", "ANTHROPIC_"))}
     env.update({"TOREN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)})
-    log = (tmp_path / "dev.log").open("w")
+    log_path = tmp_path / "dev.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "toren", "dev"], env=env, cwd=ROOT, stdout=log, stderr=log
     )
+
+    def second_terminal(*args: str) -> subprocess.CompletedProcess[str]:
+        return toren(*args, home=tmp_path / "home")
+
     try:
         deadline = time.monotonic() + 60
-        text = ""
-        while "beat 1" not in text:
-            assert proc.poll() is None, (tmp_path / "dev.log").read_text()
-            assert time.monotonic() < deadline, text
+        match = None
+        while match is None:
+            assert proc.poll() is None, log_path.read_text()
+            assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
-            text = (tmp_path / "dev.log").read_text()
-        assert "toren workers" in text  # it tells the user what to run next
-        result = toren("workers", "--json", home=tmp_path / "home")
-        assert result.returncode == 0, result.stderr
-        assert len(json.loads(result.stdout)) == 1
+            match = re.search(r"toren jobs approve (run/\S+)", log_path.read_text())
+        assert "OFFLINE DEMO MODEL" in log_path.read_text()
+        run_id = match.group(1)
+        while json.loads(second_terminal("jobs", "show", run_id, "--json").stdout)["status"] != (
+            "parked"
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        approved = second_terminal("jobs", "approve", run_id)
+        assert approved.returncode == 0, approved.stderr
+        while (record := json.loads(second_terminal("jobs", "show", run_id, "--json").stdout))[
+            "status"
+        ] != "completed":
+            assert time.monotonic() < deadline, record
+            time.sleep(0.2)
+        assert "refund for order A-17 is on its way" in record["output"]
+        assert record["receipt"]["calls_made"] == 3
+        shown = second_terminal("jobs", "show", run_id)
+        assert "receipt: 3 calls made" in shown.stdout
+        assert len(json.loads(second_terminal("workers", "--json").stdout)) == 1
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(30)
         log.close()
-    assert proc.returncode == 0, (tmp_path / "dev.log").read_text()
+    assert proc.returncode == 0, log_path.read_text()
 
 
 def test_agents_check_lists_tools_and_flags_the_dangerous_one() -> None:

@@ -23,7 +23,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import ModuleType
-from typing import Any, Literal, get_type_hints
+from typing import Any, Literal, get_type_hints, overload
 
 import attrs
 import pydantic
@@ -109,8 +109,15 @@ class Tool:
         return self.arguments.model_validate(arguments or {}).model_dump()
 
 
+ToolFn = Callable[..., Awaitable[Any]]
+
+
+@overload
+def tool(fn: ToolFn, /) -> Tool: ...
+
+
+@overload
 def tool(
-    fn: Callable[..., Awaitable[Any]] | None = None,
     *,
     effects: Effects = "read",
     idempotency: Idempotency = "unkeyed",
@@ -118,7 +125,20 @@ def tool(
     timeout: float | str = 60.0,
     name: str | None = None,
     description: str | None = None,
-) -> Any:
+) -> Callable[[ToolFn], Tool]: ...
+
+
+def tool(
+    fn: ToolFn | None = None,
+    /,
+    *,
+    effects: Effects = "read",
+    idempotency: Idempotency = "unkeyed",
+    approval: ApprovalRule = "never",
+    timeout: float | str = 60.0,
+    name: str | None = None,
+    description: str | None = None,
+) -> Tool | Callable[[ToolFn], Tool]:
     """Declare an async function ``fn(ctx, **arguments)`` as a tool.
 
     Usable bare (``@tool``) or with declarations (``@tool(effects="external", ...)``).
@@ -172,6 +192,14 @@ def _arguments_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel]:
     return model
 
 
+def _tools(value: Iterable[Tool]) -> tuple[Tool, ...]:
+    return tuple(value)
+
+
+def _names(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class Agent:
     """An LLM agent: a model, a system prompt, tools, and the limits a run of it keeps.
@@ -193,13 +221,13 @@ class Agent:
     name: str
     model: str
     system: str = ""
-    tools: tuple[Tool, ...] = attrs.field(default=(), converter=tuple)
+    tools: tuple[Tool, ...] = attrs.field(default=(), converter=_tools)
     max_attempts: int = 5
     wall_clock: float = attrs.field(default=1800.0, converter=parse_duration)
     budget_usd: float | None = None
     max_tokens: int = 4096
-    calls: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    accepts: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    calls: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    accepts: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
     def __attrs_post_init__(self) -> None:
         if "/" not in self.model:

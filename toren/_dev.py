@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import anyio
@@ -11,14 +13,15 @@ from toren._app import load_app
 from toren._client import Client
 from toren._config import Settings
 from toren._db import EmbeddedPostgres, connect, record_dev_url
-from toren._errors import ActorAlreadyExists
 from toren._migrate import migrate
+from toren.runs import start_run
+from toren.testing import AnthropicServer
 
 console = Console(stderr=True)
 
 
 async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None) -> None:
-    """Start (or reuse) the embedded server, migrate, run a worker until Ctrl-C."""
+    """Start (or reuse) the embedded server, migrate, run a worker (and the demo) until Ctrl-C."""
     from supervisors.worker import run_worker  # the entry point that boots a worker
 
     url = settings.database_url
@@ -35,25 +38,41 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
     finally:
         await conn.close()
     console.print(f"schema ready ({len(applied)} migration(s) applied now)")
-    load_app(app or "toren.demo")
-    if app is None:
-        from toren.demo import Beat, Heartbeat
-
-        async with await Client.connect(url, pool_size=1) as client:
-            try:
-                if await client.spawn(Heartbeat, "demo/heartbeat"):
-                    await client.send("demo/heartbeat", Beat())
-            except ActorAlreadyExists:
-                pass
-    console.print(
-        "[bold]toren dev[/bold] is running (Ctrl-C to stop). In another terminal:\n"
-        "  toren workers            live workers, versions, leases, memory\n"
-        "  toren deadletters        messages actors gave up on\n"
-        "The demo actor demo/heartbeat beats every 5 s on a durable timer; kill this process\n"
-        "and start it again: the count goes on from its journal."
-    )
     try:
-        await run_worker(settings, url)
+        async with contextlib.AsyncExitStack() as stack:
+            if app is None:
+                await _start_demo(stack, url)
+            else:
+                load_app(app)
+            await run_worker(settings, url)
     finally:
         if server is not None:
             server.stop()
+
+
+async def _start_demo(stack: contextlib.AsyncExitStack, url: str) -> None:
+    from toren import demo
+
+    load_app("toren.demo")
+    if os.environ.get("ANTHROPIC_API_KEY"):
+        model = "Anthropic (ANTHROPIC_API_KEY is set)"
+    else:
+        offline = await stack.enter_async_context(AnthropicServer(demo.demo_model))
+        os.environ.update(offline.env())
+        model = (
+            f"the OFFLINE DEMO MODEL at {offline.base_url} (set ANTHROPIC_API_KEY for a real one)"
+        )
+    async with await Client.connect(url, pool_size=1) as client:
+        run_id = await start_run(
+            client, demo.concierge.name, demo.DEMO_INPUT, idempotency_key="toren-dev-demo"
+        )
+    console.print(
+        "[bold]toren dev[/bold] is running (Ctrl-C to stop). "
+        f"Agent [bold]concierge[/bold] on {model}.\n"
+        f"Demo run {run_id} will park, asking to approve a $80 refund. In another terminal:\n"
+        f"  toren jobs tail {run_id}      follow it live\n"
+        f"  toren jobs approve {run_id}   approve the refund (or deny it: jobs deny)\n"
+        f"  toren jobs show {run_id}      its timeline and cost receipt\n"
+        "  toren workers                  live workers, leases, memory",
+        highlight=False,
+    )

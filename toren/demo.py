@@ -1,49 +1,71 @@
-"""The demo app ``toren dev`` runs when no ``--app`` is given: a heartbeat actor on a timer.
+"""The demo app ``toren dev`` runs when no ``--app`` is given.
 
-It shows the kernel at work: a durable timer fires every few seconds, each beat is an event in
-the actor's journal, and a killed ``toren dev`` resumes the count where it stopped.
+``concierge`` is an agent with a read tool and an external, keyed tool that asks for approval
+above $50. Without a provider key it talks to the **offline demo model**: a local server that
+speaks the Anthropic Messages API and answers from a script (clearly labelled in what it says),
+so the whole loop (model calls, tool intents and results, an approval that parks the run, the
+cost receipt) runs on a machine with no network.
 """
 
 from __future__ import annotations
 
-import logging
+from typing import Any
 
-import attrs
+from toren import Agent, ToolContext, tool
+from toren._model import Text, ToolCall, Usage
+from toren.testing import Reply
 
-from toren import Actor, Context, message
+LABEL = "[Toren offline demo model]"
 
-log = logging.getLogger("toren.demo")
-
-BEAT_SECONDS = 5.0
-
-
-@message("demo.beat")
-@attrs.frozen
-class Beat:
-    """Timer message: time for the next beat."""
+ORDERS = {"A-17": {"item": "espresso machine", "paid": 80.0, "status": "arrived broken"}}
 
 
-@message("demo.beaten")
-@attrs.frozen(kw_only=True)
-class Beaten:
-    """Event: one more beat happened."""
+@tool(effects="read")
+async def lookup_order(ctx: ToolContext, order_id: str) -> dict[str, Any]:
+    """Look an order up by its id."""
+    order = ORDERS.get(order_id)
+    if order is None:
+        raise LookupError(f"no order {order_id}")
+    return order
 
-    n: int
+
+@tool(effects="external", idempotency="keyed", approval=lambda args: args["amount"] > 50)
+async def issue_refund(ctx: ToolContext, order_id: str, amount: float) -> str:
+    """Refund an order (a real system would receive ctx.idempotency_key and deduplicate)."""
+    return f"refund {ctx.idempotency_key[:8]} of ${amount:.2f} issued for {order_id}"
 
 
-class Heartbeat(Actor[int]):
-    """Counts beats; re-arms its own durable timer on each one."""
+concierge = Agent(
+    name="concierge",
+    model="anthropic/claude-sonnet-4-6",
+    system="You are a customer-service agent. Look orders up before refunding them.",
+    tools=[lookup_order, issue_refund],
+    budget_usd=1.0,
+)
 
-    kind = "demo.heartbeat"
+DEMO_INPUT = "My espresso machine from order A-17 arrived broken. Can I get my money back?"
 
-    def initial_state(self) -> int:
-        return 0
 
-    def apply(self, state: int, event: object) -> int:
-        return event.n if isinstance(event, Beaten) else state
-
-    async def handle(self, ctx: Context[int], msg: object) -> None:
-        if isinstance(msg, Beat):
-            ctx.emit(Beaten(n=ctx.state + 1))
-            ctx.set_timer("beat", BEAT_SECONDS, Beat())
-            log.info("%s: beat %d (journal seq %d)", ctx.actor_id, ctx.state, ctx.seq)
+def demo_model(request: dict[str, Any], n: int) -> Reply:
+    """The offline demo model: answers by how far the conversation has got."""
+    turns = sum(1 for m in request["messages"] if m["role"] == "assistant")
+    usage = Usage(input_tokens=400 + 150 * turns, output_tokens=60)
+    if turns == 0:
+        return Reply(
+            [
+                Text(text=f"{LABEL} Let me look at order A-17 first."),
+                ToolCall(id="demo-1", name="lookup_order", arguments={"order_id": "A-17"}),
+            ],
+            usage=usage,
+        )
+    if turns == 1:
+        return Reply(
+            [
+                Text(text=f"{LABEL} It arrived broken; I will refund the $80 paid."),
+                ToolCall(
+                    id="demo-2", name="issue_refund", arguments={"order_id": "A-17", "amount": 80}
+                ),
+            ],
+            usage=usage,
+        )
+    return Reply(f"{LABEL} Done: your $80 refund for order A-17 is on its way.", usage=usage)
