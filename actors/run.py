@@ -46,6 +46,7 @@ from toren.runs import (
     Cancel,
     Continue,
     Decide,
+    Message,
     MessageReceived,
     ModelCalled,
     ModelRequest,
@@ -59,6 +60,7 @@ from toren.runs import (
     RunState,
     Say,
     StartRun,
+    StepsInvalidated,
     Tool,
     ToolContext,
     ToolIntended,
@@ -155,6 +157,10 @@ class RunActor(Actor[RunState]):
             return
         if not self._resume_counted:
             self._resume_counted = True
+            agent = agent_named(state.agent)
+            if agent is not None:
+                verify(ctx, agent)
+                state = ctx.state
             if len(state.calls) > state.replayed:
                 # This activation goes on from the journal: the calls recorded so far are
                 # served from it, not sent again.
@@ -260,17 +266,13 @@ class RunActor(Actor[RunState]):
     async def _model_step(self, ctx: Context[RunState], agent: Agent) -> None:
         state = ctx.state
         provider_name, model_id = parse_model(agent.model)
-        request = ModelRequest(
-            model=model_id,
-            system=agent.system,
-            messages=state.messages,
-            tools=tuple(
-                ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
-                for t in agent.tools
-            ),
-            max_tokens=agent.max_tokens,
+        request = build_request(agent, state.messages)
+        previous = state.calls[-1] if state.calls else None
+        digest = chain(
+            previous.digest if previous else DIGEST_GENESIS,
+            request,
+            since=previous.messages_len if previous else 0,
         )
-        digest = chain(state.digest or DIGEST_GENESIS, request)
         started = time.monotonic()
         try:
             response = await _provider(agent.model).call(request)
@@ -286,6 +288,7 @@ class RunActor(Actor[RunState]):
                 response=response,
                 cost_usd=str(cost) if cost is not None else None,
                 latency_ms=int((time.monotonic() - started) * 1000),
+                messages_len=len(request.messages),
             )
         )
         spent = receipt(ctx.state).usd_paid
@@ -317,6 +320,46 @@ class RunActor(Actor[RunState]):
         delay = min(_STEP_RETRY_CAP, _STEP_RETRY_BASE * 2 ** (attempt - 1))
         ctx.emit(RunRetrying(attempt=attempt, error=str(exc), delay=delay))
         ctx.set_timer("retry", delay, Continue())
+
+
+def build_request(agent: Agent, messages: tuple[Message, ...]) -> ModelRequest:
+    """The request this code makes for ``messages``: what digests are computed from."""
+    _, model_id = parse_model(agent.model)
+    return ModelRequest(
+        model=model_id,
+        system=agent.system,
+        messages=messages,
+        tools=tuple(
+            ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
+            for t in agent.tools
+        ),
+        max_tokens=agent.max_tokens,
+    )
+
+
+def verify(ctx: Context[RunState], agent: Agent) -> None:
+    """Check each recorded call against the request this code would send now (one pass over the
+    journal); at the first difference, void that call and every later one."""
+    digest, since = DIGEST_GENESIS, 0
+    for call in ctx.state.calls:
+        request = build_request(agent, ctx.state.messages[: call.messages_len])
+        digest = chain(digest, request, since=since)
+        if digest != call.digest:
+            log.warning(
+                "%s: step %d would now be asked differently (code or config changed); "
+                "invalidating it and the steps after it",
+                ctx.actor_id,
+                call.step,
+            )
+            ctx.emit(
+                StepsInvalidated(
+                    from_step=call.step,
+                    reason="the request this code makes differs from the recorded one",
+                )
+            )
+            ctx.send(ctx.actor_id, Continue())  # go on from the first void step
+            return
+        since = call.messages_len
 
 
 async def _run_tool(tool: Tool, run_id: str, intent: ToolIntended) -> tuple[str, bool]:

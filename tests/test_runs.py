@@ -288,3 +288,77 @@ async def test_cancel_a_parked_run_and_talk_to_a_completed_one(
 async def _output(client: Client, run_id: str, text: str) -> bool:
     state = await read_run(client, run_id)
     return state.status == "completed" and state.output == text
+
+
+async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_messages(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import actors.run
+    from toren._model import Message, ToolResult
+
+    load_app("tests.run_app")
+    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "a"})
+    refund_call = ToolCall(id="c2", name="refund", arguments={"amount": 500})
+
+    def respond(request: dict[str, Any], n: int) -> Reply:
+        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        return [Reply([ticket]), Reply([refund_call]), Reply("Done.")][min(position, 2)]
+
+    async with anthropic(respond, monkeypatch) as server:  # type: ignore[arg-type]
+        async with running_worker(db_url):  # version 1
+            run_id = await start_run(client, "support", "Fix my order.")
+            await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+            await say(client, run_id, "Also check order B-2.", who="erin")
+
+            async def heard() -> bool:
+                return bool((await read_run(client, run_id)).heard)
+
+            await wait_for(heard, what="message recorded")
+
+        # Version 2 renders tool results differently: the request of step 2 (which carries the
+        # first tool result) changes; step 1's does not.
+        original = actors.run.build_request
+
+        def shout(agent: Any, messages: tuple[Message, ...]) -> Any:
+            loud = tuple(
+                Message(
+                    role=m.role,
+                    content=tuple(
+                        ToolResult(tool_call_id=b.tool_call_id, content=b.content.upper())
+                        if isinstance(b, ToolResult)
+                        else b
+                        for b in m.content
+                    ),
+                )
+                for m in messages
+            )
+            return original(agent, loud)
+
+        monkeypatch.setattr(actors.run, "build_request", shout)
+        await decide(client, run_id, approved=True, who="alice")
+        async with running_worker(db_url):  # version 2
+
+            async def asked_again() -> bool:
+                state = await read_run(client, run_id)
+                return bool(state.voided) and state.status == "parked"
+
+            await wait_for(asked_again, what="invalidated, then asked again")
+            await decide(client, run_id, approved=True, who="alice")
+            await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+        requests = server.requests
+
+    journal = await client.journal(run_id)
+    [invalidated] = [e for e in journal if e.type == "steps.invalidated"]
+    assert invalidated.data["from_step"] == 2
+    shapes = [
+        [(m["role"], [b.get("type") for b in m["content"]]) for m in r["messages"]]
+        for r in requests
+    ]
+    assert len(requests) == 4, shapes  # steps 1, 2 (void), 2 again, 3: step 1 not paid again
+    repeated = requests[2]["messages"]
+    assert repeated[-1]["content"][-1] == {"type": "text", "text": "Also check order B-2."}
+    assert "TICKET FOR 'A'" in str(repeated)
+    state = await read_run(client, run_id)
+    assert [c.step for c in state.calls] == [1, 2, 3]
+    assert len(state.voided) == 1
+    assert receipt(state).calls_made == 4

@@ -1,10 +1,12 @@
 """Request digests: what a recorded model call was asked, in a form that can be compared.
 
 Each recorded model call carries the digest of its canonical request (model, system, messages,
-tools, parameters), chained from the previous call's digest: ``d_k = sha256(d_{k-1} + c_k)``.
-Checking a journal is then linear, and a change anywhere in the history shows at the first step
-that differs. The canonical form is JSON with sorted keys and no insignificant whitespace, built
-from the neutral request (never a provider's wire format), so the digest does not move when an
+tools, parameters), chained from the previous call's digest: ``d_k = sha256(d_{k-1} + c_k)``,
+where ``c_k`` holds the parameters and only the messages added since call ``k-1`` (a run's
+conversation only grows, so the chain still covers every message). Checking a journal is then
+linear in its size, and a change anywhere in the history shows at the first step that differs.
+The canonical form is JSON with sorted keys and no insignificant whitespace, built from the
+neutral request (never a provider's wire format), so the digest does not move when an
 SDK changes how it serialises.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 
+import attrs
 import orjson
 
 from toren._codec import converter
@@ -20,14 +23,17 @@ from toren._model import ModelRequest
 GENESIS = "0" * 64
 
 
-def canonical(request: ModelRequest) -> bytes:
-    """The request as canonical JSON bytes."""
+def canonical(request: ModelRequest, *, since: int = 0) -> bytes:
+    """The request as canonical JSON bytes, with only its messages from index ``since`` on."""
+    if since:
+        request = attrs.evolve(request, messages=request.messages[since:])
     return orjson.dumps(converter.unstructure(request), option=orjson.OPT_SORT_KEYS)
 
 
-def chain(previous: str, request: ModelRequest) -> str:
-    """The digest of ``request`` chained after ``previous`` (``GENESIS`` for the first call)."""
+def chain(previous: str, request: ModelRequest, *, since: int = 0) -> str:
+    """The digest of ``request`` chained after ``previous`` (``GENESIS`` for the first call);
+    ``since`` is how many messages the previous call already covered."""
     h = hashlib.sha256()
     h.update(previous.encode())
-    h.update(canonical(request))
+    h.update(canonical(request, since=since))
     return h.hexdigest()

@@ -37,6 +37,7 @@ __all__ = [
     "Continue",
     "Decide",
     "IdempotencyConflict",
+    "Message",
     "MessageReceived",
     "ModelCalled",
     "ModelRequest",
@@ -51,6 +52,7 @@ __all__ = [
     "RunState",
     "Say",
     "StartRun",
+    "StepsInvalidated",
     "Tool",
     "ToolContext",
     "ToolIntended",
@@ -155,6 +157,18 @@ class ModelCalled:
     response: ModelResponse
     cost_usd: str | None  # decimal as text; None: the model has no known price
     latency_ms: int
+    messages_len: int = 0  # how many conversation messages the request carried
+    v: int = FORMAT
+
+
+@message("steps.invalidated")
+@attrs.frozen(kw_only=True)
+class StepsInvalidated:
+    """The request this code would make at ``from_step`` differs from the recorded one: that
+    call and every later one are void and will be paid again. The journal keeps them."""
+
+    from_step: int
+    reason: str
     v: int = FORMAT
 
 
@@ -264,6 +278,8 @@ class RunState:
     status: Status = "running"
     messages: tuple[Message, ...] = ()
     calls: tuple[ModelCalled, ...] = ()
+    voided: tuple[ModelCalled, ...] = ()  # calls paid for, then invalidated
+    heard: tuple[tuple[int, str], ...] = ()  # human messages: (calls recorded before it, text)
     intents: dict[str, ToolIntended] = attrs.field(factory=dict)
     results: dict[str, ToolResulted] = attrs.field(factory=dict)
     decisions: dict[str, ApprovalDecided] = attrs.field(factory=dict)
@@ -309,6 +325,7 @@ def fold(state: RunState, event: Any) -> RunState:
             failed_attempts=0,
         )
     if isinstance(event, MessageReceived):
+        state = attrs.evolve(state, heard=(*state.heard, (len(state.calls), event.text)))
         if state.pending_calls:
             return attrs.evolve(state, inbox=(*state.inbox, event.text))
         status: Status = "running" if state.status in ("completed", "running") else state.status
@@ -318,6 +335,8 @@ def fold(state: RunState, event: Any) -> RunState:
             status=status,
             output=None if status == "running" else state.output,
         )
+    if isinstance(event, StepsInvalidated):
+        return _invalidate(state, event.from_step)
     if isinstance(event, RunRetrying):
         return attrs.evolve(state, failed_attempts=event.attempt)
     if isinstance(event, RunRetried):
@@ -360,6 +379,32 @@ def fold(state: RunState, event: Any) -> RunState:
     return state
 
 
+def _invalidate(state: RunState, from_step: int) -> RunState:
+    """Void calls ``from_step`` on: the conversation goes back to what call ``from_step`` was
+    sent, their tool calls are forgotten, and human messages heard since are applied again."""
+    kept, void = state.calls[: from_step - 1], state.calls[from_step - 1 :]
+    if not void:
+        return state
+    void_ids = {c.id for call in void for c in call.response.tool_calls}
+    messages = state.messages[: void[0].messages_len]
+    for before, text in state.heard:
+        if before >= from_step:  # heard after the first void call: not in its request
+            messages = _append_user(messages, Text(text=text))
+    return attrs.evolve(
+        state,
+        calls=kept,
+        voided=(*state.voided, *void),
+        messages=messages,
+        intents={k: v for k, v in state.intents.items() if k not in void_ids},
+        results={k: v for k, v in state.results.items() if k not in void_ids},
+        decisions={k: v for k, v in state.decisions.items() if k not in void_ids},
+        asked=frozenset(a for a in state.asked if a not in void_ids),
+        inbox=(),
+        replayed=min(state.replayed, len(kept)),
+        status="running",
+    )
+
+
 def _append_user(messages: tuple[Message, ...], block: Text | ToolResult) -> tuple[Message, ...]:
     """Add to the trailing user turn (tool results of one assistant turn travel together, and
     turns alternate), or start one."""
@@ -386,7 +431,8 @@ def receipt(state: RunState) -> Receipt:
     """The receipt of a run as recorded so far."""
     paid = Decimal(0)
     unpriced = 0
-    for call in state.calls:
+    every = (*state.voided, *state.calls)
+    for call in every:
         if call.cost_usd is None:
             unpriced += 1
         else:
@@ -396,10 +442,10 @@ def receipt(state: RunState) -> Receipt:
         Decimal(0),
     )
     return Receipt(
-        calls_made=len(state.calls),
+        calls_made=len(every),
         calls_replayed=state.replayed,
-        input_tokens=sum(c.response.usage.input_tokens for c in state.calls),
-        output_tokens=sum(c.response.usage.output_tokens for c in state.calls),
+        input_tokens=sum(c.response.usage.input_tokens for c in every),
+        output_tokens=sum(c.response.usage.output_tokens for c in every),
         usd_paid=paid,
         usd_not_repaid=not_repaid,
         unpriced_calls=unpriced,
