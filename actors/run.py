@@ -81,7 +81,7 @@ _STEP_RETRY_CAP = 300.0
 _providers: dict[str, ModelProvider] = {}
 
 
-def _provider(model: str) -> ModelProvider:
+async def _provider(model: str) -> ModelProvider:
     """One provider per model for the life of the worker process (they pool connections).
 
     Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
@@ -94,7 +94,10 @@ def _provider(model: str) -> ModelProvider:
             attempts=int(os.environ.get("TOREN_MODEL_RETRY_ATTEMPTS", "6")),
             base=float(os.environ.get("TOREN_MODEL_RETRY_BASE_SECONDS", "0.5")),
         )
-        found = _providers[model] = provider_for(model, retry=policy)
+        # In a thread: the first use imports the provider's SDK, which takes seconds and must
+        # not stall the worker's event loop (its lease renewals run there).
+        found = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
+        _providers[model] = found
     return found
 
 
@@ -275,7 +278,7 @@ class RunActor(Actor[RunState]):
         )
         started = time.monotonic()
         try:
-            response = await _provider(agent.model).call(request)
+            response = await (await _provider(agent.model)).call(request)
         except ProviderError as exc:
             self._failed_attempt(ctx, agent, exc)
             return
