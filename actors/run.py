@@ -137,7 +137,7 @@ class RunActor(Actor[RunState]):
         state = ctx.state
         if isinstance(msg, StartRun):
             if not state.agent:
-                ctx.emit(RunStarted(agent=msg.agent, input=msg.input))
+                ctx.emit(RunStarted(agent=msg.agent, input=msg.input, at=time.time()))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Retry):
@@ -188,6 +188,7 @@ class RunActor(Actor[RunState]):
                 who=msg.who,
                 reason=msg.reason,
                 channel=msg.channel,
+                at=time.time(),
             )
         )
         ctx.send(ctx.actor_id, Continue())
@@ -197,6 +198,16 @@ class RunActor(Actor[RunState]):
         agent = agent_named(state.agent)
         if agent is None:
             ctx.emit(RunFailed(error_class="config", message=f"no agent named {state.agent!r}"))
+            return
+        worked = state.working_seconds(time.time())
+        if worked > agent.wall_clock:
+            ctx.emit(
+                RunFailed(
+                    error_class="timeout",
+                    message=f"worked {worked:.0f}s, over the wall-clock budget of "
+                    f"{agent.wall_clock:g}s (time parked on approvals not counted)",
+                )
+            )
             return
         pending = state.pending_calls
         if pending:
@@ -235,7 +246,9 @@ class RunActor(Actor[RunState]):
                 if decision is None:
                     if call.id not in state.asked:
                         ctx.emit(
-                            ApprovalRequested(call_id=call.id, name=call.name, arguments=arguments)
+                            ApprovalRequested(
+                                call_id=call.id, name=call.name, arguments=arguments, at=time.time()
+                            )
                         )
                     return  # parked: a Decide message resumes the run
                 if not decision.approved:
@@ -276,9 +289,10 @@ class RunActor(Actor[RunState]):
             request,
             since=previous.messages_len if previous else 0,
         )
+        provider = await _provider(agent.model)
         started = time.monotonic()
         try:
-            response = await (await _provider(agent.model)).call(request)
+            response = await provider.call(request)
         except ProviderError as exc:
             self._failed_attempt(ctx, agent, exc)
             return

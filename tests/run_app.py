@@ -56,3 +56,6 @@ strict = Agent(
 cheap = Agent(
     name="cheap", model="anthropic/claude-sonnet-4-6", tools=[create_ticket], budget_usd=1e-9
 )
+hasty = Agent(
+    name="hasty", model="anthropic/claude-sonnet-4-6", tools=[slow_ticket, refund], wall_clock=2
+)

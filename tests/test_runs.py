@@ -11,6 +11,9 @@ from typing import Any
 import anyio
 import pytest
 
+# Paid once here: an SDK import takes seconds (the run actor does it in a thread, but a test that
+# times a budget should not measure it).
+import toren.providers.anthropic  # noqa: F401
 from tests import run_app
 from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
@@ -362,3 +365,22 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
     assert [c.step for c in state.calls] == [1, 2, 3]
     assert len(state.voided) == 1
     assert receipt(state).calls_made == 4
+
+
+async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    refund_call = ToolCall(id="w1", name="refund", arguments={"amount": 500})
+    script = [Reply([refund_call]), Reply("slow answer", latency=2.5), Reply("never asked")]
+    async with anthropic(script, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "hasty", "refund")  # wall_clock = 2 s
+        await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+        await anyio.sleep(3)  # parked: not charged to the budget
+        await decide(client, run_id, approved=True, who="alice")
+        await wait_for(lambda: _status(client, run_id, "failed"), what="timed out")
+        # Had the parked time counted, the run would have failed before its second call.
+        assert len(server.requests) == 2
+    state = await read_run(client, run_id)
+    assert state.error_class == "timeout"
+    assert "parked on approvals not counted" in (state.error or "")

@@ -43,7 +43,9 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
             if app is None:
                 await _start_demo(stack, url)
             else:
-                load_app(app)
+                from toren.cli import preload_providers
+
+                preload_providers(load_app(app))
             await run_worker(settings, url)
     finally:
         if server is not None:
@@ -52,8 +54,9 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
 
 async def _start_demo(stack: contextlib.AsyncExitStack, url: str) -> None:
     from toren import demo
+    from toren.cli import preload_providers
 
-    load_app("toren.demo")
+    preload_providers(load_app("toren.demo"))
     if os.environ.get("ANTHROPIC_API_KEY"):
         model = "Anthropic (ANTHROPIC_API_KEY is set)"
     else:

@@ -85,8 +85,22 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
         config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
     )
     if app:
-        log_tool_flags(load_app(app))
+        module = load_app(app)
+        log_tool_flags(module)
+        preload_providers(module)
     await run_worker(settings, database_url(settings), migrate=migrate)
+
+
+def preload_providers(module: ModuleType) -> None:
+    """Import the SDKs the app's agents use now, before the worker serves leases: an SDK import
+    takes seconds, which the first run must not spend inside the worker's event loop."""
+    import importlib
+
+    from toren.providers import parse_model
+
+    for agent in agents_in(module).values():
+        provider, _ = parse_model(agent.model)
+        importlib.import_module(f"toren.providers.{provider}")
 
 
 def log_tool_flags(module: ModuleType) -> None:

@@ -143,6 +143,7 @@ class Retry:
 class RunStarted:
     agent: str
     input: str
+    at: float = 0.0  # when (unix seconds, the worker's clock)
     v: int = FORMAT
 
 
@@ -199,6 +200,7 @@ class ApprovalRequested:
     call_id: str
     name: str
     arguments: dict[str, Any]
+    at: float = 0.0
     v: int = FORMAT
 
 
@@ -210,6 +212,7 @@ class ApprovalDecided:
     who: str
     reason: str
     channel: str
+    at: float = 0.0
     v: int = FORMAT
 
 
@@ -287,6 +290,9 @@ class RunState:
     replayed: int = 0
     inbox: tuple[str, ...] = ()  # human messages waiting for pending tool results
     failed_attempts: int = 0  # consecutive failed attempts at the current step
+    started_at: float = 0.0
+    parked_since: float | None = None
+    parked_seconds: float = 0.0  # time spent waiting on humans: not charged to the wall clock
     output: str | None = None
     error_class: str | None = None
     error: str | None = None
@@ -295,6 +301,11 @@ class RunState:
     def digest(self) -> str | None:
         """The chained digest of the last recorded call."""
         return self.calls[-1].digest if self.calls else None
+
+    def working_seconds(self, now: float) -> float:
+        """Time since the start, less the time parked on a human."""
+        parked = self.parked_seconds + (now - self.parked_since if self.parked_since else 0.0)
+        return now - self.started_at - parked
 
     @property
     def awaiting_model(self) -> bool:
@@ -314,7 +325,9 @@ def fold(state: RunState, event: Any) -> RunState:
     """The state after ``event``; pure, for replay."""
     if isinstance(event, RunStarted):
         first = Message(role="user", content=(Text(text=event.input),))
-        return attrs.evolve(state, agent=event.agent, input=event.input, messages=(first,))
+        return attrs.evolve(
+            state, agent=event.agent, input=event.input, messages=(first,), started_at=event.at
+        )
     if isinstance(event, ModelCalled):
         turn = Message(role="assistant", content=tuple(event.response.content))
         return attrs.evolve(
@@ -363,10 +376,17 @@ def fold(state: RunState, event: Any) -> RunState:
             after = attrs.evolve(after, messages=messages, inbox=())
         return after
     if isinstance(event, ApprovalRequested):
-        return attrs.evolve(state, asked=state.asked | {event.call_id}, status="parked")
-    if isinstance(event, ApprovalDecided):
         return attrs.evolve(
-            state, decisions={**state.decisions, event.call_id: event}, status="running"
+            state, asked=state.asked | {event.call_id}, status="parked", parked_since=event.at
+        )
+    if isinstance(event, ApprovalDecided):
+        waited = event.at - state.parked_since if state.parked_since is not None else 0.0
+        return attrs.evolve(
+            state,
+            decisions={**state.decisions, event.call_id: event},
+            status="running",
+            parked_since=None,
+            parked_seconds=state.parked_seconds + max(0.0, waited),
         )
     if isinstance(event, RunResumed):
         return attrs.evolve(state, replayed=max(state.replayed, event.replayed))
