@@ -27,6 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "toren_test_template"
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-journals",
+        action="store_true",
+        help="Write the journals of fixture-producing tests to tests/fixtures/journals.",
+    )
+
+
 @pytest.fixture(scope="session")
 def anyio_backend() -> str:
     return "asyncio"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
@@ -45,7 +46,7 @@ async def _status(client: Client, run_id: str, status: str) -> bool:
 
 
 async def test_a_run_calls_tools_parks_for_approval_and_completes(
-    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     load_app("tests.run_app")
     run_app.applied.clear()
@@ -79,6 +80,8 @@ async def test_a_run_calls_tools_parks_for_approval_and_completes(
     # The second request carried the tool result of the first call back to the model.
     second = server.requests[1]["messages"]
     assert second[-1]["content"][0]["type"] == "tool_result"
+    if request.config.getoption("--record-journals", default=False):
+        _record_fixture(await client.journal(run_id), "run_v1.json")
     r = receipt(state)
     assert r.calls_made == 3
     assert r.input_tokens == 30
@@ -384,3 +387,85 @@ async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
     state = await read_run(client, run_id)
     assert state.error_class == "timeout"
     assert "parked on approvals not counted" in (state.error or "")
+
+
+@pytest.mark.processes
+async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+
+    from actors.run import RunActor
+
+    load_app("tests.run_app")
+    refund_call = ToolCall(id="p1", name="refund", arguments={"amount": 900})
+
+    def respond(request: dict[str, Any], n: int) -> Reply:
+        done = any(m["role"] == "assistant" for m in request["messages"])
+        return Reply("Refunded.") if done else Reply([refund_call])
+
+    count = 1000
+    async with anthropic(respond, monkeypatch) as server, running_worker(db_url, max_actors=200):
+        ids = [await start_run(client, "support", f"refund {i}") for i in range(count)]
+
+        async def all_parked() -> bool:
+            parked = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.journal WHERE type = 'approval.requested'"
+            )
+            return parked == count
+
+        await wait_for(all_parked, timeout=240, interval=0.5, what="all runs parked")
+
+        async def all_released() -> bool:
+            owned = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.actors WHERE kind = 'toren.run' AND owner IS NOT NULL"
+            )
+            return owned == 0
+
+        await wait_for(all_released, timeout=30, what="no lease held")
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, RunActor)] == []
+        assert len(server.requests) == count
+
+        async def worker_reports_none_in_memory() -> bool:
+            stats = await client.pool.fetchval("SELECT stats FROM toren.workers")
+            return stats.get("actors_in_memory") == 0 and stats.get("leases_held") == 0
+
+        await wait_for(worker_reports_none_in_memory, what="toren workers shows 0 in memory")
+
+        await decide(client, ids[7], approved=True, who="alice")
+        await wait_for(lambda: _status(client, ids[7], "completed"), what="the approved one")
+        assert len(server.requests) == count + 1  # only it went on
+    statuses = {(await read_run(client, i)).status for i in ids[:7] + ids[8:20]}
+    assert statuses == {"parked"}
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "journals"
+
+
+def _record_fixture(journal: list[Any], name: str) -> None:
+    entries = [{"seq": e.seq, "type": e.type, "data": e.data} for e in journal]
+    (FIXTURES / name).write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.json")))
+def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: str) -> None:
+    """Journals recorded by earlier versions stay readable: an upgrade never strands a run."""
+    from toren._codec import decode
+    from toren.runs import RunState, fold
+
+    entries = json.loads((FIXTURES / name).read_text())
+    state = RunState()
+    for entry in entries:
+        state = fold(state, decode(entry["type"], entry["data"]))
+    expected = json.loads((FIXTURES / name).with_suffix(".expected").read_text())
+    r = receipt(state)
+    assert {
+        "status": state.status,
+        "output": state.output,
+        "steps": [c.step for c in state.calls],
+        "tools": sorted([k, v.content] for k, v in state.results.items()),
+        "approvals": sorted([k, v.who, v.approved] for k, v in state.decisions.items()),
+        "calls_made": r.calls_made,
+        "usd_paid": str(r.usd_paid),
+    } == expected
