@@ -28,7 +28,7 @@ import anyio
 import orjson
 import pydantic
 
-from toren import Actor, Context
+from toren import Actor, Context, durable_sleep
 from toren.providers import (
     ModelProvider,
     ProviderError,
@@ -61,11 +61,14 @@ from toren.runs import (
     Say,
     StartRun,
     StepsInvalidated,
+    TimerFired,
+    TimerSet,
     Tool,
     ToolContext,
     ToolIntended,
     ToolResulted,
     ToolSpec,
+    Wake,
     agent_named,
     chain,
     final_text,
@@ -171,6 +174,14 @@ class RunActor(Actor[RunState]):
         if isinstance(msg, Decide):
             self._decide(ctx, msg)
             return
+        if isinstance(msg, Wake):
+            intent = ctx.state.intents.get(msg.call_id)
+            if intent is not None and msg.call_id not in ctx.state.results:
+                ctx.emit(TimerFired(call_id=msg.call_id, at=time.time()))
+                seconds = intent.arguments.get("seconds", 0)
+                ctx.emit(ToolResulted(call_id=msg.call_id, content=f"slept {seconds:g}s"))
+                ctx.send(ctx.actor_id, Continue())
+            return
         if isinstance(msg, Continue) and ctx.state.status == "running":
             await self._next(ctx)
 
@@ -274,6 +285,12 @@ class RunActor(Actor[RunState]):
                 )
             )
             ctx.send(ctx.actor_id, Continue())
+            return
+        if tool.name == "sleep" and tool.fn is durable_sleep.fn:
+            # The built-in sleep parks the run on a durable timer: no task waits meanwhile.
+            seconds = float(intent.arguments.get("seconds", 0))
+            ctx.emit(TimerSet(call_id=call.id, seconds=seconds, at=time.time()))
+            ctx.set_timer(f"sleep:{call.id}", seconds, Wake(call_id=call.id))
             return
         content, is_error = await _run_tool(tool, ctx.actor_id, intent)
         ctx.emit(ToolResulted(call_id=call.id, content=content, is_error=is_error))

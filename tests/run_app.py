@@ -7,7 +7,7 @@ from pathlib import Path
 
 import anyio
 
-from toren import Agent, ToolContext, tool
+from toren import Agent, ToolContext, durable_sleep, tool
 
 applied: list[str] = []  # effects the "outside world" applied, by idempotency key
 
@@ -58,4 +58,7 @@ cheap = Agent(
 )
 hasty = Agent(
     name="hasty", model="anthropic/claude-sonnet-4-6", tools=[slow_ticket, refund], wall_clock=2
+)
+sleeper = Agent(
+    name="sleeper", model="anthropic/claude-sonnet-4-6", tools=[durable_sleep], wall_clock=3
 )

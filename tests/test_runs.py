@@ -469,3 +469,24 @@ def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: 
         "calls_made": r.calls_made,
         "usd_paid": str(r.usd_paid),
     } == expected
+
+
+async def test_the_sleep_tool_parks_the_run_on_a_durable_timer(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    nap = ToolCall(id="z1", name="sleep", arguments={"seconds": 4})
+    async with anthropic([Reply([nap]), Reply("Rested.")], monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "sleeper", "take a nap")  # wall clock 3 s < the nap
+        await wait_for(lambda: _status(client, run_id, "parked"), what="asleep")
+
+        async def released() -> bool:
+            return (await client.actor(run_id))["owner"] is None
+
+        await wait_for(released, what="no lease while asleep")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="woke and finished")
+    state = await read_run(client, run_id)
+    assert state.results["z1"].content == "slept 4s"
+    assert state.parked_seconds >= 3.5  # the nap is not charged to the wall clock
+    types = [e.type for e in await client.journal(run_id)]
+    assert types.index("timer.set") < types.index("timer.fired") < types.index("run.completed")

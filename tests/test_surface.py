@@ -26,7 +26,7 @@ def test_public_api_is_pinned() -> None:
         "JournalEntry", "MailboxFull", "MemoryRestartStore", "MigrationError", "PoisonMessage",
         "PostgresRestartStore", "RestartStore", "Settings", "SupervisorEscalation", "Tool",
         "ToolContext", "TorenError", "UnknownActor", "UnknownActorKind", "UnknownMessageType",
-        "__version__", "event", "message", "tool",
+        "__version__", "durable_sleep", "event", "message", "tool",
     ]  # fmt: skip
     # (the order within __all__ is ruff's RUF022: constants, classes, functions)
     for name in toren.__all__ + toren.kernel.__all__:

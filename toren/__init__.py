@@ -5,7 +5,7 @@ payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and th
 """
 
 from toren._actor import Actor, AskFailed, ChildFailed, Context, Envelope, PoisonMessage
-from toren._agents import Agent, Tool, ToolContext, tool
+from toren._agents import Agent, Tool, ToolContext, durable_sleep, tool
 from toren._client import AskError, Client, DeadLetter
 from toren._codec import event, message
 from toren._config import Settings
@@ -64,6 +64,7 @@ __all__ = [
     "UnknownActorKind",
     "UnknownMessageType",
     "__version__",
+    "durable_sleep",
     "event",
     "message",
     "tool",

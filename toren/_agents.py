@@ -314,3 +314,14 @@ def check(agents: Iterable[Agent]) -> list[ToolFinding]:
                 )
             )
     return findings
+
+
+@tool(effects="read", idempotency="keyed", timeout="1h")
+async def durable_sleep(ctx: ToolContext, seconds: float) -> str:
+    """Wait for `seconds` before going on. The wait is durable: it survives restarts and holds
+    no worker while it lasts."""
+    # The run actor never calls this: it parks the run on a durable timer instead.
+    raise ConfigError("durable_sleep runs only inside a Toren run")
+
+
+durable_sleep = attrs.evolve(durable_sleep, name="sleep")

@@ -53,11 +53,14 @@ __all__ = [
     "Say",
     "StartRun",
     "StepsInvalidated",
+    "TimerFired",
+    "TimerSet",
     "Tool",
     "ToolContext",
     "ToolIntended",
     "ToolResulted",
     "ToolSpec",
+    "Wake",
     "agent_named",
     "cancel",
     "chain",
@@ -107,6 +110,14 @@ class Decide:
     who: str
     reason: str = ""
     channel: str = "cli"
+
+
+@message("run.wake")
+@attrs.frozen(kw_only=True)
+class Wake:
+    """A durable timer set by the sleep tool fired."""
+
+    call_id: str
 
 
 @message("run.say")
@@ -245,6 +256,25 @@ class RunRetried:
     v: int = FORMAT
 
 
+@message("timer.set")
+@attrs.frozen(kw_only=True)
+class TimerSet:
+    """The run sleeps (the sleep tool): parked on a durable timer until ``at + seconds``."""
+
+    call_id: str
+    seconds: float
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("timer.fired")
+@attrs.frozen(kw_only=True)
+class TimerFired:
+    call_id: str
+    at: float = 0.0
+    v: int = FORMAT
+
+
 @message("run.resumed")
 @attrs.frozen(kw_only=True)
 class RunResumed:
@@ -303,7 +333,7 @@ class RunState:
         return self.calls[-1].digest if self.calls else None
 
     def working_seconds(self, now: float) -> float:
-        """Time since the start, less the time parked on a human."""
+        """Time since the start, less the time parked on a human or a timer."""
         parked = self.parked_seconds + (now - self.parked_since if self.parked_since else 0.0)
         return now - self.started_at - parked
 
@@ -375,6 +405,16 @@ def fold(state: RunState, event: Any) -> RunState:
                 messages = _append_user(messages, Text(text=text))
             after = attrs.evolve(after, messages=messages, inbox=())
         return after
+    if isinstance(event, TimerSet):
+        return attrs.evolve(state, status="parked", parked_since=event.at)
+    if isinstance(event, TimerFired):
+        waited = event.at - state.parked_since if state.parked_since is not None else 0.0
+        return attrs.evolve(
+            state,
+            status="running",
+            parked_since=None,
+            parked_seconds=state.parked_seconds + max(0.0, waited),
+        )
     if isinstance(event, ApprovalRequested):
         return attrs.evolve(
             state, asked=state.asked | {event.call_id}, status="parked", parked_since=event.at
