@@ -62,3 +62,9 @@ hasty = Agent(
 sleeper = Agent(
     name="sleeper", model="anthropic/claude-sonnet-4-6", tools=[durable_sleep], wall_clock=3
 )
+support_openai = Agent(name="support_openai", model="openai/gpt-4o", tools=[create_ticket, refund])
+support_bedrock = Agent(
+    name="support_bedrock",
+    model="bedrock/anthropic.claude-sonnet-4-6-v1:0",
+    tools=[create_ticket, refund],
+)

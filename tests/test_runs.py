@@ -21,7 +21,7 @@ from toren import Client
 from toren._app import load_app
 from toren._model import Text, ToolCall
 from toren.runs import cancel, decide, read_run, receipt, retry, say, start_run
-from toren.testing import AnthropicServer, Fail, Reply
+from toren.testing import AnthropicServer, BedrockServer, Fail, OpenAIServer, Reply, ScriptedServer
 
 pytestmark = pytest.mark.anyio
 
@@ -490,3 +490,64 @@ async def test_the_sleep_tool_parks_the_run_on_a_durable_timer(
     assert state.parked_seconds >= 3.5  # the nap is not charged to the wall clock
     types = [e.type for e in await client.journal(run_id)]
     assert types.index("timer.set") < types.index("timer.fired") < types.index("run.completed")
+
+
+def _ten_steps(request: dict[str, Any], n: int) -> Reply:
+    position = sum(1 for m in request["messages"] if m.get("role") == "assistant")
+    if position == 1:
+        return Reply([ToolCall(id="a1", name="refund", arguments={"amount": 500})])
+    if position < 9:
+        title = f"#{position}"
+        return Reply(
+            [ToolCall(id=f"t{position}", name="create_ticket", arguments={"title": title})]
+        )
+    return Reply("Ten steps done.")
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize(
+    ("agent", "server_class"),
+    [
+        ("support", AnthropicServer),
+        ("support_openai", OpenAIServer),
+        ("support_bedrock", BedrockServer),
+    ],
+)
+async def test_ten_steps_with_an_approval_survive_a_sigkill_after_step_five(
+    client: Client,
+    workers: WorkerFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    agent: str,
+    server_class: type[ScriptedServer],
+) -> None:
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv("TOREN_TEST_LEDGER", str(ledger))
+    async with server_class(_ten_steps) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        held = server.hold(6)  # step 5 is recorded when request 6 arrives: kill then
+        first = workers(app="tests.run_app")
+        run_id = await start_run(client, agent, "Open the tickets.")
+        await wait_for(lambda: _status(client, run_id, "parked"), timeout=60, what="approval")
+        await decide(client, run_id, approved=True, who="alice")
+        with anyio.fail_after(60):
+            await held.arrived.wait()
+        first.kill()
+        held.release()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "completed"), timeout=60, what="completed")
+        positions = [
+            sum(1 for m in r["messages"] if m.get("role") == "assistant") for r in server.requests
+        ]
+    # Every distinct call once; the sixth was in flight at the kill and was made once more.
+    assert sorted(positions) == [0, 1, 2, 3, 4, 5, 5, 6, 7, 8, 9]
+    state = await read_run(client, run_id)
+    assert state.output == "Ten steps done."
+    r = receipt(state)
+    assert (r.calls_made, r.calls_replayed) == (10, 5)
+    assert r.usd_not_repaid == sum(
+        (Decimal(c.cost_usd) for c in state.calls[:5] if c.cost_usd), Decimal(0)
+    )
+    keys = [line.split()[0] for line in ledger.read_text().splitlines()]
+    assert len(set(keys)) == 8  # eight tickets, each applied once by key
