@@ -28,7 +28,7 @@ import anyio
 import orjson
 import pydantic
 
-from toren import Actor, Context, durable_sleep
+from toren import Actor, ConfigError, Context, durable_sleep
 from toren.providers import (
     ModelProvider,
     ProviderError,
@@ -165,7 +165,7 @@ class RunActor(Actor[RunState]):
             self._resume_counted = True
             agent = agent_named(state.agent)
             if agent is not None:
-                verify(ctx, agent)
+                verify(ctx, agent, go_on=not isinstance(msg, Continue))
                 state = ctx.state
             if len(state.calls) > state.replayed:
                 # This activation goes on from the journal: the calls recorded so far are
@@ -306,12 +306,17 @@ class RunActor(Actor[RunState]):
             request,
             since=previous.messages_len if previous else 0,
         )
-        provider = await _provider(agent.model)
         started = time.monotonic()
         try:
+            provider = await _provider(agent.model)
+            started = time.monotonic()
             response = await provider.call(request)
         except ProviderError as exc:
             self._failed_attempt(ctx, agent, exc)
+            return
+        except ConfigError as exc:
+            # A missing key or an unknown provider: no retry will help; say what to fix.
+            ctx.emit(RunFailed(error_class="config", message=str(exc)))
             return
         cost = price(provider_name, model_id, response.usage)
         ctx.emit(
@@ -371,7 +376,7 @@ def build_request(agent: Agent, messages: tuple[Message, ...]) -> ModelRequest:
     )
 
 
-def verify(ctx: Context[RunState], agent: Agent) -> None:
+def verify(ctx: Context[RunState], agent: Agent, *, go_on: bool) -> None:
     """Check each recorded call against the request this code would send now (one pass over the
     journal); at the first difference, void that call and every later one."""
     digest, since = DIGEST_GENESIS, 0
@@ -391,7 +396,8 @@ def verify(ctx: Context[RunState], agent: Agent) -> None:
                     reason="the request this code makes differs from the recorded one",
                 )
             )
-            ctx.send(ctx.actor_id, Continue())  # go on from the first void step
+            if go_on:  # unless the message in hand is already a Continue
+                ctx.send(ctx.actor_id, Continue())
             return
         since = call.messages_len
 

@@ -68,3 +68,16 @@ support_bedrock = Agent(
     model="bedrock/anthropic.claude-sonnet-4-6-v1:0",
     tools=[create_ticket, refund],
 )
+
+
+@tool(effects="read", timeout=0.2)
+async def flaky_lookup(ctx: ToolContext, what: str) -> str:
+    """Fails or hangs, on demand."""
+    if what == "explode":
+        raise RuntimeError("the lookup service is down")
+    if what == "hang":
+        await anyio.sleep(5)
+    return f"found {what}"
+
+
+looker = Agent(name="looker", model="anthropic/claude-sonnet-4-6", tools=[flaky_lookup])

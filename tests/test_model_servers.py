@@ -45,6 +45,9 @@ def test_testing_exports_are_pinned() -> None:
         "Reply",
         "ScriptedServer",
         "Step",
+        "Text",
+        "ToolCall",
+        "Usage",
     ]
 
 

@@ -551,3 +551,23 @@ async def test_ten_steps_with_an_approval_survive_a_sigkill_after_step_five(
     )
     keys = [line.split()[0] for line in ledger.read_text().splitlines()]
     assert len(set(keys)) == 8  # eight tickets, each applied once by key
+
+
+async def test_tool_exceptions_and_timeouts_go_back_to_the_model_as_errors(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    calls = [
+        ToolCall(id="x1", name="flaky_lookup", arguments={"what": "explode"}),
+        ToolCall(id="x2", name="flaky_lookup", arguments={"what": "hang"}),
+        ToolCall(id="x3", name="flaky_lookup", arguments={"what": "order"}),
+    ]
+    async with anthropic([Reply(calls), Reply("ok")], monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "looker", "look things up")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+    results = (await read_run(client, run_id)).results
+    assert results["x1"].is_error
+    assert "RuntimeError: the lookup service is down" in results["x1"].content
+    assert results["x2"].is_error
+    assert "timed out after 0.2s" in results["x2"].content
+    assert (results["x3"].content, results["x3"].is_error) == ("found order", False)

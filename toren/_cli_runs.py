@@ -102,6 +102,14 @@ def describe(event_type: str, data: dict[str, Any]) -> str:
         return f"message from {data['who']}: {data['text'][:200]}"
     if event_type == "run.retrying":
         return f"attempt {data['attempt']} failed, retrying in {data['delay']:g}s: {data['error']}"
+    if event_type == "run.retried":
+        return f"retried by {data['who']}"
+    if event_type == "steps.invalidated":
+        return f"steps from {data['from_step']} invalidated: {data['reason']}"
+    if event_type == "timer.set":
+        return f"sleeping {data['seconds']:g}s (durable timer)"
+    if event_type == "timer.fired":
+        return "woke up"
     if event_type == "run.resumed":
         return f"resumed from the journal ({data['replayed']} calls replayed, not re-paid)"
     return event_type
@@ -189,7 +197,11 @@ def register(main: click.Group) -> None:
                 out.print_json(json.dumps(record(run_id, state)))
                 return
             for entry in await client.journal(run_id):
-                out.print(f"{entry.seq:>4}  {describe(entry.type, entry.data)}", highlight=False)
+                out.print(
+                    f"{entry.seq:>4}  {describe(entry.type, entry.data)}",
+                    highlight=False,
+                    markup=False,
+                )
             r = receipt(state)
             out.print(
                 f"\nstatus {state.status}. receipt: {r.calls_made} calls made, {r.calls_replayed} "

@@ -43,9 +43,11 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
             if app is None:
                 await _start_demo(stack, url)
             else:
-                from toren.cli import preload_providers
+                from toren.cli import log_tool_flags, preload_providers
 
-                preload_providers(load_app(app))
+                module = load_app(app)
+                log_tool_flags(module)
+                preload_providers(module)
             await run_worker(settings, url)
     finally:
         if server is not None:

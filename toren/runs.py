@@ -81,7 +81,9 @@ RUN_KIND = "toren.run"
 FORMAT = 1
 
 Status = Literal["running", "parked", "completed", "failed"]
-ErrorClass = Literal["provider", "attempts", "timeout", "budget", "tool", "cancelled", "crashloop"]
+ErrorClass = Literal[
+    "provider", "attempts", "timeout", "budget", "tool", "cancelled", "crashloop", "config"
+]
 
 # --- messages a run receives ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@ See :mod:`toren.testing.model_servers`. Nothing here reaches the network: the se
 127.0.0.1 and the provider SDKs are pointed at them through their usual base-URL settings.
 """
 
+from toren._model import Text, ToolCall, Usage
 from toren.testing.model_servers import (
     AnthropicServer,
     BedrockServer,
@@ -28,4 +29,7 @@ __all__ = [
     "Reply",
     "ScriptedServer",
     "Step",
+    "Text",
+    "ToolCall",
+    "Usage",
 ]
