@@ -19,6 +19,7 @@ import asyncpg
 from actors.hosts import HostRegistry
 from toren import Settings
 from toren.kernel import TRANSIENT_DB_ERRORS, Claim, actor_kinds, claim, housekeep, waiting
+from toren.runs import served_routes
 
 log = logging.getLogger("toren.worker")
 
@@ -118,6 +119,7 @@ class Dispatcher:
                 kinds=actor_kinds(),
                 hosted=self.hosts.claimed_ids(),
                 only=only,
+                routes=served_routes(),
             )
             if demand and self.hosts.evict_idle(demand):
                 log.debug(
@@ -132,6 +134,7 @@ class Dispatcher:
             kinds=actor_kinds(),
             hosted=self.hosts.claimed_ids(),
             only=only,
+            routes=served_routes(),
         )
         self._failures = 0
         for c in claims:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import asyncpg
@@ -21,6 +22,7 @@ import psutil
 from actors.hosts import HostRegistry
 from toren import Settings, TorenError
 from toren.kernel import TRANSIENT_DB_ERRORS, renew
+from toren.runs import served_routes
 
 log = logging.getLogger("toren.worker")
 
@@ -48,12 +50,13 @@ class LeaseKeeper:
         self.settings = settings
         self._process = psutil.Process()
 
-    def stats(self, leases: int) -> dict[str, int]:
-        """What ``toren workers`` shows for this worker."""
+    def stats(self, leases: int) -> dict[str, Any]:
+        """What ``toren workers`` shows for this worker (and what ``toren run`` checks)."""
         return {
             "actors_in_memory": len(self.hosts),
             "leases_held": leases,
             "rss_bytes": self._process.memory_info().rss,
+            "routes": served_routes(),
         }
 
     async def renew_once(self) -> int:

@@ -246,3 +246,6 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
     missing = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", "run/nope"))
     assert missing.returncode == 2
     assert "toren jobs list" in missing.stderr
+    unknown = await anyio.to_thread.run_sync(lambda: cli("run", "nobody", "hello"))
+    assert unknown.returncode == 2
+    assert "no live worker runs agent 'nobody'" in unknown.stderr

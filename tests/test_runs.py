@@ -571,3 +571,23 @@ async def test_tool_exceptions_and_timeouts_go_back_to_the_model_as_errors(
     assert results["x2"].is_error
     assert "timed out after 0.2s" in results["x2"].content
     assert (results["x3"].content, results["x3"].is_error) == ("found order", False)
+
+
+async def test_only_workers_that_define_an_agent_claim_its_runs(
+    client: Client, db_url: str
+) -> None:
+    from toren._agents import _registry
+
+    load_app("tests.run_app")
+    saved = dict(_registry)
+    _registry.clear()  # this worker's app defines no agent at all
+    try:
+        async with running_worker(db_url):
+            run_id = await start_run(client, "support", "anyone there?")
+            await anyio.sleep(1.5)
+            row = await client.actor(run_id)
+            assert row["owner"] is None
+            assert row["route"] == "agent:support"
+            assert await client.journal(run_id) == []  # untouched, not failed
+    finally:
+        _registry.update(saved)

@@ -265,6 +265,16 @@ def register_agents(agents: Iterable[Agent]) -> None:
         _registry[agent.name] = agent
 
 
+def agent_route(name: str) -> str:
+    """The route a run of agent ``name`` is claimed on: only workers that define it serve it."""
+    return f"agent:{name}"
+
+
+def served_routes() -> list[str]:
+    """The routes this process serves: one per registered agent."""
+    return [agent_route(name) for name in sorted(_registry)]
+
+
 def agent_named(name: str) -> Agent | None:
     """The registered agent called ``name``, if this process loaded it."""
     return _registry.get(name)

@@ -10,7 +10,7 @@ import anyio
 import click
 from rich.table import Table
 
-from toren._cli_common import database_url, out, run_async
+from toren._cli_common import database_url, err, out, run_async
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, UnknownActor
@@ -131,6 +131,7 @@ def register(main: click.Group) -> None:
         """Start a run of AGENT on TEXT; prints its id."""
         client = await _client(ctx.obj["settings"])
         try:
+            await _check_served(client, agent)
             run_id = await start_run(client, agent, text, idempotency_key=key)
             out.print(run_id)
             if wait:
@@ -281,6 +282,23 @@ def register(main: click.Group) -> None:
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
     steer("cancel", "Cancel RUN.", stop, reason=True)
     steer("retry", "Resume failed RUN from its last good step.", again)
+
+
+async def _check_served(client: Client, agent: str) -> None:
+    """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
+    from toren._leases import live_workers
+
+    workers = await live_workers(client.pool)
+    served = sorted(
+        {r.removeprefix("agent:") for w in workers for r in w["stats"].get("routes", [])}
+    )
+    if workers and agent not in served:
+        raise ConfigError(
+            f"no live worker runs agent {agent!r} (they run: {', '.join(served) or 'no agents'})",
+            hint="Start a worker with --app naming the module that defines it.",
+        )
+    if not workers:
+        err.print(f"note: no worker is running; the run starts when one with agent {agent!r} does")
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:

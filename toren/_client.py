@@ -94,10 +94,12 @@ class Client:
         *,
         parent: str | None = None,
         max_depth: int = 10000,
+        route: str | None = None,
     ) -> bool:
         """Persist a new actor. It runs when its first message arrives.
 
-        Spawning an existing id of the same kind is a no-op, so spawn is safe to repeat.
+        Spawning an existing id of the same kind is a no-op, so spawn is safe to repeat. With a
+        ``route``, only workers serving that route claim the actor.
 
         Returns:
             True if the actor was created now, False if it existed.
@@ -107,13 +109,14 @@ class Client:
         """
         kind_name = kind if isinstance(kind, str) else kind.kind
         created = await self.pool.fetchval(
-            "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth) "
-            "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
+            "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route) "
+            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
             actor_id,
             kind_name,
             dict(args or {}),
             parent,
             max_depth,
+            route,
         )
         if created:
             return True

@@ -178,6 +178,7 @@ WITH RECURSIVE with_mail(actor_id) AS (
     SELECT a.actor_id FROM with_mail JOIN toren.actors a USING (actor_id)
     WHERE a.status = 'live'
       AND a.kind = ANY($4::text[])
+      AND (a.route IS NULL OR a.route = ANY($6::text[]))
       -- Never an actor this worker hosts now (its renewal extends that lease), but one it owns
       -- and lost track of (a release that failed, a claim whose answer was lost) is fair game.
       AND NOT (a.actor_id = ANY($5::text[]))
@@ -192,7 +193,7 @@ WITH RECURSIVE with_mail(actor_id) AS (
 
 _CLAIM = f"""{_CLAIMABLE}
 UPDATE toren.actors a
-SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $6)
+SET owner = $1, epoch = a.epoch + 1, lease_expires_at = now() + make_interval(secs => $7)
 FROM cand WHERE a.actor_id = cand.actor_id
 RETURNING a.actor_id, a.kind, a.args, a.epoch
 """
@@ -206,10 +207,17 @@ async def waiting(
     kinds: list[str],
     hosted: list[str],
     only: list[str] | None = None,
+    routes: list[str] | None = None,
 ) -> int:
     """How many actors (up to ``limit``) this worker could claim now: demand for a full worker."""
     count: int = await pool.fetchval(
-        f"{_CLAIMABLE} SELECT count(*) FROM cand", worker_id, limit, only, kinds, hosted
+        f"{_CLAIMABLE} SELECT count(*) FROM cand",
+        worker_id,
+        limit,
+        only,
+        kinds,
+        hosted,
+        routes or [],
     )
     return count
 
@@ -223,17 +231,22 @@ async def claim(
     kinds: list[str],
     hosted: list[str],
     only: list[str] | None = None,
+    routes: list[str] | None = None,
 ) -> list[Claim]:
     """Claim up to ``limit`` runnable actors of ``kinds`` (``only`` those named, if given).
 
     A claim raises the actor's epoch, which fences out every earlier owner. A worker claims only
     kinds it has classes for (workers may run different apps on one database), never an actor
     it ``hosted`` now (its own renewal extends that lease; an actor it owns but does not host
-    is claimed again, so nothing stays stranded), and nothing once its own lock is gone.
+    is claimed again, so nothing stays stranded), and nothing once its own lock is gone. An
+    actor spawned with a ``route`` is claimed only by workers that serve it (``routes``): a run
+    of an agent goes only to workers whose app defines that agent.
     """
     if limit <= 0 or not kinds:
         return []
-    rows = await pool.fetch(_CLAIM, worker_id, limit, only, kinds, hosted, float(lease))
+    rows = await pool.fetch(
+        _CLAIM, worker_id, limit, only, kinds, hosted, routes or [], float(lease)
+    )
     return [
         Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
         for r in rows

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import attrs
 
-from toren._agents import Agent, Tool, ToolContext, agent_named
+from toren._agents import Agent, Tool, ToolContext, agent_named, agent_route, served_routes
 from toren._codec import decode, message
 from toren._digest import GENESIS, chain
 from toren._errors import TorenError, UnknownActor
@@ -62,6 +62,7 @@ __all__ = [
     "ToolSpec",
     "Wake",
     "agent_named",
+    "agent_route",
     "cancel",
     "chain",
     "decide",
@@ -71,6 +72,7 @@ __all__ = [
     "receipt",
     "retry",
     "say",
+    "served_routes",
     "start_run",
 ]
 
@@ -546,7 +548,7 @@ async def start_run(
     """
     run_uuid = uuid.uuid5(_KEY_NAMESPACE, idempotency_key) if idempotency_key else uuid.uuid4()
     run_id = f"run/{run_uuid}"
-    created = await client.spawn(RUN_KIND, run_id, {"agent": agent})
+    created = await client.spawn(RUN_KIND, run_id, {"agent": agent}, route=agent_route(agent))
     if not created and idempotency_key is not None:
         started = await _started(client, run_id)
         pending = await client.pool.fetchval(

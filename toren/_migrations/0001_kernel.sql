@@ -20,6 +20,7 @@ CREATE TABLE toren.actors (
     actor_id          text PRIMARY KEY,
     kind              text NOT NULL,
     args              jsonb NOT NULL DEFAULT '{}',
+    route             text,                     -- only workers serving this route claim it
     parent            text,
     status            text NOT NULL DEFAULT 'live' CHECK (status IN ('live', 'failed', 'stopped')),
     failure           text,
