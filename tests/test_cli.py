@@ -237,6 +237,7 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
     assert record["receipt"]["calls_replayed"] >= 1  # the run parked and went on from its journal
     assert float(record["receipt"]["usd_paid"]) > 0
     assert set(record["receipt"]) >= {"calls_made", "calls_replayed", "usd_paid", "usd_not_repaid"}
+    assert record["calls_made"] == 2  # the same figures at the top level of the record
     timeline = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", run_id))
     assert "approval requested for refund" in timeline.stdout
     assert "approved by cli:" in timeline.stdout

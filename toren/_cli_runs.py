@@ -51,6 +51,15 @@ async def _read(client: Client, run_id: str) -> RunState:
 def record(run_id: str, state: RunState) -> dict[str, Any]:
     """The run record ``toren jobs show --json`` prints."""
     r = receipt(state)
+    figures = {
+        "calls_made": r.calls_made,
+        "calls_replayed": r.calls_replayed,
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens,
+        "usd_paid": str(r.usd_paid),
+        "usd_not_repaid": str(r.usd_not_repaid),
+        "unpriced_calls": r.unpriced_calls,
+    }
     return {
         "id": run_id,
         "agent": state.agent,
@@ -58,15 +67,8 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "input": state.input,
         "output": state.output,
         "error": {"class": state.error_class, "message": state.error} if state.error else None,
-        "receipt": {
-            "calls_made": r.calls_made,
-            "calls_replayed": r.calls_replayed,
-            "input_tokens": r.input_tokens,
-            "output_tokens": r.output_tokens,
-            "usd_paid": str(r.usd_paid),
-            "usd_not_repaid": str(r.usd_not_repaid),
-            "unpriced_calls": r.unpriced_calls,
-        },
+        **figures,  # the receipt's figures, at the top level for scripts
+        "receipt": figures,
     }
 
 
