@@ -196,7 +196,7 @@ class Worker:
             with anyio.CancelScope(shield=True):
                 hosts.cancel_all()
                 try:
-                    released = await release(pool, session.worker_id, None)
+                    released = await release(pool, session.worker_id)
                     if released:
                         log.info("released %d leases", released)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):

@@ -98,7 +98,7 @@ async def test_claims_skip_actors_of_live_workers_and_take_those_of_dead_ones(
         assert await renew(client.pool, owner.worker_id, stale, lease=30, stats={}) == set()
         fresh = [("c/d", c2.epoch)]
         assert await renew(client.pool, other.worker_id, fresh, lease=30, stats={}) == set(fresh)
-        assert await release(client.pool, other.worker_id, None) == 1
+        assert await release(client.pool, other.worker_id) == 1
     finally:
         await other.close()
 

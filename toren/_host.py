@@ -89,8 +89,6 @@ class ActorHost:
         self._sleep = sleep
         self._wake = anyio.Event()
         self._stop = anyio.Event()
-        self.fenced = False
-        self.in_hand: int | None = None
         self.idle = False
         self.steps = 0  # messages handled by this host, committed or charged
 
@@ -150,7 +148,6 @@ class ActorHost:
                 await self._run(actor, started)
                 return True
             except FencedOut:
-                self.fenced = True
                 log.info(
                     "%s: fenced out at epoch %d; it runs elsewhere now", self.actor_id, self.epoch
                 )
@@ -190,11 +187,7 @@ class ActorHost:
                 continue
             # A graceful stop lets this step finish; only the supervisor's cancellation after
             # the grace period cuts it.
-            self.in_hand = envelope.id
-            try:
-                state, seq = await self._step(actor, envelope, state, seq)
-            finally:
-                self.in_hand = None
+            state, seq = await self._step(actor, envelope, state, seq)
             self.steps += 1
             idle_since = anyio.current_time()
             every = self._cls.snapshot_every

@@ -356,22 +356,20 @@ async def release_claim(pool: asyncpg.Pool, actor_id: str, owner: uuid.UUID, epo
 _RELEASE = """
 WITH released AS (
     UPDATE toren.actors SET owner = NULL, lease_expires_at = NULL
-    WHERE owner = $1 AND ($2::text[] IS NULL OR actor_id = ANY($2::text[]))
+    WHERE owner = $1
     RETURNING actor_id
 )
 SELECT count(pg_notify('toren_mail', actor_id)) FROM released
 """
 
 
-async def release(
-    pool: asyncpg.Pool | asyncpg.Connection, worker_id: uuid.UUID, actor_ids: list[str] | None
-) -> int:
-    """Release this worker's leases (all, or those named) and wake other workers to claim them.
+async def release(pool: asyncpg.Pool | asyncpg.Connection, worker_id: uuid.UUID) -> int:
+    """Release every lease of this worker incarnation and wake other workers to claim them.
 
     Returns:
         How many leases were released.
     """
-    count: int = await pool.fetchval(_RELEASE, worker_id, actor_ids)
+    count: int = await pool.fetchval(_RELEASE, worker_id)
     return count
 
 

@@ -92,13 +92,3 @@ class PostgresRestartStore:
 
     async def reset(self, key: str) -> None:
         await self._pool.execute("DELETE FROM toren.restart_windows WHERE key = $1", key)
-
-    async def count(self, key: str, period: float) -> int:
-        """Restarts of ``key`` within the last ``period`` seconds, without recording one."""
-        n: int = await self._pool.fetchval(
-            "SELECT count(*) FROM toren.restart_windows, unnest(restarts) AS t "
-            "WHERE key = $1 AND t > clock_timestamp() - make_interval(secs => $2)",
-            key,
-            float(period),
-        )
-        return n
