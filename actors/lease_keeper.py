@@ -21,7 +21,7 @@ import psutil
 
 from actors.hosts import HostRegistry
 from toren import Settings, TorenError
-from toren.kernel import TRANSIENT_DB_ERRORS, renew
+from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
 from toren.runs import served_routes
 
 log = logging.getLogger("toren.worker")
@@ -68,6 +68,8 @@ class LeaseKeeper:
         # Judge only the claims held when the statement starts: a claim taken meanwhile is
         # neither renewed nor judged lost (its lease is fresh).
         judged = self.hosts.claims()
+        if judged:
+            kill_point("lease.renewing")
         with anyio.fail_after(self.settings.renew_seconds):
             held = await renew(
                 self.pool,
@@ -76,6 +78,8 @@ class LeaseKeeper:
                 lease=self.settings.lease_seconds,
                 stats=self.stats(leases=len(judged)),
             )
+        if judged:
+            kill_point("lease.renewed")
         if held is None:
             raise RegistrationLost(self.worker_id)
         for actor_id in self.hosts.stop_lost(judged, held):

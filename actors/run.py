@@ -29,6 +29,7 @@ import orjson
 import pydantic
 
 from toren import Actor, ConfigError, Context, durable_sleep
+from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
     ProviderError,
@@ -192,6 +193,7 @@ class RunActor(Actor[RunState]):
             log.warning("%s: a decision arrived but nothing waits for one", ctx.actor_id)
             return
         call_id = sorted(waiting)[0]
+        kill_point("decision.received")
         ctx.emit(
             ApprovalDecided(
                 call_id=call_id,
@@ -292,6 +294,7 @@ class RunActor(Actor[RunState]):
             ctx.emit(TimerSet(call_id=call.id, seconds=seconds, at=time.time()))
             ctx.set_timer(f"sleep:{call.id}", seconds, Wake(call_id=call.id))
             return
+        kill_point("tool.running")
         content, is_error = await _run_tool(tool, ctx.actor_id, intent)
         ctx.emit(ToolResulted(call_id=call.id, content=content, is_error=is_error))
         ctx.send(ctx.actor_id, Continue())
@@ -310,7 +313,9 @@ class RunActor(Actor[RunState]):
         try:
             provider = await _provider(agent.model)
             started = time.monotonic()
+            kill_point("model.sending")
             response = await provider.call(request)
+            kill_point("model.received")
         except ProviderError as exc:
             self._failed_attempt(ctx, agent, exc)
             return

@@ -38,7 +38,15 @@ from supervisors._backoff import Backoff
 from supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
 from supervisors._supervisor import ChildContext, ChildSpec, Ready, Restart, Strategy, Supervisor
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
-from toren.kernel import Claim, WorkerSession, connect, create_pool, release, schema_status
+from toren.kernel import (
+    Claim,
+    WorkerSession,
+    connect,
+    create_pool,
+    kill_point,
+    release,
+    schema_status,
+)
 from toren.kernel import migrate as _migrate
 
 log = logging.getLogger("toren.worker")
@@ -259,6 +267,7 @@ async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> 
                         signal.Signals(signum).name,
                         settings.grace_seconds,
                     )
+                    kill_point("shutdown.draining")
                     tg.start_soon(_stop_then_exit, worker, tg)
                     break
                 async for _ in signals:
@@ -271,4 +280,5 @@ async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> 
 
 async def _stop_then_exit(worker: Worker, tg: anyio.abc.TaskGroup) -> None:
     await worker.stop()
+    kill_point("shutdown.released")
     tg.cancel_scope.cancel()

@@ -45,6 +45,7 @@ class CounterState:
 class Counter(Actor[CounterState]):
     kind = "test.counter"
     idle_seconds = 1.0
+    handled = 0  # handler runs in this process (committed or not)
 
     def initial_state(self) -> CounterState:
         return CounterState()
@@ -55,6 +56,7 @@ class Counter(Actor[CounterState]):
         return state
 
     async def handle(self, ctx: Context[CounterState], msg: Any) -> None:
+        Counter.handled += 1
         if isinstance(msg, Add):
             assert ctx.envelope is not None
             ctx.emit(Added(n=msg.n, tag=msg.tag, message_id=ctx.envelope.id))

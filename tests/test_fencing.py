@@ -161,3 +161,50 @@ async def test_a_worker_claims_only_kinds_it_knows_and_never_what_it_hosts(
         assert (c2.actor_id, c2.epoch) == ("c/k", c1.epoch + 1)
     finally:
         await session.close()
+
+
+async def test_a_commit_retried_after_its_answer_was_lost_is_recognised(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/r")
+    await client.send("c/r", app.Add(n=1, tag="a"))
+    owner = await _session(db_url)
+    try:
+        [c] = await claim(client.pool, owner.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
+        envelope = await claim_next(client.pool, "c/r", owner.worker_id, c.epoch)
+        assert envelope is not None
+        actor = app.Counter("c/r", {})
+        opened = open_envelope(envelope)
+        ctx = Context(actor, actor.initial_state(), 0, c.epoch, opened)
+        ctx.emit(app.Added(n=1, tag="a", message_id=opened.id))
+        await commit_step(client.pool, owner.worker_id, opened, ctx)
+        # The first answer was lost (say): committing the same step again changes nothing...
+        await commit_step(client.pool, owner.worker_id, opened, ctx, retry=True)
+        assert len(await client.journal("c/r")) == 1
+        # ...but a first attempt that finds its message gone is not ours to claim as landed.
+        with pytest.raises(FencedOut):
+            await commit_step(client.pool, owner.worker_id, opened, ctx)
+        # And a retry by an owner that lost the actor is fenced out, not taken as landed.
+        await client.pool.execute("UPDATE toren.actors SET epoch = epoch + 1")
+        with pytest.raises(FencedOut):
+            await commit_step(client.pool, owner.worker_id, opened, ctx, retry=True)
+    finally:
+        await owner.close()
+
+
+async def test_a_watchers_shared_lock_does_not_keep_a_dead_worker_alive(
+    client: Client, db_url: str
+) -> None:
+    from toren._leases import LOCK_NAMESPACE
+
+    dead = await _session(db_url)
+    await dead.conn.close()  # dies without deregistering
+    watcher = await asyncpg.connect(db_url)
+    try:
+        # A death watch waiting on the dead worker's lock is granted it, shared, at the death.
+        await watcher.execute(
+            "SELECT pg_advisory_lock_shared($1, $2)", LOCK_NAMESPACE, dead.lock_key
+        )
+        assert dead.worker_id not in {r["worker_id"] for r in await live_workers(client.pool)}
+    finally:
+        await watcher.close()

@@ -32,6 +32,7 @@ from toren._errors import (
     UnknownActorKind,
 )
 from toren._journal import rebuild, save_snapshot
+from toren._killpoints import kill_point, kill_points_for
 from toren._leases import Claim, release_claim, release_if_idle
 from toren._mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
 
@@ -168,6 +169,7 @@ class ActorHost:
 
     async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
         state, seq = await rebuild(self.pool, actor)
+        kill_point("actor.rebuilt")
         snapshot_seq = seq
         try:
             await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
@@ -185,6 +187,9 @@ class ActorHost:
                 if await self._idle(idle_since):
                     return
                 continue
+            kill_point("message.claimed")
+            if envelope.is_timer:
+                kill_point("timer.fired")
             # A graceful stop lets this step finish; only the supervisor's cancellation after
             # the grace period cuts it.
             state, seq = await self._step(actor, envelope, state, seq)
@@ -242,13 +247,51 @@ class ActorHost:
             # awaited) is the handler's failure, not a stop of the worker's tree.
             await self._charge(envelope, RuntimeError(f"handler raised {exc!r}"))
             return state, seq
+        kill_point("step.committing")
+        kill_points_for("committing:", (e[1] for e in ctx.events))
         try:
-            await commit_step(self.pool, self.worker_id, opened, ctx)
+            await self._commit(opened, ctx)
         except (UnknownActor, ActorAlreadyExists) as exc:
             # What the handler asked for cannot be committed: its fault, charged likewise.
             await self._charge(envelope, exc)
             return state, seq
+        kill_point("step.committed")
+        kill_points_for("committed:", (e[1] for e in ctx.events))
+        if ctx.outgoing:
+            kill_point("outbox.inserted")
+        if envelope.sender is not None:
+            kill_point("outbox.consumed")
         return ctx.state, ctx.seq
+
+    async def _commit(self, envelope: Envelope, ctx: Context[Any]) -> None:
+        """Commit the step; on a database error, commit the same step again once it answers.
+
+        The handler's work (a model call, a tool run) is not done again for a dropped
+        connection. A commit whose answer was lost may have landed: the retry then finds the
+        message consumed while the actor is still ours, which only our own commit can do.
+
+        Raises:
+            FencedOut: the actor is no longer ours.
+            Exception: a database error, if a stop is requested while retrying (the message
+                stays queued and is handled again).
+        """
+        failures = 0
+        while True:
+            try:
+                await commit_step(self.pool, self.worker_id, envelope, ctx, retry=failures > 0)
+                return
+            except TRANSIENT_DB_ERRORS as exc:
+                failures += 1
+                delay = _jittered(min(_RETRY_CAP, 0.05 * 2**failures))
+                log.warning(
+                    "%s: database error committing message %d (%s); committing again in %.2fs",
+                    self.actor_id,
+                    envelope.id,
+                    exc,
+                    delay,
+                )
+                if await self._pause(delay):
+                    raise
 
     async def _charge(self, envelope: Envelope, exc: Exception) -> None:
         """Record a failed attempt; dead-letter past the limit; else back off before retrying."""

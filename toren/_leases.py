@@ -24,8 +24,9 @@ import attrs
 from toren._actor import ChildFailed
 from toren._codec import encode
 from toren._config import Settings
-from toren._db import connect
+from toren._db import TRANSIENT_DB_ERRORS, connect
 from toren._errors import FencedOut
+from toren._killpoints import kill_point
 from toren._version import __version__
 
 log = logging.getLogger("toren.leases")
@@ -46,6 +47,13 @@ class Claim:
 def code_version(settings: Settings) -> str:
     """The version a worker reports: the package version plus the optional deploy label."""
     return f"{__version__}+{settings.deploy_label}" if settings.deploy_label else __version__
+
+
+# Any of these on the lock connection means the lock may be gone: the incarnation ends.
+_LOCK_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    *TRANSIENT_DB_ERRORS,
+    asyncpg.PostgresError,
+)
 
 
 class WorkerSession:
@@ -126,7 +134,7 @@ class WorkerSession:
             try:
                 with anyio.fail_after(interval):
                     await self.conn.fetchval("SELECT 1")
-            except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            except _LOCK_CONNECTION_ERRORS:
                 self._mark_lost()
 
     async def close(self) -> None:
@@ -156,6 +164,7 @@ async def _close_quietly(conn: asyncpg.Connection) -> None:
 _LIVE_WORKERS = f"""
     SELECT w.worker_id FROM toren.workers w
     JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+        AND l.mode = 'ExclusiveLock'  -- not a watcher's shared lock, granted as the owner died
         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
         AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
 """
@@ -244,9 +253,12 @@ async def claim(
     """
     if limit <= 0 or not kinds:
         return []
+    kill_point("actor.claiming")
     rows = await pool.fetch(
         _CLAIM, worker_id, limit, only, kinds, hosted, routes or [], float(lease)
     )
+    if rows:
+        kill_point("actor.claimed")
     return [
         Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
         for r in rows

@@ -213,9 +213,17 @@ SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS
 
 
 async def commit_step(
-    pool: asyncpg.Pool, owner: uuid.UUID, envelope: Envelope, ctx: Context[Any]
+    pool: asyncpg.Pool,
+    owner: uuid.UUID,
+    envelope: Envelope,
+    ctx: Context[Any],
+    *,
+    retry: bool = False,
 ) -> None:
     """Commit one handled message: everything in ``ctx`` or nothing.
+
+    With ``retry`` (an earlier attempt's answer was lost), a message already consumed while the
+    actor is still ours means that attempt landed: nothing more is done.
 
     Raises:
         FencedOut: the actor is no longer ours (epoch raised, or a newer owner wrote the seq).
@@ -257,6 +265,8 @@ async def commit_step(
         raise UnknownActor(_recipient_named_in(exc, [o.to for o in out])) from exc
     if row is not None and row["owned"] and row["clash"]:
         raise ActorAlreadyExists(*row["clash"])
+    if row is not None and row["owned"] and not row["consumed"] and retry:
+        return
     if row is None or not row["consumed"]:
         raise FencedOut(ctx.actor_id, ctx.epoch)
 

@@ -28,6 +28,7 @@ from toren._client import Client
 from toren._config import Settings
 from toren._db import connect
 from toren._errors import ConfigError
+from toren._killpoints import arm as arm_kill_points
 from toren._logging import configure
 from toren._migrate import migrate as apply_migrations
 
@@ -81,6 +82,10 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
     """Run a worker: claim actors with mail and run them until SIGTERM."""
     from supervisors.worker import run_worker  # the entry point that boots a worker
 
+    try:
+        arm_kill_points()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     settings = Settings.load(
         config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
     )

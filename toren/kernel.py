@@ -15,6 +15,7 @@ from toren._db import (
     recorded_dev_url,
 )
 from toren._host import ActorHost, MessageDeadLettered
+from toren._killpoints import kill_point
 from toren._leases import (
     Claim,
     WorkerSession,
@@ -45,6 +46,7 @@ __all__ = [
     "connect",
     "create_pool",
     "housekeep",
+    "kill_point",
     "live_workers",
     "mark_failed",
     "migrate",
