@@ -1,0 +1,132 @@
+"""``python -m chaos``: run the kill matrix, the mutations and the scenarios; print the matrix.
+
+Exit status 0 when every cell passes and every mutation turns at least one cell red.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import anyio
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from chaos.harness import Cell, CellResult, Harness
+from chaos.matrix import MUTATION_CELLS, cells, clean_run, summary, table
+from chaos.mutations import MUTATIONS
+from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
+
+console = Console()
+
+
+async def _cells(
+    harness: Harness, todo: list[Cell], expected: object, label: str
+) -> list[CellResult]:
+    results = []
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(label, total=len(todo))
+        for cell in todo:
+            progress.update(
+                task, description=f"{label}: {cell.point}#{cell.occurrence} {cell.fault}"
+            )
+            result, _ = await harness.run_cell(cell, expected)  # type: ignore[arg-type]
+            if not result.passed and label == "matrix":
+                console.print(f"[red]FAIL[/red] {cell.slug}: {'; '.join(result.problems)}")
+            results.append(result)
+            progress.advance(task)
+    return results
+
+
+async def main(
+    only: str | None,
+    mutations: bool,
+    scenarios: bool,
+    soak_seconds: float,
+    soak_runs: int,
+    workdir: Path,
+) -> bool:
+    from toren._db import EmbeddedPostgres
+
+    server = EmbeddedPostgres(workdir / "pg")
+    ok = True
+    try:
+        async with Harness(server.url, workdir / "cells") as harness:
+            expected = await clean_run(harness)
+            todo = [c for c in cells() if only is None or only in c.point]
+            results = await _cells(harness, todo, expected, "matrix")
+            console.print(table(results, "Kill matrix: kill point x fault"))
+            console.print(summary(results))
+            ok = all(r.passed for r in results)
+            if scenarios:
+                with console.status("Postgres restarted mid-run..."):
+                    restart = await postgres_restart(harness, restarter(server.data_dir), expected)
+                with console.status(
+                    f"soak: {soak_runs} runs, workers killed for {soak_seconds:g}s..."
+                ):
+                    soaked = await soak(harness, expected, runs=soak_runs, seconds=soak_seconds)
+                for s in (restart, soaked):
+                    _scenario(s)
+                    ok = ok and s.passed
+        if mutations:
+            for name in MUTATIONS:
+                async with Harness(
+                    server.url, workdir / "cells", mutation=name, bound=10
+                ) as mutated:
+                    red = await _cells(mutated, list(MUTATION_CELLS[name]), expected, name)
+                caught = sum(not r.passed for r in red)
+                console.print(table(red, f"Mutation {name}: {caught} of {len(red)} cells red"))
+                for r in red:
+                    if not r.passed:
+                        console.print(f"  {r.cell.slug}: {r.problems[0]}")
+                ok = ok and caught > 0
+    finally:
+        server.stop()
+    return ok
+
+
+def _scenario(result: ScenarioResult) -> None:
+    colour = "green" if result.passed else "red"
+    console.print(f"[{colour}]{result.line()}[/{colour}]")
+    for problem in result.problems[:10]:
+        console.print(f"  {problem}")
+
+
+@click.command()
+@click.option("--only", help="Run only the cells whose kill point contains this text.")
+@click.option("--mutations/--no-mutations", default=True, help="Run the mutations too.")
+@click.option("--scenarios/--no-scenarios", default=True, help="Postgres restart and the soak.")
+@click.option(
+    "--soak-seconds", default=20.0, show_default=True, help="How long workers are killed."
+)
+@click.option("--soak-runs", default=50, show_default=True, help="Runs in the soak.")
+@click.option("--keep", is_flag=True, help="Keep the workers' logs (their directory is printed).")
+def cli(
+    only: str | None,
+    mutations: bool,
+    scenarios: bool,
+    soak_seconds: float,
+    soak_runs: int,
+    keep: bool,
+) -> None:
+    """Kill a worker at every phase of an agent run; check nothing is lost or paid twice."""
+    workdir = Path(tempfile.mkdtemp(prefix="toren-chaos-"))
+    try:
+        ok = anyio.run(main, only, mutations, scenarios, soak_seconds, soak_runs, workdir)
+    finally:
+        if keep:
+            console.print(f"logs: {workdir / 'cells'}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    raise SystemExit(0 if ok else 1)
+
+
+cli()

@@ -1,0 +1,60 @@
+"""The app the chaos matrix runs: one agent whose run touches every kind of step.
+
+The scripted model (see :func:`chaos.servers.script`) has the ``chaos`` agent open a ticket (a
+keyed external effect), refund the customer (a keyed external effect that needs an approval),
+sleep on a durable timer, and answer. Both effects go to the harness's
+:class:`chaos.servers.EffectServer`, which applies each idempotency key once and counts every
+request.
+
+If ``CHAOS_MUTATION`` names a mutation, importing this module loads it into the worker process
+(see :mod:`chaos.mutations`): the harness's way to remove one protection and watch cells turn
+red. Production code has no such switch.
+"""
+
+from __future__ import annotations
+
+import os
+
+import aiohttp
+
+from toren import Agent, ToolContext, durable_sleep, tool
+
+
+async def _apply(ctx: ToolContext, kind: str, detail: str) -> str:
+    url = os.environ["CHAOS_EFFECTS_URL"]
+    body = {"run": ctx.run_id, "kind": kind, "detail": detail, "key": ctx.idempotency_key}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            f"{url}/effects", json=body, headers={"Idempotency-Key": ctx.idempotency_key}
+        ) as response,
+    ):
+        response.raise_for_status()
+        answer = await response.json()
+    return f"{kind} {detail}: {'applied' if answer['applied'] else 'already applied'}"
+
+
+@tool(effects="external", idempotency="keyed")
+async def open_ticket(ctx: ToolContext, title: str) -> str:
+    """Open a ticket in the tracker."""
+    return await _apply(ctx, "ticket", title)
+
+
+@tool(effects="external", idempotency="keyed", approval=lambda args: True)
+async def refund(ctx: ToolContext, amount: float) -> str:
+    """Refund the customer (a person approves every refund)."""
+    return await _apply(ctx, "refund", f"{amount:g}")
+
+
+chaos = Agent(
+    name="chaos",
+    model="anthropic/claude-sonnet-4-6",
+    system="You resolve support cases.",
+    tools=[open_ticket, refund, durable_sleep],
+)
+
+_mutation = os.environ.get("CHAOS_MUTATION")
+if _mutation:
+    from chaos.mutations import load
+
+    load(_mutation)

@@ -1,0 +1,83 @@
+"""The chaos matrix under pytest: one test per cell, per mutation and per scenario, sharing one
+embedded Postgres and one harness; the matrix tables are printed at the end of the session.
+
+``CHAOS_SOAK_SECONDS`` and ``CHAOS_SOAK_RUNS`` lengthen the soak (``python -m chaos`` has the
+same as options).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from chaos.harness import CellResult, Harness
+from chaos.matrix import clean_run, summary, table
+from chaos.oracle import Expected
+from chaos.scenarios import ScenarioResult
+from toren._db import EmbeddedPostgres
+
+RESULTS: dict[str, list[CellResult]] = {}
+SCENARIOS: list[ScenarioResult] = []
+
+
+def record(title: str, *results: CellResult) -> None:
+    RESULTS.setdefault(title, []).extend(results)
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def chaos_workdir() -> Iterator[Path]:
+    workdir = Path(tempfile.mkdtemp(prefix="toren-chaos-"))
+    yield workdir
+    failed = any(not r.passed for r in RESULTS.get("Kill matrix", ())) or any(
+        not s.passed for s in SCENARIOS
+    )
+    if not failed and not os.environ.get("CHAOS_KEEP"):
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def chaos_server(chaos_workdir: Path) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(chaos_workdir / "pg")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+async def harness(chaos_server: EmbeddedPostgres, chaos_workdir: Path) -> AsyncIterator[Harness]:
+    async with Harness(chaos_server.url, chaos_workdir / "cells") as h:
+        yield h
+
+
+@pytest.fixture(scope="session")
+async def expected(harness: Harness) -> Expected:
+    return await clean_run(harness)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not RESULTS and not SCENARIOS:
+        return
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
+    for title, results in RESULTS.items():
+        if title == "Kill matrix":
+            console.print(table(results, "Kill matrix: kill point x fault"))
+            console.print(summary(results))
+        else:
+            red = sum(not r.passed for r in results)
+            console.print(table(results, f"{title}: {red} of {len(results)} cells red"))
+    for s in SCENARIOS:
+        console.print(s.line())
+    terminalreporter.write_sep("=", "chaos")
+    terminalreporter.write(buffer.getvalue())

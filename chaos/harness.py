@@ -1,0 +1,432 @@
+"""The chaos harness: run the scripted agent once per cell, fault a worker at one kill point,
+and judge what is left.
+
+A cell is a kill point (with the occurrence to fault) and a fault:
+
+- ``sigkill``: the worker is frozen at the point, then ``SIGKILL``ed; a fresh worker finishes;
+- ``pg_terminate``: while it is frozen there, every database session of the worker is
+  terminated (``pg_terminate_backend``); it goes on and must notice and recover by itself;
+- ``sigstop``: frozen there, then ``SIGSTOP``ped; a survivor claims the run once the lease
+  expired and is held just after its claim; the zombie is continued (``SIGCONT``) and must be
+  fenced out; then the survivor finishes.
+
+Two points are on the harness's side of the wire: ``model.in_flight`` (the model server holds
+the k-th request) and ``tool.in_flight`` (the tracker applied the k-th effect and holds its
+answer). Shutdown points are reached after the harness sends ``SIGTERM`` when the second model
+request arrives.
+
+Every cell checks that its fault landed (the point was reached; the process died of SIGKILL;
+sessions were terminated and the worker logged that it lost its lock; the process was seen
+stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import anyio
+import asyncpg
+import attrs
+import orjson
+
+from chaos.oracle import Expected, Observed, Takeover, judge, observe
+from chaos.processes import Launchers, Worker
+from chaos.servers import EffectServer, case, position, script
+from toren import Client
+from toren._db import with_database
+from toren._migrate import migrate
+from toren.runs import decide, read_run, start_run
+from toren.testing import AnthropicServer, Hold
+
+Fault = Literal["sigkill", "pg_terminate", "sigstop"]
+FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
+HARNESS_POINTS = ("model.in_flight", "tool.in_flight")
+
+LEASE = 2.0
+SETTINGS = {
+    "TOREN_LEASE_SECONDS": str(LEASE),
+    "TOREN_RENEW_SECONDS": "0.5",
+    "TOREN_POLL_SECONDS": "0.2",
+    "TOREN_GRACE_SECONDS": "3",
+    "TOREN_MODEL_RETRY_BASE_SECONDS": "0.1",
+}
+
+
+@attrs.frozen
+class Cell:
+    point: str
+    occurrence: int
+    fault: Fault | None  # None: the clean run
+
+    @property
+    def slug(self) -> str:
+        fault = self.fault or "clean"
+        return f"{self.point.replace(':', '-')}-{self.occurrence}-{fault}"
+
+
+@attrs.frozen
+class CellResult:
+    cell: Cell
+    problems: tuple[str, ...]
+    duplicate_calls: int
+    duplicate_usd: Decimal
+    seconds: float
+    evidence: str
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+
+class CellFailed(Exception):
+    """The cell cannot go on (its fault did not land, or the run did not start)."""
+
+
+class Harness:
+    """One Postgres server, a template database, warm worker processes; cells run one by one."""
+
+    def __init__(
+        self, server_url: str, workdir: Path, *, mutation: str | None = None, bound: float = 30.0
+    ) -> None:
+        self.server_url = server_url
+        self.workdir = workdir
+        self.mutation = mutation
+        self.bound = bound
+        self.launchers: Launchers | None = None
+        self.template = f"chaos_template_{uuid.uuid4().hex[:8]}"
+
+    async def __aenter__(self) -> Harness:
+        admin = await asyncpg.connect(self.server_url)
+        try:
+            await admin.execute(f"CREATE DATABASE {self.template}")
+        finally:
+            await admin.close()
+        conn = await asyncpg.connect(with_database(self.server_url, self.template))
+        try:
+            await migrate(conn)
+        finally:
+            await conn.close()
+        self.launchers = Launchers()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.launchers is not None:
+            self.launchers.close()
+        admin = await asyncpg.connect(self.server_url)
+        try:
+            await admin.execute(f"DROP DATABASE IF EXISTS {self.template} WITH (FORCE)")
+        finally:
+            await admin.close()
+
+    @contextlib.asynccontextmanager
+    async def database(self) -> AsyncIterator[str]:
+        name = f"chaos_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(self.server_url)
+        try:
+            await admin.execute(f"CREATE DATABASE {name} TEMPLATE {self.template}")
+        finally:
+            await admin.close()
+        try:
+            yield with_database(self.server_url, name)
+        finally:
+            admin = await asyncpg.connect(self.server_url)
+            try:
+                await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            finally:
+                await admin.close()
+
+    def worker_env(self, url: str, model: AnthropicServer, effects: EffectServer) -> dict[str, str]:
+        env = {"TOREN_DATABASE_URL": url, "CHAOS_EFFECTS_URL": effects.url, **SETTINGS}
+        env.update(model.env())
+        if self.mutation:
+            env["CHAOS_MUTATION"] = self.mutation
+        return env
+
+    def start(self, env: dict[str, str], folder: Path, role: str) -> Worker:
+        assert self.launchers is not None
+        n = len(list(folder.glob("*.log")))
+        return self.launchers.start(env, folder / f"{n}-{role}.log", role)
+
+    async def run_cell(self, cell: Cell, expected: Expected | None) -> tuple[CellResult, Observed]:
+        """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced)."""
+        prefix = f"{self.mutation}/" if self.mutation else ""
+        folder = self.workdir / f"{prefix}{cell.slug}"
+        folder.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        recorder = _Recorder()
+        async with (
+            self.database() as url,
+            AnthropicServer(recorder) as model,
+            EffectServer() as effects,
+        ):
+            client = await Client.connect(url)
+            execution = _Execution(self, cell, folder, client, model, effects, url, recorder)
+            try:
+                with anyio.fail_after(self.bound + 90):
+                    evidence = await execution.run()
+                state = await read_run(client, execution.run_id)
+                observed = await observe(
+                    client.pool,
+                    execution.run_id,
+                    state,
+                    recorder.arrivals,
+                    list(effects.effects.values()),
+                    allowed_repeats=execution.allowed_repeats,
+                    takeover=execution.takeover,
+                )
+            finally:
+                for w in execution.workers:
+                    w.close()
+                await client.close()
+        problems = list(execution.problems)
+        verdict = judge(observed, expected) if expected is not None else None
+        if verdict is not None:
+            problems.extend(verdict.problems)
+        return (
+            CellResult(
+                cell,
+                tuple(problems),
+                verdict.duplicate_calls if verdict else 0,
+                verdict.duplicate_usd if verdict else Decimal(0),
+                time.monotonic() - started,
+                evidence,
+            ),
+            observed,
+        )
+
+
+class _Recorder:
+    """The model script, recording when each request arrived (for the replay checks)."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[float, dict[str, Any]]] = []
+
+    def __call__(self, request: dict[str, Any], n: int) -> Any:
+        self.arrivals.append((time.time(), request))
+        return script(request, n)
+
+
+# What a continued zombie logs as it gives the run up: its write was refused, its renewal came
+# back without the run, its lease deadline passed, or its lock session is gone.
+_ZOMBIE_STOPPED = (
+    "fenced out",
+    "lease lost to another worker",
+    "lease renewal keeps failing",
+    "lost its lock connection",
+)
+
+
+async def _poll(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    with anyio.move_on_after(timeout):
+        while not predicate():
+            await anyio.sleep(interval)
+        return True
+    return False
+
+
+class _Execution:
+    """One cell: start the run, fault the victim at its point, drive the run to its end."""
+
+    def __init__(
+        self,
+        harness: Harness,
+        cell: Cell,
+        folder: Path,
+        client: Client,
+        model: AnthropicServer,
+        effects: EffectServer,
+        url: str,
+        recorder: _Recorder,
+    ) -> None:
+        self.h = harness
+        self.recorder = recorder
+        self.cell = cell
+        self.folder = folder
+        self.client = client
+        self.model = model
+        self.effects = effects
+        self.dbname = urlsplit(url).path.lstrip("/")
+        self.env = harness.worker_env(url, model, effects)
+        self.workers: list[Worker] = []
+        self.problems: list[str] = []
+        self.run_id = ""
+        self.allowed_repeats = 0
+        self.takeover: Takeover | None = None
+        self.points = folder / "point"
+        self.points.mkdir(exist_ok=True)
+
+    def start(self, env: dict[str, str], role: str) -> Worker:
+        assert self.h.launchers is not None
+        log = self.folder / f"{len(self.workers)}-{role}.log"
+        worker = self.h.launchers.start(env, log, role)
+        self.workers.append(worker)
+        return worker
+
+    async def run(self) -> str:
+        cell = self.cell
+        self.run_id = await start_run(self.client, "chaos", f"case {uuid.uuid4().hex[:8]}")
+        victim_env = dict(self.env)
+        hold: Hold | None = None
+        if cell.fault is None:
+            victim_env["TOREN_KILL_POINT_TRACE"] = str(self.folder / "trace")
+        elif cell.point == "model.in_flight":
+            hold = self.model.hold(cell.occurrence)
+        elif cell.point == "tool.in_flight":
+            hold = self.effects.hold(cell.occurrence)
+        else:
+            victim_env["TOREN_KILL_POINT"] = f"{cell.point}#{cell.occurrence}"
+            victim_env["TOREN_KILL_POINT_DIR"] = str(self.points)
+        victim = self.start(victim_env, "victim")
+        evidence = ""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._approve)
+            if cell.point.startswith("shutdown."):
+                tg.start_soon(self._sigterm_at_second_call, victim)
+            try:
+                if cell.fault is not None:
+                    await self._reach(victim, hold)
+                    await self._count_in_flight()
+                    fault = getattr(self, f"_{cell.fault}")
+                    evidence = await fault(victim, hold)
+                await self._finish()
+            except CellFailed as exc:
+                self.problems.append(str(exc))
+            tg.cancel_scope.cancel()
+        return evidence
+
+    # -- reaching the point -------------------------------------------------------------------
+
+    async def _reach(self, victim: Worker, hold: Hold | None) -> None:
+        def reached() -> bool:
+            return hold.arrived.is_set() if hold else (self.points / "hit").exists()
+
+        deadline = time.monotonic() + 30
+        while not await _poll(reached, 0.25):
+            state = await read_run(self.client, self.run_id)
+            if state.status in ("completed", "failed") or victim.exited:
+                raise CellFailed(f"the point was never reached (run {state.status})")
+            if time.monotonic() > deadline:
+                raise CellFailed("the point was not reached within 30s")
+        if hold is None:
+            hit = orjson.loads((self.points / "hit").read_bytes())
+            if hit["pid"] != victim.pid:
+                raise CellFailed(f"the point was reached by pid {hit['pid']}, not the victim")
+
+    async def _count_in_flight(self) -> None:
+        """A call the server has seen but the journal has not recorded may be paid again."""
+        inputs = (await read_run(self.client, self.run_id)).input
+        seen = {position(r) for _, r in self.recorder.arrivals if case(r) == inputs}
+        recorded = await self.client.pool.fetchval(
+            "SELECT count(*) FROM toren.journal WHERE actor_id = $1 AND type = 'model.called'",
+            self.run_id,
+        )
+        self.allowed_repeats = max(0, len(seen) - recorded)
+        if self.cell.fault != "sigkill":
+            # The worker lives on after the fault and may be cut again mid-call once it learns.
+            self.allowed_repeats = max(self.allowed_repeats, 1)
+
+    def _go(self, hold: Hold | None) -> None:
+        if hold is not None:
+            hold.release()
+        else:
+            (self.points / "go").touch()
+
+    # -- faults -------------------------------------------------------------------------------
+
+    async def _sigkill(self, victim: Worker, hold: Hold | None) -> str:
+        gone = victim.kill()
+        self._go(hold)
+        if not gone:
+            raise CellFailed("the victim did not die of SIGKILL")
+        return f"pid {victim.pid} held at the point, then SIGKILLed"
+
+    async def _pg_terminate(self, victim: Worker, hold: Hold | None) -> str:
+        offset = len(victim.log())
+        admin = await asyncpg.connect(self.h.server_url)
+        try:
+            ended = await admin.fetchval(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = $1 AND application_name LIKE 'toren-worker%'",
+                self.dbname,
+            )
+        finally:
+            await admin.close()
+        if not ended:
+            raise CellFailed("the worker had no database session to terminate")
+        self._go(hold)
+        if not await _poll(lambda: "lost its lock connection" in victim.log()[offset:], 15, 0.05):
+            raise CellFailed(f"{ended} sessions terminated, but the worker never noticed")
+        return f"{ended} sessions terminated at the point; the worker logged the loss"
+
+    async def _sigstop(self, victim: Worker, hold: Hold | None) -> str:
+        victim.signal(signal.SIGSTOP)
+        if not await _poll(lambda: victim.stopped, 5):
+            raise CellFailed("the victim was never seen stopped")
+        self._go(hold)  # it goes on from the point once continued
+        held = self.folder / "survivor"
+        held.mkdir()
+        env = dict(self.env, TOREN_KILL_POINT="actor.claimed#1", TOREN_KILL_POINT_DIR=str(held))
+        self.start(env, "survivor")
+        if not await _poll(lambda: (held / "hit").exists(), LEASE + 20, 0.02):
+            raise CellFailed("no survivor claimed the run while the victim was stopped")
+        if not victim.stopped:
+            raise CellFailed("the victim was not stopped through the takeover")
+        row = await self.client.actor(self.run_id)
+        seq = await self.client.pool.fetchval(
+            "SELECT coalesce(max(seq), 0) FROM toren.journal WHERE actor_id = $1", self.run_id
+        )
+        self.takeover = Takeover(seq=seq, epoch=row["epoch"])
+        offset = len(victim.log())
+        victim.signal(signal.SIGCONT)
+        fenced = await _poll(
+            lambda: any(s in victim.log()[offset:] for s in _ZOMBIE_STOPPED),
+            10,
+            0.05,
+        )
+        (held / "go").touch()
+        if not fenced:
+            self.problems.append("the zombie never stopped the run after SIGCONT")
+        return (
+            f"stopped at the point; a survivor claimed at epoch {row['epoch']} meanwhile; "
+            "continued, the zombie stopped its copy"
+        )
+
+    # -- driving the run ------------------------------------------------------------------------
+
+    async def _approve(self) -> None:
+        """Approve each request once, after the parked run left its worker."""
+        decided: set[str] = set()
+        while True:
+            state = await read_run(self.client, self.run_id)
+            waiting = set(state.asked) - set(state.decisions) - decided
+            if waiting:
+                with anyio.move_on_after(2):
+                    while (await self.client.actor(self.run_id))["owner"] is not None:
+                        await anyio.sleep(0.05)
+                await decide(self.client, self.run_id, approved=True, who="chaos", channel="chaos")
+                decided |= waiting
+            await anyio.sleep(0.05)
+
+    async def _sigterm_at_second_call(self, victim: Worker) -> None:
+        await self.model.arrived(2).wait()
+        victim.signal(signal.SIGTERM)
+
+    async def _finish(self) -> None:
+        deadline = time.monotonic() + self.h.bound
+        while True:
+            state = await read_run(self.client, self.run_id)
+            if state.status in ("completed", "failed"):
+                return
+            if not any(w.running for w in self.workers):
+                self.start(self.env, "replacement")
+            if time.monotonic() > deadline:
+                raise CellFailed(f"stuck: the run is still {state.status} {self.h.bound:g}s on")
+            await anyio.sleep(0.1)

@@ -1,0 +1,163 @@
+"""The kill matrix: which kill points are faulted how, and the table that shows the results."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from rich.table import Table
+
+from chaos.harness import FAULTS, HARNESS_POINTS, Cell, CellResult, Harness
+from chaos.oracle import Expected
+
+# (point, occurrence): the occurrence picks a moment in the middle of the scripted run (see
+# docs/chaos.md for the run's steps). A clean run is traced first; a cell whose point it does
+# not reach that often is a harness error, reported as such.
+POINTS: tuple[tuple[str, int], ...] = (
+    ("actor.claiming", 1),
+    ("actor.claimed", 2),  # re-activation when the approval arrives
+    ("actor.rebuilt", 3),  # re-activation when the timer fires
+    ("message.claimed", 5),
+    ("step.committing", 3),
+    ("step.committed", 2),
+    ("outbox.inserted", 4),
+    ("outbox.consumed", 6),
+    ("model.sending", 1),
+    ("model.in_flight", 2),
+    ("model.received", 3),
+    ("committed:model.called", 4),
+    ("committed:tool.intent", 1),
+    ("tool.running", 2),
+    ("tool.in_flight", 1),
+    ("committed:tool.result", 2),
+    ("committed:approval.requested", 1),
+    ("decision.received", 1),
+    ("committed:approval.decided", 1),
+    ("committed:timer.set", 1),
+    ("timer.fired", 1),
+    ("committed:timer.fired", 1),
+    ("committing:run.completed", 1),
+    ("committed:run.completed", 1),
+    ("lease.renewing", 1),
+    ("lease.renewed", 1),
+    ("shutdown.draining", 1),
+    ("shutdown.released", 1),
+)
+
+# SIGSTOP past the lease, then SIGCONT: where the zombie has a write to attempt when continued.
+SIGSTOP_AT = frozenset(
+    {
+        "message.claimed",
+        "step.committing",
+        "model.in_flight",
+        "model.received",
+        "tool.running",
+        "decision.received",
+        "committing:run.completed",
+        "lease.renewing",
+    }
+)
+
+# After the worker drained and released its leases it holds no session to terminate.
+NO_SESSIONS = frozenset({"shutdown.released"})
+
+
+def cells() -> list[Cell]:
+    out = []
+    for point, k in POINTS:
+        out.append(Cell(point, k, "sigkill"))
+        if point not in NO_SESSIONS:
+            out.append(Cell(point, k, "pg_terminate"))
+        if point in SIGSTOP_AT:
+            out.append(Cell(point, k, "sigstop"))
+    return out
+
+
+# Each mutation runs where the protection it removes is what saves the run.
+MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
+    "no-fencing": (
+        Cell("step.committing", 3, "sigstop"),
+        Cell("model.received", 3, "sigstop"),
+        Cell("tool.running", 2, "sigstop"),
+        Cell("decision.received", 1, "sigstop"),
+    ),
+    "effect-before-intent": (
+        Cell("committed:tool.intent", 1, "sigkill"),
+        Cell("tool.running", 2, "sigkill"),
+        Cell("tool.in_flight", 1, "sigkill"),
+    ),
+    "consume-on-claim": (
+        Cell("message.claimed", 5, "sigkill"),
+        Cell("model.received", 3, "sigkill"),
+        Cell("model.in_flight", 2, "pg_terminate"),
+    ),
+}
+
+
+def verdict(result: CellResult) -> str:
+    if not result.passed:
+        return "[red]FAIL[/red]"
+    if result.duplicate_calls:
+        return f"[green]pass[/green] +{result.duplicate_calls} call (${result.duplicate_usd:.6f})"
+    return "[green]pass[/green]"
+
+
+def table(results: Iterable[CellResult], title: str) -> Table:
+    """Kill point by fault: pass or FAIL, and the duplicate spend of each cell."""
+    results = list(results)
+    by_cell = {(r.cell.point, r.cell.occurrence, r.cell.fault): r for r in results}
+    grid = Table(title=title, title_justify="left")
+    grid.add_column("kill point")
+    for fault in FAULTS:
+        grid.add_column(fault)
+    seen: list[tuple[str, int]] = []
+    for r in results:
+        if (r.cell.point, r.cell.occurrence) not in seen:
+            seen.append((r.cell.point, r.cell.occurrence))
+    for point, k in seen:
+        row = [f"{point}#{k}"]
+        for fault in FAULTS:
+            found = by_cell.get((point, k, fault))
+            row.append(verdict(found) if found else "[dim]-[/dim]")
+        grid.add_row(*row)
+    return grid
+
+
+def summary(results: Iterable[CellResult]) -> str:
+    results = list(results)
+    failed = [r for r in results if not r.passed]
+    dup_calls = sum(r.duplicate_calls for r in results)
+    dup_usd = sum((r.duplicate_usd for r in results), start=0)
+    return (
+        f"{len(results)} cells, {len(results) - len(failed)} passed, {len(failed)} failed; "
+        f"duplicate spend {dup_calls} model calls (${dup_usd:.6f}), all of them calls in "
+        "flight at the fault"
+        if not failed
+        else f"{len(results)} cells, {len(failed)} FAILED; duplicate spend {dup_calls} calls"
+    )
+
+
+async def clean_run(harness: Harness) -> Expected:
+    """Run the scenario once without a fault: the expected result, and a check that the run
+    reaches every point of the matrix as often as its cell needs.
+
+    Raises:
+        RuntimeError: the clean run failed, or misses a point (the matrix is out of date).
+    """
+    result, seen = await harness.run_cell(Cell("clean", 0, None), None)
+    if not result.passed or seen.state.status != "completed":
+        raise RuntimeError(f"the clean run failed: {result.problems} {seen.state.error}")
+    trace = Counter((harness.workdir / "clean-0-clean" / "trace").read_text().split())
+    timing = ("lease.", "shutdown.")  # reached by the clock or by SIGTERM, not by the script
+    short = [
+        f"{p}#{k} (reached {trace[p]} times)"
+        for p, k in POINTS
+        if p not in HARNESS_POINTS and not p.startswith(timing) and trace[p] < k
+    ]
+    if short:
+        raise RuntimeError(f"the clean run does not reach: {', '.join(short)}")
+    return Expected(
+        output=seen.state.output or "",
+        steps=len(seen.state.calls),
+        effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
+    )

@@ -1,0 +1,95 @@
+"""Mutations: patches the harness loads into a worker process, each removing one protection.
+
+A mutation is how the matrix shows that it detects the bugs it exists for: with one protection
+gone, some cells must turn red. They are loaded by :mod:`chaos.app` when ``CHAOS_MUTATION``
+names one, so they live only in worker processes the harness starts; Toren's own code has no
+switch for them.
+
+- ``no-fencing``: the step commit and the message claim no longer check ``owner`` and
+  ``epoch``, so a zombie worker's stale write is accepted.
+- ``effect-before-intent``: a tool runs before its ``tool.intent`` is recorded (intent and result
+  are committed together, after the effect): the journal can miss an effect the world saw.
+- ``consume-on-claim``: a message is deleted when it is claimed, in its own transaction, instead
+  of in the step that records what it caused: a crash in between loses the message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MUTATIONS = ("no-fencing", "effect-before-intent", "consume-on-claim")
+
+_FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
+_NO_FENCE = (
+    "WHERE actor_id = $1 AND $2::uuid IS NOT NULL AND $3::bigint IS NOT NULL AND status = 'live'"
+)
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    if old not in text:
+        raise RuntimeError(f"mutation no longer applies: {old!r} not found")
+    return text.replace(old, new)
+
+
+def _no_fencing() -> None:
+    from toren import _mailbox
+
+    _mailbox._COMMIT = _replace(_mailbox._COMMIT, _FENCE, _NO_FENCE)
+    _mailbox._CLAIM_NEXT = _replace(_mailbox._CLAIM_NEXT, _FENCE, _NO_FENCE)
+
+
+def _effect_before_intent() -> None:
+    from actors.run import RunActor
+
+    original = RunActor._tool_step
+
+    async def tool_step(self: RunActor, ctx: Any, agent: Any, call: Any) -> None:
+        before = len(ctx.events)
+        await original(self, ctx, agent, call)
+        if any(e[1] == "tool.intent" for e in ctx.events[before:]):
+            # Run it in the same handler: the intent reaches the journal only with the result.
+            await original(self, ctx, agent, ctx.state.pending_calls[0])
+
+    RunActor._tool_step = tool_step  # type: ignore[method-assign]
+
+
+def _consume_on_claim() -> None:
+    from toren import _mailbox
+
+    _mailbox._CLAIM_NEXT = _replace(
+        _mailbox._CLAIM_NEXT,
+        "UPDATE toren.mailbox m SET deliveries = m.deliveries + 1\n"
+        "    FROM next WHERE m.id = next.id",
+        "DELETE FROM toren.mailbox m USING next WHERE m.id = next.id",
+    )
+    _mailbox._CLAIM_NEXT = _replace(
+        _mailbox._CLAIM_NEXT,
+        "m.reply_to, m.deliveries,",
+        "m.reply_to, m.deliveries + 1 AS deliveries,",
+    )
+    _mailbox._COMMIT = _replace(
+        _mailbox._COMMIT,
+        """DELETE FROM toren.mailbox m USING fence
+    WHERE m.id = $4 AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
+    RETURNING m.id""",
+        "SELECT $4::bigint AS id FROM fence WHERE NOT EXISTS (SELECT 1 FROM clash)",
+    )
+
+
+def load(name: str) -> None:
+    """Apply mutation ``name`` to this process.
+
+    Raises:
+        ValueError: no mutation has that name.
+    """
+    patches = {
+        "no-fencing": _no_fencing,
+        "effect-before-intent": _effect_before_intent,
+        "consume-on-claim": _consume_on_claim,
+    }
+    if name not in patches:
+        raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")
+    patches[name]()
+    import logging
+
+    logging.getLogger("chaos").warning("mutation loaded: %s", name)

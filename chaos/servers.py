@@ -1,0 +1,116 @@
+"""The outside world of a chaos run: the scripted model and a tracker that counts effects."""
+
+from __future__ import annotations
+
+import socket
+import time
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import attrs
+from aiohttp import web
+
+from toren.testing import Hold, Reply, Text, ToolCall
+
+FINAL = "Ticket opened, refund made, and I waited for the courier."
+MODEL_LATENCY = 0.1  # seconds of "thinking" per model call: runs overlap lease renewals
+SLEEP_SECONDS = 1.0  # long enough for the run to passivate before its timer fires
+
+
+def position(request: dict[str, Any]) -> int:
+    """The step a model request is for: the assistant turns it carries."""
+    return sum(1 for m in request.get("messages", ()) if m.get("role") == "assistant")
+
+
+def case(request: dict[str, Any]) -> str:
+    """The run a request belongs to: its first user message (the run's input)."""
+    first = request["messages"][0]["content"]
+    return first if isinstance(first, str) else first[0]["text"]
+
+
+def script(request: dict[str, Any], _n: int) -> Reply:
+    """Answer by conversation position, so a call repeated after a crash gets the same answer."""
+    step = position(request)
+    calls = {
+        0: ToolCall(id="t0", name="open_ticket", arguments={"title": case(request)}),
+        1: ToolCall(id="t1", name="refund", arguments={"amount": 120}),
+        2: ToolCall(id="t2", name="sleep", arguments={"seconds": SLEEP_SECONDS}),
+    }
+    if step in calls:
+        return Reply([Text(text=f"Step {step}."), calls[step]], latency=MODEL_LATENCY)
+    return Reply(FINAL, latency=MODEL_LATENCY)
+
+
+@attrs.define
+class Effect:
+    """One effect applied in the outside world, under one idempotency key."""
+
+    key: str
+    run: str
+    kind: str
+    detail: str
+    applied_at: float  # wall clock, comparable with Postgres' now()
+    requests: int = 1
+
+
+class EffectServer:
+    """A tracker: ``POST /effects`` applies the effect named by its idempotency key once; every
+    request is counted. ``hold(n)`` keeps the n-th request's answer back after its effect was
+    applied (the worker sees neither success nor failure)."""
+
+    def __init__(self) -> None:
+        self.effects: dict[str, Effect] = {}
+        self.requests = 0
+        self._holds: dict[int, Hold] = {}
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    def hold(self, n: int) -> Hold:
+        hold = self._holds[n] = Hold(n)
+        return hold
+
+    def release(self) -> None:
+        for hold in self._holds.values():
+            hold.release()
+
+    async def _effect(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests += 1
+        n = self.requests
+        key = request.headers["Idempotency-Key"]
+        found = self.effects.get(key)
+        if found is None:
+            self.effects[key] = Effect(
+                key=key,
+                run=body["run"],
+                kind=body["kind"],
+                detail=body["detail"],
+                applied_at=time.time(),
+            )
+        else:
+            found.requests += 1
+        hold = self._holds.get(n)
+        if hold is not None:
+            hold.arrived.set()
+            await hold.wait_released()
+        return web.json_response({"applied": found is None})
+
+    async def __aenter__(self) -> Self:
+        app = web.Application()
+        app.router.add_post("/effects", self._effect)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await web.SockSite(self._runner, sock).start()
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+        if self._runner is not None:
+            with anyio.CancelScope(shield=True):
+                await self._runner.cleanup()

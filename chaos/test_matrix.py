@@ -1,0 +1,59 @@
+"""The kill matrix: every cell must pass; every mutation must turn at least one cell red."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from chaos.conftest import SCENARIOS, record
+from chaos.harness import Cell, Harness
+from chaos.matrix import MUTATION_CELLS, cells
+from chaos.mutations import MUTATIONS
+from chaos.oracle import Expected
+from chaos.scenarios import postgres_restart, restarter, soak
+from toren._db import EmbeddedPostgres
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize("cell", cells(), ids=lambda c: f"{c.point}#{c.occurrence}-{c.fault}")
+async def test_cell(cell: Cell, harness: Harness, expected: Expected) -> None:
+    result, _ = await harness.run_cell(cell, expected)
+    record("Kill matrix", result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+async def test_mutation_turns_cells_red(
+    name: str, chaos_server: EmbeddedPostgres, chaos_workdir: Path, expected: Expected
+) -> None:
+    async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
+        results = [(await h.run_cell(cell, expected))[0] for cell in MUTATION_CELLS[name]]
+    record(f"Mutation {name}", *results)
+    assert any(not r.passed for r in results), f"{name}: no cell turned red"
+
+
+async def test_postgres_restarted_mid_run(
+    harness: Harness, chaos_server: EmbeddedPostgres, expected: Expected
+) -> None:
+    result = await postgres_restart(harness, restarter(chaos_server.data_dir), expected)
+    SCENARIOS.append(result)
+    assert result.passed, "\n".join(result.problems)
+
+
+async def test_soak_workers_killed_at_random_while_runs_execute(
+    harness: Harness, expected: Expected
+) -> None:
+    import os
+
+    result = await soak(
+        harness,
+        expected,
+        runs=int(os.environ.get("CHAOS_SOAK_RUNS", "50")),
+        seconds=float(os.environ.get("CHAOS_SOAK_SECONDS", "20")),
+    )
+    SCENARIOS.append(result)
+    assert result.faults >= 5, f"only {result.faults} workers killed"
+    assert result.passed, "\n".join(result.problems)
