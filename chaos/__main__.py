@@ -108,7 +108,7 @@ def _scenario(result: ScenarioResult) -> None:
     "--soak-seconds", default=20.0, show_default=True, help="How long workers are killed."
 )
 @click.option("--soak-runs", default=50, show_default=True, help="Runs in the soak.")
-@click.option("--keep", is_flag=True, help="Keep the workers' logs (their directory is printed).")
+@click.option("--keep", is_flag=True, help="Keep the workers' logs (kept anyway on a failure).")
 def cli(
     only: str | None,
     mutations: bool,
@@ -119,11 +119,12 @@ def cli(
 ) -> None:
     """Kill a worker at every phase of an agent run; check nothing is lost or paid twice."""
     workdir = Path(tempfile.mkdtemp(prefix="toren-chaos-"))
+    ok = False
     try:
         ok = anyio.run(main, only, mutations, scenarios, soak_seconds, soak_runs, workdir)
     finally:
-        if keep:
-            console.print(f"logs: {workdir / 'cells'}")
+        if keep or not ok:
+            console.print(f"workers' logs: {workdir / 'cells'}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     raise SystemExit(0 if ok else 1)

@@ -15,7 +15,7 @@ from toren.testing import Hold, Reply, Text, ToolCall
 
 FINAL = "Ticket opened, refund made, and I waited for the courier."
 MODEL_LATENCY = 0.1  # seconds of "thinking" per model call: runs overlap lease renewals
-SLEEP_SECONDS = 1.0  # long enough for the run to passivate before its timer fires
+SLEEP_SECONDS = 1.5  # the run passivates (after 0.5 s idle) well before its timer fires
 
 
 def position(request: dict[str, Any]) -> int:
