@@ -75,6 +75,7 @@ from toren.runs import (
     final_text,
     fold,
     receipt,
+    summary,
 )
 
 log = logging.getLogger("toren.run")
@@ -136,6 +137,9 @@ class RunActor(Actor[RunState]):
 
     def apply(self, state: RunState, event: Any) -> RunState:
         return fold(state, event)
+
+    def summarize(self, state: RunState) -> dict[str, Any]:
+        return summary(state)
 
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state

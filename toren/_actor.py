@@ -97,6 +97,12 @@ class Actor(Generic[S]):
         """
         raise NotImplementedError
 
+    def summarize(self, state: S) -> Mapping[str, Any] | None:
+        """A small JSON summary of ``state`` kept on the actor's row (``toren.actors.summary``),
+        so that lists and dashboards need not fold journals. Written by every step that emits
+        an event, in the same statement; ``None`` (the default) keeps none."""
+        return None
+
 
 def actor_class(kind: str) -> type[Actor[Any]] | None:
     """The class registered for ``kind``, if a loaded module defines one."""

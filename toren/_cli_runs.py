@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+from decimal import Decimal
 from typing import Any
 
 import anyio
@@ -14,8 +15,8 @@ from toren._cli_common import database_url, err, out, run_async
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, UnknownActor
+from toren._listing import list_runs
 from toren.runs import (
-    RUN_KIND,
     RunState,
     cancel,
     decide,
@@ -158,32 +159,22 @@ def register(main: click.Group) -> None:
         """The newest runs with their status and cost."""
         client = await _client(ctx.obj["settings"])
         try:
-            ids = await client.pool.fetch(
-                "SELECT actor_id FROM toren.actors WHERE kind = $1 "
-                "AND ($2::text IS NULL OR args->>'agent' = $2) "
-                "ORDER BY created_at DESC LIMIT $3",
-                RUN_KIND,
-                agent,
-                limit,
-            )
-            table = Table()
-            for col in ("run", "agent", "status", "calls", "paid $"):
-                table.add_column(col)
-            for row in ids:
-                state = await read_run(client, row["actor_id"])
-                if status and state.status != status:
-                    continue
-                r = receipt(state)
-                table.add_row(
-                    row["actor_id"],
-                    state.agent,
-                    state.status,
-                    str(r.calls_made),
-                    f"{r.usd_paid:.6f}",
-                )
-            out.print(table)
+            rows = await list_runs(client, status=status, agent=agent, limit=limit)
         finally:
             await client.close()
+        table = Table()
+        for col in ("run", "agent", "status", "calls", "paid $", "started"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(
+                row.id,
+                row.agent,
+                row.status,
+                str(row.calls_made),
+                f"{Decimal(row.usd_paid):.6f}",
+                row.created_at.isoformat(timespec="seconds"),
+            )
+        out.print(table)
 
     @jobs.command("show")
     @click.argument("run_id")

@@ -15,7 +15,7 @@ import logging
 import random
 import traceback
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import anyio
@@ -249,8 +249,9 @@ class ActorHost:
             return state, seq
         kill_point("step.committing")
         kill_points_for("committing:", (e[1] for e in ctx.events))
+        summary = actor.summarize(ctx.state) if ctx.events else None
         try:
-            await self._commit(opened, ctx)
+            await self._commit(opened, ctx, summary)
         except (UnknownActor, ActorAlreadyExists) as exc:
             # What the handler asked for cannot be committed: its fault, charged likewise.
             await self._charge(envelope, exc)
@@ -263,7 +264,9 @@ class ActorHost:
             kill_point("outbox.consumed")
         return ctx.state, ctx.seq
 
-    async def _commit(self, envelope: Envelope, ctx: Context[Any]) -> None:
+    async def _commit(
+        self, envelope: Envelope, ctx: Context[Any], summary: Mapping[str, Any] | None
+    ) -> None:
         """Commit the step; on a database error, commit the same step again once it answers.
 
         The handler's work (a model call, a tool run) is not done again for a dropped
@@ -278,7 +281,9 @@ class ActorHost:
         failures = 0
         while True:
             try:
-                await commit_step(self.pool, self.worker_id, envelope, ctx, retry=failures > 0)
+                await commit_step(
+                    self.pool, self.worker_id, envelope, ctx, retry=failures > 0, summary=summary
+                )
                 return
             except TRANSIENT_DB_ERRORS as exc:
                 failures += 1

@@ -10,6 +10,7 @@ spawn children, insert the outgoing messages and timers, store the reply, notify
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import asyncpg
@@ -198,6 +199,10 @@ WITH fence AS (
     SELECT $19, $20, $21 FROM consumed WHERE $19::uuid IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING correlation_id
+), summed AS (
+    UPDATE toren.actors a SET summary = $22::jsonb
+    FROM consumed WHERE a.actor_id = $1 AND $22::jsonb IS NOT NULL
+    RETURNING 1
 ), woken AS (
     SELECT pg_notify('toren_mail', r.actor_id)
     FROM (SELECT DISTINCT actor_id FROM sent WHERE due AND actor_id <> $1) AS r
@@ -208,7 +213,8 @@ SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS
        (SELECT array[id, kind, existing] FROM clash LIMIT 1) AS clash,
        (SELECT count(*) FROM ev) AS events,
        (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
-       (SELECT count(*) FROM sent) AS sent, (SELECT count(*) FROM woken) AS woken
+       (SELECT count(*) FROM sent) AS sent, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM summed) AS summed
 """
 
 
@@ -219,6 +225,7 @@ async def commit_step(
     ctx: Context[Any],
     *,
     retry: bool = False,
+    summary: Mapping[str, Any] | None = None,
 ) -> None:
     """Commit one handled message: everything in ``ctx`` or nothing.
 
@@ -257,6 +264,7 @@ async def commit_step(
             envelope.reply_to if reply else None,
             reply[0] if reply else None,
             reply[1] if reply else None,
+            dict(summary) if summary is not None else None,
         )
     except asyncpg.UniqueViolationError as exc:
         # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.

@@ -516,6 +516,32 @@ def receipt(state: RunState) -> Receipt:
     )
 
 
+def waiting_on(state: RunState) -> list[ToolCall]:
+    """The tool calls the run waits for a decision on (the model's request for each)."""
+    waiting = state.asked - state.decisions.keys()
+    return [
+        block
+        for call in state.calls
+        for block in call.response.content
+        if isinstance(block, ToolCall) and block.id in waiting
+    ]
+
+
+def summary(state: RunState) -> dict[str, Any]:
+    """What lists show of a run without folding its journal (kept on its actor row)."""
+    r = receipt(state)
+    return {
+        "agent": state.agent,
+        "status": state.status,
+        "input": state.input[:200],
+        "calls_made": r.calls_made,
+        "calls_replayed": r.calls_replayed,
+        "usd_paid": str(r.usd_paid),
+        "waiting_on": sorted(state.asked - state.decisions.keys()),
+        "error_class": state.error_class,
+    }
+
+
 def final_text(response: ModelResponse) -> str:
     """The text of a final response."""
     return "".join(b.text for b in response.content if isinstance(b, Text))

@@ -1,0 +1,77 @@
+"""Listing runs from their summaries (kept on each run's actor row), without folding journals."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import attrs
+
+from toren._client import Client
+
+STATUSES = ("running", "parked", "completed", "failed")
+
+
+@attrs.frozen(kw_only=True)
+class RunRow:
+    """One run as a list shows it."""
+
+    id: str
+    agent: str
+    status: str
+    input: str  # the first 200 characters
+    calls_made: int
+    usd_paid: str
+    error_class: str | None
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return {**attrs.asdict(self), "created_at": self.created_at.isoformat()}
+
+
+_LIST = """
+SELECT actor_id, route, created_at, summary FROM toren.actors
+WHERE kind = 'toren.run'
+  AND ($1::text IS NULL OR coalesce(summary->>'status', 'running') = $1)
+  AND ($2::text IS NULL OR route = 'agent:' || $2)
+  AND ($3::timestamptz IS NULL OR (created_at, actor_id) < ($3, $4))
+ORDER BY created_at DESC, actor_id DESC
+LIMIT $5
+"""
+
+
+async def list_runs(
+    client: Client,
+    *,
+    status: str | None = None,
+    agent: str | None = None,
+    limit: int = 50,
+    before: tuple[datetime, str] | None = None,
+) -> list[RunRow]:
+    """Runs, newest first; ``before`` is the ``(created_at, id)`` of the last run of the
+    previous page. A run whose start is still queued shows as running, with no input yet.
+
+    Raises:
+        ValueError: ``status`` is not a run status.
+    """
+    if status is not None and status not in STATUSES:
+        raise ValueError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
+    rows = await client.pool.fetch(
+        _LIST, status, agent, before[0] if before else None, before[1] if before else None, limit
+    )
+    out = []
+    for r in rows:
+        s = r["summary"] or {}
+        out.append(
+            RunRow(
+                id=r["actor_id"],
+                agent=s.get("agent") or (r["route"] or "").removeprefix("agent:"),
+                status=s.get("status", "running"),
+                input=s.get("input", ""),
+                calls_made=s.get("calls_made", 0),
+                usd_paid=s.get("usd_paid", "0"),
+                error_class=s.get("error_class"),
+                created_at=r["created_at"],
+            )
+        )
+    return out
