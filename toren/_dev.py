@@ -13,14 +13,18 @@ from toren._app import load_app
 from toren._client import Client
 from toren._config import Settings
 from toren._db import EmbeddedPostgres, connect, record_dev_url
+from toren._errors import ConfigError
 from toren._migrate import migrate
+from toren._serve import DEFAULT_PORT, serving
 from toren.runs import start_run
 from toren.testing import AnthropicServer
 
 console = Console(stderr=True)
 
 
-async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None) -> None:
+async def run_dev(
+    settings: Settings, *, data_dir: Path | None, app: str | None, port: int = DEFAULT_PORT
+) -> None:
     """Start (or reuse) the embedded server, migrate, run a worker (and the demo) until Ctrl-C."""
     from supervisors.worker import run_worker  # the entry point that boots a worker
 
@@ -40,6 +44,7 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
     console.print(f"schema ready ({len(applied)} migration(s) applied now)")
     try:
         async with contextlib.AsyncExitStack() as stack:
+            await _start_api(stack, url, port)
             if app is None:
                 await _start_demo(stack, url)
             else:
@@ -52,6 +57,18 @@ async def run_dev(settings: Settings, *, data_dir: Path | None, app: str | None)
     finally:
         if server is not None:
             server.stop()
+
+
+async def _start_api(stack: contextlib.AsyncExitStack, url: str, port: int) -> None:
+    try:
+        base = await stack.enter_async_context(serving(url, port=port))
+    except ConfigError as exc:
+        console.print(f"[yellow]no API or console:[/yellow] {exc}", highlight=False)
+        return
+    console.print(
+        f"API and console on {base} (sign in with a token: `toren tokens create NAME`)",
+        highlight=False,
+    )
 
 
 async def _start_demo(stack: contextlib.AsyncExitStack, url: str) -> None:

@@ -24,6 +24,7 @@ from toren._agents import agents_in, check
 from toren._app import load_app
 from toren._cli_common import database_url, err, out, run_async, run_reporting
 from toren._cli_runs import register as register_run_commands
+from toren._cli_serve import register as register_serve_commands
 from toren._client import Client
 from toren._config import Settings
 from toren._db import connect
@@ -240,6 +241,7 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
 
 
 register_run_commands(main)
+register_serve_commands(main)
 
 
 @main.group()
@@ -282,10 +284,14 @@ def agents_check(app: str, strict: bool) -> None:
     help="Embedded Postgres data directory (default ~/.toren/pgdata).",
 )
 @click.option("--app", envvar="TOREN_APP", help="Module defining your actors (MODULE[:ATTR]).")
+@click.option(
+    "--port", default=8420, show_default=True, type=click.IntRange(0, 65535), help="API port."
+)
 @click.pass_context
-def dev(ctx: click.Context, data_dir: Path | None, app: str | None) -> None:
-    """Run everything on one machine: embedded Postgres, migrations, a worker, the demo."""
+def dev(ctx: click.Context, data_dir: Path | None, app: str | None, port: int) -> None:
+    """Run everything on one machine: embedded Postgres, migrations, a worker, the HTTP API
+    and console, and the demo."""
     from toren._dev import run_dev
 
     settings = _settings(ctx)
-    run_reporting(functools.partial(run_dev, settings, data_dir=data_dir, app=app))
+    run_reporting(functools.partial(run_dev, settings, data_dir=data_dir, app=app, port=port))

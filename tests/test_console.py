@@ -1,0 +1,152 @@
+"""The console in headless Chromium (Debian's, driven by Playwright): sign in, approve a parked
+run, watch it finish without reloading; cross-site and CSRF-less writes are refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import ROOT, wait_for
+from tests.test_api import api, refund_agent
+from toren import Client
+from toren._tokens import create_token
+from toren.runs import read_run, start_run
+
+pytestmark = pytest.mark.anyio
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = Path(os.environ.get("TOREN_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+
+
+@pytest.fixture
+def chromium() -> Path:
+    if not CHROMIUM.exists():
+        reason = "Chromium is not installed (apt-get install chromium); .ci/run installs it"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return CHROMIUM
+
+
+async def _launch(pw: Any, chromium: Path) -> Any:
+    # Root in a container: Chromium's sandbox needs user namespaces it does not get here.
+    return await pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
+
+
+async def _status(client: Client, run_id: str) -> str:
+    return (await read_run(client, run_id)).status
+
+
+async def test_sign_in_approve_a_parked_run_and_watch_it_finish(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, chromium: Path
+) -> None:
+    from playwright.async_api import async_playwright
+
+    _, token = await create_token(client.pool, "alice")
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base:
+        run_id = await start_run(client, "support", "My parcel never came; refund me.")
+        await wait_for(lambda: _parked(client, run_id), what="parked")
+        async with async_playwright() as pw:
+            browser = await _launch(pw, chromium)
+            try:
+                page = await browser.new_page(viewport={"width": 1200, "height": 900})
+                await page.goto(base)
+                await page.fill("input[name=token]", token)
+                await page.click("button[type=submit]")
+                await page.wait_for_selector("#runs-body tr .badge.parked")
+                await page.click("#runs-body tr")
+                await page.wait_for_selector("#decision:not([hidden])")
+                await page.wait_for_selector("#timeline svg rect")
+                await page.evaluate("window.__noReload = true")
+                await page.fill("#decision-reason", "parcel lost")
+                await page.click("#approve")
+                await page.wait_for_selector("#run-status.completed", timeout=20_000)
+                assert await page.evaluate("window.__noReload") is True  # no reload happened
+                assert await page.inner_text("#run-output") == "Refunded."
+                assert "approval.decided" in await page.inner_text("#events-body")
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(path=str(ARTIFACTS / "console-run.png"), full_page=True)
+                cookies = await page.context.cookies()
+            finally:
+                await browser.close()
+    [session] = [c for c in cookies if c["name"] == "toren_session"]
+    assert session["httpOnly"] is True
+    assert session["sameSite"] == "Strict"
+    [decision] = (await read_run(client, run_id)).decisions.values()
+    assert (decision.who, decision.channel, decision.reason) == ("alice", "console", "parcel lost")
+
+
+async def _parked(client: Client, run_id: str) -> bool:
+    return await _status(client, run_id) == "parked"
+
+
+async def test_cross_site_and_csrf_less_writes_are_refused(
+    client: Client, db_url: str, chromium: Path
+) -> None:
+    from playwright.async_api import async_playwright
+
+    _, token = await create_token(client.pool, "alice")
+    run_id = await start_run(client, "support", "hello")
+    uuid = run_id.removeprefix("run/")
+    async with api(db_url) as base:
+        # Another origin (same host, another port) serves a page that posts a form to Toren.
+        evil = web.Application()
+        form = (
+            f'<form id="f" method="post" action="{base}/runs/{uuid}/cancel">'
+            '<input name="reason" value="pwned"></form>'
+            "<script>document.getElementById('f').submit()</script>"
+        )
+
+        async def page_(request: web.Request) -> web.Response:
+            return web.Response(text=form, content_type="text/html")
+
+        evil.router.add_get("/", page_)
+        runner = web.AppRunner(evil)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        evil_url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+        try:
+            async with async_playwright() as pw:
+                browser = await pw.chromium.launch(
+                    executable_path=str(chromium), args=["--no-sandbox"]
+                )
+                try:
+                    page = await browser.new_page()
+                    await page.goto(base)
+                    await page.fill("input[name=token]", token)
+                    await page.click("button[type=submit]")
+                    await page.wait_for_selector("#runs-body tr")
+                    async with page.expect_response(f"{base}/runs/{uuid}/cancel") as answer:
+                        await page.goto(evil_url)
+                    refused = await answer.value
+                    assert refused.status in (401, 403)
+                    cookie = next(
+                        c["value"]
+                        for c in await page.context.cookies()
+                        if c["name"] == "toren_session"
+                    )
+                finally:
+                    await browser.close()
+        finally:
+            await runner.cleanup()
+        # A same-origin write with the session cookie but without the CSRF token.
+        async with aiohttp.ClientSession(cookies={"toren_session": cookie}) as http:
+            async with http.get(f"{base}/session") as r:
+                csrf = (await r.json())["csrf"]
+            async with http.post(f"{base}/runs/{uuid}/cancel", json={}) as r:
+                assert r.status == 403
+            headers = {"X-CSRF-Token": csrf, "Origin": "http://evil.example"}
+            async with http.post(f"{base}/runs/{uuid}/cancel", json={}, headers=headers) as r:
+                assert r.status == 403
+            async with http.post(
+                f"{base}/runs/{uuid}/cancel", json={}, headers={"X-CSRF-Token": csrf}
+            ) as r:
+                assert r.status == 202  # the real console's write goes through
+    kinds = [r["kind"] for r in await client.pool.fetch("SELECT kind FROM toren.mailbox")]
+    assert kinds.count("run.cancel") == 1

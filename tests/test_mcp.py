@@ -1,0 +1,99 @@
+"""The MCP server through the SDK's own client, over stdio and over streamable HTTP."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from tests.conftest import ROOT, wait_for
+from tests.test_api import refund_agent
+from toren import Client
+from toren._mcp import serving_http
+from toren._tokens import create_token
+from toren.runs import read_run, start_run
+
+pytestmark = pytest.mark.anyio
+
+
+def _data(result: Any) -> Any:
+    """A tool's answer: its structured content, else its text as JSON."""
+    assert not result.is_error, result
+    if result.structured_content is not None:
+        return result.structured_content.get("result", result.structured_content)
+    return json.loads(result.content[0].text)
+
+
+async def _parked(client: Client, run_id: str) -> bool:
+    return (await read_run(client, run_id)).status == "parked"
+
+
+async def _completed(client: Client, run_id: str) -> bool:
+    return (await read_run(client, run_id)).status == "completed"
+
+
+async def test_a_client_over_stdio_lists_runs_and_approves_one(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with refund_agent(monkeypatch, db_url):
+        run_id = await start_run(client, "support", "Refund me")
+        await wait_for(lambda: _parked(client, run_id), what="parked")
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "toren", "mcp"],
+            env={**os.environ, "TOREN_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)},
+            cwd=str(ROOT),
+        )
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
+            await mcp.initialize()
+            tools = {t.name for t in (await mcp.list_tools()).tools}
+            assert tools == {
+                "list_runs", "read_run", "start_run", "send_message", "approve", "deny"
+            }  # fmt: skip
+            runs = _data(await mcp.call_tool("list_runs", {"status": "parked"}))
+            assert [r["id"] for r in runs] == [run_id]
+            shown = _data(await mcp.call_tool("read_run", {"run_id": run_id}))
+            assert shown["waiting_on"][0]["tool"] == "refund"
+            _data(await mcp.call_tool("approve", {"run_id": run_id, "reason": "via Claude"}))
+        await wait_for(lambda: _completed(client, run_id), what="completed")
+    [decision] = (await read_run(client, run_id)).decisions.values()
+    assert (decision.channel, decision.who, decision.reason) == (
+        "mcp",
+        f"mcp:{getpass.getuser()}",
+        "via Claude",
+    )
+
+
+async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await create_token(client.pool, "claude-desktop")
+    async with (
+        refund_agent(monkeypatch, db_url),
+        serving_http(db_url, host="127.0.0.1", port=0) as url,
+    ):
+        run_id = await start_run(client, "support", "Refund me")
+        await wait_for(lambda: _parked(client, run_id), what="parked")
+        async with create_mcp_http_client() as anonymous:
+            response = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+            assert response.status_code == 401
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with (
+            http,
+            streamable_http_client(url, http_client=http) as (read, write, *_),
+            ClientSession(read, write) as mcp,
+        ):
+            await mcp.initialize()
+            assert [r["id"] for r in _data(await mcp.call_tool("list_runs", {}))] == [run_id]
+            _data(await mcp.call_tool("deny", {"run_id": run_id, "reason": "too much"}))
+        await wait_for(lambda: _completed(client, run_id), what="completed")
+    [decision] = (await read_run(client, run_id)).decisions.values()
+    assert (decision.channel, decision.who, decision.approved) == ("mcp", "claude-desktop", False)

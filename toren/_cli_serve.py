@@ -1,0 +1,124 @@
+"""``toren serve`` and ``toren tokens ...``: the HTTP API and console, and their credentials."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from toren._cli_common import database_url, err, out, run_async
+from toren._config import Settings
+from toren._db import connect
+from toren._serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
+from toren._tokens import create_token, list_tokens, revoke_token
+
+
+def _settings(ctx: click.Context) -> Settings:
+    root = ctx.find_root()
+    settings: Settings = root.obj["settings"]
+    return settings
+
+
+def register(main: click.Group) -> None:
+    main.add_command(serve)
+    main.add_command(tokens)
+    main.add_command(mcp)
+
+
+@click.command()
+@click.option("--http", "over_http", is_flag=True, help="Serve streamable HTTP instead of stdio.")
+@click.option("--host", default=DEFAULT_HOST, show_default=True)
+@click.option("--port", default=8421, show_default=True, type=click.IntRange(0, 65535))
+@click.pass_context
+@run_async
+async def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
+    """Serve the MCP server: over stdio (for a local client such as Claude Desktop), or over
+    streamable HTTP at /mcp, where every request needs an API token."""
+    import anyio
+
+    from toren._mcp import serve_stdio, serving_http
+
+    url = database_url(_settings(ctx))
+    if not over_http:
+        await serve_stdio(url)
+        return
+    async with serving_http(url, host=host, port=port) as where:
+        err.print(f"MCP over streamable HTTP at {where} (Authorization: Bearer <token>)")
+        await anyio.sleep_forever()
+
+
+@click.command()
+@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
+@click.pass_context
+@run_async
+async def serve(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the HTTP API and the web console (every route but /healthz needs a token)."""
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(
+            f"[yellow]listening on {host}:[/yellow] anyone who can reach it and holds a token "
+            "can drive runs; put TLS in front of it."
+        )
+    await serve_forever(database_url(_settings(ctx)), host=host, port=port)
+
+
+@click.group()
+def tokens() -> None:
+    """Create, list and revoke API tokens."""
+
+
+@tokens.command("create")
+@click.argument("name")
+@click.pass_context
+@run_async
+async def create(ctx: click.Context, name: str) -> None:
+    """Create a token named NAME (recorded on the approvals and messages it gives). It is printed
+    once, here; only its hash is stored."""
+    if not name.strip() or len(name) > 100:
+        raise click.BadParameter("a name of 1 to 100 characters", param_hint="NAME")
+    conn = await connect(database_url(_settings(ctx)))
+    try:
+        token_id, token = await create_token(conn, name.strip())
+    finally:
+        await conn.close()
+    err.print(f"token {token_id} ({name}) created; it is shown only now:")
+    click.echo(token)
+
+
+@tokens.command("list")
+@click.pass_context
+@run_async
+async def list_(ctx: click.Context) -> None:
+    """List tokens (never their secrets)."""
+    conn = await connect(database_url(_settings(ctx)))
+    try:
+        rows = await list_tokens(conn)
+    finally:
+        await conn.close()
+    table = Table(title=f"{len(rows)} token(s)")
+    for col in ("id", "name", "created", "last used", "revoked"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r.id,
+            r.name,
+            r.created_at.isoformat(timespec="seconds"),
+            r.last_used_at.isoformat(timespec="seconds") if r.last_used_at else "-",
+            r.revoked_at.isoformat(timespec="seconds") if r.revoked_at else "-",
+        )
+    out.print(table)
+
+
+@tokens.command("revoke")
+@click.argument("token_id")
+@click.pass_context
+@run_async
+async def revoke(ctx: click.Context, token_id: str) -> None:
+    """Revoke the token TOKEN_ID (as `tokens list` shows it) and end its console sessions."""
+    conn = await connect(database_url(_settings(ctx)))
+    try:
+        done = await revoke_token(conn, token_id)
+    finally:
+        await conn.close()
+    if not done:
+        raise click.ClickException(f"no live token {token_id!r}")
+    out.print(f"revoked {token_id}")

@@ -1,0 +1,129 @@
+"""What the API accepts and returns: pydantic models, from which the OpenAPI document's schemas
+are generated, so the document and the handlers cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RunStatus = Literal["running", "parked", "completed", "failed"]
+
+
+# Postgres text cannot hold NUL; the document says so, and such input gets a 422, not a 500.
+NO_NUL = r"^[^\x00]*$"
+AGENT_NAME = r"^[A-Za-z0-9_.-]+$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StartRunBody(_Strict):
+    agent: str = Field(min_length=1, max_length=100, pattern=AGENT_NAME)
+    input: str = Field(min_length=1, max_length=100_000, pattern=NO_NUL)
+    idempotency_key: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
+
+
+class MessageBody(_Strict):
+    text: str = Field(min_length=1, max_length=100_000, pattern=NO_NUL)
+
+
+class ApprovalBody(_Strict):
+    approved: bool
+    reason: str = Field(default="", max_length=2_000, pattern=NO_NUL)
+
+
+class CancelBody(_Strict):
+    reason: str = Field(default="", max_length=2_000, pattern=NO_NUL)
+
+
+class Receipt(BaseModel):
+    calls_made: int
+    calls_replayed: int
+    input_tokens: int
+    output_tokens: int
+    usd_paid: str
+    usd_not_repaid: str
+    unpriced_calls: int
+
+
+class PendingApproval(BaseModel):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+class RunSummary(BaseModel):
+    id: str = Field(description="The run's id: `run/<uuid>`; paths take the uuid.")
+    agent: str
+    status: RunStatus
+    input: str = Field(description="The first 200 characters of the input.")
+    calls_made: int
+    usd_paid: str
+    error_class: str | None
+    created_at: str
+
+
+class Run(BaseModel):
+    id: str
+    agent: str
+    status: RunStatus
+    input: str
+    output: str | None
+    error_class: str | None
+    error: str | None
+    created_at: str
+    waiting_on: list[PendingApproval]
+    receipt: Receipt
+
+
+class RunList(BaseModel):
+    runs: list[RunSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page.")
+
+
+class Event(BaseModel):
+    seq: int
+    type: str
+    data: dict[str, Any]
+    at: str
+
+
+class EventList(BaseModel):
+    events: list[Event]
+
+
+class Accepted(BaseModel):
+    run: str
+    accepted: Literal[True] = True
+
+
+class WorkerInfo(BaseModel):
+    worker_id: str
+    name: str
+    version: str
+    heartbeat_at: str
+
+
+class Health(BaseModel):
+    status: Literal["ok", "degraded"]
+    database: bool
+    workers: list[WorkerInfo]
+    versions: list[str]
+    version_skew: bool
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] = []

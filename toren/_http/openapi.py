@@ -1,0 +1,208 @@
+"""The OpenAPI 3.1 document, built from the same pydantic models the handlers use."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pydantic
+from pydantic.json_schema import models_json_schema
+
+from toren._http import models as m
+from toren._version import __version__
+
+_MODELS: list[type[pydantic.BaseModel]] = [
+    m.StartRunBody,
+    m.MessageBody,
+    m.ApprovalBody,
+    m.CancelBody,
+    m.Run,
+    m.RunList,
+    m.EventList,
+    m.Accepted,
+    m.Health,
+    m.Problem,
+]
+
+
+def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def _json(model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": _ref(model)}}}
+
+
+def _problem(description: str) -> dict[str, Any]:
+    return {
+        "description": description,
+        "content": {"application/problem+json": {"schema": _ref(m.Problem)}},
+    }
+
+
+_RUN_PARAM = {
+    "name": "run",
+    "in": "path",
+    "required": True,
+    "description": "The run's uuid (its id without the `run/` prefix).",
+    "schema": {"type": "string"},
+}
+_AUTH_FAIL = {"401": _problem("No token, or a malformed, unknown or revoked one.")}
+_NOT_FOUND = {"404": _problem("No such run.")}
+_INVALID = {
+    "400": _problem("The body is not JSON."),
+    "413": _problem("The body is too large."),
+    "422": _problem("The body does not fit the schema; `errors` names each field."),
+}
+
+
+def _write(summary: str, body: type[pydantic.BaseModel], ok: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "summary": summary,
+        "parameters": [_RUN_PARAM],
+        "requestBody": {"required": False, **_json(body)},
+        "responses": {
+            **ok,
+            **_AUTH_FAIL,
+            **_NOT_FOUND,
+            **_INVALID,
+            "409": _problem("The run cannot take this now."),
+        },
+    }
+
+
+@functools.cache
+def document() -> dict[str, Any]:
+    _, defs = models_json_schema(
+        [(model, "validation") for model in _MODELS],
+        ref_template="#/components/schemas/{model}",
+    )
+    accepted = {"202": {"description": "Queued for the run.", **_json(m.Accepted)}}
+    paths: dict[str, Any] = {
+        "/runs": {
+            "post": {
+                "summary": "Start a run",
+                "requestBody": {"required": True, **_json(m.StartRunBody)},
+                "responses": {
+                    "201": {"description": "The run, queued.", **_json(m.Run)},
+                    **_AUTH_FAIL,
+                    **_INVALID,
+                    "409": _problem("The idempotency key was used with another input."),
+                },
+            },
+            "get": {
+                "summary": "List runs, newest first",
+                "parameters": [
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "schema": {
+                            "type": "string",
+                            "enum": ["running", "parked", "completed", "failed"],
+                        },
+                    },
+                    {
+                        "name": "agent",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": m.AGENT_NAME, "maxLength": 100},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                    },
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "A page of runs.", **_json(m.RunList)},
+                    **_AUTH_FAIL,
+                    "422": _problem("A query parameter is invalid."),
+                },
+            },
+        },
+        "/runs/{run}": {
+            "get": {
+                "summary": "A run with its receipt",
+                "parameters": [_RUN_PARAM],
+                "responses": {
+                    "200": {"description": "The run.", **_json(m.Run)},
+                    **_AUTH_FAIL,
+                    **_NOT_FOUND,
+                },
+            }
+        },
+        "/runs/{run}/events": {
+            "get": {
+                "summary": "The run's events (JSON, or a live server-sent-event stream)",
+                "description": "With `Accept: text/event-stream`, a stream that follows the run: "
+                "each event's `id` is its sequence number; reconnect with `Last-Event-ID` to "
+                "resume without gaps or repeats.",
+                "parameters": [
+                    _RUN_PARAM,
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "Only events with a greater sequence number.",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        "description": "Events in order.",
+                        "content": {
+                            "application/json": {"schema": _ref(m.EventList)},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_AUTH_FAIL,
+                    **_NOT_FOUND,
+                    "422": _problem("`after` is not a sequence number."),
+                },
+            }
+        },
+        "/runs/{run}/messages": {"post": _write("Send a human message", m.MessageBody, accepted)},
+        "/runs/{run}/approvals": {
+            "post": _write("Approve or deny what the run waits for", m.ApprovalBody, accepted)
+        },
+        "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
+        "/healthz": {
+            "get": {
+                "summary": "Database reachable; live workers, their versions, version skew",
+                "security": [],
+                "responses": {
+                    "200": {"description": "Healthy.", **_json(m.Health)},
+                    "503": {"description": "The database does not answer.", **_json(m.Health)},
+                },
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics",
+                "responses": {
+                    "200": {
+                        "description": "The text exposition format.",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    **_AUTH_FAIL,
+                },
+            }
+        },
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Toren", "version": __version__},
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}, {"session": []}],
+        "components": {
+            "schemas": defs["$defs"],
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "`toren tokens create`",
+                },
+                "session": {"type": "apiKey", "in": "cookie", "name": "toren_session"},
+            },
+        },
+        "paths": paths,
+    }

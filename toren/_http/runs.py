@@ -1,0 +1,293 @@
+"""The run endpoints: start, list, read, events (JSON and a live stream), steer, approve."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from datetime import datetime
+from typing import Any
+
+import anyio
+import asyncpg
+from aiohttp import web
+from aiohttp_sse import sse_response
+
+from toren._client import Client
+from toren._errors import ActorNotLive, UnknownActor
+from toren._http.common import (
+    CLIENT,
+    ProblemError,
+    channel,
+    json,
+    principal,
+    read_body,
+    run_id,
+)
+from toren._http.models import (
+    AGENT_NAME,
+    Accepted,
+    ApprovalBody,
+    CancelBody,
+    Event,
+    EventList,
+    FieldError,
+    MessageBody,
+    PendingApproval,
+    Receipt,
+    Run,
+    RunList,
+    RunSummary,
+    StartRunBody,
+)
+from toren._leases import live_workers
+from toren._listing import list_runs
+from toren.runs import (
+    RUN_KIND,
+    IdempotencyConflict,
+    RunState,
+    agent_route,
+    cancel,
+    decide,
+    read_run,
+    receipt,
+    say,
+    start_run,
+    waiting_on,
+)
+
+PAGE_MAX = 200
+STREAM_POLL = 0.2
+
+
+def install(app: web.Application) -> None:
+    app.router.add_post("/runs", start)
+    app.router.add_get("/runs", listing)
+    app.router.add_get("/runs/{run}", show)
+    app.router.add_get("/runs/{run}/events", events)
+    app.router.add_post("/runs/{run}/messages", message)
+    app.router.add_post("/runs/{run}/approvals", approval)
+    app.router.add_post("/runs/{run}/cancel", cancel_run)
+
+
+async def start(request: web.Request) -> web.Response:
+    body = await read_body(request, StartRunBody)
+    client = request.app[CLIENT]
+    # Refused only when live workers have said what they serve and none serves this agent
+    # (with no worker up yet, the run waits for one).
+    published = [
+        w["stats"]["routes"]
+        for w in await live_workers(client.pool)
+        if "routes" in (w["stats"] or {})
+    ]
+    served = {route for routes in published for route in routes}
+    if published and agent_route(body.agent) not in served:
+        raise ProblemError(
+            422,
+            "Unknown agent",
+            f"no live worker runs an agent named {body.agent!r}",
+            [FieldError(field="agent", message="no live worker runs this agent")],
+        )
+    try:
+        rid = await start_run(client, body.agent, body.input, idempotency_key=body.idempotency_key)
+    except IdempotencyConflict as exc:
+        raise ProblemError(409, "Conflict", str(exc)) from exc
+    run = await _run(client, rid)
+    if not run.agent:  # not started by a worker yet: its start message is queued
+        run.agent, run.input = body.agent, body.input
+    return json(run, status=201)
+
+
+async def listing(request: web.Request) -> web.Response:
+    q = request.query
+    status, agent = q.get("status"), q.get("agent")
+    errors = []
+    if status is not None and status not in ("running", "parked", "completed", "failed"):
+        errors.append(
+            FieldError(field="status", message="one of running, parked, completed, failed")
+        )
+    limit = _int(q.get("limit", "50"))
+    if limit is None or not 1 <= limit <= PAGE_MAX:
+        errors.append(FieldError(field="limit", message=f"an integer from 1 to {PAGE_MAX}"))
+        limit = 0
+    if agent is not None and (len(agent) > 100 or not re.fullmatch(AGENT_NAME, agent)):
+        errors.append(FieldError(field="agent", message="an agent name: letters, digits, _ . -"))
+    after = _cursor(q.get("cursor") or None, errors)
+    if errors:
+        raise ProblemError(422, "Invalid request", "invalid query parameters", errors)
+    found = await list_runs(
+        request.app[CLIENT], status=status, agent=agent, limit=limit + 1, before=after
+    )
+    page = [
+        RunSummary(**{**row.to_json(), "created_at": row.created_at.isoformat()})
+        for row in found[:limit]
+    ]
+    cursor = None
+    if len(found) > limit:
+        last = found[limit - 1]
+        cursor = base64.urlsafe_b64encode(
+            f"{last.created_at.isoformat()}|{last.id}".encode()
+        ).decode()
+    return json(RunList(runs=page, next_cursor=cursor))
+
+
+def _cursor(raw: str | None, errors: list[FieldError]) -> tuple[datetime, str] | None:
+    if raw is None:
+        return None
+    try:
+        at, _, actor_id = base64.urlsafe_b64decode(raw.encode()).decode().partition("|")
+        return datetime.fromisoformat(at), actor_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        errors.append(FieldError(field="cursor", message="not a cursor this API gave out"))
+        return None
+
+
+async def show(request: web.Request) -> web.Response:
+    return json(await _run(request.app[CLIENT], run_id(request)))
+
+
+async def _state(client: Client, rid: str) -> tuple[RunState, datetime]:
+    row = await client.pool.fetchrow(
+        "SELECT created_at FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
+    )
+    if row is None:
+        raise ProblemError(404, "Not found", f"no run {rid}")
+    state = await read_run(client, rid)
+    return state, row["created_at"]
+
+
+async def _run(client: Client, rid: str) -> Run:
+    state, created = await _state(client, rid)
+    r = receipt(state)
+    waiting = [
+        PendingApproval(call_id=c.id, tool=c.name, arguments=c.arguments or {})
+        for c in waiting_on(state)
+    ]
+    return Run(
+        id=rid,
+        agent=state.agent,
+        status=state.status,
+        input=state.input,
+        output=state.output,
+        error_class=state.error_class,
+        error=state.error,
+        created_at=created.isoformat(),
+        waiting_on=waiting,
+        receipt=Receipt(
+            calls_made=r.calls_made,
+            calls_replayed=r.calls_replayed,
+            input_tokens=r.input_tokens,
+            output_tokens=r.output_tokens,
+            usd_paid=str(r.usd_paid),
+            usd_not_repaid=str(r.usd_not_repaid),
+            unpriced_calls=r.unpriced_calls,
+        ),
+    )
+
+
+_EVENTS = (
+    "SELECT seq, type, data, created_at FROM toren.journal "
+    "WHERE actor_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+)
+
+
+def _event(row: asyncpg.Record) -> Event:
+    data = row["data"] if isinstance(row["data"], dict) else {"value": row["data"]}
+    return Event(seq=row["seq"], type=row["type"], data=data, at=row["created_at"].isoformat())
+
+
+def _after(request: web.Request) -> int:
+    raw = request.headers.get("Last-Event-ID") or request.query.get("after") or "0"
+    after = _int(raw)
+    if after is None or after < 0:
+        raise ProblemError(
+            422,
+            "Invalid request",
+            f"after / Last-Event-ID must be a sequence number, not {raw!r}",
+            [FieldError(field="after", message="a non-negative integer")],
+        )
+    return after
+
+
+def _int(raw: str) -> int | None:
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """The run's events after ``after`` (or ``Last-Event-ID``) as JSON, or, when the client
+    accepts ``text/event-stream``, as a live stream: every event, in order, each with its
+    sequence number as the event id, so a reconnecting client resumes without gaps or repeats."""
+    pool = request.app[CLIENT].pool
+    rid = run_id(request)
+    await _state_exists(pool, rid)
+    after = _after(request)
+    if "text/event-stream" not in request.headers.get("Accept", ""):
+        rows = await pool.fetch(_EVENTS, rid, after, 1000)
+        return json(EventList(events=[_event(r) for r in rows]))
+    async with sse_response(request, ping_interval=15) as stream:
+        while stream.is_connected():
+            rows = await pool.fetch(_EVENTS, rid, after, 500)
+            for row in rows:
+                event = _event(row)
+                await stream.send(event.model_dump_json(), id=str(event.seq), event=event.type)
+                after = event.seq
+            if len(rows) < 500:
+                await anyio.sleep(STREAM_POLL)
+    return stream
+
+
+async def _state_exists(pool: asyncpg.Pool, rid: str) -> None:
+    found = await pool.fetchval(
+        "SELECT 1 FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
+    )
+    if not found:
+        raise ProblemError(404, "Not found", f"no run {rid}")
+
+
+async def message(request: web.Request) -> web.Response:
+    rid = run_id(request)
+    body = await read_body(request, MessageBody)
+    client = request.app[CLIENT]
+    await _state_exists(client.pool, rid)
+    await _send(say(client, rid, body.text, who=principal(request).name, channel=channel(request)))
+    return json(Accepted(run=rid), status=202)
+
+
+async def approval(request: web.Request) -> web.Response:
+    rid = run_id(request)
+    body = await read_body(request, ApprovalBody)
+    client = request.app[CLIENT]
+    state, _ = await _state(client, rid)
+    if not state.asked - state.decisions.keys():
+        raise ProblemError(409, "Conflict", f"{rid} is not waiting for an approval")
+    who = principal(request).name
+    await _send(
+        decide(
+            client,
+            rid,
+            approved=body.approved,
+            who=who,
+            reason=body.reason,
+            channel=channel(request),
+        )
+    )
+    return json(Accepted(run=rid), status=202)
+
+
+async def cancel_run(request: web.Request) -> web.Response:
+    rid = run_id(request)
+    body = await read_body(request, CancelBody)
+    client = request.app[CLIENT]
+    await _state_exists(client.pool, rid)
+    await _send(cancel(client, rid, who=principal(request).name, reason=body.reason))
+    return json(Accepted(run=rid), status=202)
+
+
+async def _send(sending: Any) -> None:
+    try:
+        await sending
+    except (UnknownActor, ActorNotLive) as exc:
+        raise ProblemError(409, "Conflict", str(exc)) from exc

@@ -1,0 +1,208 @@
+// The Toren console: a page over the HTTP API. Signed in with a session cookie; writes carry
+// the session's CSRF token. The run page follows the run's event stream (server-sent events).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+let csrf = null;
+let stream = null;
+let listTimer = null;
+
+function esc(text) {
+  return String(text ?? "").replace(/[&<>"']/g, (c) => (
+    { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+
+async function api(path, options = {}) {
+  const headers = { Accept: "application/json", ...(options.headers || {}) };
+  if (options.body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    headers["X-CSRF-Token"] = csrf;
+  }
+  const response = await fetch(path, { credentials: "same-origin", ...options, headers });
+  if (response.status === 401) { show("signin"); throw new Error("signed out"); }
+  const body = await response.json();
+  if (!response.ok) throw new Error(body.detail || response.statusText);
+  return body;
+}
+
+function show(section) {
+  for (const id of ["signin", "runs", "run"]) $(id).hidden = id !== section;
+}
+
+async function start() {
+  $("denied").hidden = !location.search.includes("denied");
+  try {
+    const me = await api("/session");
+    csrf = me.csrf;
+    $("who").textContent = `signed in as ${me.name}`;
+    $("signout").hidden = false;
+  } catch (e) {
+    show("signin");
+    return;
+  }
+  $("signout").onclick = async () => {
+    await fetch("/session", { method: "DELETE", headers: { "X-CSRF-Token": csrf } });
+    location.href = "/";
+  };
+  $("status-filter").onchange = () => loadRuns();
+  window.onhashchange = route;
+  route();
+}
+
+function route() {
+  if (stream) { stream.close(); stream = null; }
+  if (listTimer) { clearInterval(listTimer); listTimer = null; }
+  const match = location.hash.match(/^#\/runs\/([0-9a-f-]+)$/);
+  if (match) { openRun(match[1]); return; }
+  show("runs");
+  loadRuns();
+  listTimer = setInterval(loadRuns, 2000);
+}
+
+async function loadRuns() {
+  const status = $("status-filter").value;
+  const page = await api(`/runs?limit=100${status ? `&status=${status}` : ""}`);
+  $("runs-body").innerHTML = page.runs.map((r) => `
+    <tr data-run="${esc(r.id.slice(4))}">
+      <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
+      <td>${esc(r.agent)}</td><td>${esc(r.input.slice(0, 80))}</td>
+      <td>${r.calls_made}</td><td>$${Number(r.usd_paid).toFixed(4)}</td>
+      <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
+  for (const row of $("runs-body").querySelectorAll("tr")) {
+    row.onclick = () => { location.hash = `#/runs/${row.dataset.run}`; };
+  }
+}
+
+async function openRun(uuid) {
+  show("run");
+  const events = [];
+  await refreshRun(uuid);
+  $("events-body").innerHTML = "";
+  stream = new EventSource(`/runs/${uuid}/events`);
+  const onEvent = async (message) => {
+    const event = JSON.parse(message.data);
+    if (events.length && events[events.length - 1].seq >= event.seq) return;
+    events.push(event);
+    $("events-body").insertAdjacentHTML("beforeend", `<tr><td>${event.seq}</td>
+      <td>${esc(event.type)}</td><td>${new Date(event.at).toLocaleTimeString()}</td>
+      <td><code>${esc(JSON.stringify(event.data).slice(0, 160))}</code></td></tr>`);
+    drawTimeline(events);
+    clearTimeout(openRun.pending);
+    openRun.pending = setTimeout(() => refreshRun(uuid), 150);
+  };
+  stream.onmessage = onEvent;
+  for (const type of KNOWN) stream.addEventListener(type, onEvent);
+}
+
+const KNOWN = ["run.started", "model.called", "tool.intent", "tool.result", "approval.requested",
+  "approval.decided", "message.received", "timer.set", "timer.fired", "run.resumed",
+  "steps.invalidated", "run.retrying", "run.retried", "run.completed", "run.failed"];
+
+async function refreshRun(uuid) {
+  const run = await api(`/runs/${uuid}`);
+  $("run-status").textContent = run.status;
+  $("run-status").className = `badge ${run.status}`;
+  $("run-agent").textContent = run.agent;
+  $("run-input").textContent = run.input;
+  $("run-output").hidden = !(run.output || run.error);
+  $("run-output").textContent = run.output || `${run.error_class}: ${run.error}`;
+  const waiting = run.waiting_on[0];
+  $("decision").hidden = !waiting;
+  if (waiting) {
+    $("decision-what").innerHTML = `<code>${esc(waiting.tool)}</code>
+      <code>${esc(JSON.stringify(waiting.arguments))}</code>`;
+    const decide = (approved) => async () => {
+      $("approve").disabled = $("deny").disabled = true;
+      try {
+        await api(`/runs/${uuid}/approvals`, { method: "POST",
+          body: JSON.stringify({ approved, reason: $("decision-reason").value }) });
+      } finally { $("approve").disabled = $("deny").disabled = false; }
+    };
+    $("approve").onclick = decide(true);
+    $("deny").onclick = decide(false);
+  }
+  const r = run.receipt;
+  $("receipt").innerHTML = [
+    ["calls made", r.calls_made], ["calls replayed (not re-paid)", r.calls_replayed],
+    ["tokens in / out", `${r.input_tokens} / ${r.output_tokens}`],
+    ["paid", `$${r.usd_paid}`], ["not re-paid", `$${r.usd_not_repaid}`],
+    ["unpriced calls", r.unpriced_calls],
+  ].map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
+}
+
+// The timeline: one lane per kind of work, bars from start to end, markers for resumes and
+// invalidations. Model calls served from the journal after a resume are drawn lighter.
+function drawTimeline(events) {
+  const t = (e) => new Date(e.at).getTime();
+  const t0 = t(events[0]);
+  const bars = [];
+  const marks = [];
+  const open = {};
+  let replayed = 0;
+  for (const e of events) {
+    const d = e.data;
+    if (e.type === "model.called") {
+      bars.push({ lane: 0, from: t(e) - (d.latency_ms || 0), to: t(e), step: d.step,
+        label: `step ${d.step}` });
+    } else if (e.type === "tool.intent") open[`tool:${d.call_id}`] = { at: t(e), name: d.name };
+    else if (e.type === "tool.result" && open[`tool:${d.call_id}`]) {
+      const o = open[`tool:${d.call_id}`];
+      bars.push({ lane: 1, from: o.at, to: t(e), label: o.name, error: d.is_error });
+    } else if (e.type === "approval.requested") open[`ask:${d.call_id}`] = { at: t(e), name: d.name };
+    else if (e.type === "approval.decided" && open[`ask:${d.call_id}`]) {
+      const o = open[`ask:${d.call_id}`];
+      bars.push({ lane: 2, from: o.at, to: t(e), label: `${d.approved ? "approved" : "denied"} by ${d.who}`,
+        error: !d.approved });
+      delete open[`ask:${d.call_id}`];
+    } else if (e.type === "timer.set") open[`timer:${d.call_id}`] = { at: t(e) };
+    else if (e.type === "timer.fired" && open[`timer:${d.call_id}`]) {
+      bars.push({ lane: 3, from: open[`timer:${d.call_id}`].at, to: t(e), label: "sleep" });
+      delete open[`timer:${d.call_id}`];
+    } else if (e.type === "run.resumed") {
+      replayed = Math.max(replayed, d.replayed);
+      marks.push({ at: t(e), label: `resumed: ${d.replayed} replayed`, kind: "resume" });
+    } else if (e.type === "steps.invalidated") {
+      marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
+    } else if (e.type === "run.completed" || e.type === "run.failed") {
+      marks.push({ at: t(e), label: e.type.slice(4), kind: e.type === "run.failed" ? "bad" : "end" });
+    }
+  }
+  const now = Date.now();
+  for (const [key, o] of Object.entries(open)) {
+    if (key.startsWith("ask:")) bars.push({ lane: 2, from: o.at, to: now, label: "waiting", open: true });
+    if (key.startsWith("timer:")) bars.push({ lane: 3, from: o.at, to: now, label: "sleeping", open: true });
+  }
+  const end = Math.max(t(events[events.length - 1]), ...bars.map((b) => b.to), t0 + 1);
+  const W = 1000, left = 90, laneH = 34, top = 20;
+  const x = (ms) => left + ((ms - t0) / (end - t0)) * (W - left - 20);
+  const lanes = ["model calls", "tools", "approvals", "timers"];
+  const colour = (b) => (b.error ? "var(--bad)" : b.open ? "var(--wait)" :
+    ["var(--paid)", "var(--tool)", "var(--wait)", "var(--timer)"][b.lane]);
+  let svg = `<svg viewBox="0 0 ${W} ${top + laneH * 4 + 30}" role="img" aria-label="timeline">`;
+  lanes.forEach((name, i) => {
+    svg += `<text class="lane" x="8" y="${top + i * laneH + 20}">${name}</text>
+      <line x1="${left}" x2="${W - 20}" y1="${top + i * laneH + 30}" y2="${top + i * laneH + 30}" stroke="#eef0f5"/>`;
+  });
+  for (const b of bars) {
+    const w = Math.max(3, x(b.to) - x(b.from));
+    const fill = b.lane === 0 && b.step <= replayed ? "var(--replayed)" : colour(b);
+    svg += `<rect x="${x(b.from)}" y="${top + b.lane * laneH + 8}" width="${w}" height="18" rx="3"
+      fill="${fill}"><title>${esc(b.label)}</title></rect>`;
+    if (w > 50) svg += `<text x="${x(b.from) + 4}" y="${top + b.lane * laneH + 21}" font-size="11" fill="#fff">${esc(b.label)}</text>`;
+  }
+  for (const m of marks) {
+    const stroke = m.kind === "bad" ? "var(--bad)" : m.kind === "end" ? "var(--tool)" : "var(--muted)";
+    svg += `<line x1="${x(m.at)}" x2="${x(m.at)}" y1="${top}" y2="${top + laneH * 4}" stroke="${stroke}"
+      stroke-dasharray="${m.kind === "resume" ? "4 3" : ""}"><title>${esc(m.label)}</title></line>`;
+  }
+  svg += `<text class="lane" x="${left}" y="${top + laneH * 4 + 20}">0 s</text>
+    <text class="lane" x="${W - 60}" y="${top + laneH * 4 + 20}">${((end - t0) / 1000).toFixed(1)} s</text></svg>`;
+  $("timeline").innerHTML = `${svg}<div class="legend">
+    <span><i class="sw paid"></i>model call, paid</span>
+    <span><i class="sw replayed"></i>replayed from the journal, not re-paid</span>
+    <span><i class="sw tool"></i>tool</span><span><i class="sw wait"></i>waiting on a human</span>
+    <span><i class="sw timer"></i>durable timer</span>
+    <span><i class="sw bad"></i>error, denial, invalidation</span></div>`;
+}
+
+start();

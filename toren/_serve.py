@@ -1,0 +1,55 @@
+"""Serving the HTTP API and console (``toren serve``, and inside ``toren dev``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from aiohttp import web
+
+from toren._client import Client
+from toren._errors import ConfigError
+from toren._http import create_app
+
+log = logging.getLogger("toren.http")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8420
+
+
+@asynccontextmanager
+async def serving(
+    url: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+) -> AsyncIterator[str]:
+    """Serve the API and console on ``host:port`` while inside; yields the base URL.
+
+    Raises:
+        ConfigError: the port cannot be bound.
+    """
+    client = await Client.connect(url)
+    runner = web.AppRunner(create_app(client), access_log=None, handle_signals=False)
+    try:
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port}: {exc.strerror}",
+                hint="Pick another port with --port, or stop what uses this one.",
+            ) from exc
+        bound = runner.addresses[0][1]
+        base = f"http://{host}:{bound}"
+        log.info("API and console on %s (openapi: %s/openapi.json)", base, base)
+        yield base
+    finally:
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+            await client.close()
+
+
+async def serve_forever(url: str, *, host: str, port: int) -> None:
+    async with serving(url, host=host, port=port):
+        await anyio.sleep_forever()
