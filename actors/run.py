@@ -101,8 +101,12 @@ async def _provider(model: str) -> ModelProvider:
         )
         # In a thread: the first use imports the provider's SDK, which takes seconds and must
         # not stall the worker's event loop (its lease renewals run there).
-        found = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
-        _providers[model] = found
+        created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
+        # Runs that started together may each have made one meanwhile: keep the first, close
+        # the others (an unclosed one would leak its connections).
+        found = _providers.setdefault(model, created)
+        if found is not created:
+            await created.aclose()
     return found
 
 

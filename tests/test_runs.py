@@ -391,10 +391,6 @@ async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
 
 
 @pytest.mark.processes
-# The test's gc.collect() once (in one CI run of many, not reproduced since) finalised an HTTP
-# connection that the SDK's pool had dropped unclosed during the 1,000 calls: a ResourceWarning
-# about a socket, unrelated to what this test checks (run objects and leases), is not a failure.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
