@@ -186,8 +186,18 @@ async def test_housekeeping_forgets_old_dedupe_keys_and_replies(client: Client) 
         "INSERT INTO toren.replies (correlation_id, kind, body, created_at) "
         "VALUES (gen_random_uuid(), 'json', '{}', now() - interval '2 hours')"
     )
+    from toren._tokens import Principal, create_token, open_session
+
+    token_id, _ = await create_token(client.pool, "ops")
+    await open_session(client.pool, Principal(token_id=token_id, name="ops", via="token"))
+    await open_session(client.pool, Principal(token_id=token_id, name="ops", via="token"))
+    await client.pool.execute(
+        "UPDATE toren.sessions SET expires_at = now() - interval '1 second' "
+        "WHERE ctid = (SELECT min(ctid) FROM toren.sessions)"
+    )
     done = await housekeep(client.pool, dedupe_retention=7 * 86400)
     assert done["keys"] == 1
     assert done["replies"] == 1
+    assert done["sessions"] == 1  # the expired console session, not the live one
     assert await client.send("c/hk", app.Add(n=1, tag="a2"), dedupe_key="old") is not None
     assert await client.send("c/hk", app.Add(n=1, tag="b2"), dedupe_key="new") is None

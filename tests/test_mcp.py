@@ -80,8 +80,10 @@ async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
         refund_agent(monkeypatch, db_url),
         serving_http(db_url, host="127.0.0.1", port=0) as url,
     ):
-        run_id = await start_run(client, "support", "Refund me")
-        await wait_for(lambda: _parked(client, run_id), what="parked")
+        approved = await start_run(client, "support", "Refund me")
+        denied = await start_run(client, "support", "Refund me too")
+        for run_id in (approved, denied):
+            await wait_for(lambda r=run_id: _parked(client, r), what="parked")
         async with create_mcp_http_client() as anonymous:
             response = await anonymous.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
             assert response.status_code == 401
@@ -92,8 +94,20 @@ async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
             ClientSession(read, write) as mcp,
         ):
             await mcp.initialize()
-            assert [r["id"] for r in _data(await mcp.call_tool("list_runs", {}))] == [run_id]
-            _data(await mcp.call_tool("deny", {"run_id": run_id, "reason": "too much"}))
-        await wait_for(lambda: _completed(client, run_id), what="completed")
-    [decision] = (await read_run(client, run_id)).decisions.values()
-    assert (decision.channel, decision.who, decision.approved) == ("mcp", "claude-desktop", False)
+            listed = _data(await mcp.call_tool("list_runs", {"status": "parked"}))
+            assert {r["id"] for r in listed} == {approved, denied}
+            _data(await mcp.call_tool("approve", {"run_id": approved}))
+            _data(await mcp.call_tool("deny", {"run_id": denied, "reason": "too much"}))
+            refused = await mcp.call_tool("approve", {"run_id": "run/nope"})
+            assert refused.is_error
+        for run_id in (approved, denied):
+            await wait_for(lambda r=run_id: _completed(client, r), what="completed")
+    [yes] = (await read_run(client, approved)).decisions.values()
+    [no] = (await read_run(client, denied)).decisions.values()
+    assert (yes.channel, yes.who, yes.approved) == ("mcp", "claude-desktop", True)
+    assert (no.channel, no.who, no.approved, no.reason) == (
+        "mcp",
+        "claude-desktop",
+        False,
+        "too much",
+    )

@@ -483,16 +483,19 @@ WITH gone AS (
 ), windows AS (
     DELETE FROM toren.restart_windows
     WHERE restarts[cardinality(restarts)] < now() - interval '1 day' RETURNING 1
+), sessions AS (
+    DELETE FROM toren.sessions WHERE expires_at < now() RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS workers, (SELECT count(*) FROM keys) AS keys,
-       (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows
+       (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows,
+       (SELECT count(*) FROM sessions) AS sessions
 """
 
 
 async def housekeep(pool: asyncpg.Pool, *, dedupe_retention: float) -> dict[str, int]:
     """Delete what nobody will read again: registry rows of dead workers, dedupe keys past their
     retention (in batches), replies older than an hour (their ask() has long timed out),
-    restart windows whose last restart is a day old.
+    restart windows whose last restart is a day old, expired console sessions.
 
     Returns:
         How many rows of each were deleted.
