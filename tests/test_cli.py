@@ -250,3 +250,29 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
     unknown = await anyio.to_thread.run_sync(lambda: cli("run", "nobody", "hello"))
     assert unknown.returncode == 2
     assert "no live worker runs agent 'nobody'" in unknown.stderr
+
+
+async def test_tokens_are_created_listed_and_revoked_from_the_command_line(
+    client: Client, db_url: str
+) -> None:
+    from toren._tokens import authenticate
+
+    created = await anyio.to_thread.run_sync(lambda: toren("tokens", "create", "ci", db_url=db_url))
+    assert created.returncode == 0, created.stderr
+    token = created.stdout.strip()
+    assert token.startswith("trn_")
+    token_id = token.split("_")[1]
+    assert (await authenticate(client.pool, token)) is not None
+    listed = await anyio.to_thread.run_sync(lambda: toren("tokens", "list", db_url=db_url))
+    assert token_id in listed.stdout
+    assert token.split("_", 2)[2] not in listed.stdout  # never the secret
+    revoked = await anyio.to_thread.run_sync(
+        lambda: toren("tokens", "revoke", token_id, db_url=db_url)
+    )
+    assert revoked.returncode == 0
+    assert (await authenticate(client.pool, token)) is None
+    again = await anyio.to_thread.run_sync(
+        lambda: toren("tokens", "revoke", token_id, db_url=db_url)
+    )
+    assert again.returncode == 1
+    assert "no live token" in again.stderr

@@ -77,17 +77,28 @@ async def revoke_token(conn: asyncpg.Pool | asyncpg.Connection, token_id: str) -
     return revoked > 0
 
 
+# `last_used_at` is refreshed at most once a minute, so that authenticating is a read (no commit
+# to wait for, no row lock that concurrent requests with one token would queue on).
+_AUTHENTICATE = """
+WITH live AS (
+    SELECT name, secret_sha256 FROM toren.tokens WHERE id = $1 AND revoked_at IS NULL
+), touched AS (
+    UPDATE toren.tokens SET last_used_at = now()
+    WHERE id = $1 AND revoked_at IS NULL
+      AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
+    RETURNING 1
+)
+SELECT name, secret_sha256, (SELECT count(*) FROM touched) AS touched FROM live
+"""
+
+
 async def authenticate(pool: asyncpg.Pool, token: str) -> Principal | None:
     """The principal a bearer token stands for, or None (malformed, unknown or revoked)."""
     prefix, _, rest = token.partition("_")
     token_id, _, secret = rest.partition("_")
     if prefix != PREFIX or not token_id or not secret or len(token) > 200:
         return None
-    row = await pool.fetchrow(
-        "UPDATE toren.tokens SET last_used_at = now() WHERE id = $1 AND revoked_at IS NULL "
-        "RETURNING name, secret_sha256",
-        token_id,
-    )
+    row = await pool.fetchrow(_AUTHENTICATE, token_id)
     if row is None or not hmac.compare_digest(row["secret_sha256"], _sha256(secret)):
         return None
     return Principal(token_id=token_id, name=row["name"], via="token")
