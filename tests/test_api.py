@@ -89,6 +89,7 @@ async def test_every_route_but_healthz_needs_a_valid_token(client: Client, db_ur
             for method, path in paths:
                 async with http.request(method, f"{base}{path}") as r:
                     assert r.status == 401, path
+                    assert r.headers["WWW-Authenticate"] == "Bearer"
                     assert r.content_type == "application/problem+json"
                     assert (await r.json())["status"] == 401
         for bad in ("trn_nope_nope", good[:-2] + "xx", revoked, "not-a-token"):

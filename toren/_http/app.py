@@ -12,6 +12,7 @@ import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import orjson
 import pydantic
@@ -41,7 +42,8 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
     try:
         return await handler(request)
     except ProblemError as exc:
-        return problem_response(exc.problem)
+        challenge = {"WWW-Authenticate": "Bearer"} if exc.problem.status == 401 else None
+        return problem_response(exc.problem, challenge)
     except pydantic.ValidationError as exc:
         errors = [
             FieldError(field=".".join(str(p) for p in e["loc"]) or "body", message=e["msg"])
@@ -96,9 +98,16 @@ def _unauthorized(detail: str) -> ProblemError:
     return ProblemError(401, "Unauthorized", detail)
 
 
-def _check_csrf(request: web.Request, principal: Principal) -> None:
+def same_origin(request: web.Request) -> bool:
+    """Whether the browser's ``Origin`` (if it sent one) is this server. The host is compared,
+    not the scheme: behind a proxy that terminates TLS the server itself sees plain HTTP."""
     origin = request.headers.get("Origin")
-    if origin is not None and origin != f"{request.scheme}://{request.host}":
+    return origin is None or urlsplit(origin).netloc == request.host
+
+
+def _check_csrf(request: web.Request, principal: Principal) -> None:
+    if not same_origin(request):
+        origin = request.headers.get("Origin")
         raise ProblemError(403, "Forbidden", f"cross-origin write from {origin} refused")
     sent = request.headers.get("X-CSRF-Token", "")
     if not principal.csrf or not hmac.compare_digest(sent.encode(), principal.csrf.encode()):

@@ -8,6 +8,7 @@ CSRF token its writes must carry; ``DELETE /session`` signs out.
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -47,7 +48,7 @@ def _page_headers() -> dict[str, str]:
 
 async def sign_in(request: web.Request) -> web.StreamResponse:
     origin = request.headers.get("Origin")
-    if origin is not None and origin != f"{request.scheme}://{request.host}":
+    if origin is not None and urlsplit(origin).netloc != request.host:
         raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin} refused")
     form = await request.post()
     token = form.get("token")
