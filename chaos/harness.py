@@ -150,11 +150,6 @@ class Harness:
             env["CHAOS_MUTATION"] = self.mutation
         return env
 
-    def start(self, env: dict[str, str], folder: Path, role: str) -> Worker:
-        assert self.launchers is not None
-        n = len(list(folder.glob("*.log")))
-        return self.launchers.start(env, folder / f"{n}-{role}.log", role)
-
     async def run_cell(self, cell: Cell, expected: Expected | None) -> tuple[CellResult, Observed]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced)."""
         prefix = f"{self.mutation}/" if self.mutation else ""

@@ -279,19 +279,17 @@ def register(main: click.Group) -> None:
 
 async def _check_served(client: Client, agent: str) -> None:
     """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
-    from toren._leases import live_workers
+    from toren._leases import served_agents
 
-    workers = await live_workers(client.pool)
-    served = sorted(
-        {r.removeprefix("agent:") for w in workers for r in w["stats"].get("routes", [])}
-    )
-    if workers and agent not in served:
+    served = await served_agents(client.pool)
+    if served is None:
+        err.print(f"note: no worker is running; the run starts when one with agent {agent!r} does")
+    elif agent not in served:
         raise ConfigError(
-            f"no live worker runs agent {agent!r} (they run: {', '.join(served) or 'no agents'})",
+            f"no live worker runs agent {agent!r} "
+            f"(they run: {', '.join(sorted(served)) or 'no agents'})",
             hint="Start a worker with --app naming the module that defines it.",
         )
-    if not workers:
-        err.print(f"note: no worker is running; the run starts when one with agent {agent!r} does")
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:

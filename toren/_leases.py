@@ -470,6 +470,17 @@ async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.
     return rows
 
 
+async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | None:
+    """The agents live workers run, from the routes they publish with each renewal; ``None``
+    while no live worker has published yet (none is up, or one has only just started)."""
+    published = [
+        w["stats"]["routes"] for w in await live_workers(conn) if "routes" in (w["stats"] or {})
+    ]
+    if not published:
+        return None
+    return {r.removeprefix("agent:") for routes in published for r in routes}
+
+
 _HOUSEKEEP = f"""
 WITH gone AS (
     DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) RETURNING 1

@@ -40,13 +40,12 @@ from toren._http.models import (
     RunSummary,
     StartRunBody,
 )
-from toren._leases import live_workers
+from toren._leases import served_agents
 from toren._listing import list_runs
 from toren.runs import (
     RUN_KIND,
     IdempotencyConflict,
     RunState,
-    agent_route,
     cancel,
     decide,
     read_run,
@@ -73,15 +72,9 @@ def install(app: web.Application) -> None:
 async def start(request: web.Request) -> web.Response:
     body = await read_body(request, StartRunBody)
     client = request.app[CLIENT]
-    # Refused only when live workers have said what they serve and none serves this agent
-    # (with no worker up yet, the run waits for one).
-    published = [
-        w["stats"]["routes"]
-        for w in await live_workers(client.pool)
-        if "routes" in (w["stats"] or {})
-    ]
-    served = {route for routes in published for route in routes}
-    if published and agent_route(body.agent) not in served:
+    # With no worker up yet (or none that has said what it runs), the run waits for one.
+    served = await served_agents(client.pool)
+    if served is not None and body.agent not in served:
         raise ProblemError(
             422,
             "Unknown agent",
@@ -118,10 +111,7 @@ async def listing(request: web.Request) -> web.Response:
     found = await list_runs(
         request.app[CLIENT], status=status, agent=agent, limit=limit + 1, before=after
     )
-    page = [
-        RunSummary(**{**row.to_json(), "created_at": row.created_at.isoformat()})
-        for row in found[:limit]
-    ]
+    page = [RunSummary(**row.to_json()) for row in found[:limit]]
     cursor = None
     if len(found) > limit:
         last = found[limit - 1]
@@ -146,14 +136,23 @@ async def show(request: web.Request) -> web.Response:
     return json(await _run(request.app[CLIENT], run_id(request)))
 
 
-async def _state(client: Client, rid: str) -> tuple[RunState, datetime]:
-    row = await client.pool.fetchrow(
+async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
+    """When run ``rid`` was created.
+
+    Raises:
+        ProblemError: 404, no such run.
+    """
+    created: datetime | None = await pool.fetchval(
         "SELECT created_at FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
     )
-    if row is None:
+    if created is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
-    state = await read_run(client, rid)
-    return state, row["created_at"]
+    return created
+
+
+async def _state(client: Client, rid: str) -> tuple[RunState, datetime]:
+    created = await _created(client.pool, rid)
+    return await read_run(client, rid), created
 
 
 async def _run(client: Client, rid: str) -> Run:
@@ -222,7 +221,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     sequence number as the event id, so a reconnecting client resumes without gaps or repeats."""
     pool = request.app[CLIENT].pool
     rid = run_id(request)
-    await _state_exists(pool, rid)
+    await _created(pool, rid)
     after = _after(request)
     if "text/event-stream" not in request.headers.get("Accept", ""):
         rows = await pool.fetch(_EVENTS, rid, after, 1000)
@@ -239,19 +238,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     return stream
 
 
-async def _state_exists(pool: asyncpg.Pool, rid: str) -> None:
-    found = await pool.fetchval(
-        "SELECT 1 FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
-    )
-    if not found:
-        raise ProblemError(404, "Not found", f"no run {rid}")
-
-
 async def message(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, MessageBody)
     client = request.app[CLIENT]
-    await _state_exists(client.pool, rid)
+    await _created(client.pool, rid)
     await _send(say(client, rid, body.text, who=principal(request).name, channel=channel(request)))
     return json(Accepted(run=rid), status=202)
 
@@ -281,7 +272,7 @@ async def cancel_run(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, CancelBody)
     client = request.app[CLIENT]
-    await _state_exists(client.pool, rid)
+    await _created(client.pool, rid)
     await _send(cancel(client, rid, who=principal(request).name, reason=body.reason))
     return json(Accepted(run=rid), status=202)
 
