@@ -46,8 +46,21 @@ async def init_connection(conn: asyncpg.Connection) -> None:
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """What a connection going back to the pool needs: nothing beyond asyncpg's own clean-up.
+
+    asyncpg rolls back a transaction left open before calling this; its default reset would
+    then send ``RESET ALL; UNLISTEN *; ...``, one more round trip per statement. Toren's pooled
+    connections never change session state (its LISTENs and advisory locks live on dedicated
+    connections), so there is nothing to reset.
+    """
+
+
 async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> asyncpg.Pool:
     """Open a pool of ``size`` connections, shown as ``name`` in ``pg_stat_activity``.
+
+    A connection borrowed from it must leave the session as it found it (no ``SET``, ``LISTEN``
+    or advisory lock outside a transaction): it is not reset when given back.
 
     Raises:
         DatabaseUnavailable: the server does not answer or refuses the login.
@@ -58,6 +71,7 @@ async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> async
             min_size=min(2, size),
             max_size=size,
             init=init_connection,
+            reset=_keep_session,
             server_settings={"application_name": name},
         )
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
