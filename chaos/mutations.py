@@ -67,6 +67,8 @@ def _consume_on_claim() -> None:
         "m.reply_to, m.deliveries,",
         "m.reply_to, m.deliveries + 1 AS deliveries,",
     )
+    # Claims happen only in claim_next (mutated above), never in a step's commit.
+    _mailbox._COMMIT = _replace(_mailbox._COMMIT, "WHERE $23 AND", "WHERE false AND")
     _mailbox._COMMIT = _replace(
         _mailbox._COMMIT,
         """DELETE FROM toren.mailbox m USING fence

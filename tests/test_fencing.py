@@ -208,3 +208,97 @@ async def test_a_watchers_shared_lock_does_not_keep_a_dead_worker_alive(
         assert dead.worker_id not in {r["worker_id"] for r in await live_workers(client.pool)}
     finally:
         await watcher.close()
+
+
+async def _claimed_step(
+    client: Client, db_url: str, actor_id: str
+) -> tuple[WorkerSession, int, Context[app.CounterState], app.Counter]:
+    """Claim ``actor_id``'s first message and handle it (nothing committed yet)."""
+    owner = await _session(db_url)
+    [c] = await claim(client.pool, owner.worker_id, limit=10, lease=30, kinds=KINDS, hosted=[])
+    envelope = await claim_next(client.pool, actor_id, owner.worker_id, c.epoch)
+    assert envelope is not None
+    actor = app.Counter(actor_id, {})
+    opened = open_envelope(envelope)
+    ctx = Context(actor, actor.initial_state(), 0, c.epoch, opened)
+    ctx.emit(app.Added(n=opened.payload.n, tag=opened.payload.tag, message_id=opened.id))
+    return owner, c.epoch, ctx, actor
+
+
+async def _deliveries(client: Client, actor_id: str) -> list[tuple[str, int]]:
+    rows = await client.pool.fetch(
+        "SELECT body->>'tag' AS tag, deliveries FROM toren.mailbox WHERE actor_id = $1 "
+        "ORDER BY id",
+        actor_id,
+    )
+    return [(r["tag"], r["deliveries"]) for r in rows]
+
+
+async def test_a_commit_claims_the_next_queued_message_system_lane_first(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/n")
+    await client.send("c/n", app.Add(n=1, tag="a"))
+    owner, epoch, ctx, _ = await _claimed_step(client, db_url, "c/n")
+    try:
+        await client.send("c/n", app.Add(n=2, tag="b"))
+        await client.send("c/n", app.Add(n=3, tag="sys"), system=True)
+        assert ctx.envelope is not None
+        following = await commit_step(client.pool, owner.worker_id, ctx.envelope, ctx, claim=True)
+        # The same statement consumed "a" and claimed the system-lane message, its delivery
+        # counted before it is handled, exactly as claim_next would have.
+        assert following is not None and following.payload is None
+        assert open_envelope(following).payload.tag == "sys"
+        assert following.deliveries == 1
+        assert await _deliveries(client, "c/n") == [("b", 0), ("sys", 1)]
+        assert [e.type for e in await client.journal("c/n")] == ["test.added"]
+        # Without claim, nothing is claimed.
+        actor = app.Counter("c/n", {})
+        ctx2 = Context(actor, actor.initial_state(), 1, epoch, open_envelope(following))
+        ctx2.emit(app.Added(n=3, tag="sys", message_id=following.id))
+        assert await commit_step(client.pool, owner.worker_id, ctx2.envelope, ctx2) is None
+        assert await _deliveries(client, "c/n") == [("b", 0)]
+    finally:
+        await owner.close()
+
+
+async def test_a_commit_claims_the_message_the_step_sends_itself_when_none_is_queued(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/s")
+    await client.send("c/s", app.Add(n=1, tag="a"))
+    owner, _, ctx, _ = await _claimed_step(client, db_url, "c/s")
+    try:
+        ctx.send("c/s", app.Add(n=2, tag="next"))
+        ctx.send("c/s", app.Add(n=3, tag="after"))
+        ctx.set_timer("later", 60, app.Add(n=4, tag="timer"))
+        assert ctx.envelope is not None
+        following = await commit_step(client.pool, owner.worker_id, ctx.envelope, ctx, claim=True)
+        assert following is not None
+        assert open_envelope(following).payload.tag == "next"
+        assert following.deliveries == 1
+        # Only the first due message it sent itself was inserted claimed.
+        assert await _deliveries(client, "c/s") == [("next", 1), ("after", 0), ("timer", 0)]
+    finally:
+        await owner.close()
+
+
+async def test_a_commit_does_not_claim_a_timer_the_step_replaces(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Counter, "c/t")
+    await client.send("c/t", app.Add(n=1, tag="a"))
+    owner, _, ctx, _ = await _claimed_step(client, db_url, "c/t")
+    try:
+        # A due timer is queued; the step replaces it with a later one.
+        await client.pool.execute(
+            "INSERT INTO toren.mailbox (actor_id, kind, body, timer_name) "
+            "VALUES ('c/t', 'test.add', '{\"n\": 9, \"tag\": \"due\"}', 'tick')"
+        )
+        ctx.set_timer("tick", 60, app.Add(n=5, tag="later"))
+        assert ctx.envelope is not None
+        following = await commit_step(client.pool, owner.worker_id, ctx.envelope, ctx, claim=True)
+        assert following is None
+        assert await _deliveries(client, "c/t") == [("later", 0)]
+    finally:
+        await owner.close()

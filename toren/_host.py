@@ -1,7 +1,8 @@
 """The actor host: runs one claimed actor until it passivates, is fenced out, or is stopped.
 
 The loop: rebuild the state from the journal, then claim a message, hand it to the actor, and
-commit the step (one fenced statement). A handler exception is charged to the message, which is
+commit the step (one fenced statement, which also claims the next message: a busy actor costs
+one round trip per step). A handler exception is charged to the message, which is
 retried with backoff and dead-lettered past its limit; the dead letter then surfaces as
 :class:`MessageDeadLettered` so that the supervisor counts one restart of the actor. When the
 mailbox stays empty for ``idle_seconds`` the host releases the lease and returns: no task and no
@@ -92,6 +93,7 @@ class ActorHost:
         self._stop = anyio.Event()
         self.idle = False
         self.steps = 0  # messages handled by this host, committed or charged
+        self._next: Envelope | None = None  # claimed by the last step's commit
 
     def wake(self) -> None:
         """Mail arrived for this actor (a notification); stop waiting."""
@@ -179,10 +181,14 @@ class ActorHost:
             raise ActorStartFailed(self.actor_id, exc) from exc
         started()
         idle_since = anyio.current_time()
-        while not self._stop.is_set():
+        self._next = None
+        # A message claimed by the last commit is in hand: it is handled even after a stop.
+        while not self._stop.is_set() or self._next is not None:
             # Re-armed before looking, so a notification that arrives meanwhile is not lost.
             self._wake = anyio.Event()
-            envelope = await claim_next(self.pool, self.actor_id, self.worker_id, self.epoch)
+            envelope, self._next = self._next, None
+            if envelope is None:
+                envelope = await claim_next(self.pool, self.actor_id, self.worker_id, self.epoch)
             if envelope is None:
                 if await self._idle(idle_since):
                     return
@@ -281,8 +287,14 @@ class ActorHost:
         failures = 0
         while True:
             try:
-                await commit_step(
-                    self.pool, self.worker_id, envelope, ctx, retry=failures > 0, summary=summary
+                self._next = await commit_step(
+                    self.pool,
+                    self.worker_id,
+                    envelope,
+                    ctx,
+                    retry=failures > 0,
+                    summary=summary,
+                    claim=not self._stop.is_set(),
                 )
                 return
             except TRANSIENT_DB_ERRORS as exc:

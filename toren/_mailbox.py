@@ -4,7 +4,8 @@ Every statement an owner issues is fenced: it checks ``owner = me AND epoch = mi
 actor's row in the same statement, and the step commit takes a share lock on that row so a
 concurrent claim (which raises the epoch) either waits for the step or fences it out. A step is
 one statement, hence one transaction and one round trip: consume the message, append the events,
-spawn children, insert the outgoing messages and timers, store the reply, notify recipients.
+spawn children, insert the outgoing messages and timers, store the reply, notify recipients, and
+claim the actor's next message.
 """
 
 from __future__ import annotations
@@ -130,18 +131,7 @@ async def claim_next(
         raise FencedOut(actor_id, epoch)
     if row["id"] is None:
         return None
-    return Envelope(
-        id=row["id"],
-        lane=row["lane"],
-        sender=row["sender"],
-        kind=row["kind"],
-        body=row["body"],
-        payload=None,
-        reply_to=row["reply_to"],
-        deliveries=row["deliveries"],
-        attempts=row["attempts"],
-        is_timer=row["is_timer"],
-    )
+    return _envelope(row)
 
 
 _COMMIT = """
@@ -158,6 +148,20 @@ WITH fence AS (
     DELETE FROM toren.mailbox m USING fence
     WHERE m.id = $4 AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
     RETURNING m.id
+), nxt AS (
+    -- With $23, the step claims the actor's next message in the same statement (the host then
+    -- needs no claim of its own): the first visible one already queued (system lane first), not
+    -- a timer this step replaces; else the first due message the step sends itself (in sent).
+    SELECT m.id FROM toren.mailbox m
+    WHERE $23 AND m.actor_id = $1 AND m.visible_at <= now() AND m.id <> $4
+      AND (m.timer_name IS NULL OR m.timer_name <> ALL($11::text[]))
+      AND EXISTS (SELECT 1 FROM consumed)
+    ORDER BY m.lane, m.id LIMIT 1
+), claimed AS (
+    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
+    FROM nxt WHERE m.id = nxt.id
+    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
+              m.timer_name IS NOT NULL AS is_timer
 ), ev AS (
     INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
     SELECT $1, e.seq, $3, e.type, e.data
@@ -177,9 +181,15 @@ WITH fence AS (
     RETURNING 1
 ), o AS (
     SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::jsonb[], $16::text[],
-                         $17::text[], $18::float8[])
-        AS o(recipient, lane, kind, body, dedupe_key, timer_key, delay)
+                         $17::text[], $18::float8[]) WITH ORDINALITY
+        AS o(recipient, lane, kind, body, dedupe_key, timer_key, delay, ord)
     WHERE EXISTS (SELECT 1 FROM consumed)
+), own AS (
+    -- Nothing queued to claim: the first due message sent to itself is inserted claimed.
+    SELECT o.ord FROM o
+    WHERE $23 AND o.recipient = $1 AND o.delay <= 0 AND o.dedupe_key IS NULL
+      AND NOT EXISTS (SELECT 1 FROM nxt)
+    ORDER BY o.lane, o.ord LIMIT 1
 ), dd AS (
     INSERT INTO toren.dedupe (actor_id, key)
     SELECT o.recipient, o.dedupe_key FROM o WHERE o.dedupe_key IS NOT NULL
@@ -187,13 +197,15 @@ WITH fence AS (
     RETURNING actor_id, key
 ), sent AS (
     INSERT INTO toren.mailbox
-        (actor_id, lane, sender, kind, body, dedupe_key, timer_name, visible_at)
+        (actor_id, lane, sender, kind, body, dedupe_key, timer_name, visible_at, deliveries)
     SELECT o.recipient, o.lane, $1, o.kind, o.body, o.dedupe_key, o.timer_key,
-           now() + make_interval(secs => o.delay)
+           now() + make_interval(secs => o.delay),
+           CASE WHEN o.ord = (SELECT ord FROM own) THEN 1 ELSE 0 END
     FROM o
     WHERE o.dedupe_key IS NULL
        OR EXISTS (SELECT 1 FROM dd WHERE dd.actor_id = o.recipient AND dd.key = o.dedupe_key)
-    RETURNING actor_id, visible_at <= now() AS due
+    RETURNING actor_id, visible_at <= now() AS due, id, lane, sender, kind, body, reply_to,
+              deliveries, attempts, timer_name IS NOT NULL AS is_timer
 ), rep AS (
     INSERT INTO toren.replies (correlation_id, kind, body)
     SELECT $19, $20, $21 FROM consumed WHERE $19::uuid IS NOT NULL
@@ -208,13 +220,19 @@ WITH fence AS (
     FROM (SELECT DISTINCT actor_id FROM sent WHERE due AND actor_id <> $1) AS r
     UNION ALL
     SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
+), next AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT id, lane, sender, kind, body, reply_to, deliveries, attempts, is_timer
+    FROM sent WHERE deliveries = 1
 )
 SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS consumed,
        (SELECT array[id, kind, existing] FROM clash LIMIT 1) AS clash,
        (SELECT count(*) FROM ev) AS events,
        (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
-       (SELECT count(*) FROM sent) AS sent, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM summed) AS summed
+       (SELECT count(*) FROM sent) AS sent_count, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM summed) AS summed, n.*
+FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true
 """
 
 
@@ -226,11 +244,17 @@ async def commit_step(
     *,
     retry: bool = False,
     summary: Mapping[str, Any] | None = None,
-) -> None:
+    claim: bool = False,
+) -> Envelope | None:
     """Commit one handled message: everything in ``ctx`` or nothing.
 
     With ``retry`` (an earlier attempt's answer was lost), a message already consumed while the
     actor is still ours means that attempt landed: nothing more is done.
+
+    With ``claim``, the same statement claims the actor's next message as :func:`claim_next`
+    would (its delivery count raised in this commit, before it is handled) and returns it, so a
+    busy actor costs one round trip per step. ``None``: nothing was claimed (claim again to be
+    sure; a message can arrive meanwhile).
 
     Raises:
         FencedOut: the actor is no longer ours (epoch raised, or a newer owner wrote the seq).
@@ -265,6 +289,7 @@ async def commit_step(
             reply[0] if reply else None,
             reply[1] if reply else None,
             dict(summary) if summary is not None else None,
+            claim,
         )
     except asyncpg.UniqueViolationError as exc:
         # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.
@@ -274,9 +299,25 @@ async def commit_step(
     if row is not None and row["owned"] and row["clash"]:
         raise ActorAlreadyExists(*row["clash"])
     if row is not None and row["owned"] and not row["consumed"] and retry:
-        return
+        return None
     if row is None or not row["consumed"]:
         raise FencedOut(ctx.actor_id, ctx.epoch)
+    return _envelope(row) if row["id"] is not None else None
+
+
+def _envelope(row: asyncpg.Record) -> Envelope:
+    return Envelope(
+        id=row["id"],
+        lane=row["lane"],
+        sender=row["sender"],
+        kind=row["kind"],
+        body=row["body"],
+        payload=None,
+        reply_to=row["reply_to"],
+        deliveries=row["deliveries"],
+        attempts=row["attempts"],
+        is_timer=row["is_timer"],
+    )
 
 
 def _recipient_named_in(exc: asyncpg.ForeignKeyViolationError, recipients: list[str]) -> str:
