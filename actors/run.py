@@ -289,13 +289,16 @@ class RunActor(Actor[RunState]):
                 if i.name == call.name and i.arguments == arguments
             )
             key = idempotency_key(ctx.actor_id, call.name, arguments, occurrence)
-            ctx.emit(
-                ToolIntended(
-                    call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
-                )
+            intent = ToolIntended(
+                call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
             )
-            ctx.send(ctx.actor_id, Continue())
-            return
+            ctx.emit(intent)
+            if tool.effects != "read" or tool.fn is durable_sleep.fn:
+                # The intent of an effect is on record before the effect can happen: the tool
+                # runs in the next step. A read has nothing to protect: it runs now, and its
+                # intent and result commit together (a crash before the commit reads again).
+                ctx.send(ctx.actor_id, Continue())
+                return
         if tool.name == "sleep" and tool.fn is durable_sleep.fn:
             # The built-in sleep parks the run on a durable timer: no task waits meanwhile.
             seconds = float(intent.arguments.get("seconds", 0))

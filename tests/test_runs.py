@@ -72,6 +72,8 @@ async def test_a_run_calls_tools_parks_for_approval_and_completes(
     state = await read_run(client, run_id)
     assert state.output == "All done."
     assert [c.step for c in state.calls] == [1, 2, 3]
+    # External tools: the intent is committed before the tool runs, the result after.
+    assert await _tool_commits(client, run_id) == {"c1": 2, "c2": 2}
     assert state.results["c1"].content == "ticket for 'broken'"
     assert state.results["c2"].content == "refunded 500"
     [decision] = state.decisions.values()
@@ -587,6 +589,19 @@ async def test_tool_exceptions_and_timeouts_go_back_to_the_model_as_errors(
     assert results["x2"].is_error
     assert "timed out after 0.2s" in results["x2"].content
     assert (results["x3"].content, results["x3"].is_error) == ("found order", False)
+    # A read has nothing to protect: its intent and result are committed by one statement.
+    assert await _tool_commits(client, run_id) == {"x1": 1, "x2": 1, "x3": 1}
+
+
+async def _tool_commits(client: Client, run_id: str) -> dict[str, int]:
+    """How many distinct commits recorded each tool call's intent and result."""
+    rows = await client.pool.fetch(
+        "SELECT data->>'call_id' AS call_id, count(DISTINCT xmin::text) AS commits "
+        "FROM toren.journal WHERE actor_id = $1 AND type IN ('tool.intent', 'tool.result') "
+        "GROUP BY 1",
+        run_id,
+    )
+    return {r["call_id"]: r["commits"] for r in rows}
 
 
 async def test_only_workers_that_define_an_agent_claim_its_runs(

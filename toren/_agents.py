@@ -19,6 +19,7 @@ error result, never into the function).
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -63,6 +64,13 @@ class ToolContext:
     idempotency_key: str
 
 
+@functools.cache
+def _input_schema(arguments: type[pydantic.BaseModel]) -> dict[str, Any]:
+    schema = arguments.model_json_schema()  # slow, and asked for at every model call
+    schema.pop("title", None)
+    return schema
+
+
 @attrs.frozen(kw_only=True)
 class Tool:
     """A tool an agent may call. Build it with :func:`tool`."""
@@ -78,10 +86,8 @@ class Tool:
 
     @property
     def input_schema(self) -> dict[str, Any]:
-        """The JSON schema of the arguments, as the model sees it."""
-        schema = self.arguments.model_json_schema()
-        schema.pop("title", None)
-        return schema
+        """The JSON schema of the arguments, as the model sees it (shared: do not modify)."""
+        return _input_schema(self.arguments)
 
     @property
     def dangerous(self) -> bool:
