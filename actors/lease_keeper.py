@@ -1,7 +1,8 @@
 """The lease keeper: renews all of this worker's leases in one statement, every few seconds.
 
 Renewal also publishes the worker's live statistics (actors in memory, leases held, RSS) to the
-registry. Any claim the renewal names but does not find any more (owner or epoch changed) was
+registry; a worker whose actors have all passivated frees what their burst left in memory. Any
+claim the renewal names but does not find any more (owner or epoch changed) was
 taken by another worker: its actor is stopped at once. A renewal that fails on a dropped
 connection is retried while the leases are still certainly valid; if it keeps failing past that,
 or the worker's registry row is gone, the keeper raises, and the worker's supervisor stops every
@@ -10,6 +11,8 @@ actor and starts a new incarnation.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import logging
 import uuid
 from collections.abc import Callable
@@ -25,6 +28,11 @@ from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
 from toren.runs import served_routes
 
 log = logging.getLogger("toren.worker")
+
+try:  # glibc: hand freed heap pages back to the OS
+    _malloc_trim: Callable[[int], int] | None = ctypes.CDLL(None).malloc_trim
+except (OSError, AttributeError):
+    _malloc_trim = None
 
 # A renewal that failed on these may simply be tried again (while the leases are still valid).
 _RENEWAL_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, TimeoutError)
@@ -49,6 +57,23 @@ class LeaseKeeper:
         self.hosts = hosts
         self.settings = settings
         self._process = psutil.Process()
+        self._busy = False  # actors were in memory at the last renewal
+
+    def release_memory(self) -> None:
+        """Once the worker holds no actor any more, free what its last burst left behind.
+
+        A burst of runs leaves collectable cycles and freed heap pages the allocator keeps;
+        collecting and trimming then (never while actors run: the collection pauses the
+        loop) keeps an idle worker's RSS near where it started.
+        """
+        if len(self.hosts):
+            self._busy = True
+            return
+        if self._busy:
+            self._busy = False
+            gc.collect()
+            if _malloc_trim is not None:
+                _malloc_trim(0)
 
     def stats(self, leases: int) -> dict[str, Any]:
         """What ``toren workers`` shows for this worker (and what ``toren run`` checks)."""
@@ -68,6 +93,7 @@ class LeaseKeeper:
         # Judge only the claims held when the statement starts: a claim taken meanwhile is
         # neither renewed nor judged lost (its lease is fresh).
         judged = self.hosts.claims()
+        self.release_memory()
         if judged:
             kill_point("lease.renewing")
         with anyio.fail_after(self.settings.renew_seconds):
