@@ -13,7 +13,6 @@ import asyncpg
 from aiohttp import web
 from aiohttp_sse import sse_response
 
-from toren._client import Client
 from toren._errors import ActorNotLive, UnknownActor
 from toren._http.common import (
     CLIENT,
@@ -40,6 +39,7 @@ from toren._http.models import (
     RunSummary,
     StartRunBody,
 )
+from toren._http.states import STATES, RunStates
 from toren._leases import served_agents
 from toren._listing import list_runs
 from toren.runs import (
@@ -48,7 +48,6 @@ from toren.runs import (
     RunState,
     cancel,
     decide,
-    read_run,
     receipt,
     say,
     start_run,
@@ -60,6 +59,7 @@ STREAM_POLL = 0.2
 
 
 def install(app: web.Application) -> None:
+    app[STATES] = RunStates()
     app.router.add_post("/runs", start)
     app.router.add_get("/runs", listing)
     app.router.add_get("/runs/{run}", show)
@@ -85,7 +85,7 @@ async def start(request: web.Request) -> web.Response:
         rid = await start_run(client, body.agent, body.input, idempotency_key=body.idempotency_key)
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
-    run = await _run(client, rid)
+    run = await _run(request.app, rid)
     if not run.agent:  # not started by a worker yet: its start message is queued
         run.agent, run.input = body.agent, body.input
     return json(run, status=201)
@@ -133,7 +133,7 @@ def _cursor(raw: str | None, errors: list[FieldError]) -> tuple[datetime, str] |
 
 
 async def show(request: web.Request) -> web.Response:
-    return json(await _run(request.app[CLIENT], run_id(request)))
+    return json(await _run(request.app, run_id(request)))
 
 
 async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
@@ -150,13 +150,13 @@ async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
     return created
 
 
-async def _state(client: Client, rid: str) -> tuple[RunState, datetime]:
-    created = await _created(client.pool, rid)
-    return await read_run(client, rid), created
+async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
+    """Run ``rid``'s state and creation time (404 if there is no such run)."""
+    return await app[STATES].read(app[CLIENT].pool, rid)
 
 
-async def _run(client: Client, rid: str) -> Run:
-    state, created = await _state(client, rid)
+async def _run(app: web.Application, rid: str) -> Run:
+    state, created = await _state(app, rid)
     r = receipt(state)
     waiting = [
         PendingApproval(call_id=c.id, tool=c.name, arguments=c.arguments or {})
@@ -251,7 +251,7 @@ async def approval(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    state, _ = await _state(client, rid)
+    state, _ = await _state(request.app, rid)
     if not state.asked - state.decisions.keys():
         raise ProblemError(409, "Conflict", f"{rid} is not waiting for an approval")
     who = principal(request).name
