@@ -98,6 +98,11 @@ async def test_every_route_but_healthz_needs_a_valid_token(client: Client, db_ur
         async with session(good) as http, http.get(f"{base}/runs") as r:
             assert r.status == 200
             assert (await r.json()) == {"runs": [], "next_cursor": None}
+        # A token checked a moment ago is trusted for a second; then its revocation holds.
+        await revoke_token(client.pool, good.split("_")[1])
+        await anyio.sleep(1.1)
+        async with session(good) as http, http.get(f"{base}/runs") as r:
+            assert r.status == 401
 
 
 async def test_a_run_started_over_http_is_approved_and_completes(

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
+from collections import OrderedDict
 from datetime import datetime
 
 import asyncpg
@@ -136,3 +138,33 @@ async def session_principal(pool: asyncpg.Pool, cookie: str) -> Principal | None
 
 async def close_session(pool: asyncpg.Pool, cookie: str) -> None:
     await pool.execute("DELETE FROM toren.sessions WHERE id_sha256 = $1", _sha256(cookie))
+
+
+class TokenCache:
+    """Bearer tokens checked against the database at most once per ``ttl`` seconds each.
+
+    A token that passed is trusted for ``ttl`` seconds more, so a revocation takes effect within
+    ``ttl``; a token that failed is checked again next time. Tokens are held by their SHA-256.
+    """
+
+    def __init__(self, ttl: float = 1.0, size: int = 1024) -> None:
+        self.ttl = ttl
+        self.size = size
+        self._passed: OrderedDict[bytes, tuple[float, Principal]] = OrderedDict()
+
+    async def authenticate(self, pool: asyncpg.Pool, token: str) -> Principal | None:
+        """As :func:`authenticate`, answered from the cache while the token's check is fresh."""
+        key = _sha256(token)
+        now = time.monotonic()
+        held = self._passed.get(key)
+        if held is not None and held[0] > now:
+            return held[1]
+        principal = await authenticate(pool, token)
+        if principal is None:
+            self._passed.pop(key, None)
+            return None
+        self._passed[key] = (now + self.ttl, principal)
+        self._passed.move_to_end(key)
+        while len(self._passed) > self.size:
+            self._passed.popitem(last=False)
+        return principal

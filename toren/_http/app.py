@@ -24,13 +24,15 @@ from toren._http.common import CLIENT, PRINCIPAL, ProblemError, problem_response
 from toren._http.console import SESSION_COOKIE
 from toren._http.models import FieldError, Problem
 from toren._http.openapi import document
-from toren._tokens import Principal, authenticate, session_principal
+from toren._tokens import Principal, TokenCache, session_principal
 
 log = logging.getLogger("toren.http")
 
 MAX_BODY = 256 * 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+TOKENS: web.AppKey[TokenCache] = web.AppKey("tokens", TokenCache)
 
 _OPEN = {("GET", "/healthz"), ("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico")}
 _SAFE = {"GET", "HEAD", "OPTIONS"}
@@ -79,7 +81,7 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
     if header:
         scheme, _, token = header.partition(" ")
         if scheme.lower() == "bearer" and token:
-            principal = await authenticate(pool, token.strip())
+            principal = await request.app[TOKENS].authenticate(pool, token.strip())
         if principal is None:
             raise _unauthorized("the bearer token is malformed, unknown or revoked")
     else:
@@ -134,6 +136,7 @@ def create_app(client: Client) -> web.Application:
         middlewares=[measured, problems, authentication], client_max_size=MAX_BODY
     )
     app[CLIENT] = client
+    app[TOKENS] = TokenCache()
     metrics.install(app)
     runs.install(app)
     console.install(app)
