@@ -227,8 +227,7 @@ async def _claimed_step(
 
 async def _deliveries(client: Client, actor_id: str) -> list[tuple[str, int]]:
     rows = await client.pool.fetch(
-        "SELECT body->>'tag' AS tag, deliveries FROM toren.mailbox WHERE actor_id = $1 "
-        "ORDER BY id",
+        "SELECT body->>'tag' AS tag, deliveries FROM toren.mailbox WHERE actor_id = $1 ORDER BY id",
         actor_id,
     )
     return [(r["tag"], r["deliveries"]) for r in rows]
@@ -247,7 +246,8 @@ async def test_a_commit_claims_the_next_queued_message_system_lane_first(
         following = await commit_step(client.pool, owner.worker_id, ctx.envelope, ctx, claim=True)
         # The same statement consumed "a" and claimed the system-lane message, its delivery
         # counted before it is handled, exactly as claim_next would have.
-        assert following is not None and following.payload is None
+        assert following is not None
+        assert following.payload is None
         assert open_envelope(following).payload.tag == "sys"
         assert following.deliveries == 1
         assert await _deliveries(client, "c/n") == [("b", 0), ("sys", 1)]

@@ -1,0 +1,131 @@
+"""What every benchmark section shares: the database, worker processes, progress, results."""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import attrs
+import psutil
+from rich.progress import Progress, TaskID
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def median_ms(seconds: list[float]) -> float:
+    return statistics.median(seconds) * 1000
+
+
+def p99_ms(seconds: list[float]) -> float:
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+
+
+@attrs.define
+class Bench:
+    """One run of the suite: one embedded Postgres, a scratch directory, the counts to use."""
+
+    url: str
+    tmp: Path
+    smoke: bool
+    progress: Progress
+    results: dict[str, Any] = attrs.field(factory=dict)
+    rows: list[tuple[str, str, str]] = attrs.field(factory=list)  # (figure, value, note)
+    _workers: list[subprocess.Popen[bytes]] = attrs.field(factory=list)
+
+    def count(self, full: int, smoke: int) -> int:
+        return smoke if self.smoke else full
+
+    def record(self, key: str, value: Any, figure: str, shown: str, note: str = "") -> None:
+        """A result: stored under ``key`` in results.json and shown as a row of the table."""
+        self.results[key] = value
+        self.rows.append((figure, shown, note))
+
+    @contextmanager
+    def task(self, description: str, total: int) -> Iterator[TaskID]:
+        task = self.progress.add_task(description, total=total)
+        try:
+            yield task
+        finally:
+            self.progress.update(task, completed=total, visible=False)
+
+    def start_worker(self, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """A ``toren worker --app bench.app`` process on the suite's database."""
+        return self.start_toren(["worker", "--app", "bench.app"], env)
+
+    def start_toren(
+        self, args: list[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A ``toren ARGS`` process on the suite's database (stopped by :meth:`stop_workers`)."""
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+        environ.update({"TOREN_DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)})
+        environ.update(env or {})
+        with (self.tmp / "workers.log").open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toren", *args],
+                env=environ,
+                cwd=ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self._workers.append(proc)
+        return proc
+
+    async def wait_registered(self, pool: asyncpg.Pool, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 60
+        while not await pool.fetchval(
+            "SELECT count(*) FROM toren.workers WHERE pid = $1", proc.pid
+        ):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"worker {proc.pid} did not start; see {self.tmp / 'workers.log'}"
+                )
+            await anyio.sleep(0.02)
+
+    def stop_workers(self) -> None:
+        """SIGTERM every worker (a graceful stop releases its leases), SIGKILL past 30 s."""
+        for proc in self._workers:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self._workers:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._workers.clear()
+
+
+def rss_mb(pid: int) -> float:
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
+
+
+async def db_counters(pool: asyncpg.Pool) -> dict[str, int]:
+    """Cumulative write counters of the server and this database (for per-step deltas)."""
+    row = await pool.fetchrow(
+        "SELECT w.wal_bytes::bigint AS wal_bytes, w.wal_records, w.wal_sync, "
+        "d.tup_inserted + d.tup_updated + d.tup_deleted AS rows_written "
+        "FROM pg_stat_wal w, pg_stat_database d WHERE d.datname = current_database()"
+    )
+    assert row is not None
+    return dict(row)
+
+
+async def per_step(pool: asyncpg.Pool, before: dict[str, int], steps: int) -> dict[str, float]:
+    """What ``steps`` cost the database since ``before``: WAL bytes, rows written, WAL flushes.
+
+    Statistics reach the views when a backend reports them: the numbers are read after a pause.
+    """
+    await anyio.sleep(1.5)  # backends flush their statistics at most once a second
+    after = await db_counters(pool)
+    return {key: round((after[key] - before[key]) / steps, 1) for key in before}

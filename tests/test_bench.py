@@ -1,0 +1,70 @@
+"""The benchmark suite keeps working: its smoke mode (tiny counts) runs every section.
+
+Nothing here is a measurement: smoke counts are too small to mean anything, and no figure is
+compared with a target. The suite's real run is ``./scripts/bench`` (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KEYS = {
+    "floor_commit_median_ms",
+    "step_overhead_median_ms",
+    "step_overhead_vs_floor",
+    "kernel_steps_per_s_conc50",
+    "dbos_steps_per_s_conc50",
+    "kernel_vs_dbos_conc50",
+    "agent_step_overhead_median_ms",
+    "toren_runs_per_s_seq",
+    "toren_runs_per_s_conc50",
+    "dbos_wf_per_s_seq",
+    "dbos_wf_per_s_conc50",
+    "throughput_vs_dbos_conc50",
+    "takeover_median_s",
+    "takeover_max_s",
+    "replay_1000_ms",
+    "replay_vs_live",
+    "parked_10k_leases",
+    "parked_10k_actors_in_memory",
+    "parked_10k_rss_delta_mb",
+    "api_get_run_rps",
+    "api_get_run_p99_ms",
+}
+
+
+@pytest.mark.processes
+def test_the_smoke_suite_runs_every_section_and_writes_every_key(tmp_path: Path) -> None:
+    if shutil.which("wrk") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("wrk is missing: CI must install Debian's wrk (see .ci/run)")
+        pytest.skip("wrk is not installed (apt-get install wrk): the API section needs it")
+    out = tmp_path / "results.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    assert results.keys() >= KEYS, sorted(KEYS - results.keys())
+    assert results["smoke"] is True
+    assert results["postgres"]["fsync"] == "on"
+    assert results["postgres"]["synchronous_commit"] == "on"
+    assert results["parked_10k_leases"] == 0
+    assert results["parked_10k_actors_in_memory"] == 0
+    assert "Toren benchmarks (smoke" in done.stdout
