@@ -29,7 +29,7 @@ async def _parked(client: Client) -> int:
     return count
 
 
-async def _start(client: Client, n: int, prefix: str, task: object, b: Bench) -> None:
+async def _start(client: Client, n: int, prefix: str) -> None:
     async def starter(k: int) -> None:
         for i in range(k, n, STARTERS):
             await start_run(client, "bench_approve", f"park steps=2 {prefix} {i}")
@@ -39,9 +39,11 @@ async def _start(client: Client, n: int, prefix: str, task: object, b: Bench) ->
             tg.start_soon(starter, k)
 
 
-async def _settled(b: Bench, client: Client, worker_pid: int, since: float) -> tuple[int, int]:
-    """Wait for no lease held and a heartbeat after that; (leases, actors in memory)."""
+async def _settled(client: Client, worker_pid: int, since: float) -> tuple[int, int]:
+    """Wait (up to 2 minutes) for no lease held and a heartbeat after that; returns (leases,
+    actors in memory) as last seen."""
     deadline = time.monotonic() + 120
+    leases, in_memory = -1, -1
     while time.monotonic() < deadline:
         leases = await client.pool.fetchval(
             "SELECT count(*) FROM toren.actors WHERE owner IS NOT NULL AND kind = 'toren.run'"
@@ -51,12 +53,14 @@ async def _settled(b: Bench, client: Client, worker_pid: int, since: float) -> t
             "FROM toren.workers WHERE pid = $1",
             worker_pid,
         )
+        if row is not None:
+            in_memory = int(row["stats"].get("actors_in_memory", -1))
         if leases == 0 and row is not None and row["beat"] > since:
-            return 0, int(row["stats"].get("actors_in_memory", -1))
+            return 0, in_memory
         if leases:
             since = await client.pool.fetchval("SELECT extract(epoch FROM now())::float8")
         await anyio.sleep(0.5)
-    return leases, -1
+    return leases, in_memory
 
 
 async def run(b: Bench) -> None:
@@ -70,18 +74,18 @@ async def run(b: Bench) -> None:
             while await _parked(client) < 1:
                 await anyio.sleep(0.05)
             now = await client.pool.fetchval("SELECT extract(epoch FROM now())::float8")
-            await _settled(b, client, worker.pid, now)
+            await _settled(client, worker.pid, now)
             before = rss_mb(worker.pid)
             with b.task(f"parked: {n:,} runs park on approvals", n) as task:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(_start, client, n, "run", task, b)
+                    tg.start_soon(_start, client, n, "run")
                     done = 0
                     while done < n:
                         await anyio.sleep(0.25)
                         done = await _parked(client) - 1
                         b.progress.update(task, completed=done)
             now = await client.pool.fetchval("SELECT extract(epoch FROM now())::float8")
-            leases, in_memory = await _settled(b, client, worker.pid, now)
+            leases, in_memory = await _settled(client, worker.pid, now)
             after = rss_mb(worker.pid)
         finally:
             b.stop_workers()
