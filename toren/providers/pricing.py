@@ -5,7 +5,6 @@ A model the library does not know is *unpriced* (``None``), never free: receipts
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from decimal import Decimal
@@ -51,18 +50,13 @@ def price(provider: str, model: str, usage: Usage) -> Decimal | None:
     ``provider`` is Toren's provider name (``anthropic``, ``openai``, ``bedrock``) and ``model``
     the provider's model id. Never raises for an unknown provider or model: that is unpriced.
     """
-    return _price(provider, model, usage.input_tokens, usage.output_tokens)
-
-
-@functools.lru_cache(maxsize=4096)  # looking a price up walks genai-prices' tables
-def _price(provider: str, model: str, input_tokens: int, output_tokens: int) -> Decimal | None:
     if provider == "bedrock":
         candidates = bedrock_model_refs(model)
     elif provider in _PROVIDER_IDS:
         candidates = [(_PROVIDER_IDS[provider], model)]
     else:
         return None
-    tokens = genai_prices.Usage(input_tokens=input_tokens, output_tokens=output_tokens)
+    tokens = genai_prices.Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
     for provider_id, model_ref in candidates:
         try:
             calculation = genai_prices.calc_price(
