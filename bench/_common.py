@@ -51,6 +51,14 @@ class Bench:
         self.results[key] = value
         self.rows.append((figure, shown, note))
 
+    def ratio(self, key: str, value: float, baseline: str, figure: str, target: str) -> None:
+        """Record ``value`` over the result ``baseline``, if this run measured that baseline
+        (``--only`` may have left it out)."""
+        base = self.results.get(baseline)
+        if base:
+            r = value / base
+            self.record(key, round(r, 2), figure, f"{r:.2f}x", target)
+
     @contextmanager
     def task(self, description: str, total: int) -> Iterator[TaskID]:
         task = self.progress.add_task(description, total=total)
