@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable
 import anyio
 import asyncpg
 
-from actors.hosts import HostRegistry
 from toren import Settings
+from toren.actors.hosts import HostRegistry
 from toren.kernel import TRANSIENT_DB_ERRORS, Claim, actor_kinds, claim, housekeep, waiting
 from toren.runs import served_routes
 

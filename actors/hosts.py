@@ -16,7 +16,7 @@ import anyio
 import asyncpg
 
 from toren import Settings
-from toren.kernel import ActorHost, Claim, mark_failed, release_claim
+from toren.kernel import ActorHost, Claim, LeaseClock, mark_failed, release_claim
 
 log = logging.getLogger("toren.worker")
 
@@ -31,6 +31,7 @@ class HostRegistry:
         self.hosts: dict[str, ActorHost] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._claims: dict[str, Claim] = {}
+        self._clocks: dict[str, LeaseClock] = {}
         self.on_exit: Callable[[str], None] = lambda _actor_id: None
 
     def __len__(self) -> int:
@@ -54,10 +55,22 @@ class HostRegistry:
         object, state rebuilt from the journal) for the same claim.
         """
         self._claims[claim.actor_id] = claim
+        clock = self._clocks[claim.actor_id] = LeaseClock(
+            claim.actor_id,
+            lease=self.settings.lease_seconds,
+            # The lease keeper gives up on its leases one renewal interval before they lapse;
+            # an effect needs at least that much left.
+            margin=self.settings.renew_seconds,
+            sent_at=claim.sent_at,
+        )
 
         async def run(started: Callable[[], None], stopping: anyio.Event) -> None:
             host = ActorHost(
-                self.pool, self.worker_id, claim, poll_seconds=self.settings.poll_seconds
+                self.pool,
+                self.worker_id,
+                claim,
+                poll_seconds=self.settings.poll_seconds,
+                lease=clock,
             )
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host
@@ -75,6 +88,8 @@ class HostRegistry:
                     del self._scopes[claim.actor_id]
                 if not restarting and self._claims.get(claim.actor_id) is claim:
                     del self._claims[claim.actor_id]
+                    if self._clocks.get(claim.actor_id) is clock:
+                        del self._clocks[claim.actor_id]
                 if not restarting:
                     self.on_exit(claim.actor_id)
 
@@ -111,6 +126,14 @@ class HostRegistry:
         """Every claim held here, as ``(actor_id, epoch)``: what the lease keeper renews."""
         return [(c.actor_id, c.epoch) for c in self._claims.values()]
 
+    def renewed(self, held: set[tuple[str, int]], sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` found ``held``: their leases run from then."""
+        for actor_id, epoch in held:
+            claim = self._claims.get(actor_id)
+            clock = self._clocks.get(actor_id)
+            if claim is not None and clock is not None and claim.epoch == epoch:
+                clock.renewed(sent_at)
+
     def stop_lost(self, judged: list[tuple[str, int]], held: set[tuple[str, int]]) -> list[str]:
         """Cancel every actor whose claim was ``judged`` by a renewal and is not ``held`` any
         more (its owner or epoch changed in the database); returns their ids."""
@@ -127,6 +150,9 @@ class HostRegistry:
 
     def cancel(self, actor_id: str) -> None:
         """Stop one hosted actor at once (no grace: its claim is gone)."""
+        clock = self._clocks.pop(actor_id, None)
+        if clock is not None:
+            clock.lost()
         scope = self._scopes.get(actor_id)
         if scope is not None:
             scope.cancel()
@@ -136,11 +162,15 @@ class HostRegistry:
         """Give back a claim that could not be started here (fenced release)."""
         if self._claims.get(claim.actor_id) is claim:
             del self._claims[claim.actor_id]
+            self._clocks.pop(claim.actor_id, None)
         await release_claim(self.pool, claim.actor_id, self.worker_id, claim.epoch)
 
     def cancel_all(self) -> int:
         """Stop every hosted actor at once; returns how many were running."""
         count = len(self._scopes)
+        for clock in self._clocks.values():
+            clock.lost()
+        self._clocks.clear()
         for scope in list(self._scopes.values()):
             scope.cancel()
         self._claims.clear()
@@ -149,6 +179,7 @@ class HostRegistry:
     async def give_up(self, actor_id: str, exc: BaseException) -> None:
         """Escalation: the actor exceeded its restart intensity; mark it failed, tell its parent."""
         claim = self._claims.pop(actor_id, None)
+        self._clocks.pop(actor_id, None)
         if claim is None:
             return
         cause = exc.__cause__

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -22,8 +23,8 @@ import anyio
 import asyncpg
 import psutil
 
-from actors.hosts import HostRegistry
 from toren import Settings, TorenError
+from toren.actors.hosts import HostRegistry
 from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
 from toren.runs import served_routes
 
@@ -96,6 +97,7 @@ class LeaseKeeper:
         self.release_memory()
         if judged:
             kill_point("lease.renewing")
+        sent_at = time.monotonic()
         with anyio.fail_after(self.settings.renew_seconds):
             held = await renew(
                 self.pool,
@@ -108,6 +110,7 @@ class LeaseKeeper:
             kill_point("lease.renewed")
         if held is None:
             raise RegistrationLost(self.worker_id)
+        self.hosts.renewed(held, sent_at)
         for actor_id in self.hosts.stop_lost(judged, held):
             log.warning("%s: lease lost to another worker; stopped here", actor_id)
         return len(held)

@@ -13,6 +13,12 @@ result is in the journal before the next step starts:
 A crash at any point loses only the unit in flight: a model call without its ``model.called`` is
 made again (once), a tool intent without its result runs again under the same key. Completed
 calls are never sent again: they are in the state, folded from the journal.
+
+Nothing a run receives makes a step run again: model responses and tool results are recorded in
+a bounded, recordable form (:mod:`toren.actors.bounds`); a decision is applied only to the call it
+names; before a model call or a tool run the worker checks that its lease still holds; and a
+message the run cannot handle (an exception in Toren's code or in an approval predicate, past
+its retries) fails the run with class ``internal`` as it is dead-lettered.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from decimal import Decimal
 from typing import Any
 
 import anyio
-import orjson
+import attrs
 import pydantic
 
 from toren import Actor, ConfigError, Context, durable_sleep
-from toren.kernel import kill_point
+from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
+from toren.kernel import json_text, kill_point
 from toren.providers import (
     ModelProvider,
     ProviderError,
@@ -47,10 +54,12 @@ from toren.runs import (
     Cancel,
     Continue,
     Decide,
+    DecisionRefused,
     Message,
     MessageReceived,
     ModelCalled,
     ModelRequest,
+    ModelResponse,
     Retry,
     RunCompleted,
     RunFailed,
@@ -62,9 +71,11 @@ from toren.runs import (
     Say,
     StartRun,
     StepsInvalidated,
+    Text,
     TimerFired,
     TimerSet,
     Tool,
+    ToolCall,
     ToolContext,
     ToolIntended,
     ToolResulted,
@@ -74,6 +85,7 @@ from toren.runs import (
     chain,
     final_text,
     fold,
+    judge_decision,
     receipt,
     summary,
 )
@@ -118,11 +130,15 @@ async def close_providers() -> None:
         await provider.aclose()
 
 
+def canonical(arguments: dict[str, Any]) -> str:
+    """Recorded (JSON-form) arguments as canonical JSON: what keys and counts compare."""
+    return json_text(arguments, sort_keys=True)
+
+
 def idempotency_key(run_id: str, name: str, arguments: dict[str, Any], occurrence: int) -> str:
     """Same run, same tool, same arguments, same count of identical calls before: same key."""
-    canonical = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
-    h = hashlib.sha256(f"{run_id}\0{name}\0{occurrence}\0".encode())
-    h.update(canonical)
+    h = hashlib.sha256(f"{run_id}\0{name}\0{occurrence}\0".encode("utf-8", "surrogatepass"))
+    h.update(canonical(arguments).encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
 
 
@@ -134,7 +150,9 @@ class RunActor(Actor[RunState]):
 
     def __init__(self, actor_id: str, args: Any) -> None:
         super().__init__(actor_id, args)
-        self._resume_counted = False
+        # The journal's seq once this activation checked its recorded calls against the code.
+        # A step that did the check and then failed leaves the journal below it: checked again.
+        self._verified_seq: int | None = None
 
     def initial_state(self) -> RunState:
         return RunState()
@@ -144,6 +162,14 @@ class RunActor(Actor[RunState]):
 
     def summarize(self, state: RunState) -> dict[str, Any]:
         return summary(state)
+
+    def on_dead_letter(self, ctx: Context[RunState], msg: Any, error: str) -> None:
+        """Whatever message the run could not handle, it no longer goes on by itself: it fails
+        (class ``internal``) in the same statement, visibly, and can be retried."""
+        if ctx.state.status == "failed":
+            return
+        kind = ctx.envelope.kind if ctx.envelope else "a message"
+        ctx.emit(RunFailed(error_class="internal", message=f"{kind} could not be handled: {error}"))
 
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state
@@ -164,24 +190,17 @@ class RunActor(Actor[RunState]):
                 if was_done:
                     ctx.send(ctx.actor_id, Continue())
             return
-        if state.status in ("completed", "failed"):
-            return
-        if isinstance(msg, Cancel):
+        live = state.status not in ("completed", "failed")
+        if live and isinstance(msg, Cancel):
             reason = f": {msg.reason}" if msg.reason else ""
             ctx.emit(RunFailed(error_class="cancelled", message=f"cancelled by {msg.who}{reason}"))
             return
-        if not self._resume_counted:
-            self._resume_counted = True
-            agent = agent_named(state.agent)
-            if agent is not None:
-                verify(ctx, agent, go_on=not isinstance(msg, Continue))
-                state = ctx.state
-            if len(state.calls) > state.replayed:
-                # This activation goes on from the journal: the calls recorded so far are
-                # served from it, not sent again.
-                ctx.emit(RunResumed(replayed=len(state.calls)))
+        if live:
+            self._check_resume(ctx, go_on=not isinstance(msg, Continue))
         if isinstance(msg, Decide):
-            self._decide(ctx, msg)
+            self._decide(ctx, msg)  # answered whatever the run's status
+            return
+        if not live:
             return
         if isinstance(msg, Wake):
             intent = ctx.state.intents.get(msg.call_id)
@@ -194,25 +213,50 @@ class RunActor(Actor[RunState]):
         if isinstance(msg, Continue) and ctx.state.status == "running":
             await self._next(ctx)
 
-    def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
-        state = ctx.state
-        waiting = [c for c in state.asked if c not in state.decisions]
-        if not waiting:
-            log.warning("%s: a decision arrived but nothing waits for one", ctx.actor_id)
+    def _check_resume(self, ctx: Context[RunState], *, go_on: bool) -> None:
+        """Once per activation: check the recorded calls against this code, and count the
+        calls this activation serves from the journal."""
+        if self._verified_seq is not None and ctx.seq >= self._verified_seq:
             return
-        call_id = sorted(waiting)[0]
-        kill_point("decision.received")
-        ctx.emit(
-            ApprovalDecided(
-                call_id=call_id,
-                approved=msg.approved,
-                who=msg.who,
-                reason=msg.reason,
-                channel=msg.channel,
-                at=time.time(),
+        agent = agent_named(ctx.state.agent)
+        if agent is not None:
+            verify(ctx, agent, go_on=go_on)
+        state = ctx.state
+        if len(state.calls) > state.replayed:
+            # This activation goes on from the journal: the calls recorded so far are served
+            # from it, not sent again.
+            ctx.emit(RunResumed(replayed=len(state.calls)))
+        self._verified_seq = ctx.seq
+
+    def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
+        outcome = judge_decision(ctx.state, msg)
+        if outcome.outcome == "applied":
+            kill_point("decision.received")
+            ctx.emit(
+                ApprovalDecided(
+                    call_id=msg.call_id,
+                    approved=msg.approved,
+                    who=msg.who,
+                    reason=msg.reason,
+                    channel=msg.channel,
+                    at=time.time(),
+                )
             )
-        )
-        ctx.send(ctx.actor_id, Continue())
+            ctx.send(ctx.actor_id, Continue())
+        elif outcome.outcome != "repeated":
+            log.warning("%s: decision refused: %s", ctx.actor_id, outcome.detail)
+            ctx.emit(
+                DecisionRefused(
+                    call_id=msg.call_id,
+                    approved=msg.approved,
+                    who=msg.who,
+                    reason=msg.reason,
+                    channel=msg.channel,
+                    outcome=outcome.outcome,
+                    at=time.time(),
+                )
+            )
+        ctx.reply(outcome)
 
     async def _next(self, ctx: Context[RunState]) -> None:
         state = ctx.state
@@ -230,6 +274,18 @@ class RunActor(Actor[RunState]):
                 )
             )
             return
+        if state.tool_failures >= agent.max_attempts:
+            last = state.calls[-1].response.tool_calls[-1].id if state.calls else ""
+            error = state.results[last].content if last in state.results else ""
+            ctx.emit(
+                RunFailed(
+                    error_class="tool",
+                    message=f"{state.tool_failures} model turns in a row asked only for tool "
+                    f"calls that failed (max_attempts {agent.max_attempts}); the last: "
+                    f"{shown(error)}",
+                )
+            )
+            return
         pending = state.pending_calls
         if pending:
             await self._tool_step(ctx, agent, pending[0])
@@ -240,29 +296,38 @@ class RunActor(Actor[RunState]):
             return
         await self._model_step(ctx, agent)
 
+    def _result(
+        self,
+        ctx: Context[RunState],
+        agent: Agent,
+        call_id: str,
+        content: str,
+        *,
+        is_error: bool,
+        denied: bool = False,
+    ) -> None:
+        """Record a tool call's result (cut to the agent's cap) and go on."""
+        text, size = cut_result(content, agent.max_tool_result_bytes)
+        ctx.emit(
+            ToolResulted(
+                call_id=call_id, content=text, is_error=is_error, denied=denied, truncated_from=size
+            )
+        )
+        ctx.send(ctx.actor_id, Continue())
+
     async def _tool_step(self, ctx: Context[RunState], agent: Agent, call: Any) -> None:
         state = ctx.state
         tool = agent.tool_named(call.name)
         if tool is None:
-            ctx.emit(
-                ToolResulted(call_id=call.id, content=f"unknown tool {call.name!r}", is_error=True)
-            )
-            ctx.send(ctx.actor_id, Continue())
+            self._result(ctx, agent, call.id, f"unknown tool {shown(call.name)}", is_error=True)
             return
         intent = state.intents.get(call.id)
         if intent is None:
-            try:
-                arguments = tool.validate(call.arguments) if call.arguments is not None else None
-            except pydantic.ValidationError as exc:
-                arguments = None
-                problem = f"invalid arguments for {call.name}: {exc.errors(include_url=False)}"
-            else:
-                problem = f"arguments for {call.name} are not a JSON object: {call.raw_arguments!r}"
+            arguments, problem = _validated(tool, call)
             if arguments is None:
-                ctx.emit(ToolResulted(call_id=call.id, content=problem, is_error=True))
-                ctx.send(ctx.actor_id, Continue())
+                self._result(ctx, agent, call.id, problem, is_error=True)
                 return
-            if tool.needs_approval(arguments):
+            if tool.needs_approval(tool.bind(arguments)):
                 decision = state.decisions.get(call.id)
                 if decision is None:
                     if call.id not in state.asked:
@@ -271,28 +336,24 @@ class RunActor(Actor[RunState]):
                                 call_id=call.id, name=call.name, arguments=arguments, at=time.time()
                             )
                         )
-                    return  # parked: a Decide message resumes the run
+                    return  # parked: a Decide message naming this call resumes the run
                 if not decision.approved:
                     reason = f": {decision.reason}" if decision.reason else ""
-                    ctx.emit(
-                        ToolResulted(
-                            call_id=call.id,
-                            content=f"denied by {decision.who}{reason}",
-                            is_error=True,
-                        )
-                    )
-                    ctx.send(ctx.actor_id, Continue())
+                    denial = f"denied by {decision.who}{reason}"
+                    self._result(ctx, agent, call.id, denial, is_error=True, denied=True)
                     return
+            same = canonical(arguments)
             occurrence = sum(
                 1
                 for i in state.intents.values()
-                if i.name == call.name and i.arguments == arguments
+                if i.name == call.name and canonical(i.arguments) == same
             )
             key = idempotency_key(ctx.actor_id, call.name, arguments, occurrence)
             intent = ToolIntended(
                 call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
             )
             ctx.emit(intent)
+            intent = ctx.state.intents[call.id]  # as recorded
             if tool.effects != "read" or tool.fn is durable_sleep.fn:
                 # The intent of an effect is on record before the effect can happen: the tool
                 # runs in the next step. A read has nothing to protect: it runs now, and its
@@ -306,9 +367,9 @@ class RunActor(Actor[RunState]):
             ctx.set_timer(f"sleep:{call.id}", seconds, Wake(call_id=call.id))
             return
         kill_point("tool.running")
-        content, is_error = await _run_tool(tool, ctx.actor_id, intent)
-        ctx.emit(ToolResulted(call_id=call.id, content=content, is_error=is_error))
-        ctx.send(ctx.actor_id, Continue())
+        ctx.ensure_lease()  # a worker paused past its lease runs no tool
+        content, is_error = await _run_tool(tool, ctx, intent)
+        self._result(ctx, agent, call.id, content, is_error=is_error)
 
     async def _model_step(self, ctx: Context[RunState], agent: Agent) -> None:
         state = ctx.state
@@ -325,6 +386,7 @@ class RunActor(Actor[RunState]):
             provider = await _provider(agent.model)
             started = time.monotonic()
             kill_point("model.sending")
+            ctx.ensure_lease()  # a worker paused past its lease pays for no call
             response = await provider.call(request)
             kill_point("model.received")
         except ProviderError as exc:
@@ -334,18 +396,45 @@ class RunActor(Actor[RunState]):
             # A missing key or an unknown provider: no retry will help; say what to fix.
             ctx.emit(RunFailed(error_class="config", message=str(exc)))
             return
-        cost = price(provider_name, model_id, response.usage)
-        ctx.emit(
-            ModelCalled(
-                step=len(state.calls) + 1,
-                digest=digest,
-                model=agent.model,
-                response=response,
-                cost_usd=str(cost) if cost is not None else None,
-                latency_ms=int((time.monotonic() - started) * 1000),
-                messages_len=len(request.messages),
-            )
+        latency = int((time.monotonic() - started) * 1000)
+        step = len(state.calls) + 1
+        response = bounded_response(
+            response,
+            cap=agent.max_response_bytes,
+            step=step,
+            earlier_ids=(c.id for call in state.calls for c in call.response.tool_calls),
         )
+        cost = _price(provider_name, model_id, response)
+        called = ModelCalled(
+            step=step,
+            digest=digest,
+            model=agent.model,
+            response=response,
+            cost_usd=str(cost) if cost is not None else None,
+            latency_ms=latency,
+            messages_len=len(request.messages),
+        )
+        try:
+            ctx.emit(called)
+        except (TypeError, ValueError) as exc:
+            # Paid for, and not recordable as it is (a bug of ours: bounded_response should
+            # have made it so). Record that the call was made and what it cost, and stop:
+            # asking again would pay again.
+            placeholder = attrs.evolve(
+                response,
+                content=(Text(text=f"[Toren could not record this response: {exc}]"),),
+                stop_reason="end",
+                model=agent.model,
+                response_id="",
+            )
+            ctx.emit(attrs.evolve(called, response=placeholder))
+            ctx.emit(
+                RunFailed(
+                    error_class="internal",
+                    message=f"the model's response to step {step} could not be recorded: {exc}",
+                )
+            )
+            return
         spent = receipt(ctx.state).usd_paid
         if agent.budget_usd is not None and spent > Decimal(str(agent.budget_usd)):
             ctx.emit(
@@ -375,6 +464,29 @@ class RunActor(Actor[RunState]):
         delay = min(_STEP_RETRY_CAP, _STEP_RETRY_BASE * 2 ** (attempt - 1))
         ctx.emit(RunRetrying(attempt=attempt, error=str(exc), delay=delay))
         ctx.set_timer("retry", delay, Continue())
+
+
+def _price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:
+    """The call's price; unpriced (``None``) if the price library cannot tell, whatever the
+    usage the provider reported."""
+    try:
+        return price(provider, model_id, response.usage)
+    except Exception:
+        log.warning("could not price a call to %s/%s", provider, model_id, exc_info=True)
+        return None
+
+
+def _validated(tool: Tool, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
+    """The call's arguments in their recorded (JSON) form, or ``None`` and what is wrong."""
+    if call.arguments is None:
+        return None, f"arguments for {call.name} are not a JSON object: {shown(call.raw_arguments)}"
+    try:
+        arguments = tool.validate(call.arguments)
+        tool.bind(arguments)  # what is recorded must validate again, or the call could not run
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        return None, f"invalid arguments for {call.name}: {errors}"
+    return arguments, ""
 
 
 def build_request(agent: Agent, messages: tuple[Message, ...]) -> ModelRequest:
@@ -418,18 +530,26 @@ def verify(ctx: Context[RunState], agent: Agent, *, go_on: bool) -> None:
         since = call.messages_len
 
 
-async def _run_tool(tool: Tool, run_id: str, intent: ToolIntended) -> tuple[str, bool]:
-    """Run a tool under its intent's key; its failures go back to the model as error results."""
+async def _run_tool(tool: Tool, ctx: Context[RunState], intent: ToolIntended) -> tuple[str, bool]:
+    """Run a tool under its intent's key, with the arguments validated again from their recorded
+    form; its failures go back to the model as error results."""
     tctx = ToolContext(
-        run_id=run_id, tool_call_id=intent.call_id, idempotency_key=intent.idempotency_key
+        run_id=ctx.actor_id,
+        tool_call_id=intent.call_id,
+        idempotency_key=intent.idempotency_key,
+        fencing_token=ctx.epoch,
+        ensure_lease=ctx.ensure_lease,
     )
     try:
+        arguments = tool.bind(intent.arguments)
+    except pydantic.ValidationError as exc:
+        errors = exc.errors(include_url=False, include_input=False, include_context=False)
+        return f"the recorded arguments no longer fit {tool.name}: {errors}", True
+    try:
         with anyio.fail_after(tool.timeout):
-            result = await tool.fn(tctx, **intent.arguments)
+            result = await tool.fn(tctx, **arguments)
     except TimeoutError:
         return f"{tool.name} timed out after {tool.timeout:g}s", True
     except Exception as exc:  # noqa: BLE001  (a tool's failure is the model's to handle)
-        return f"{tool.name} failed: {type(exc).__name__}: {exc}", True
-    if isinstance(result, str):
-        return result, False
-    return orjson.dumps(result, default=str).decode(), False
+        return f"{tool.name} failed: {error_text(exc)}", True
+    return as_text(result), False

@@ -13,13 +13,13 @@ import time
 
 import anyio
 
-from actors.run import RunActor, verify
 from bench import app
 from bench._common import Bench
 from bench.agent import Finishes, walls
 from bench.model import BenchModel
 from toren import Client, Context
 from toren._journal import rebuild
+from toren.actors.run import RunActor, verify
 from toren.runs import start_run
 
 

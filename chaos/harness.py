@@ -43,7 +43,7 @@ from chaos.servers import EffectServer, case, position, script
 from toren import Client
 from toren._db import with_database
 from toren._migrate import migrate
-from toren.runs import decide, read_run, start_run
+from toren.runs import decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer, Hold
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
@@ -397,16 +397,26 @@ class _Execution:
     # -- driving the run ------------------------------------------------------------------------
 
     async def _approve(self) -> None:
-        """Approve each request once, after the parked run left its worker."""
+        """Approve each request once, after the parked run left its worker (without waiting for
+        the run's answer: the worker that would give it may be the one faulted)."""
         decided: set[str] = set()
         while True:
             state = await read_run(self.client, self.run_id)
-            waiting = set(state.asked) - set(state.decisions) - decided
+            waiting = {c.id for c in waiting_on(state)} - decided
             if waiting:
                 with anyio.move_on_after(2):
                     while (await self.client.actor(self.run_id))["owner"] is not None:
                         await anyio.sleep(0.05)
-                await decide(self.client, self.run_id, approved=True, who="chaos", channel="chaos")
+                for call_id in sorted(waiting):
+                    await decide(
+                        self.client,
+                        self.run_id,
+                        call_id=call_id,
+                        approved=True,
+                        who="chaos",
+                        channel="chaos",
+                        wait=None,
+                    )
                 decided |= waiting
             await anyio.sleep(0.05)
 

@@ -39,7 +39,7 @@ def _no_fencing() -> None:
 
 
 def _effect_before_intent() -> None:
-    from actors.run import RunActor
+    from toren.actors.run import RunActor
 
     original = RunActor._tool_step
 

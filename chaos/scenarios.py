@@ -21,7 +21,7 @@ from chaos.processes import Worker
 from chaos.servers import EffectServer
 from toren import Client
 from toren.kernel import TRANSIENT_DB_ERRORS
-from toren.runs import decide, read_run, start_run
+from toren.runs import decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
 
 
@@ -93,10 +93,18 @@ class Fleet:
                     state = await read_run(self.client, run_id)
                     if state.status in ("completed", "failed"):
                         self.done.add(run_id)
-                    elif set(state.asked) - set(state.decisions) and run_id not in decided:
-                        await decide(
-                            self.client, run_id, approved=True, who="chaos", channel="chaos"
-                        )
+                    elif waiting_on(state) and run_id not in decided:
+                        # Not waiting for the answer: in the soak, workers die all the time.
+                        for call in waiting_on(state):
+                            await decide(
+                                self.client,
+                                run_id,
+                                call_id=call.id,
+                                approved=True,
+                                who="chaos",
+                                channel="chaos",
+                                wait=None,
+                            )
                         decided.add(run_id)
             except TRANSIENT_DB_ERRORS:
                 pass

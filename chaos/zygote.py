@@ -18,10 +18,10 @@ import sys
 
 import orjson
 
-import actors.run  # noqa: F401
-import supervisors.worker  # noqa: F401
+import toren.actors.run
 import toren.cli
 import toren.providers.anthropic
+import toren.supervisors.worker
 
 
 def _child(order: dict[str, object]) -> None:

@@ -13,15 +13,15 @@ child's abnormal exit. Errors raised here::
     └── ChildStartFailed            the child exited before calling ctx.started()
 """
 
-from supervisors._backoff import Backoff
-from supervisors._dynamic import (
+from toren.supervisors._backoff import Backoff
+from toren.supervisors._dynamic import (
     ChildAlreadyRunning,
     ChildStartFailed,
     DynamicSupervisor,
     SupervisorNotRunning,
     TooManyChildren,
 )
-from supervisors._supervisor import (
+from toren.supervisors._supervisor import (
     ChildContext,
     ChildSpec,
     Ready,

@@ -15,8 +15,9 @@ import anyio
 import attrs
 from anyio.abc import TaskGroup, TaskStatus
 
-from supervisors._backoff import Backoff
-from supervisors._supervisor import (
+from toren import MemoryRestartStore, RestartStore, SupervisorEscalation, TorenError
+from toren.supervisors._backoff import Backoff
+from toren.supervisors._supervisor import (
     DEFAULT_BACKOFF,
     ChildContext,
     ChildSpec,
@@ -27,7 +28,6 @@ from supervisors._supervisor import (
     _start_child,
     _stop_child,
 )
-from toren import MemoryRestartStore, RestartStore, SupervisorEscalation, TorenError
 
 logger = logging.getLogger(__name__)
 

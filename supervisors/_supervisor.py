@@ -19,8 +19,8 @@ import attrs
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from supervisors._backoff import Backoff
 from toren import MemoryRestartStore, RestartStore, SupervisorEscalation
+from toren.supervisors._backoff import Backoff
 
 logger = logging.getLogger(__name__)
 

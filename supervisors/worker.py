@@ -29,15 +29,12 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-import actors.run  # noqa: F401  (registers the run actor kind with this worker)
-from actors.death_watch import DeathWatch
-from actors.dispatcher import Dispatcher
-from actors.hosts import HostRegistry
-from actors.lease_keeper import LeaseKeeper
-from supervisors._backoff import Backoff
-from supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
-from supervisors._supervisor import ChildContext, ChildSpec, Ready, Restart, Strategy, Supervisor
+import toren.actors.run  # noqa: F401  (registers the run actor kind with this worker)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
+from toren.actors.death_watch import DeathWatch
+from toren.actors.dispatcher import Dispatcher
+from toren.actors.hosts import HostRegistry
+from toren.actors.lease_keeper import LeaseKeeper
 from toren.kernel import (
     Claim,
     WorkerSession,
@@ -48,6 +45,16 @@ from toren.kernel import (
     schema_status,
 )
 from toren.kernel import migrate as _migrate
+from toren.supervisors._backoff import Backoff
+from toren.supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
+from toren.supervisors._supervisor import (
+    ChildContext,
+    ChildSpec,
+    Ready,
+    Restart,
+    Strategy,
+    Supervisor,
+)
 
 log = logging.getLogger("toren.worker")
 

@@ -194,6 +194,14 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, wha
         await anyio.sleep(interval)
 
 
+async def decide_waiting(client: Client, run_id: str, **decision: Any) -> Any:
+    """Decide the one call the run waits for (tests that do not care which call it is)."""
+    from toren.runs import decide, read_run, waiting_on
+
+    [call] = waiting_on(await read_run(client, run_id))
+    return await decide(client, run_id, call_id=call.id, **decision)
+
+
 async def worker_registered(client: Client, pid: int) -> bool:
     row = await client.pool.fetchval("SELECT count(*) FROM toren.workers WHERE pid = $1", pid)
     return bool(row)
@@ -204,8 +212,8 @@ async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
     """A worker tree inside the test's own process (for weak references and fast tests)."""
     import anyio
 
-    from supervisors.worker import Worker
     from toren import Settings
+    from toren.supervisors.worker import Worker
 
     values: dict[str, Any] = {
         "database_url": db_url,

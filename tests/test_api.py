@@ -48,7 +48,7 @@ def _uuid(run_id: str) -> str:
 @contextlib.asynccontextmanager
 async def refund_agent(monkeypatch: pytest.MonkeyPatch, db_url: str) -> AsyncIterator[None]:
     """A worker running `support`, whose model opens a refund that needs approval, then ends."""
-    from actors.run import close_providers
+    from toren.actors.run import close_providers
 
     load_app("tests.run_app")
     run_app.applied.clear()
@@ -129,22 +129,29 @@ async def test_a_run_started_over_http_is_approved_and_completes(
             listed = (await r.json())["runs"]
         assert [x["id"] for x in listed] == [run["id"]]
         assert listed[0]["calls_made"] == 1
-        body = {"approved": True, "reason": "fine"}
+        body = {"call_id": "r1", "approved": True, "reason": "fine"}
         async with http.post(f"{base}/runs/{uuid}/approvals", json=body) as r:
-            assert r.status == 202
+            assert r.status == 200  # the run answered: applied
+            assert (await r.json())["outcome"] == "applied"
         await wait_for(lambda: _status(client, run["id"], "completed"), what="completed")
         async with http.get(f"{base}/runs/{uuid}") as r:
             done = await r.json()
         assert done["output"] == "Refunded."
         assert done["receipt"]["calls_made"] == 2
         async with http.post(f"{base}/runs/{uuid}/approvals", json=body) as r:
-            assert r.status == 409  # nothing waits any more
+            assert r.status == 200  # the same decision again: nothing new
+            assert (await r.json())["outcome"] == "repeated"
+        deny = {"call_id": "r1", "approved": False}
+        async with http.post(f"{base}/runs/{uuid}/approvals", json=deny) as r:
+            assert r.status == 409  # the other way, after the fact
         async with http.get(f"{base}/runs/{uuid}/events") as r:
             events = (await r.json())["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     [decided] = [e for e in events if e["type"] == "approval.decided"]
     assert (decided["data"]["who"], decided["data"]["channel"]) == ("alice", "api")
-    assert events[-1]["type"] == "run.completed"
+    [refused] = [e for e in events if e["type"] == "decision.refused"]
+    assert (refused["data"]["call_id"], refused["data"]["outcome"]) == ("r1", "conflict")
+    assert [e["type"] for e in events][-2:] == ["run.completed", "decision.refused"]
 
 
 async def _status(client: Client, run_id: str, status: str) -> bool:
@@ -175,7 +182,7 @@ async def test_bad_input_gets_a_problem_naming_the_field(client: Client, db_url:
         assert [e["field"] for e in body["errors"]] == ["agent"]
         status, body = await problem("POST", "/runs", json=[1, 2])
         assert status == 422
-        status, _ = await problem("POST", "/runs", data=b'{"input": "' + b"x" * 300_000 + b'"}')
+        status, _ = await problem("POST", "/runs", data=b'{"input": "' + b"x" * 1_000_000 + b'"}')
         assert status == 413
         status, _ = await problem("GET", f"/runs/{'1' * 32}")
         assert status == 404
@@ -188,10 +195,11 @@ async def test_bad_input_gets_a_problem_naming_the_field(client: Client, db_url:
         assert sorted(e["field"] for e in body["errors"]) == ["cursor", "limit", "status"]
         status, body = await problem("GET", f"/runs/{uuid}/events?after=-1")
         assert status == 422
-        status, body = await problem("POST", f"/runs/{uuid}/approvals", json={"approved": "yes"})
+        bad = {"call_id": "c1", "approved": "yes"}
+        status, body = await problem("POST", f"/runs/{uuid}/approvals", json=bad)
         assert [e["field"] for e in body["errors"]] == ["approved"]
         status, body = await problem("POST", f"/runs/{uuid}/approvals", json={"approved": True})
-        assert status == 409
+        assert [e["field"] for e in body["errors"]] == ["call_id"]
         status, body = await problem("POST", f"/runs/{uuid}/messages", json={"text": ""})
         assert [e["field"] for e in body["errors"]] == ["text"]
         async with http.post(f"{base}/runs/{uuid}/messages", json={"text": "also this"}) as r:
@@ -253,9 +261,9 @@ async def test_the_event_stream_follows_a_live_run_and_resumes_without_gaps_or_r
 
         await read(None, until="approval.requested")  # live: the run parks meanwhile
         async with http.post(
-            f"{base}/runs/{_uuid(run_id)}/approvals", json={"approved": True}
+            f"{base}/runs/{_uuid(run_id)}/approvals", json={"call_id": "r1", "approved": True}
         ) as r:
-            assert r.status == 202
+            assert r.status == 200
         await read(got[-1][0], until="run.completed")  # resumes after the last id seen
     journal = await client.journal(run_id)
     assert got == [(e.seq, e.type) for e in journal]

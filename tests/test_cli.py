@@ -224,6 +224,12 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
             lambda: cli("jobs", "approve", run_id, "--reason", "fine")
         )
         assert approved.returncode == 0, approved.stderr
+        # It shows the call it decides, then what the run did with the decision.
+        assert re.search(r'approving refund {"amount": \d+} \(call r1\)', approved.stdout)
+        assert "approved" in approved.stdout.splitlines()[-1]
+        again = await anyio.to_thread.run_sync(lambda: cli("jobs", "approve", run_id))
+        assert again.returncode == 1  # nothing waits now
+        assert "not waiting for a decision" in again.stderr
 
         async def done() -> bool:
             return (await read_run(client, run_id)).status == "completed"

@@ -61,8 +61,12 @@ async def test_a_client_over_stdio_lists_runs_and_approves_one(
             runs = _data(await mcp.call_tool("list_runs", {"status": "parked"}))
             assert [r["id"] for r in runs] == [run_id]
             shown = _data(await mcp.call_tool("read_run", {"run_id": run_id}))
-            assert shown["waiting_on"][0]["tool"] == "refund"
-            _data(await mcp.call_tool("approve", {"run_id": run_id, "reason": "via Claude"}))
+            [waiting] = shown["waiting_on"]
+            assert (waiting["tool"], waiting["call_id"]) == ("refund", "r1")
+            wrong = await mcp.call_tool("approve", {"run_id": run_id, "call_id": "r0"})
+            assert wrong.is_error  # a decision for a call that does not wait is refused
+            decided = {"run_id": run_id, "call_id": "r1", "reason": "via Claude"}
+            _data(await mcp.call_tool("approve", decided))
         await wait_for(lambda: _completed(client, run_id), what="completed")
     [decision] = (await read_run(client, run_id)).decisions.values()
     assert (decision.channel, decision.who, decision.reason) == (
@@ -96,9 +100,10 @@ async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
             await mcp.initialize()
             listed = _data(await mcp.call_tool("list_runs", {"status": "parked"}))
             assert {r["id"] for r in listed} == {approved, denied}
-            _data(await mcp.call_tool("approve", {"run_id": approved}))
-            _data(await mcp.call_tool("deny", {"run_id": denied, "reason": "too much"}))
-            refused = await mcp.call_tool("approve", {"run_id": "run/nope"})
+            _data(await mcp.call_tool("approve", {"run_id": approved, "call_id": "r1"}))
+            no = {"run_id": denied, "call_id": "r1", "reason": "too much"}
+            _data(await mcp.call_tool("deny", no))
+            refused = await mcp.call_tool("approve", {"run_id": "run/nope", "call_id": "r1"})
             assert refused.is_error
         for run_id in (approved, denied):
             await wait_for(lambda r=run_id: _completed(client, r), what="completed")

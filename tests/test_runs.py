@@ -17,11 +17,11 @@ import pytest
 # times a budget should not measure it).
 import toren.providers.anthropic  # noqa: F401
 from tests import run_app
-from tests.conftest import WorkerFactory, running_worker, wait_for
+from tests.conftest import WorkerFactory, decide_waiting, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._model import Text, ToolCall
-from toren.runs import cancel, decide, read_run, receipt, retry, say, start_run
+from toren.runs import cancel, read_run, receipt, retry, say, start_run
 from toren.testing import AnthropicServer, BedrockServer, Fail, OpenAIServer, Reply, ScriptedServer
 
 pytestmark = pytest.mark.anyio
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.anyio
 async def anthropic(
     script: list[Reply], monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[AnthropicServer]:
-    from actors.run import close_providers
+    from toren.actors.run import close_providers
 
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
@@ -65,7 +65,7 @@ async def test_a_run_calls_tools_parks_for_approval_and_completes(
             return (await client.actor(run_id))["owner"] is None
 
         await wait_for(passivated, what="lease released while parked")
-        await decide(client, run_id, approved=True, who="alice", reason="ok")
+        await decide_waiting(client, run_id, approved=True, who="alice", reason="ok")
         await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         assert len(server.requests) == 3
 
@@ -107,7 +107,7 @@ async def test_denied_calls_and_bad_calls_go_back_to_the_model_as_errors(
     async with anthropic(script, monkeypatch) as server, running_worker(db_url):
         run_id = await start_run(client, "support", "Refund me.")
         await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
-        await decide(client, run_id, approved=False, who="bob", reason="too much")
+        await decide_waiting(client, run_id, approved=False, who="bob", reason="too much")
         await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         results = server.requests[1]["messages"][-1]["content"]
     assert [r["is_error"] for r in results] == [True, True, True]
@@ -302,7 +302,7 @@ async def _output(client: Client, run_id: str, text: str) -> bool:
 async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_messages(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import actors.run
+    import toren.actors.run
     from toren._model import Message, ToolResult
 
     load_app("tests.run_app")
@@ -326,7 +326,7 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
 
         # Version 2 renders tool results differently: the request of step 2 (which carries the
         # first tool result) changes; step 1's does not.
-        original = actors.run.build_request
+        original = toren.actors.run.build_request
 
         def shout(agent: Any, messages: tuple[Message, ...]) -> Any:
             loud = tuple(
@@ -343,8 +343,8 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
             )
             return original(agent, loud)
 
-        monkeypatch.setattr(actors.run, "build_request", shout)
-        await decide(client, run_id, approved=True, who="alice")
+        monkeypatch.setattr(toren.actors.run, "build_request", shout)
+        await decide_waiting(client, run_id, approved=True, who="alice", wait=None)
         async with running_worker(db_url):  # version 2
 
             async def asked_again() -> bool:
@@ -352,7 +352,7 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
                 return bool(state.voided) and state.status == "parked"
 
             await wait_for(asked_again, what="invalidated, then asked again")
-            await decide(client, run_id, approved=True, who="alice")
+            await decide_waiting(client, run_id, approved=True, who="alice")
             await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         requests = server.requests
 
@@ -383,7 +383,7 @@ async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
         run_id = await start_run(client, "hasty", "refund")  # wall_clock = 2 s
         await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
         await anyio.sleep(3)  # parked: not charged to the budget
-        await decide(client, run_id, approved=True, who="alice")
+        await decide_waiting(client, run_id, approved=True, who="alice")
         await wait_for(lambda: _status(client, run_id, "failed"), what="timed out")
         # Had the parked time counted, the run would have failed before its second call.
         assert len(server.requests) == 2
@@ -398,7 +398,7 @@ async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
 ) -> None:
     import gc
 
-    from actors.run import RunActor
+    from toren.actors.run import RunActor
 
     load_app("tests.run_app")
     refund_call = ToolCall(id="p1", name="refund", arguments={"amount": 900})
@@ -449,7 +449,7 @@ async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
 
         await wait_for(worker_reports_none_in_memory, what="toren workers shows 0 in memory")
 
-        await decide(client, ids[7], approved=True, who="alice")
+        await decide_waiting(client, ids[7], approved=True, who="alice")
         await wait_for(lambda: _status(client, ids[7], "completed"), what="the approved one")
         assert len(server.requests) == count + 1  # only it went on
     statuses = {(await read_run(client, i)).status for i in ids[:7] + ids[8:20]}
@@ -546,7 +546,7 @@ async def test_ten_steps_with_an_approval_survive_a_sigkill_after_step_five(
         first = workers(app="tests.run_app")
         run_id = await start_run(client, agent, "Open the tickets.")
         await wait_for(lambda: _status(client, run_id, "parked"), timeout=60, what="approval")
-        await decide(client, run_id, approved=True, who="alice")
+        await decide_waiting(client, run_id, approved=True, who="alice")
         with anyio.fail_after(60):
             await held.arrived.wait()
         first.kill()  # request 6 stays held: it is never answered (never paid)

@@ -4,7 +4,15 @@ The public API: :class:`Actor` and :class:`Context` to write actors, :func:`mess
 payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and the errors.
 """
 
-from toren._actor import Actor, AskFailed, ChildFailed, Context, Envelope, PoisonMessage
+from toren._actor import (
+    Actor,
+    ActorFailed,
+    AskFailed,
+    ChildFailed,
+    Context,
+    Envelope,
+    PoisonMessage,
+)
 from toren._agents import Agent, Tool, ToolContext, durable_sleep, tool
 from toren._client import AskError, Client, DeadLetter
 from toren._codec import event, message
@@ -18,6 +26,7 @@ from toren._errors import (
     EffectOutsideHandler,
     FencedOut,
     InternalError,
+    LeaseExpired,
     MailboxFull,
     MigrationError,
     SupervisorEscalation,
@@ -33,6 +42,7 @@ from toren._version import __version__
 __all__ = [
     "Actor",
     "ActorAlreadyExists",
+    "ActorFailed",
     "ActorNotLive",
     "Agent",
     "AskError",
@@ -49,6 +59,7 @@ __all__ = [
     "FencedOut",
     "InternalError",
     "JournalEntry",
+    "LeaseExpired",
     "MailboxFull",
     "MemoryRestartStore",
     "MigrationError",

@@ -12,12 +12,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import attrs
 
-from toren._codec import encode, message
+from toren._codec import decode, encode, message
 from toren._errors import EffectOutsideHandler, InternalError
+from toren._json import dumps, loads
+
+if TYPE_CHECKING:
+    from toren._leases import LeaseClock
 
 S = TypeVar("S")
 
@@ -100,8 +104,20 @@ class Actor(Generic[S]):
     def summarize(self, state: S) -> Mapping[str, Any] | None:
         """A small JSON summary of ``state`` kept on the actor's row (``toren.actors.summary``),
         so that lists and dashboards need not fold journals. Written by every step that emits
-        an event, in the same statement; ``None`` (the default) keeps none."""
+        an event, in the same statement; ``None`` (the default) keeps none. When the kernel
+        gives up on the actor (:class:`ActorFailed`), it sets the summary's ``status`` to
+        ``"failed"`` and its ``error_class`` to the failure's class."""
         return None
+
+    def on_dead_letter(self, ctx: Context[S], msg: Any, error: str) -> None:
+        """A message is being dead-lettered: record what that means for the actor.
+
+        ``ctx`` is writable: the events it emits (and messages it sends) commit in the same
+        statement that moves the message to the dead letters, so an actor whose progress
+        depended on the message can end visibly instead of waiting forever. ``msg`` is the
+        decoded message, or ``None`` if it could not be decoded. Raising here is logged and
+        the message is dead-lettered without these events. The default records nothing.
+        """
 
 
 def actor_class(kind: str) -> type[Actor[Any]] | None:
@@ -120,7 +136,7 @@ class Outgoing:
 
     to: str
     kind: str
-    body: Any
+    body: str  # JSON text
     lane: int = USER_LANE
     dedupe_key: str | None = None
     timer_key: str | None = None
@@ -155,7 +171,11 @@ class Envelope:
 
 
 class Context(Generic[S]):
-    """What a handler may do. Everything it records is committed atomically after it returns."""
+    """What a handler may do. Everything it records is committed atomically after it returns.
+
+    Everything a handler emits, sends or replies is written as JSON at once, so a payload that
+    cannot be recorded raises in the handler (charged to the message), never at the commit.
+    """
 
     def __init__(
         self,
@@ -166,19 +186,21 @@ class Context(Generic[S]):
         envelope: Envelope | None,
         *,
         read_only: bool = False,
+        lease: LeaseClock | None = None,
     ) -> None:
         self.actor_id = actor.actor_id
+        self._lease = lease
         self._read_only = read_only
         self.epoch = epoch
         self.envelope = envelope
         self._actor = actor
         self._state = state
         self._seq = seq
-        self.events: list[tuple[int, str, Any, Any]] = []  # (seq, type, body, payload)
+        self.events: list[tuple[int, str, str, Any]] = []  # (seq, type, JSON text, payload)
         self.outgoing: list[Outgoing] = []
         self.cancelled_timers: list[str] = []
         self.spawns: list[SpawnRequest] = []
-        self.reply_body: tuple[str, Any] | None = None
+        self.reply_body: tuple[str, str] | None = None  # (type, JSON text)
 
     @property
     def state(self) -> S:
@@ -190,18 +212,40 @@ class Context(Generic[S]):
         """The sequence number of the last event, emitted ones included."""
         return self._seq
 
+    def ensure_lease(self) -> None:
+        """Check, right before an effect outside Toren (a model call, a tool run, a network
+        send), that this worker's lease on the actor holds with a margin, by its own monotonic
+        clock. Fencing refuses a stale owner's writes; this keeps a paused or cut-off owner
+        from acting in the world meanwhile. A no-op outside a worker (no lease is tracked).
+
+        Raises:
+            LeaseExpired: the lease may have lapsed; the step stops without the effect and the
+                message is handled again where a lease holds.
+        """
+        if self._lease is not None:
+            self._lease.ensure()
+
     @property
     def sender(self) -> str | None:
         """The actor that sent the message being handled, if an actor sent it."""
         return self.envelope.sender if self.envelope else None
 
     def emit(self, event: Any) -> None:
-        """Append ``event`` (committed with the step) and apply it to :attr:`state` now."""
+        """Append ``event`` (committed with the step) and apply it to :attr:`state` now.
+
+        The state is folded from the event as it was written (decoded again from its JSON),
+        so that the state a handler sees is the state a replay rebuilds, value for value.
+
+        Raises:
+            TypeError: the event holds a value JSON cannot represent.
+        """
         self._writable()
         name, body = encode(event)
-        self._state = self._actor.apply(self._state, event)
+        text = dumps(body)
+        recorded = decode(name, loads(text))
+        self._state = self._actor.apply(self._state, recorded)
         self._seq += 1
-        self.events.append((self._seq, name, body, event))
+        self.events.append((self._seq, name, text, recorded))
 
     def send(
         self,
@@ -226,7 +270,7 @@ class Context(Generic[S]):
             Outgoing(
                 to=to,
                 kind=name,
-                body=body,
+                body=dumps(body),
                 lane=SYSTEM_LANE if system else USER_LANE,
                 dedupe_key=dedupe_key,
                 delay=_seconds(delay),
@@ -240,6 +284,7 @@ class Context(Generic[S]):
         """
         self._writable()
         name, body = encode(msg)
+        seconds = _seconds(delay)
         # Within one step the last word on a key wins: one statement cannot both delete and
         # upsert the same timer row.
         self._drop_timer(key)
@@ -247,10 +292,10 @@ class Context(Generic[S]):
             Outgoing(
                 to=self.actor_id,
                 kind=name,
-                body=body,
+                body=dumps(body),
                 lane=SYSTEM_LANE,
                 timer_key=key,
-                delay=_seconds(delay),
+                delay=seconds,
             )
         )
 
@@ -285,11 +330,23 @@ class Context(Generic[S]):
     def reply(self, msg: Any) -> None:
         """Answer the ask() that sent the message being handled (ignored if it was a send)."""
         self._writable()
-        self.reply_body = encode(msg)
+        name, body = encode(msg)
+        self.reply_body = (name, dumps(body))
+
+
+MAX_DELAY = 10 * 365 * 86400.0  # ten years: far below what Postgres' timestamps can add
 
 
 def _seconds(delay: timedelta | float) -> float:
-    return delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    """``delay`` in seconds (a negative one is due now).
+
+    Raises:
+        ValueError: it is not finite, or longer than :data:`MAX_DELAY`.
+    """
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+    if not seconds <= MAX_DELAY:  # also true for NaN
+        raise ValueError(f"a delay must be at most {MAX_DELAY:g} seconds, not {seconds!r}")
+    return max(0.0, seconds)
 
 
 @message("toren.poison")
@@ -303,6 +360,16 @@ class PoisonMessage:
     error: str
     attempts: int
     deliveries: int
+
+
+@message("toren.failed")
+@attrs.frozen(kw_only=True)
+class ActorFailed:
+    """Appended to an actor's journal when the kernel gives up on it (its restart intensity
+    was exceeded): the actor is marked failed and handles no more mail."""
+
+    error: str
+    error_class: str = "crashloop"
 
 
 @message("toren.child_failed")

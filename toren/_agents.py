@@ -14,7 +14,9 @@ asked: :func:`check` flags it, and the worker logs the same flag at boot.
 
 Arguments are described by the function's type hints; pydantic derives the JSON schema the model
 sees and validates what the model sends back (malformed arguments go back to the model as an
-error result, never into the function).
+error result, never into the function). Validated arguments are recorded in their JSON form and
+validated again from it before every call, so a tool gets the same values (``Decimal``,
+``datetime``, enums, tuples, models) live and after a replay.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import ModuleType
-from typing import Any, Literal, get_type_hints, overload
+from typing import Annotated, Any, Literal, get_type_hints, overload
 
 import attrs
 import pydantic
@@ -35,33 +37,72 @@ Effects = Literal["read", "write", "external"]
 Idempotency = Literal["keyed", "unkeyed"]
 ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
 
-_DURATION = re.compile(r"^\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+_DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+
+SLEEP_MAX = 30 * 86400.0
+"""The longest durable sleep a model may ask for: 30 days."""
 
 
 def parse_duration(text: str | float) -> float:
-    """Seconds in ``"30m"``, ``"1h30m"``, ``"45s"`` or a number of seconds.
+    """Seconds in ``"30m"``, ``"1h30m"``, ``"45s"``, ``"30d"`` or a number of seconds.
 
     Raises:
-        ConfigError: the text is not a duration.
+        ConfigError: the text is not a duration, or it is not a positive, finite one.
     """
     if isinstance(text, int | float):
-        if text <= 0:
-            raise ConfigError(f"duration must be positive, got {text!r}")
+        if not 0 < text < float("inf"):  # also false for NaN
+            raise ConfigError(f"duration must be positive and finite, got {text!r}")
         return float(text)
     match = _DURATION.match(text)
     if not match or not any(match.groups()):
-        raise ConfigError(f"not a duration: {text!r}", hint="Write it like '30m', '1h30m', '45s'.")
-    hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    return float(hours * 3600 + minutes * 60 + seconds)
+        raise ConfigError(
+            f"not a duration: {text!r}", hint="Write it like '30m', '1h30m', '45s', '30d'."
+        )
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    total = float(days * 86400 + hours * 3600 + minutes * 60 + seconds)
+    if total <= 0:
+        raise ConfigError(f"duration must be positive, got {text!r}")
+    return total
+
+
+def _lease_unchecked() -> None:
+    """A context built outside a worker (a test calling a tool directly) has no lease."""
 
 
 @attrs.frozen(kw_only=True)
 class ToolContext:
-    """What a tool function receives first: who calls and the key that makes retries safe."""
+    """What a tool function receives first: who calls, the key that makes retries safe, and
+    the fencing token of the worker running it.
+
+    Attributes:
+        run_id: The run that calls the tool.
+        tool_call_id: The model's id of this call.
+        idempotency_key: The same on every re-run of this call; pass it to the system you call
+            so that it applies the effect once.
+        fencing_token: The run's epoch at this worker: it rises with every takeover, so a
+            system that remembers the highest token it saw can refuse a late write from a
+            worker that lost the run (pass it along with the key).
+    """
 
     run_id: str
     tool_call_id: str
     idempotency_key: str
+    fencing_token: int = 0
+    _ensure_lease: Callable[[], None] = attrs.field(
+        default=_lease_unchecked, alias="ensure_lease", repr=False, eq=False
+    )
+
+    def ensure_lease(self) -> None:
+        """Check, right before an effect, that this worker still holds the run's lease with a
+        margin (by its own monotonic clock). A tool that waited long (a slow upstream, a paused
+        process) calls it just before it acts.
+
+        Raises:
+            toren.LeaseExpired: the lease may be gone; the tool must stop without the effect.
+                It derives from ``BaseException``: ``except Exception`` does not catch it, and
+                the run goes on at a worker that holds the lease, with the same key.
+        """
+        self._ensure_lease()
 
 
 @functools.cache
@@ -99,7 +140,8 @@ class Tool:
         )
 
     def needs_approval(self, arguments: Mapping[str, Any]) -> bool:
-        """Whether this call must wait for a human decision."""
+        """Whether this call must wait for a human decision; a predicate gets the arguments
+        as the tool would (:meth:`bind`)."""
         if self.approval == "never":
             return False
         if self.approval == "always":
@@ -107,12 +149,23 @@ class Tool:
         return bool(self.approval(arguments))
 
     def validate(self, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
-        """The arguments checked against the signature.
+        """The arguments checked against the signature, in their JSON form (what is recorded).
 
         Raises:
             pydantic.ValidationError: they do not match (sent back to the model as an error).
         """
-        return self.arguments.model_validate(arguments or {}).model_dump()
+        return self.arguments.model_validate(arguments or {}).model_dump(mode="json")
+
+    def bind(self, recorded: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments the function gets for ``recorded`` (a JSON form from
+        :meth:`validate`): validated again, so live calls and replays see the same values.
+
+        Raises:
+            pydantic.ValidationError: they do not match the signature any more (the code
+                changed since they were recorded).
+        """
+        model = self.arguments.model_validate(recorded)
+        return {name: getattr(model, name) for name in type(model).model_fields}
 
 
 ToolFn = Callable[..., Awaitable[Any]]
@@ -183,7 +236,7 @@ def _arguments_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel]:
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].name != "ctx":
         raise ConfigError(f"tool {fn.__qualname__} must take `ctx` as its first parameter")
-    hints = get_type_hints(fn)
+    hints = get_type_hints(fn, include_extras=True)  # keeps Annotated[..., Field(...)]
     fields: dict[str, Any] = {}
     for p in params[1:]:
         if p.name not in hints:
@@ -192,7 +245,8 @@ def _arguments_model(fn: Callable[..., Any]) -> type[pydantic.BaseModel]:
         fields[p.name] = (hints[p.name], default)
     model: type[pydantic.BaseModel] = pydantic.create_model(
         f"{fn.__name__}_arguments",
-        __config__=pydantic.ConfigDict(extra="forbid"),
+        # NaN and infinities have no JSON form: refused, so that a recorded call means the same.
+        __config__=pydantic.ConfigDict(extra="forbid", allow_inf_nan=False),
         **fields,
     )
     return model
@@ -220,6 +274,9 @@ class Agent:
         wall_clock: Time budget (``"30m"``), excluding time parked on a human or a timer.
         budget_usd: Dollar budget of a run (``None``: unlimited).
         max_tokens: Output tokens per model call.
+        max_tool_result_bytes: A tool result longer than this (UTF-8) is cut, with a marker the
+            model sees, before it is recorded and sent (default 256 KiB).
+        max_response_bytes: A model response longer than this is cut likewise (default 4 MiB).
         calls: Agents this one may call (they must accept it too).
         accepts: Agents allowed to call this one.
     """
@@ -232,6 +289,8 @@ class Agent:
     wall_clock: float = attrs.field(default=1800.0, converter=parse_duration)
     budget_usd: float | None = None
     max_tokens: int = 4096
+    max_tool_result_bytes: int = 256 * 1024
+    max_response_bytes: int = 4 * 1024 * 1024
     calls: tuple[str, ...] = attrs.field(default=(), converter=_names)
     accepts: tuple[str, ...] = attrs.field(default=(), converter=_names)
 
@@ -249,6 +308,9 @@ class Agent:
             raise ConfigError(f"agent {self.name!r}: max_attempts must be at least 1")
         if self.budget_usd is not None and self.budget_usd <= 0:
             raise ConfigError(f"agent {self.name!r}: budget_usd must be positive")
+        for cap in ("max_tool_result_bytes", "max_response_bytes"):
+            if getattr(self, cap) < 1024:
+                raise ConfigError(f"agent {self.name!r}: {cap} must be at least 1024")
 
     def tool_named(self, name: str) -> Tool | None:
         """The agent's tool called ``name``, if any."""
@@ -333,9 +395,11 @@ def check(agents: Iterable[Agent]) -> list[ToolFinding]:
 
 
 @tool(effects="read", idempotency="keyed", timeout="1h")
-async def durable_sleep(ctx: ToolContext, seconds: float) -> str:
-    """Wait for `seconds` before going on. The wait is durable: it survives restarts and holds
-    no worker while it lasts."""
+async def durable_sleep(
+    ctx: ToolContext, seconds: Annotated[float, pydantic.Field(gt=0, le=SLEEP_MAX)]
+) -> str:
+    """Wait for `seconds` (more than 0, at most 30 days) before going on. The wait is durable:
+    it survives restarts and holds no worker while it lasts."""
     # The run actor never calls this: it parks the run on a durable timer instead.
     raise ConfigError("durable_sleep runs only inside a Toren run")
 

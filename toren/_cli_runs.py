@@ -14,9 +14,11 @@ from rich.table import Table
 from toren._cli_common import database_url, err, out, run_async
 from toren._client import Client
 from toren._config import Settings
-from toren._errors import ConfigError, UnknownActor
+from toren._errors import ConfigError, TorenError, UnknownActor
+from toren._json import safe_text
 from toren._listing import list_runs
 from toren.runs import (
+    DECISION_WAIT,
     RunState,
     cancel,
     decide,
@@ -25,6 +27,7 @@ from toren.runs import (
     retry,
     say,
     start_run,
+    waiting_on,
 )
 
 
@@ -74,7 +77,11 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
 
 
 def describe(event_type: str, data: dict[str, Any]) -> str:
-    """One timeline line for an event."""
+    """One timeline line for an event (printable: NUL and lone surrogates shown as escapes)."""
+    return safe_text(_describe(event_type, data))
+
+
+def _describe(event_type: str, data: dict[str, Any]) -> str:
     if event_type == "model.called":
         usage = data["response"]["usage"]
         cost = f"${data['cost_usd']}" if data.get("cost_usd") else "unpriced"
@@ -87,16 +94,25 @@ def describe(event_type: str, data: dict[str, Any]) -> str:
     if event_type == "tool.intent":
         return f"tool {data['name']} intent {json.dumps(data['arguments'])}"
     if event_type == "tool.result":
-        mark = "error" if data.get("is_error") else "result"
-        return f"tool {mark}: {data['content'][:120]}"
+        mark = "denied" if data.get("denied") else "error" if data.get("is_error") else "result"
+        cut = f" (cut from {data['truncated_from']} bytes)" if data.get("truncated_from") else ""
+        return f"tool {mark}{cut}: {data['content'][:120]}"
     if event_type == "approval.requested":
         return f"approval requested for {data['name']} {json.dumps(data['arguments'])}"
     if event_type == "approval.decided":
         verdict = "approved" if data["approved"] else "denied"
         reason = f" ({data['reason']})" if data.get("reason") else ""
         return f"{verdict} by {data['who']} via {data['channel']}{reason}"
+    if event_type == "decision.refused":
+        verdict = "approval" if data["approved"] else "denial"
+        return (
+            f"{verdict} of call {data['call_id']} by {data['who']} via {data['channel']} "
+            f"refused ({data['outcome'].replace('_', ' ')}); not recorded as a decision"
+        )
     if event_type == "run.failed":
         return f"failed [{data['error_class']}]: {data['message']}"
+    if event_type == "toren.failed":
+        return f"failed [{data['error_class']}]: {data['error']}"
     if event_type == "run.completed":
         return f"completed: {data['output'][:200]}"
     if event_type == "run.started":
@@ -135,11 +151,13 @@ def register(main: click.Group) -> None:
         client = await _client(ctx.obj["settings"])
         try:
             await _check_served(client, agent)
-            run_id = await start_run(client, agent, text, idempotency_key=key)
+            cap = ctx.obj["settings"].max_message_bytes
+            run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap)
             out.print(run_id)
             if wait:
                 state = await _until_settled(client, run_id)
-                out.print(f"{state.status}: {state.output or state.error or ''}")
+                said = safe_text(state.output or state.error or "")
+                out.print(f"{state.status}: {said}", markup=False, highlight=False)
         finally:
             await client.close()
 
@@ -188,7 +206,8 @@ def register(main: click.Group) -> None:
         try:
             state = await _read(client, run_id)
             if as_json:
-                out.print_json(json.dumps(record(run_id, state)))
+                # ASCII escapes: any text a run holds prints, lone surrogates included.
+                click.echo(json.dumps(record(run_id, state), indent=2, ensure_ascii=True))
                 return
             for entry in await client.journal(run_id):
                 out.print(
@@ -220,11 +239,10 @@ def register(main: click.Group) -> None:
             seen = 0
             while True:
                 for entry in await client.journal(run_id, after=seen):
-                    out.print(
-                        f"{entry.seq:>4}  {describe(entry.type, entry.data)}", highlight=False
-                    )
+                    line = f"{entry.seq:>4}  {describe(entry.type, entry.data)}"
+                    out.print(line, highlight=False, markup=False)
                     seen = entry.seq
-                    if entry.type in ("run.completed", "run.failed"):
+                    if entry.type in ("run.completed", "run.failed", "toren.failed"):
                         return
                 await anyio.sleep(0.5)
         finally:
@@ -245,36 +263,103 @@ def register(main: click.Group) -> None:
         @run_async
         async def command(ctx: click.Context, /, run_id: str, **kwargs: Any) -> None:
             run_id = normalize(run_id)
-            client = await _client(ctx.obj["settings"])
+            settings: Settings = ctx.obj["settings"]
+            client = await _client(settings)
             try:
                 await _read(client, run_id)
-                await action(client, run_id, **kwargs)
+                await action(client, run_id, settings=settings, **kwargs)
                 out.print(f"{name}: sent to {run_id}")
             finally:
                 await client.close()
 
         jobs.add_command(click.Command(name, callback=command, params=params, help=help_text))
 
-    async def approve(c: Client, r: str, reason: str) -> None:
-        await decide(c, r, approved=True, who=who(), reason=reason)
+    async def send(c: Client, r: str, text: str, settings: Settings) -> None:
+        await say(c, r, text, who=who(), cap=settings.max_message_bytes)
 
-    async def deny(c: Client, r: str, reason: str) -> None:
-        await decide(c, r, approved=False, who=who(), reason=reason)
-
-    async def send(c: Client, r: str, text: str) -> None:
-        await say(c, r, text, who=who())
-
-    async def stop(c: Client, r: str, reason: str) -> None:
+    async def stop(c: Client, r: str, reason: str, settings: Settings) -> None:
         await cancel(c, r, who=who(), reason=reason)
 
-    async def again(c: Client, r: str) -> None:
+    async def again(c: Client, r: str, settings: Settings) -> None:
         await retry(c, r, who=who())
 
-    steer("approve", "Approve the tool call RUN waits on.", approve, reason=True)
-    steer("deny", "Deny the tool call RUN waits on (the model is told why).", deny, reason=True)
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
     steer("cancel", "Cancel RUN.", stop, reason=True)
     steer("retry", "Resume failed RUN from its last good step.", again)
+
+    def decision(name: str, help_text: str, approved: bool) -> None:
+        @jobs.command(name, help=help_text)
+        @click.argument("run_id")
+        @click.option("--call", "call_id", help="The waiting call to decide (its call id).")
+        @click.option("--reason", default="", help="Recorded with the decision.")
+        @click.pass_context
+        @run_async
+        async def command(
+            ctx: click.Context, run_id: str, call_id: str | None, reason: str
+        ) -> None:
+            run_id = normalize(run_id)
+            client = await _client(ctx.obj["settings"])
+            try:
+                await _decide(client, run_id, call_id, approved=approved, reason=reason)
+            finally:
+                await client.close()
+
+    decision(
+        "approve",
+        "Approve the tool call RUN waits on (shown first; with several, name it with --call).",
+        True,
+    )
+    decision(
+        "deny",
+        "Deny the tool call RUN waits on (the model is told why; with several, use --call).",
+        False,
+    )
+
+
+class DecisionNotApplied(TorenError):
+    """The run did not apply a decision (its call does not wait, or was decided otherwise)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"not applied: {detail}")
+
+
+async def _decide(
+    client: Client, run_id: str, call_id: str | None, *, approved: bool, reason: str
+) -> None:
+    """Show the call decided, decide it, and report what the run did (exit 1 if refused)."""
+    state = await _read(client, run_id)
+    waiting = waiting_on(state)
+    if call_id is None:
+        if not waiting:
+            raise DecisionNotApplied(
+                f"{run_id} is not waiting for a decision (it is {state.status})"
+            )
+        if len(waiting) > 1:
+            calls = ", ".join(f"{c.name} (--call {c.id})" for c in waiting)
+            raise ConfigError(
+                f"{run_id} waits for {len(waiting)} decisions: {calls}",
+                hint="Name the one you decide with --call.",
+            )
+        call_id = waiting[0].id
+    verb = "approving" if approved else "denying"
+    for call in waiting:
+        if call.id == call_id:
+            arguments = json.dumps(call.arguments, ensure_ascii=True)
+            out.print(f"{verb} {call.name} {arguments} (call {call.id})", markup=False)
+    outcome = await decide(
+        client, run_id, call_id=call_id, approved=approved, who=who(), reason=reason
+    )
+    if outcome is None:
+        out.print(
+            f"pending: no worker answered within {DECISION_WAIT:g}s; the decision is queued and "
+            f"is applied only if call {call_id} still waits when the run handles it",
+            markup=False,
+        )
+    elif not outcome.accepted:
+        raise DecisionNotApplied(outcome.detail)
+    else:
+        out.print(outcome.detail, markup=False)
 
 
 async def _check_served(client: Client, agent: str) -> None:

@@ -37,11 +37,12 @@ async def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None
 
     from toren._mcp import serve_stdio, serving_http
 
-    url = database_url(_settings(ctx))
+    settings = _settings(ctx)
+    url, cap = database_url(settings), settings.max_message_bytes
     if not over_http:
-        await serve_stdio(url)
+        await serve_stdio(url, message_cap=cap)
         return
-    async with serving_http(url, host=host, port=port) as where:
+    async with serving_http(url, host=host, port=port, message_cap=cap) as where:
         err.print(f"MCP over streamable HTTP at {where} (Authorization: Bearer <token>)")
         await anyio.sleep_forever()
 
@@ -58,7 +59,10 @@ async def serve(ctx: click.Context, host: str, port: int) -> None:
             f"[yellow]listening on {host}:[/yellow] anyone who can reach it and holds a token "
             "can drive runs; put TLS in front of it."
         )
-    await serve_forever(database_url(_settings(ctx)), host=host, port=port)
+    settings = _settings(ctx)
+    await serve_forever(
+        database_url(settings), host=host, port=port, message_cap=settings.max_message_bytes
+    )
 
 
 @click.group()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import anyio
 import asyncpg
@@ -25,6 +25,12 @@ from toren._errors import ActorAlreadyExists, AskTimeout, TorenError, UnknownAct
 from toren._journal import JournalEntry, read_journal
 
 _ASK_POLL = 0.5
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    # A connection of the caller's (its own, or one borrowed from a pool), in its transaction.
+    Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[Any]
 
 
 class AskError(TorenError):
@@ -95,11 +101,13 @@ class Client:
         parent: str | None = None,
         max_depth: int = 10000,
         route: str | None = None,
+        conn: Connection | None = None,
     ) -> bool:
         """Persist a new actor. It runs when its first message arrives.
 
         Spawning an existing id of the same kind is a no-op, so spawn is safe to repeat. With a
-        ``route``, only workers serving that route claim the actor.
+        ``route``, only workers serving that route claim the actor. Pass ``conn`` (a connection
+        inside your transaction) to make the spawn part of it.
 
         Returns:
             True if the actor was created now, False if it existed.
@@ -108,7 +116,8 @@ class Client:
             ActorAlreadyExists: ``actor_id`` belongs to an actor of another kind.
         """
         kind_name = kind if isinstance(kind, str) else kind.kind
-        created = await self.pool.fetchval(
+        db = conn or self.pool
+        created = await db.fetchval(
             "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route) "
             "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
             actor_id,
@@ -120,9 +129,7 @@ class Client:
         )
         if created:
             return True
-        existing = await self.pool.fetchval(
-            "SELECT kind FROM toren.actors WHERE actor_id = $1", actor_id
-        )
+        existing = await db.fetchval("SELECT kind FROM toren.actors WHERE actor_id = $1", actor_id)
         if existing != kind_name:
             raise ActorAlreadyExists(actor_id, kind_name, str(existing))
         return False
@@ -135,7 +142,7 @@ class Client:
         dedupe_key: str | None = None,
         system: bool = False,
         delay: timedelta | float = 0.0,
-        conn: asyncpg.Connection | None = None,
+        conn: Connection | None = None,
     ) -> int | None:
         """Persist ``msg`` in ``to``'s mailbox.
 
@@ -155,8 +162,16 @@ class Client:
         )
 
     # The deadline is part of what ask() means (STYLE: timeouts as cancel scopes, except there).
-    async def ask(self, to: str, msg: Any, *, timeout: float) -> Any:  # noqa: ASYNC109
-        """Send ``msg`` and wait for the handler's ``ctx.reply(...)``.
+    async def ask(
+        self,
+        to: str,
+        msg: Any,
+        *,
+        timeout: float,  # noqa: ASYNC109
+        system: bool = False,
+    ) -> Any:
+        """Send ``msg`` (on the system lane with ``system``) and wait for the handler's
+        ``ctx.reply(...)``.
 
         Raises:
             AskTimeout: no reply within ``timeout`` seconds (the message may still be handled).
@@ -168,7 +183,7 @@ class Client:
         await self._ensure_listener()
         event = self._waiters[key] = anyio.Event()
         try:
-            await _mailbox.send(self.pool, to, msg, reply_to=correlation)
+            await _mailbox.send(self.pool, to, msg, reply_to=correlation, system=system)
             with anyio.move_on_after(timeout):
                 while True:
                     row = await self.pool.fetchrow(

@@ -32,6 +32,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "actor_restart_intensity": ("TOREN_ACTOR_RESTART_INTENSITY", int),
     "actor_restart_period": ("TOREN_ACTOR_RESTART_PERIOD", float),
     "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
+    "max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int),
 }
 
 _TABLES = {"worker"}
@@ -62,6 +63,9 @@ class Settings:
         actor_restart_period: The window for ``actor_restart_intensity``, in seconds.
         dedupe_retention_seconds: How long a used dedupe key is remembered (7 days by default);
             a repeated send within that window is a no-op.
+        max_message_bytes: The largest human message or run input (UTF-8 bytes) the API, the
+            CLI and the MCP server accept (64 KiB by default); a longer one is refused, never
+            truncated.
     """
 
     database_url: str | None = None
@@ -77,6 +81,7 @@ class Settings:
     actor_restart_intensity: int = attrs.field(default=5, validator=_positive)
     actor_restart_period: float = attrs.field(default=60.0, validator=_positive)
     dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=_positive)
+    max_message_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.renew_seconds >= self.lease_seconds:

@@ -14,14 +14,15 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-import orjson
 
 from toren._errors import ConfigError, DatabaseUnavailable
+from toren._json import dumps, loads
 
 _URL_FILE = "database.json"
 
 # Errors that say the database, or the way to it, failed (a dropped connection, a restart, a
-# refused login), as opposed to a statement that is wrong. Worth retrying after a pause.
+# refused login, a conflict with a concurrent transaction, a cancelled statement), as opposed to
+# a statement that is wrong. Worth retrying after a pause.
 TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
@@ -30,20 +31,18 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
     asyncpg.TooManyConnectionsError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.QueryCanceledError,
     # asyncpg reports a connection whose operation was cut mid-way this way on its next use.
     asyncpg.InternalClientError,
 )
 
 
-def _encode_json(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
 async def init_connection(conn: asyncpg.Connection) -> None:
-    """Decode and encode ``jsonb`` with orjson on every connection Toren opens."""
-    await conn.set_type_codec(
-        "jsonb", encoder=_encode_json, decoder=orjson.loads, schema="pg_catalog"
-    )
+    """Encode and decode ``jsonb`` on every connection Toren opens with :mod:`toren._json`
+    (orjson, lossless for NUL and lone surrogates)."""
+    await conn.set_type_codec("jsonb", encoder=dumps, decoder=loads, schema="pg_catalog")
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:

@@ -26,7 +26,7 @@ async def run_dev(
     settings: Settings, *, data_dir: Path | None, app: str | None, port: int = DEFAULT_PORT
 ) -> None:
     """Start (or reuse) the embedded server, migrate, run a worker (and the demo) until Ctrl-C."""
-    from supervisors.worker import run_worker  # the entry point that boots a worker
+    from toren.supervisors.worker import run_worker  # the entry point that boots a worker
 
     url = settings.database_url
     server = None
@@ -44,7 +44,7 @@ async def run_dev(
     console.print(f"schema ready ({len(applied)} migration(s) applied now)")
     try:
         async with contextlib.AsyncExitStack() as stack:
-            await _start_api(stack, url, port)
+            await _start_api(stack, url, port, settings.max_message_bytes)
             if app is None:
                 await _start_demo(stack, url)
             else:
@@ -59,9 +59,11 @@ async def run_dev(
             server.stop()
 
 
-async def _start_api(stack: contextlib.AsyncExitStack, url: str, port: int) -> None:
+async def _start_api(
+    stack: contextlib.AsyncExitStack, url: str, port: int, message_cap: int
+) -> None:
     try:
-        base = await stack.enter_async_context(serving(url, port=port))
+        base = await stack.enter_async_context(serving(url, port=port, message_cap=message_cap))
     except ConfigError as exc:
         console.print(f"[yellow]no API or console:[/yellow] {exc}", highlight=False)
         return

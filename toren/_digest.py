@@ -5,9 +5,9 @@ tools, parameters), chained from the previous call's digest: ``d_k = sha256(d_{k
 where ``c_k`` holds the parameters and only the messages added since call ``k-1`` (a run's
 conversation only grows, so the chain still covers every message). Checking a journal is then
 linear in its size, and a change anywhere in the history shows at the first step that differs.
-The canonical form is JSON with sorted keys and no insignificant whitespace, built from the
-neutral request (never a provider's wire format), so the digest does not move when an
-SDK changes how it serialises.
+The canonical form is JSON with sorted keys and no insignificant whitespace (strings Postgres
+cannot hold written as :mod:`toren._json` tags them), built from the neutral request (never a
+provider's wire format), so the digest does not move when an SDK changes how it serialises.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 
 import attrs
-import orjson
 
 from toren._codec import converter
+from toren._json import dumps
 from toren._model import ModelRequest
 
 GENESIS = "0" * 64
@@ -27,7 +27,7 @@ def canonical(request: ModelRequest, *, since: int = 0) -> bytes:
     """The request as canonical JSON bytes, with only its messages from index ``since`` on."""
     if since:
         request = attrs.evolve(request, messages=request.messages[since:])
-    return orjson.dumps(converter.unstructure(request), option=orjson.OPT_SORT_KEYS)
+    return dumps(converter.unstructure(request), sort_keys=True).encode()
 
 
 def chain(previous: str, request: ModelRequest, *, since: int = 0) -> str:

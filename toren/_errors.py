@@ -21,7 +21,8 @@ the error (``retryable``)::
     └── InternalError             an invariant of Toren itself broke: a bug, please report it
 
 Actors are stopped by cancelling their scope (anyio), which derives from ``BaseException``, so an
-actor's ``except Exception`` cannot swallow a stop.
+actor's ``except Exception`` cannot swallow a stop. :class:`LeaseExpired` is such a stop too: it
+derives from ``BaseException``, not from :class:`TorenError`.
 """
 
 from __future__ import annotations
@@ -189,3 +190,23 @@ class InternalError(TorenError):
     def __init__(self, what: str) -> None:
         self.what = what
         super().__init__(f"internal error: {what} (this is a bug in Toren)")
+
+
+class LeaseExpired(BaseException):
+    """This worker's lease on an actor may have lapsed: stop before any effect.
+
+    Raised by :meth:`toren.Context.ensure_lease` and :meth:`toren.ToolContext.ensure_lease` when,
+    by the worker's own monotonic clock, the lease does not hold with a margin (the process was
+    paused, renewals failed, or another worker took the actor over). Like a cancellation it
+    derives from ``BaseException``, so that ``except Exception`` in user code does not swallow
+    it; the worker gives the actor up without recording anything, and the actor goes on at a
+    worker that holds its lease.
+    """
+
+    def __init__(self, actor_id: str, over_by: float) -> None:
+        self.actor_id = actor_id
+        self.over_by = over_by
+        super().__init__(
+            f"{actor_id}: the lease may have lapsed ({over_by:.2f}s past the safe margin); "
+            "stopping before the effect"
+        )

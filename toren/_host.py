@@ -24,17 +24,19 @@ import asyncpg
 import attrs
 
 from toren._actor import Actor, Context, Envelope, actor_class, actor_kinds
+from toren._codec import decode
 from toren._db import TRANSIENT_DB_ERRORS
 from toren._errors import (
     ActorAlreadyExists,
     FencedOut,
+    LeaseExpired,
     TorenError,
     UnknownActor,
     UnknownActorKind,
 )
 from toren._journal import rebuild, save_snapshot
 from toren._killpoints import kill_point, kill_points_for
-from toren._leases import Claim, release_claim, release_if_idle
+from toren._leases import Claim, LeaseClock, release_claim, release_if_idle
 from toren._mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
 
 log = logging.getLogger("toren.host")
@@ -77,6 +79,7 @@ class ActorHost:
         *,
         poll_seconds: float,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+        lease: LeaseClock | None = None,
     ) -> None:
         cls = actor_class(claim.kind)
         if cls is None:
@@ -89,6 +92,7 @@ class ActorHost:
         self._cls = cls
         self._poll = poll_seconds
         self._sleep = sleep
+        self._lease = lease
         self._wake = anyio.Event()
         self._stop = anyio.Event()
         self.idle = False
@@ -155,6 +159,12 @@ class ActorHost:
                     "%s: fenced out at epoch %d; it runs elsewhere now", self.actor_id, self.epoch
                 )
                 return True
+            except LeaseExpired as exc:
+                # Nothing of the step was done or recorded; the message stays queued. The claim
+                # is released if it is still ours, so the actor goes on at once where a lease
+                # holds (here again, under a new claim, or at another worker).
+                log.warning("%s", exc)
+                return False
             except TRANSIENT_DB_ERRORS as exc:
                 # Not the actor's fault: no restart is charged. The state is rebuilt afresh once
                 # the database answers again (the claim still holds, or the next write fences).
@@ -236,14 +246,15 @@ class ActorHost:
         cls = self._cls
         if envelope.deliveries > cls.max_deliveries:
             error = f"claimed {envelope.deliveries - 1} times without completing (worker crashes?)"
-            await self._dead_letter(envelope, error)
+            await self._dead_letter(actor, envelope, error, state, seq)
         try:
             opened = open_envelope(envelope)
-            ctx = Context(actor, state, seq, self.epoch, opened)
+            ctx = Context(actor, state, seq, self.epoch, opened, lease=self._lease)
             await actor.handle(ctx, opened.payload)
+            summary = actor.summarize(ctx.state) if ctx.events else None
         # Whatever the handler raised is charged to the message, not to the worker.
         except Exception as exc:  # noqa: BLE001
-            await self._charge(envelope, exc)
+            await self._charge(actor, envelope, exc, state, seq)
             return state, seq
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
@@ -251,16 +262,15 @@ class ActorHost:
                 raise  # we are being cancelled: let it through
             # A cancellation that leaked out of the handler (a library cancelled a future it
             # awaited) is the handler's failure, not a stop of the worker's tree.
-            await self._charge(envelope, RuntimeError(f"handler raised {exc!r}"))
+            await self._charge(actor, envelope, RuntimeError(f"handler raised {exc!r}"), state, seq)
             return state, seq
         kill_point("step.committing")
         kill_points_for("committing:", (e[1] for e in ctx.events))
-        summary = actor.summarize(ctx.state) if ctx.events else None
         try:
-            await self._commit(opened, ctx, summary)
+            await self._commit(actor, opened, ctx, summary, state, seq)
         except (UnknownActor, ActorAlreadyExists) as exc:
             # What the handler asked for cannot be committed: its fault, charged likewise.
-            await self._charge(envelope, exc)
+            await self._charge(actor, envelope, exc, state, seq)
             return state, seq
         kill_point("step.committed")
         kill_points_for("committed:", (e[1] for e in ctx.events))
@@ -271,16 +281,28 @@ class ActorHost:
         return ctx.state, ctx.seq
 
     async def _commit(
-        self, envelope: Envelope, ctx: Context[Any], summary: Mapping[str, Any] | None
+        self,
+        actor: Actor[Any],
+        envelope: Envelope,
+        ctx: Context[Any],
+        summary: Mapping[str, Any] | None,
+        state: Any,
+        seq: int,
     ) -> None:
-        """Commit the step; on a database error, commit the same step again once it answers.
+        """Commit the step; on a database error, commit the same step again.
 
-        The handler's work (a model call, a tool run) is not done again for a dropped
-        connection. A commit whose answer was lost may have landed: the retry then finds the
-        message consumed while the actor is still ours, which only our own commit can do.
+        The handler's work (a model call, a tool run) is not done again for a failed commit:
+        after a dropped connection the same step is committed once the database answers (a
+        commit whose answer was lost may have landed: the retry then finds the message consumed
+        while the actor is still ours, which only our own commit can do). A commit the database
+        refuses (any other error) is charged to the message like a handler failure and tried
+        again with backoff; past ``max_attempts`` the message is dead-lettered, and the actor's
+        :meth:`~toren.Actor.on_dead_letter` records what that means, so that a refused write
+        ends visibly instead of running the handler's effects again.
 
         Raises:
             FencedOut: the actor is no longer ours.
+            MessageDeadLettered: the database kept refusing the step.
             Exception: a database error, if a stop is requested while retrying (the message
                 stays queued and is handled again).
         """
@@ -309,27 +331,77 @@ class ActorHost:
                 )
                 if await self._pause(delay):
                     raise
+            except asyncpg.PostgresError as exc:
+                failures += 1
+                error = f"the database refused the step: {_describe(exc)}"
+                attempts = await self._record(envelope, error)
+                if attempts == 0:
+                    return  # the message is gone: an earlier attempt did land after all
+                if attempts >= self._cls.max_attempts:
+                    envelope = attrs.evolve(envelope, attempts=attempts)
+                    await self._dead_letter(actor, envelope, error, state, seq)
+                if await self._pause(self._retry_delay(attempts)):
+                    raise
 
-    async def _charge(self, envelope: Envelope, exc: Exception) -> None:
-        """Record a failed attempt; dead-letter past the limit; else back off before retrying."""
-        cls = self._cls
-        error = "".join(traceback.format_exception_only(exc)).strip()
+    async def _record(self, envelope: Envelope, error: str) -> int:
         log.warning("%s: message %d failed: %s", self.actor_id, envelope.id, error)
-        attempts = await record_failure(
+        return await record_failure(
             self.pool, self.actor_id, self.worker_id, self.epoch, envelope.id, error
         )
+
+    def _retry_delay(self, attempts: int) -> float:
+        return _jittered(min(_RETRY_CAP, self._cls.retry_base_seconds * 2 ** (attempts - 1)))
+
+    async def _charge(
+        self, actor: Actor[Any], envelope: Envelope, exc: Exception, state: Any, seq: int
+    ) -> None:
+        """Record a failed attempt; dead-letter past the limit; else back off before retrying."""
+        attempts = await self._record(envelope, _describe(exc))
         if attempts == 0:
             return  # the message is gone: a commit did land after all
-        if attempts >= cls.max_attempts:
-            await self._dead_letter(envelope, error, attempts=attempts)
-        await self._pause(_jittered(min(_RETRY_CAP, cls.retry_base_seconds * 2 ** (attempts - 1))))
-
-    async def _dead_letter(self, envelope: Envelope, error: str, *, attempts: int = 0) -> None:
-        if attempts:
+        if attempts >= self._cls.max_attempts:
             envelope = attrs.evolve(envelope, attempts=attempts)
-        await dead_letter(self.pool, self.actor_id, self.worker_id, self.epoch, envelope, error)
+            await self._dead_letter(actor, envelope, _describe(exc), state, seq)
+        await self._pause(self._retry_delay(attempts))
+
+    async def _dead_letter(
+        self, actor: Actor[Any], envelope: Envelope, error: str, state: Any, seq: int
+    ) -> None:
+        """Dead-letter the message, with what the actor records about it, and raise.
+
+        Raises:
+            MessageDeadLettered: always (the supervisor counts one restart).
+            FencedOut: the actor is no longer ours.
+        """
+        ctx = Context(actor, state, seq, self.epoch, envelope)
+        try:
+            payload = decode(envelope.kind, envelope.body)
+        except Exception:  # noqa: BLE001  (an undecodable message is what is being dead-lettered)
+            payload = None
+        try:
+            actor.on_dead_letter(ctx, payload, error)
+            summary = actor.summarize(ctx.state) if ctx.events else None
+        except Exception:
+            log.exception("%s: on_dead_letter raised; dead-lettering without it", self.actor_id)
+            ctx = Context(actor, state, seq, self.epoch, envelope)
+            summary = None
+        await dead_letter(
+            self.pool,
+            self.actor_id,
+            self.worker_id,
+            self.epoch,
+            envelope,
+            error,
+            events=ctx.events,
+            summary=summary,
+        )
         log.error("%s: message %d dead-lettered: %s", self.actor_id, envelope.id, error)
         raise MessageDeadLettered(self.actor_id, envelope.id, error)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming the exception and its message (what failure columns hold)."""
+    return "".join(traceback.format_exception_only(exc)).strip()
 
 
 async def _set_when(source: anyio.Event, target: anyio.Event) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +22,12 @@ import anyio
 import asyncpg
 import attrs
 
-from toren._actor import ChildFailed
+from toren._actor import ActorFailed, ChildFailed
 from toren._codec import encode
 from toren._config import Settings
 from toren._db import TRANSIENT_DB_ERRORS, connect
-from toren._errors import FencedOut
+from toren._errors import FencedOut, LeaseExpired
+from toren._json import safe_text
 from toren._killpoints import kill_point
 from toren._version import __version__
 
@@ -36,12 +38,62 @@ LOCK_NAMESPACE = 0x746F7265  # "tore": classid of every worker's advisory lock i
 
 @attrs.frozen(kw_only=True)
 class Claim:
-    """An actor this worker now owns at ``epoch``."""
+    """An actor this worker now owns at ``epoch``; ``sent_at`` is when (by this process's
+    monotonic clock) the claim was sent, the earliest its lease can have started."""
 
     actor_id: str
     kind: str
     args: dict[str, Any]
     epoch: int
+    sent_at: float = 0.0
+
+
+class LeaseClock:
+    """How long this worker's lease on one claimed actor certainly holds, by its own clock.
+
+    A lease runs from when the statement that took or renewed it was *sent* (never later than
+    Postgres started it), so the clock errs towards expiry. :meth:`ensure` is what a host checks
+    before an effect (a model call, a tool run): with less than ``margin`` seconds left it
+    raises, and the actor stops without the effect. A paused process (GC, a stopped VM) wakes
+    to an expired clock even if no renewal has told it yet that another worker took over.
+    """
+
+    def __init__(
+        self,
+        actor_id: str,
+        *,
+        lease: float,
+        margin: float,
+        sent_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.actor_id = actor_id
+        self.lease = lease
+        self.margin = margin
+        self._clock = clock
+        self.expires_at = sent_at + lease
+
+    def renewed(self, sent_at: float) -> None:
+        """A renewal sent at ``sent_at`` came back holding the claim."""
+        self.expires_at = max(self.expires_at, sent_at + self.lease)
+
+    def lost(self) -> None:
+        """The claim is gone (taken over, or the worker's lock was lost)."""
+        self.expires_at = float("-inf")
+
+    def remaining(self) -> float:
+        """Seconds until the lease may lapse (negative once it may have)."""
+        return self.expires_at - self._clock()
+
+    def ensure(self) -> None:
+        """Raise unless the lease holds for at least ``margin`` seconds more.
+
+        Raises:
+            LeaseExpired: it may not.
+        """
+        left = self.remaining()
+        if left < self.margin:
+            raise LeaseExpired(self.actor_id, self.margin - left)
 
 
 def code_version(settings: Settings) -> str:
@@ -254,13 +306,20 @@ async def claim(
     if limit <= 0 or not kinds:
         return []
     kill_point("actor.claiming")
+    sent_at = time.monotonic()
     rows = await pool.fetch(
         _CLAIM, worker_id, limit, only, kinds, hosted, routes or [], float(lease)
     )
     if rows:
         kill_point("actor.claimed")
     return [
-        Claim(actor_id=r["actor_id"], kind=r["kind"], args=r["args"], epoch=r["epoch"])
+        Claim(
+            actor_id=r["actor_id"],
+            kind=r["kind"],
+            args=r["args"],
+            epoch=r["epoch"],
+            sent_at=sent_at,
+        )
         for r in rows
     ]
 
@@ -387,9 +446,20 @@ async def release(pool: asyncpg.Pool | asyncpg.Connection, worker_id: uuid.UUID)
 
 _FAIL = """
 WITH failed AS (
-    UPDATE toren.actors SET status = 'failed', failure = $4, owner = NULL, lease_expires_at = NULL
+    UPDATE toren.actors SET status = 'failed', failure = $4, owner = NULL, lease_expires_at = NULL,
+        summary = CASE WHEN summary IS NULL THEN NULL
+                       ELSE summary || jsonb_build_object('status', 'failed',
+                                                          'error_class', $9::text) END
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3
     RETURNING actor_id, kind, parent
+), recorded AS (
+    -- The journal says so too, so that the actor's own fold (and every reader of it) agrees.
+    INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
+    SELECT f.actor_id,
+           coalesce((SELECT max(seq) FROM toren.journal WHERE actor_id = f.actor_id), 0) + 1,
+           $3, $7, $8
+    FROM failed f
+    RETURNING 1
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT f.parent, 0, f.actor_id, $5, $6
@@ -397,6 +467,7 @@ WITH failed AS (
     RETURNING actor_id
 )
 SELECT (SELECT count(*) FROM failed) AS failed,
+       (SELECT count(*) FROM recorded) AS recorded,
        (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told
 """
 
@@ -404,13 +475,19 @@ SELECT (SELECT count(*) FROM failed) AS failed,
 async def mark_failed(
     pool: asyncpg.Pool, actor_id: str, kind: str, owner: uuid.UUID, epoch: int, error: str
 ) -> bool:
-    """Mark an actor failed (escalation) and tell its parent with :class:`ChildFailed`.
+    """Mark an actor failed (escalation): append :class:`ActorFailed` to its journal, set its
+    summary's status, and tell its parent with :class:`ChildFailed`, in one statement.
 
     Returns:
         False if the actor was no longer ours (the next owner decides its fate).
     """
+    error = safe_text(error)
     name, body = encode(ChildFailed(actor_id=actor_id, kind=kind, error=error))
-    row = await pool.fetchrow(_FAIL, actor_id, owner, epoch, error, name, body)
+    failed = ActorFailed(error=error)
+    event, data = encode(failed)
+    row = await pool.fetchrow(
+        _FAIL, actor_id, owner, epoch, error, name, body, event, data, failed.error_class
+    )
     return bool(row and row["failed"])
 
 

@@ -12,14 +12,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
-import orjson
+
+if TYPE_CHECKING:
+    from toren._client import Connection
 
 from toren._actor import SYSTEM_LANE, USER_LANE, Context, Envelope, PoisonMessage
 from toren._codec import decode, encode
 from toren._errors import ActorAlreadyExists, ActorNotLive, FencedOut, MailboxFull, UnknownActor
+from toren._json import dumps, safe_text
 
 _SEND = """
 WITH target AS (
@@ -50,7 +53,7 @@ SELECT (SELECT count(*) FROM target) AS found, (SELECT status FROM target) AS st
 
 
 async def send(
-    conn: asyncpg.Connection | asyncpg.Pool,
+    conn: asyncpg.Connection | asyncpg.Pool | Connection,
     to: str,
     msg: Any,
     *,
@@ -80,7 +83,7 @@ async def send(
         lane,
         sender,
         kind,
-        orjson.dumps(body).decode(),
+        dumps(body),
         dedupe_key,
         reply_to,
         float(delay),
@@ -164,8 +167,8 @@ WITH fence AS (
               m.timer_name IS NOT NULL AS is_timer
 ), ev AS (
     INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
-    SELECT $1, e.seq, $3, e.type, e.data
-    FROM unnest($5::bigint[], $6::text[], $7::jsonb[]) AS e(seq, type, data), consumed
+    SELECT $1, e.seq, $3, e.type, e.data::jsonb
+    FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, type, data), consumed
     RETURNING 1
 ), sp AS (
     INSERT INTO toren.actors (actor_id, kind, args, parent)
@@ -180,7 +183,7 @@ WITH fence AS (
     WHERE m.actor_id = $1 AND m.timer_name = ANY($11::text[]) AND m.id <> $4
     RETURNING 1
 ), o AS (
-    SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::jsonb[], $16::text[],
+    SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::text[], $16::text[],
                          $17::text[], $18::float8[]) WITH ORDINALITY
         AS o(recipient, lane, kind, body, dedupe_key, timer_key, delay, ord)
     WHERE EXISTS (SELECT 1 FROM consumed)
@@ -198,7 +201,7 @@ WITH fence AS (
 ), sent AS (
     INSERT INTO toren.mailbox
         (actor_id, lane, sender, kind, body, dedupe_key, timer_name, visible_at, deliveries)
-    SELECT o.recipient, o.lane, $1, o.kind, o.body, o.dedupe_key, o.timer_key,
+    SELECT o.recipient, o.lane, $1, o.kind, o.body::jsonb, o.dedupe_key, o.timer_key,
            now() + make_interval(secs => o.delay),
            CASE WHEN o.ord = (SELECT ord FROM own) THEN 1 ELSE 0 END
     FROM o
@@ -208,7 +211,7 @@ WITH fence AS (
               deliveries, attempts, timer_name IS NOT NULL AS is_timer
 ), rep AS (
     INSERT INTO toren.replies (correlation_id, kind, body)
-    SELECT $19, $20, $21 FROM consumed WHERE $19::uuid IS NOT NULL
+    SELECT $19, $20, $21::text::jsonb FROM consumed WHERE $19::uuid IS NOT NULL
     ON CONFLICT DO NOTHING
     RETURNING correlation_id
 ), summed AS (
@@ -354,7 +357,7 @@ async def record_failure(
     Raises:
         FencedOut: the actor is no longer ours.
     """
-    row = await pool.fetchrow(_RECORD_FAILURE, actor_id, owner, epoch, msg_id, error)
+    row = await pool.fetchrow(_RECORD_FAILURE, actor_id, owner, epoch, msg_id, safe_text(error))
     if row is None or not row["owned"]:
         raise FencedOut(actor_id, epoch)
     return int(row["attempts"] or 0)
@@ -375,6 +378,16 @@ WITH fence AS (
            created_at
     FROM moved
     RETURNING id, sender, reply_to, kind
+), ev AS (
+    -- What the actor records about it (Actor.on_dead_letter), in the same statement.
+    INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
+    SELECT $1, e.seq, $3, e.type, e.data::jsonb
+    FROM unnest($8::bigint[], $9::text[], $10::text[]) AS e(seq, type, data), moved
+    RETURNING 1
+), summed AS (
+    UPDATE toren.actors a SET summary = $11::jsonb
+    FROM moved WHERE a.actor_id = $1 AND $11::jsonb IS NOT NULL
+    RETURNING 1
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT dl.sender, 0, $1, 'toren.poison', $6
@@ -392,7 +405,8 @@ WITH fence AS (
     UNION ALL
     SELECT pg_notify('toren_reply', correlation_id::text) FROM rep
 )
-SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken
+SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken,
+       (SELECT count(*) FROM ev) AS events, (SELECT count(*) FROM summed) AS summed
 """
 
 
@@ -403,8 +417,13 @@ async def dead_letter(
     epoch: int,
     envelope: Envelope,
     error: str,
+    *,
+    events: list[tuple[int, str, str, Any]] | None = None,
+    summary: Mapping[str, Any] | None = None,
 ) -> None:
-    """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask().
+    """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask(), and
+    append ``events`` (``(seq, type, JSON text, payload)``, as a :class:`Context` holds them) to
+    the actor's journal, all in one statement.
 
     Raises:
         FencedOut: the actor is no longer ours.
@@ -419,9 +438,24 @@ async def dead_letter(
     )
     _, poison_body = encode(poison)
     ask_failed = {"actor_id": actor_id, "error": error}
-    moved = await pool.fetchval(
-        _DEAD_LETTER, actor_id, owner, epoch, envelope.id, error, poison_body, ask_failed
-    )
+    events = events or []
+    try:
+        moved = await pool.fetchval(
+            _DEAD_LETTER,
+            actor_id,
+            owner,
+            epoch,
+            envelope.id,
+            safe_text(error),
+            poison_body,
+            ask_failed,
+            [e[0] for e in events],
+            [e[1] for e in events],
+            [e[2] for e in events],
+            dict(summary) if summary is not None else None,
+        )
+    except asyncpg.UniqueViolationError as exc:  # another owner appended this seq
+        raise FencedOut(actor_id, epoch) from exc
     if not moved:
         raise FencedOut(actor_id, epoch)
 

@@ -16,13 +16,16 @@ from typing import Any
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 
-from toren._client import Client
-from toren._errors import UnknownActor
+from toren._client import AskError, Client
+from toren._errors import ActorNotLive, UnknownActor
 from toren._listing import list_runs as _list_runs
 from toren._tokens import authenticate
 from toren._version import __version__
 from toren.runs import (
+    DECISION_WAIT,
+    MESSAGE_CAP,
     IdempotencyConflict,
+    MessageTooLarge,
     decide,
     read_run,
     receipt,
@@ -40,7 +43,7 @@ class ToolError(Exception):
     """Reported to the MCP client as a tool error, with this message."""
 
 
-def build(client: Client) -> MCPServer:
+def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
     """An MCP server whose tools act on ``client``'s database."""
     server: MCPServer = MCPServer(
         "toren",
@@ -105,8 +108,10 @@ def build(client: Client) -> MCPServer:
         if not agent or not input:
             raise ToolError("agent and input are required")
         try:
-            rid = await start_run(client, agent, input, idempotency_key=idempotency_key)
-        except IdempotencyConflict as exc:
+            rid = await start_run(
+                client, agent, input, idempotency_key=idempotency_key, cap=message_cap
+            )
+        except (IdempotencyConflict, MessageTooLarge) as exc:
             raise ToolError(str(exc)) from exc
         return {"id": rid, "status": "running"}
 
@@ -115,27 +120,48 @@ def build(client: Client) -> MCPServer:
         """Send the run a message (applied at its next step)."""
         rid = _run_id(run_id)
         await _state(client, rid)
-        await say(client, rid, text, who=await who(ctx), channel=CHANNEL)
+        try:
+            await say(client, rid, text, who=await who(ctx), channel=CHANNEL, cap=message_cap)
+        except MessageTooLarge as exc:
+            raise ToolError(str(exc)) from exc
         return f"sent to {rid}"
 
-    async def _decide(run_id: str, approved: bool, reason: str, ctx: Context) -> str:
+    async def _decide(run_id: str, call_id: str, approved: bool, reason: str, ctx: Context) -> str:
         rid = _run_id(run_id)
-        state = await _state(client, rid)
-        if not waiting_on(state):
-            raise ToolError(f"{rid} is not waiting for an approval")
+        await _state(client, rid)
         name = await who(ctx)
-        await decide(client, rid, approved=approved, who=name, reason=reason, channel=CHANNEL)
-        return f"{'approved' if approved else 'denied'} by {name}: {rid}"
+        try:
+            outcome = await decide(
+                client,
+                rid,
+                call_id=call_id,
+                approved=approved,
+                who=name,
+                reason=reason,
+                channel=CHANNEL,
+            )
+        except (ActorNotLive, AskError) as exc:
+            raise ToolError(str(exc)) from exc
+        if outcome is None:
+            return (
+                f"pending: no worker answered within {DECISION_WAIT:g}s; the decision is "
+                f"applied only if call {call_id} of {rid} still waits when the run handles it"
+            )
+        if not outcome.accepted:
+            raise ToolError(f"not applied: {outcome.detail}")
+        return f"{outcome.detail} (by {name}, {rid})"
 
     @server.tool()
-    async def approve(run_id: str, ctx: Context, reason: str = "") -> str:
-        """Approve the tool call the run waits for."""
-        return await _decide(run_id, True, reason, ctx)
+    async def approve(run_id: str, call_id: str, ctx: Context, reason: str = "") -> str:
+        """Approve the tool call `call_id` the run waits for (read_run lists them under
+        waiting_on). A decision for a call that does not wait is refused."""
+        return await _decide(run_id, call_id, True, reason, ctx)
 
     @server.tool()
-    async def deny(run_id: str, ctx: Context, reason: str = "") -> str:
-        """Deny the tool call the run waits for (the model is told, with the reason)."""
-        return await _decide(run_id, False, reason, ctx)
+    async def deny(run_id: str, call_id: str, ctx: Context, reason: str = "") -> str:
+        """Deny the tool call `call_id` the run waits for (the model is told, with the
+        reason). A decision for a call that does not wait is refused."""
+        return await _decide(run_id, call_id, False, reason, ctx)
 
     return server
 
@@ -155,10 +181,10 @@ async def _state(client: Client, rid: str) -> Any:
     return await read_run(client, rid)
 
 
-async def serve_stdio(url: str) -> None:
+async def serve_stdio(url: str, *, message_cap: int = MESSAGE_CAP) -> None:
     client = await Client.connect(url)
     try:
-        await build(client).run_stdio_async()
+        await build(client, message_cap=message_cap).run_stdio_async()
     finally:
         await client.close()
 
@@ -202,12 +228,15 @@ def require_token(app: ASGIApp, client: Client) -> ASGIApp:
 
 
 @asynccontextmanager
-async def serving_http(url: str, *, host: str, port: int) -> AsyncIterator[str]:
+async def serving_http(
+    url: str, *, host: str, port: int, message_cap: int = MESSAGE_CAP
+) -> AsyncIterator[str]:
     """Serve MCP over streamable HTTP at ``http://host:port/mcp`` while inside."""
     import uvicorn
 
     client = await Client.connect(url)
-    app = require_token(build(client).streamable_http_app(host=host), client)
+    mcp_server = build(client, message_cap=message_cap)
+    app = require_token(mcp_server.streamable_http_app(host=host), client)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     try:

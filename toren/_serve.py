@@ -12,6 +12,7 @@ from aiohttp import web
 from toren._client import Client
 from toren._errors import ConfigError
 from toren._http import create_app
+from toren.runs import MESSAGE_CAP
 
 log = logging.getLogger("toren.http")
 
@@ -21,7 +22,11 @@ DEFAULT_PORT = 8420
 
 @asynccontextmanager
 async def serving(
-    url: str, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT
+    url: str,
+    *,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    message_cap: int = MESSAGE_CAP,
 ) -> AsyncIterator[str]:
     """Serve the API and console on ``host:port`` while inside; yields the base URL.
 
@@ -29,7 +34,9 @@ async def serving(
         ConfigError: the port cannot be bound.
     """
     client = await Client.connect(url)
-    runner = web.AppRunner(create_app(client), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        create_app(client, message_cap=message_cap), access_log=None, handle_signals=False
+    )
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -50,6 +57,6 @@ async def serving(
             await client.close()
 
 
-async def serve_forever(url: str, *, host: str, port: int) -> None:
-    async with serving(url, host=host, port=port):
+async def serve_forever(url: str, *, host: str, port: int, message_cap: int = MESSAGE_CAP) -> None:
+    async with serving(url, host=host, port=port, message_cap=message_cap):
         await anyio.sleep_forever()

@@ -81,7 +81,7 @@ async def migrate(ctx: click.Context) -> None:
 @run_async
 async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overrides: Any) -> None:
     """Run a worker: claim actors with mail and run them until SIGTERM."""
-    from supervisors.worker import run_worker  # the entry point that boots a worker
+    from toren.supervisors.worker import run_worker  # the entry point that boots a worker
 
     try:
         arm_kill_points()

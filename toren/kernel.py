@@ -15,9 +15,12 @@ from toren._db import (
     recorded_dev_url,
 )
 from toren._host import ActorHost, MessageDeadLettered
+from toren._json import dumps as json_text
+from toren._json import safe_text, utf8_size
 from toren._killpoints import kill_point
 from toren._leases import (
     Claim,
+    LeaseClock,
     WorkerSession,
     claim,
     code_version,
@@ -38,6 +41,7 @@ __all__ = [
     "ActorHost",
     "Claim",
     "EmbeddedPostgres",
+    "LeaseClock",
     "MessageDeadLettered",
     "WorkerSession",
     "actor_kinds",
@@ -46,6 +50,7 @@ __all__ = [
     "connect",
     "create_pool",
     "housekeep",
+    "json_text",
     "kill_point",
     "live_workers",
     "mark_failed",
@@ -56,7 +61,9 @@ __all__ = [
     "release",
     "release_claim",
     "renew",
+    "safe_text",
     "schema_status",
+    "utf8_size",
     "waiting",
     "watch_successor",
 ]

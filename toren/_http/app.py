@@ -20,15 +20,29 @@ from aiohttp import web
 
 from toren._client import Client
 from toren._http import console, metrics, runs
-from toren._http.common import CLIENT, PRINCIPAL, ProblemError, problem_response
+from toren._http.common import (
+    CLIENT,
+    MESSAGE_CAP_KEY,
+    PRINCIPAL,
+    ProblemError,
+    problem_response,
+)
 from toren._http.console import SESSION_COOKIE
 from toren._http.models import FieldError, Problem
 from toren._http.openapi import document
 from toren._tokens import Principal, TokenCache, session_principal
+from toren.runs import MESSAGE_CAP
 
 log = logging.getLogger("toren.http")
 
 MAX_BODY = 256 * 1024
+
+
+def body_limit(message_cap: int) -> int:
+    """The largest request body: room for a message at its cap even if every character of it
+    is escaped in JSON (``\\u0000`` is six bytes)."""
+    return max(MAX_BODY, 6 * message_cap + 64 * 1024)
+
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -61,7 +75,8 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         title = exc.reason or "Error"
         detail = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else title
         if exc.status == 413:
-            detail = f"the request body is larger than {MAX_BODY} bytes"
+            limit = body_limit(request.app[MESSAGE_CAP_KEY])
+            detail = f"the request body is larger than {limit} bytes"
         keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
         return problem_response(Problem(title=title, status=exc.status, detail=detail), keep)
     except Exception:
@@ -130,12 +145,14 @@ async def measured(request: web.Request, handler: Handler) -> web.StreamResponse
         metrics.observe(request.app, request.method, name, status, time.perf_counter() - started)
 
 
-def create_app(client: Client) -> web.Application:
-    """The API, the OpenAPI document and the console, over ``client``'s database."""
+def create_app(client: Client, *, message_cap: int = MESSAGE_CAP) -> web.Application:
+    """The API, the OpenAPI document and the console, over ``client``'s database; a message
+    or run input over ``message_cap`` bytes is refused with a 413."""
     app = web.Application(
-        middlewares=[measured, problems, authentication], client_max_size=MAX_BODY
+        middlewares=[measured, problems, authentication], client_max_size=body_limit(message_cap)
     )
     app[CLIENT] = client
+    app[MESSAGE_CAP_KEY] = message_cap
     app[TOKENS] = TokenCache()
     metrics.install(app)
     runs.install(app)

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json as stdjson
 import uuid
 from typing import TypeVar
 
 import orjson
 import pydantic
 from aiohttp import web
+from pydantic_core import PydanticSerializationError
 
 from toren._client import Client
 from toren._http.models import FieldError, Problem
 from toren._tokens import Principal
 
 CLIENT: web.AppKey[Client] = web.AppKey("client", Client)
+MESSAGE_CAP_KEY: web.AppKey[int] = web.AppKey("message_cap", int)
 PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
@@ -30,17 +33,24 @@ class ProblemError(Exception):
 
 def problem_response(problem: Problem, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(
-        body=orjson.dumps(problem.model_dump()),
+        body=to_json(problem),
         status=problem.status,
         content_type="application/problem+json",
         headers=headers,
     )
 
 
+def to_json(model: pydantic.BaseModel) -> str:
+    """``model`` as JSON text, also when it holds lone surrogates (untrusted text from runs):
+    those are written as ``\\uXXXX`` escapes, which JSON allows."""
+    try:
+        return model.model_dump_json()
+    except PydanticSerializationError:
+        return stdjson.dumps(model.model_dump(mode="python"), default=str, ensure_ascii=True)
+
+
 def json(model: pydantic.BaseModel, status: int = 200) -> web.Response:
-    return web.Response(
-        body=model.model_dump_json(), status=status, content_type="application/json"
-    )
+    return web.Response(body=to_json(model), status=status, content_type="application/json")
 
 
 async def read_body(request: web.Request, model: type[M]) -> M:

@@ -10,9 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 RunStatus = Literal["running", "parked", "completed", "failed"]
 
 
-# Postgres text cannot hold NUL; the document says so, and such input gets a 422, not a 500.
+# Identifiers (keys) cannot hold NUL; text that is journaled (inputs, messages, reasons) can,
+# and round-trips exactly.
 NO_NUL = r"^[^\x00]*$"
 AGENT_NAME = r"^[A-Za-z0-9_.-]+$"
+CALL_ID = r"^[^\x00]+$"
 
 
 class _Strict(BaseModel):
@@ -21,21 +23,34 @@ class _Strict(BaseModel):
 
 class StartRunBody(_Strict):
     agent: str = Field(min_length=1, max_length=100, pattern=AGENT_NAME)
-    input: str = Field(min_length=1, max_length=100_000, pattern=NO_NUL)
+    input: str = Field(
+        min_length=1,
+        description="Up to `max_message_bytes` (64 KiB by default) in UTF-8; longer: 413.",
+    )
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
 
 
 class MessageBody(_Strict):
-    text: str = Field(min_length=1, max_length=100_000, pattern=NO_NUL)
+    text: str = Field(
+        min_length=1,
+        description="Up to `max_message_bytes` (64 KiB by default) in UTF-8; longer: 413. "
+        "Never truncated; any text (NUL included) is recorded exactly.",
+    )
 
 
 class ApprovalBody(_Strict):
+    call_id: str = Field(
+        min_length=1,
+        max_length=200,
+        pattern=CALL_ID,
+        description="The waiting call this decides (`waiting_on[].call_id` of the run).",
+    )
     approved: bool
-    reason: str = Field(default="", max_length=2_000, pattern=NO_NUL)
+    reason: str = Field(default="", max_length=2_000)
 
 
 class CancelBody(_Strict):
-    reason: str = Field(default="", max_length=2_000, pattern=NO_NUL)
+    reason: str = Field(default="", max_length=2_000)
 
 
 class Receipt(BaseModel):
@@ -97,6 +112,17 @@ class EventList(BaseModel):
 class Accepted(BaseModel):
     run: str
     accepted: Literal[True] = True
+
+
+class Decision(BaseModel):
+    """What became of a decision: ``applied`` now, ``repeated`` (the call was already decided
+    the same way), or ``pending`` (no worker answered in time: it is applied only if the call
+    still waits when the run handles it)."""
+
+    run: str
+    call_id: str
+    outcome: Literal["applied", "repeated", "pending"]
+    detail: str
 
 
 class WorkerInfo(BaseModel):

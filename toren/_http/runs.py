@@ -5,29 +5,34 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Awaitable
 from datetime import datetime
-from typing import Any
+from typing import Literal, TypeVar
 
 import anyio
 import asyncpg
 from aiohttp import web
 from aiohttp_sse import sse_response
 
+from toren._client import AskError
 from toren._errors import ActorNotLive, UnknownActor
 from toren._http.common import (
     CLIENT,
+    MESSAGE_CAP_KEY,
     ProblemError,
     channel,
     json,
     principal,
     read_body,
     run_id,
+    to_json,
 )
 from toren._http.models import (
     AGENT_NAME,
     Accepted,
     ApprovalBody,
     CancelBody,
+    Decision,
     Event,
     EventList,
     FieldError,
@@ -43,16 +48,21 @@ from toren._http.states import STATES, RunStates
 from toren._leases import served_agents
 from toren._listing import list_runs
 from toren.runs import (
+    DECISION_WAIT,
     RUN_KIND,
     IdempotencyConflict,
+    MessageTooLarge,
     RunState,
     cancel,
+    check_message,
     decide,
     receipt,
     say,
     start_run,
     waiting_on,
 )
+
+T = TypeVar("T")
 
 PAGE_MAX = 200
 STREAM_POLL = 0.2
@@ -71,6 +81,7 @@ def install(app: web.Application) -> None:
 
 async def start(request: web.Request) -> web.Response:
     body = await read_body(request, StartRunBody)
+    _check_size(request, body.input, "input")
     client = request.app[CLIENT]
     # With no worker up yet (or none that has said what it runs), the run waits for one.
     served = await served_agents(client.pool)
@@ -82,7 +93,13 @@ async def start(request: web.Request) -> web.Response:
             [FieldError(field="agent", message="no live worker runs this agent")],
         )
     try:
-        rid = await start_run(client, body.agent, body.input, idempotency_key=body.idempotency_key)
+        rid = await start_run(
+            client,
+            body.agent,
+            body.input,
+            idempotency_key=body.idempotency_key,
+            cap=request.app[MESSAGE_CAP_KEY],
+        )
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     run = await _run(request.app, rid)
@@ -231,41 +248,66 @@ async def events(request: web.Request) -> web.StreamResponse:
             rows = await pool.fetch(_EVENTS, rid, after, 500)
             for row in rows:
                 event = _event(row)
-                await stream.send(event.model_dump_json(), id=str(event.seq), event=event.type)
+                await stream.send(to_json(event), id=str(event.seq), event=event.type)
                 after = event.seq
             if len(rows) < 500:
                 await anyio.sleep(STREAM_POLL)
     return stream
 
 
+def _check_size(request: web.Request, text: str, field: str) -> None:
+    """Refuse a message or input over the cap: 413, naming the cap (nothing is sent)."""
+    try:
+        check_message(text, request.app[MESSAGE_CAP_KEY], field)
+    except MessageTooLarge as exc:
+        raise ProblemError(
+            413, "Too large", str(exc), [FieldError(field=field, message=str(exc))]
+        ) from exc
+
+
 async def message(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, MessageBody)
+    _check_size(request, body.text, "text")
     client = request.app[CLIENT]
     await _created(client.pool, rid)
-    await _send(say(client, rid, body.text, who=principal(request).name, channel=channel(request)))
+    cap = request.app[MESSAGE_CAP_KEY]
+    who, via = principal(request).name, channel(request)
+    await _send(say(client, rid, body.text, who=who, channel=via, cap=cap))
     return json(Accepted(run=rid), status=202)
 
 
 async def approval(request: web.Request) -> web.Response:
+    """Decide one waiting call, and answer with what the run did with the decision: 200 once
+    applied (or for a repeat of the decision already made), 409 if the call does not wait or
+    was decided the other way, 202 if no worker answered within the bound."""
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    state, _ = await _state(request.app, rid)
-    if not state.asked - state.decisions.keys():
-        raise ProblemError(409, "Conflict", f"{rid} is not waiting for an approval")
-    who = principal(request).name
-    await _send(
+    await _created(client.pool, rid)
+    outcome = await _send(
         decide(
             client,
             rid,
+            call_id=body.call_id,
             approved=body.approved,
-            who=who,
+            who=principal(request).name,
             reason=body.reason,
             channel=channel(request),
         )
     )
-    return json(Accepted(run=rid), status=202)
+    if outcome is None:
+        detail = (
+            f"no worker answered within {DECISION_WAIT:g}s; the decision is queued and is "
+            f"applied only if call {body.call_id} still waits when the run handles it"
+        )
+        return json(Decision(run=rid, call_id=body.call_id, outcome="pending", detail=detail), 202)
+    if not outcome.accepted:
+        raise ProblemError(409, "Conflict", outcome.detail)
+    result: Literal["applied", "repeated"] = (
+        "applied" if outcome.outcome == "applied" else "repeated"
+    )
+    return json(Decision(run=rid, call_id=body.call_id, outcome=result, detail=outcome.detail))
 
 
 async def cancel_run(request: web.Request) -> web.Response:
@@ -277,8 +319,10 @@ async def cancel_run(request: web.Request) -> web.Response:
     return json(Accepted(run=rid), status=202)
 
 
-async def _send(sending: Any) -> None:
+async def _send(sending: Awaitable[T]) -> T:
     try:
-        await sending
+        return await sending
     except (UnknownActor, ActorNotLive) as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
+    except AskError as exc:
+        raise ProblemError(409, "Conflict", f"the run could not handle it: {exc}") from exc

@@ -7,6 +7,7 @@ those beyond the script), in arrival order, and the scripted model time actually
 
 from __future__ import annotations
 
+import json
 import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -20,7 +21,17 @@ from aiohttp import web
 
 from toren._model import StopReason, Text, ToolCall, Usage
 
-__all__ = ["Disconnect", "Fail", "Hold", "ReceivedRequest", "Reply", "ScriptedServer", "Step"]
+__all__ = [
+    "Disconnect",
+    "Fail",
+    "Hold",
+    "ReceivedRequest",
+    "Reply",
+    "ScriptedServer",
+    "Step",
+    "json_response",
+    "wire_json",
+]
 
 
 def _content(value: str | Iterable[Text | ToolCall]) -> tuple[Text | ToolCall, ...]:
@@ -252,7 +263,10 @@ class ScriptedServer:
         try:
             body = orjson.loads(raw) if raw else {}
         except orjson.JSONDecodeError:
-            body = {"_unparsed": raw.decode(errors="replace")}
+            try:  # lone surrogates (escaped), which the standard library reads
+                body = json.loads(raw)
+            except ValueError:
+                body = {"_unparsed": raw.decode(errors="replace")}
         if not isinstance(body, dict):
             body = {"_unparsed": body}
         n = len(self.received) + 1
@@ -343,10 +357,20 @@ class ScriptedServer:
         raise NotImplementedError
 
 
+def wire_json(value: Any) -> bytes:
+    """``value`` as the JSON a provider would send: orjson's, or, for what orjson refuses (lone
+    surrogates, integers past 64 bits, as hostile model output may hold), the standard
+    library's (surrogates escaped, ``NaN`` and ``Infinity`` as Python's SDKs read them)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=True).encode()
+
+
 def json_response(
     body: Any, *, status: int = 200, headers: dict[str, str] | None = None
 ) -> web.Response:
-    """A JSON response serialised with orjson."""
+    """A JSON response serialised with :func:`wire_json`."""
     return web.Response(
-        body=orjson.dumps(body), status=status, headers=headers, content_type="application/json"
+        body=wire_json(body), status=status, headers=headers, content_type="application/json"
     )

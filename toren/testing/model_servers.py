@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from toren._model import StopReason, Text, ToolCall
@@ -34,6 +33,7 @@ from toren.testing._scripted import (
     ScriptedServer,
     Step,
     json_response,
+    wire_json,
 )
 
 __all__ = [
@@ -59,7 +59,7 @@ def _chunks(text: str, size: int = 16) -> Iterator[str]:
 def _arguments_json(call: ToolCall) -> str:
     if call.arguments is None:
         return call.raw_arguments or ""
-    return orjson.dumps(call.arguments).decode()
+    return wire_json(call.arguments).decode()
 
 
 async def _start_stream(request: web.Request) -> web.StreamResponse:
@@ -144,7 +144,7 @@ class AnthropicServer(ScriptedServer):
         response = await _start_stream(request)
 
         async def send(event: str, data: dict[str, Any]) -> None:
-            await response.write(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data))
+            await response.write(b"event: " + event.encode() + b"\ndata: " + wire_json(data))
             await response.write(b"\n\n")
 
         start = dict(message, content=[], stop_reason=None)
@@ -298,7 +298,7 @@ class OpenAIServer(ScriptedServer):
             }
             if include_usage:
                 chunk["usage"] = None
-            await response.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            await response.write(b"data: " + wire_json(chunk) + b"\n\n")
 
         try:
             await send({"role": "assistant", "content": "", "refusal": None})
@@ -327,7 +327,7 @@ class OpenAIServer(ScriptedServer):
                     "choices": [],
                     "usage": self._usage(step),
                 }
-                await response.write(b"data: " + orjson.dumps(last) + b"\n\n")
+                await response.write(b"data: " + wire_json(last) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
             await response.write_eof()
         except ConnectionResetError:

@@ -95,8 +95,9 @@ async function openRun(uuid) {
 }
 
 const KNOWN = ["run.started", "model.called", "tool.intent", "tool.result", "approval.requested",
-  "approval.decided", "message.received", "timer.set", "timer.fired", "run.resumed",
-  "steps.invalidated", "run.retrying", "run.retried", "run.completed", "run.failed"];
+  "approval.decided", "decision.refused", "message.received", "timer.set", "timer.fired",
+  "run.resumed", "steps.invalidated", "run.retrying", "run.retried", "run.completed",
+  "run.failed", "toren.failed"];
 
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
@@ -111,11 +112,19 @@ async function refreshRun(uuid) {
   if (waiting) {
     $("decision-what").innerHTML = `<code>${esc(waiting.tool)}</code>
       <code>${esc(JSON.stringify(waiting.arguments))}</code>`;
+    // The decision names the call shown: if the run has moved on meanwhile, it is refused
+    // (409) and never applied to another call.
     const decide = (approved) => async () => {
       $("approve").disabled = $("deny").disabled = true;
+      $("decision-error").hidden = true;
       try {
         await api(`/runs/${uuid}/approvals`, { method: "POST",
-          body: JSON.stringify({ approved, reason: $("decision-reason").value }) });
+          body: JSON.stringify({ call_id: waiting.call_id, approved,
+            reason: $("decision-reason").value }) });
+      } catch (e) {
+        $("decision-error").textContent = e.message;
+        $("decision-error").hidden = false;
+        refreshRun(uuid);
       } finally { $("approve").disabled = $("deny").disabled = false; }
     };
     $("approve").onclick = decide(true);
@@ -163,8 +172,11 @@ function drawTimeline(events) {
       marks.push({ at: t(e), label: `resumed: ${d.replayed} replayed`, kind: "resume" });
     } else if (e.type === "steps.invalidated") {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
-    } else if (e.type === "run.completed" || e.type === "run.failed") {
-      marks.push({ at: t(e), label: e.type.slice(4), kind: e.type === "run.failed" ? "bad" : "end" });
+    } else if (e.type === "decision.refused") {
+      marks.push({ at: t(e), label: `decision for ${d.call_id} refused: ${d.outcome}`, kind: "bad" });
+    } else if (e.type === "run.completed" || e.type === "run.failed" || e.type === "toren.failed") {
+      marks.push({ at: t(e), label: e.type === "run.completed" ? "completed" : "failed",
+        kind: e.type === "run.completed" ? "end" : "bad" });
     }
   }
   const now = Date.now();

@@ -1,0 +1,216 @@
+"""Starting, steering and reading runs from outside: what the CLI, the HTTP API and the MCP
+server call (each a row or two in Postgres; no worker involved)."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from typing import TYPE_CHECKING
+
+from toren._agents import agent_route
+from toren._codec import decode
+from toren._errors import AskTimeout, InternalError, TorenError, UnknownActor
+from toren._json import dumps, utf8_size
+from toren.runs.events import (
+    RUN_KIND,
+    Cancel,
+    Decide,
+    DecisionOutcome,
+    Retry,
+    RunStarted,
+    Say,
+    StartRun,
+)
+from toren.runs.state import RunState, fold
+
+if TYPE_CHECKING:
+    from toren._client import Client, Connection
+
+_KEY_NAMESPACE = uuid.UUID("7c1f4f7e-3b0a-4f59-9a55-2f1c9b1d8e42")
+
+MESSAGE_CAP = 64 * 1024
+"""Bytes (UTF-8) a human message or a run's input may hold by default; longer ones are refused,
+never truncated (``max_message_bytes`` in the settings)."""
+
+DECISION_WAIT = 5.0
+"""Seconds :func:`decide` waits for the run's answer by default."""
+
+
+class IdempotencyConflict(TorenError):
+    """A run was started with a key that an earlier run with another input used."""
+
+    def __init__(self, key: str, run_id: str) -> None:
+        self.key = key
+        self.run_id = run_id
+        super().__init__(
+            f"idempotency key {key!r} already started {run_id} with a different agent or input; "
+            "use a new key for a new run"
+        )
+
+
+class MessageTooLarge(TorenError):
+    """A human message (or a run's input) is over the cap; nothing was sent."""
+
+    def __init__(self, size: int, cap: int, what: str = "message") -> None:
+        self.size = size
+        self.cap = cap
+        super().__init__(
+            f"the {what} is {size} bytes, over the cap of {cap} bytes; send it in parts, or "
+            "raise max_message_bytes"
+        )
+
+
+def check_message(text: str, cap: int = MESSAGE_CAP, what: str = "message") -> None:
+    """Refuse ``text`` if it is over ``cap`` bytes in UTF-8.
+
+    Raises:
+        MessageTooLarge: it is.
+    """
+    size = utf8_size(text)
+    if size > cap:
+        raise MessageTooLarge(size, cap, what)
+
+
+async def start_run(
+    client: Client,
+    agent: str,
+    input: str,
+    *,
+    idempotency_key: str | None = None,
+    cap: int = MESSAGE_CAP,
+) -> str:
+    """Start a run of ``agent`` on ``input``; returns its id (``run/<uuid>``).
+
+    With an ``idempotency_key``, starting again with the same key and input returns the same
+    run; the same key with another agent or input raises :class:`IdempotencyConflict`, also when
+    the two starts race (the run and its start message are created in one transaction, and the
+    run's row records a digest of what it was started with).
+
+    Raises:
+        MessageTooLarge: ``input`` is over ``cap`` bytes.
+        IdempotencyConflict: as above.
+    """
+    check_message(input, cap, "input")
+    run_uuid = uuid.uuid5(_KEY_NAMESPACE, idempotency_key) if idempotency_key else uuid.uuid4()
+    run_id = f"run/{run_uuid}"
+    started = _start_digest(agent, input)
+    async with client.pool.acquire() as conn, conn.transaction():
+        created = await client.spawn(
+            RUN_KIND,
+            run_id,
+            {"agent": agent, "start": started},
+            route=agent_route(agent),
+            conn=conn,
+        )
+        if not created and idempotency_key is not None:
+            args = await conn.fetchval("SELECT args FROM toren.actors WHERE actor_id = $1", run_id)
+            if (args or {}).get("start", started) != started:
+                raise IdempotencyConflict(idempotency_key, run_id)
+            if "start" not in (args or {}):  # a run started by an earlier version
+                existing = await _started(conn, run_id)
+                if existing is not None and (existing.agent, existing.input) != (agent, input):
+                    raise IdempotencyConflict(idempotency_key, run_id)
+        await client.send(run_id, StartRun(agent=agent, input=input), dedupe_key="start", conn=conn)
+    return run_id
+
+
+def _start_digest(agent: str, input: str) -> str:
+    return hashlib.sha256(dumps([agent, input]).encode()).hexdigest()
+
+
+async def _started(conn: Connection, run_id: str) -> RunStarted | None:
+    row = await conn.fetchrow(
+        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'run.started'", run_id
+    )
+    return decode("run.started", row["data"]) if row else None
+
+
+async def decide(
+    client: Client,
+    run_id: str,
+    *,
+    call_id: str,
+    approved: bool,
+    who: str,
+    reason: str = "",
+    channel: str = "cli",
+    wait: float | None = DECISION_WAIT,
+) -> DecisionOutcome | None:
+    """Approve or deny tool call ``call_id`` of a run (recorded with who and why), and wait up
+    to ``wait`` seconds for what the run did with it.
+
+    Returns:
+        The run's answer; ``None`` if it gave none in time (no worker took the run: the
+        decision stays queued and is applied only if its call still waits when it is handled),
+        or if ``wait`` is ``None`` (sent without waiting).
+
+    Raises:
+        UnknownActor, ActorNotLive: no such run, or one no worker will run again.
+        AskError: the run could not handle the decision.
+    """
+    msg = Decide(call_id=call_id, approved=approved, who=who, reason=reason, channel=channel)
+    if wait is None:
+        await client.send(run_id, msg, system=True)
+        return None
+    try:
+        answer = await client.ask(run_id, msg, timeout=wait, system=True)
+    except AskTimeout:
+        return None
+    if not isinstance(answer, DecisionOutcome):
+        raise InternalError(f"{run_id} answered a decision with {answer!r}")
+    return answer
+
+
+async def read_run(client: Client, run_id: str) -> RunState:
+    """The run's state, folded from its journal here (no worker involved).
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    row = await client.actor(run_id)
+    if row["kind"] != RUN_KIND:
+        raise UnknownActor(run_id)
+    state = RunState()
+    for entry in await client.journal(run_id):
+        state = fold(state, decode(entry.type, entry.data))
+    return state
+
+
+async def say(
+    client: Client,
+    run_id: str,
+    text: str,
+    *,
+    who: str,
+    channel: str = "cli",
+    cap: int = MESSAGE_CAP,
+) -> None:
+    """A human message to the run (applied at the next step boundary).
+
+    Raises:
+        MessageTooLarge: ``text`` is over ``cap`` bytes (never truncated).
+    """
+    check_message(text, cap)
+    await client.send(run_id, Say(text=text, who=who, channel=channel), system=True)
+
+
+async def cancel(client: Client, run_id: str, *, who: str, reason: str = "") -> None:
+    """Cancel the run: it fails with class ``cancelled`` at its next step boundary."""
+    await client.send(run_id, Cancel(who=who, reason=reason), system=True)
+
+
+async def retry(client: Client, run_id: str, *, who: str) -> None:
+    """Resume a failed run from its last good step (completed calls are not paid again).
+
+    A run the kernel gave up on (class ``crashloop``) is made runnable again first, with a
+    fresh restart window; if its cause is not fixed it will fail the same way.
+    """
+    async with client.pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "UPDATE toren.actors SET status = 'live', failure = NULL "
+            "WHERE actor_id = $1 AND kind = $2 AND status = 'failed'",
+            run_id,
+            RUN_KIND,
+        )
+        await conn.execute("DELETE FROM toren.restart_windows WHERE key = $1", f"actors/{run_id}")
+        await client.send(run_id, Retry(who=who), system=True, conn=conn)
