@@ -180,7 +180,7 @@ class RunActor(Actor[RunState]):
             return
         if isinstance(msg, Retry):
             if state.status == "failed" and state.error_class != "cancelled":
-                ctx.emit(RunRetried(who=msg.who))
+                ctx.emit(RunRetried(who=msg.who, at=time.time()))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Say):

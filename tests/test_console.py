@@ -66,9 +66,12 @@ async def test_sign_in_approve_a_parked_run_and_watch_it_finish(
                 await page.fill("#decision-reason", "parcel lost")
                 await page.click("#approve")
                 await page.wait_for_selector("#run-status.completed", timeout=20_000)
+                # The status comes from a read of the run, the events table from the stream:
+                # either may show first, so each is waited for.
+                await page.wait_for_selector("#events-body >> text=approval.decided")
+                await page.wait_for_selector("#events-body >> text=run.completed")
                 assert await page.evaluate("window.__noReload") is True  # no reload happened
                 assert await page.inner_text("#run-output") == "Refunded."
-                assert "approval.decided" in await page.inner_text("#events-body")
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 await page.screenshot(path=str(ARTIFACTS / "console-run.png"), full_page=True)
                 cookies = await page.context.cookies()

@@ -261,3 +261,49 @@ async def test_durable_timer_fires_once_across_a_worker_kill(
 async def _states(client: Client, actor_id: str, expected: list[str]) -> bool:
     state, _ = await client.state(actor_id)
     return bool(state == expected)
+
+
+async def test_a_worker_paused_past_its_lease_makes_no_effect_when_it_wakes(
+    client: Client, workers: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A zombie: the worker is SIGSTOPped inside a tool that waits and then checks its lease
+    (ctx.ensure_lease()) right before its effect; another worker takes the run over meanwhile
+    and makes the effect; the zombie, continued, makes none."""
+    from toren.runs import read_run, start_run
+    from toren.testing import AnthropicServer, Reply, ToolCall
+
+    ledger = tmp_path / "effects"
+    monkeypatch.setenv("TOREN_TEST_LEDGER", str(ledger))
+    monkeypatch.setenv("TOREN_TEST_CAREFUL_WAIT", "2")
+    script = [Reply([ToolCall(id="c1", name="careful", arguments={"what": "pay"})]), Reply("Paid.")]
+    async with AnthropicServer(script) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        zombie = workers(app="tests.hostile_app")
+        run_id = await start_run(client, "zombie", "pay once")
+        started = ledger.with_suffix(f".started.{zombie.pid}")
+        await wait_for(lambda: anyio.to_thread.run_sync(started.exists), what="the tool waiting")
+        zombie.signal(signal.SIGSTOP)  # paused inside the tool, before its effect
+        survivor = workers(app="tests.hostile_app")
+
+        async def effect_made() -> bool:
+            return ledger.exists() and bool(ledger.read_text().strip())
+
+        await wait_for(effect_made, timeout=30, what="the survivor's effect")
+        zombie.signal(signal.SIGCONT)
+
+        async def zombie_stopped() -> bool:
+            log = zombie.log()
+            return "lease may have lapsed" in log or "lease lost to another worker" in log
+
+        await wait_for(zombie_stopped, timeout=20, what="the zombie gave the run up")
+
+        async def completed() -> bool:
+            return (await read_run(client, run_id)).status == "completed"
+
+        await wait_for(completed, timeout=30, what="completed")
+        assert len(server.requests) == 2
+    effects = [line.split() for line in ledger.read_text().splitlines()]
+    assert [e[0] for e in effects] == [str(survivor.pid)]  # the zombie made none
+    epochs = [int(t) for t in ledger.with_suffix(f".started.{zombie.pid}").read_text().split()]
+    assert int(effects[0][1]) > max(epochs)  # the survivor's fencing token is newer

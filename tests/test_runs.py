@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 # Paid once here: an SDK import takes seconds (the run actor does it in a thread, but a test that
@@ -371,6 +372,73 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
     assert [c.step for c in state.calls] == [1, 2, 3]
     assert len(state.voided) == 1
     assert receipt(state).calls_made == 4
+
+
+async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_on_retry(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import toren.actors.run
+    from toren._model import Message, ToolResult
+    from toren.actors.run import RunActor
+
+    load_app("tests.run_app")
+    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "a"})
+    refund_call = ToolCall(id="c2", name="refund", arguments={"amount": 500})
+
+    def respond(request: dict[str, Any], n: int) -> Reply:
+        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        return [Reply([ticket]), Reply([refund_call]), Reply("Done.")][min(position, 2)]
+
+    async with anthropic(respond, monkeypatch):  # type: ignore[arg-type]
+        async with running_worker(db_url):  # version 1
+            run_id = await start_run(client, "support", "Fix my order.")
+            await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+        original = toren.actors.run.build_request
+
+        def shout(agent: Any, messages: tuple[Message, ...]) -> Any:  # version 2 renders
+            loud = tuple(  # tool results in capitals: step 2's request differs
+                Message(
+                    role=m.role,
+                    content=tuple(
+                        attrs.evolve(b, content=b.content.upper())
+                        if isinstance(b, ToolResult)
+                        else b
+                        for b in m.content
+                    ),
+                )
+                for m in messages
+            )
+            return original(agent, loud)
+
+        monkeypatch.setattr(toren.actors.run, "build_request", shout)
+        decide_once = RunActor._decide
+        failures: list[str] = []
+
+        def failing_once(self: RunActor, ctx: Any, msg: Any) -> None:
+            decide_once(self, ctx, msg)
+            if not failures:
+                failures.append(msg.call_id)
+                raise RuntimeError("a bug after the resume check")  # the step is discarded
+
+        monkeypatch.setattr(RunActor, "_decide", failing_once)
+        await decide_waiting(client, run_id, approved=True, who="early", wait=None)
+        async with running_worker(db_url):  # version 2
+
+            async def asked_again() -> bool:
+                state = await read_run(client, run_id)
+                return bool(state.voided) and state.status == "parked"
+
+            await wait_for(asked_again, what="invalidated (on the retry too), then asked again")
+            await decide_waiting(client, run_id, approved=True, who="later")
+            await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+    assert failures == ["c2"]
+    journal = await client.journal(run_id)
+    assert [e.data["from_step"] for e in journal if e.type == "steps.invalidated"] == [2]
+    # The early decision was for the voided step: refused, never applied to the new one.
+    refused = [e.data["who"] for e in journal if e.type == "decision.refused"]
+    assert refused == ["early"]
+    state = await read_run(client, run_id)
+    assert [d.who for d in state.decisions.values()] == ["later"]
 
 
 async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(

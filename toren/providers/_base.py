@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Mapping
 from types import TracebackType
-from typing import ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
@@ -30,7 +30,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from toren._errors import ConfigError, TorenError
-from toren._model import ModelRequest, ModelResponse
+from toren._model import Message, ModelRequest, ModelResponse, Text, ToolCall, ToolResult
 
 logger = logging.getLogger("toren.providers")
 
@@ -196,6 +196,62 @@ def require_env(env: Mapping[str, str], name: str, provider: str, hint: str = ""
     return value
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_clean(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def _dirty(value: Any) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, dict):
+        return any(_dirty(k) or _dirty(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_dirty(v) for v in value)
+    return False
+
+
+def _clean_block(block: Text | ToolCall | ToolResult) -> Text | ToolCall | ToolResult:
+    if isinstance(block, Text):
+        return Text(text=_clean(block.text)) if _dirty(block.text) else block
+    if isinstance(block, ToolResult):
+        if _dirty(block.content):
+            return attrs.evolve(block, content=_clean(block.content))
+        return block
+    if _dirty([block.name, block.raw_arguments, block.arguments]):
+        return attrs.evolve(
+            block,
+            name=_clean(block.name),
+            arguments=_clean(block.arguments),
+            raw_arguments=_clean(block.raw_arguments),
+        )
+    return block
+
+
+def wire_safe(request: ModelRequest) -> ModelRequest:
+    """``request`` as a provider can be sent it: UTF-8, and so every SDK, cannot carry a lone
+    surrogate (hostile model output or tool results can hold one), so each is sent as U+FFFD.
+    The journal and the request's digest keep the text exactly; only what goes on the wire
+    changes. The same object when nothing needs it."""
+    if not _dirty(request.system) and all(
+        _clean_block(b) is b for m in request.messages for b in m.content
+    ):
+        return request
+    messages = tuple(
+        Message(role=m.role, content=tuple(_clean_block(b) for b in m.content))
+        for m in request.messages
+    )
+    return attrs.evolve(request, system=_clean(request.system), messages=messages)
+
+
 class _RetryAfterTooLong(stop_base):
     """Stop when the provider asks to wait longer than the policy allows."""
 
@@ -227,7 +283,8 @@ class RetryingProvider(abc.ABC):
         self._env = dict(env)
 
     async def call(self, request: ModelRequest) -> ModelResponse:
-        """Send ``request``, retrying retryable failures under the policy.
+        """Send ``request`` (as :func:`wire_safe` makes it), retrying retryable failures under
+        the policy.
 
         Raises:
             ProviderError: a non-retryable failure at once, or the last retryable failure once
@@ -243,7 +300,7 @@ class RetryingProvider(abc.ABC):
             before_sleep=self._log_retry,
             reraise=True,
         )
-        response: ModelResponse = await retrying(self._attempt, request)
+        response: ModelResponse = await retrying(self._attempt, wire_safe(request))
         return response
 
     async def _attempt(self, request: ModelRequest) -> ModelResponse:

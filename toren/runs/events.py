@@ -240,9 +240,11 @@ class RunRetrying:
 @message("run.retried")
 @attrs.frozen(kw_only=True)
 class RunRetried:
-    """A failed run was resumed from its last good step."""
+    """A failed run was resumed from its last good step (parked again if a call of it still
+    waits for a decision)."""
 
     who: str
+    at: float = 0.0
     v: int = FORMAT
 
 

@@ -114,9 +114,11 @@ def fold(state: RunState, event: Any) -> RunState:
     if isinstance(event, RunRetrying):
         return attrs.evolve(state, failed_attempts=event.attempt)
     if isinstance(event, RunRetried):
+        waits = bool(_waiting_ids(state))
         return attrs.evolve(
             state,
-            status="running",
+            status="parked" if waits else "running",
+            parked_since=event.at if waits else None,
             error_class=None,
             error=None,
             failed_attempts=0,
@@ -263,9 +265,16 @@ def receipt(state: RunState) -> Receipt:
     )
 
 
+def _waiting_ids(state: RunState) -> set[str]:
+    return set(state.asked - state.decisions.keys())
+
+
 def waiting_on(state: RunState) -> list[ToolCall]:
-    """The tool calls the run waits for a decision on (the model's request for each)."""
-    waiting = state.asked - state.decisions.keys()
+    """The tool calls the run waits for a decision on (the model's request for each); none
+    once the run has ended (a decision can no longer be applied)."""
+    if state.status in ("completed", "failed"):
+        return []
+    waiting = _waiting_ids(state)
     return [
         block
         for call in state.calls
@@ -312,7 +321,7 @@ def summary(state: RunState) -> dict[str, Any]:
         "calls_made": r.calls_made,
         "calls_replayed": r.calls_replayed,
         "usd_paid": str(r.usd_paid),
-        "waiting_on": sorted(state.asked - state.decisions.keys()),
+        "waiting_on": [c.id for c in waiting_on(state)],
         "error_class": state.error_class,
     }
 
