@@ -49,20 +49,26 @@ def parse_duration(text: str | float) -> float:
     Raises:
         ConfigError: the text is not a duration, or it is not a positive, finite one.
     """
+    if isinstance(text, bool) or not isinstance(text, int | float | str):
+        raise ConfigError(f"not a duration: {text!r}", hint="Write it like '30m' or 1800.")
     if isinstance(text, int | float):
-        if not 0 < text < float("inf"):  # also false for NaN
+        try:
+            seconds = float(text)
+        except OverflowError:
+            seconds = float("inf")
+        if not 0 < seconds < float("inf"):  # also false for NaN
             raise ConfigError(f"duration must be positive and finite, got {text!r}")
-        return float(text)
+        return seconds
     match = _DURATION.match(text)
     if not match or not any(match.groups()):
         raise ConfigError(
             f"not a duration: {text!r}", hint="Write it like '30m', '1h30m', '45s', '30d'."
         )
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    total = float(days * 86400 + hours * 3600 + minutes * 60 + seconds)
-    if total <= 0:
-        raise ConfigError(f"duration must be positive, got {text!r}")
-    return total
+    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
+    if not 0 < total < 10**15:
+        raise ConfigError(f"duration must be positive and finite, got {text[:40]!r}")
+    return float(total)
 
 
 def _lease_unchecked() -> None:

@@ -3,11 +3,14 @@
 Postgres' ``jsonb`` refuses ``\\u0000``, and UTF-8 (hence orjson and asyncpg) refuses lone
 surrogates; both arrive in model output, tool results and human messages, which are untrusted. A
 string holding either is stored *tagged*: a private-use mark, a tag letter, and the string with
-``\\``, NUL and surrogates escaped. Integers beyond 64 bits are tagged the same way. Every string
-that itself starts with the mark is tagged too, so decoding is exact for every value::
+``\\``, NUL and surrogates escaped. Integers beyond 64 bits are tagged the same way, and so are
+floats from 1e16 to 2**64 in size (jsonb keeps them as whole numbers and prints them without a
+fraction, which would read back as integers). Every string that itself starts with the mark is
+tagged too, so decoding is exact for every value::
 
     "a\\x00b"   ->  "\\ue000sa\\\\0b"    ->  "a\\x00b"
     2**70       ->  "\\ue000i1180591620717411303424"
+    4.2e16      ->  "\\ue000f4.2e+16"
 
 Only values that need it pay: encoding walks a value only when orjson refuses it or its output
 holds a NUL escape or the mark; decoding walks only text that holds the mark. Special floats
@@ -20,6 +23,8 @@ Text columns (error messages) cannot be tagged; :func:`safe_text` escapes them r
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import re
 from typing import Any
 
@@ -29,7 +34,10 @@ MARK = "\ue000"
 _MARK_UTF8 = MARK.encode()
 _STR = MARK + "s"
 _INT = MARK + "i"
+_FLOAT = MARK + "f"
 _INT64 = range(-(2**63), 2**64)  # what orjson writes as a number
+_WHOLE = re.compile(rb"\de\+")  # how orjson writes a float of 1e16 or more
+_NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")  # not the text "\u0000" escaped
 
 _NEEDS_TAG = re.compile("[\x00\ud800-\udfff]")
 _ESCAPED = re.compile("[\\\\\x00\ud800-\udfff]")
@@ -69,6 +77,12 @@ def _tag(value: Any) -> Any:
         return [_tag(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
         return f"{_INT}{value}"
+    if isinstance(value, float) and 1e16 <= abs(value) < 2.0**64:
+        return f"{_FLOAT}{value!r}"
+    if isinstance(value, enum.Enum):  # orjson writes these itself, past the tags
+        return _tag(value.value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _tag(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value
 
 
@@ -78,6 +92,11 @@ def _untag_str(s: str) -> Any:
     if s.startswith(_INT):
         try:
             return int(s[2:])
+        except ValueError:
+            return s
+    if s.startswith(_FLOAT):
+        try:
+            return float(s[2:])
         except ValueError:
             return s
     return s
@@ -105,11 +124,13 @@ def dumps(value: Any, *, sort_keys: bool = False) -> str:
         out = orjson.dumps(value, option=option)
     except orjson.JSONEncodeError:
         out = None
-    if out is None or b"\\u0000" in out or _MARK_UTF8 in out:
+    if out is None or b"\\u0000" in out or _MARK_UTF8 in out or _WHOLE.search(out):
         try:
             out = orjson.dumps(_tag(value), option=option)
         except RecursionError as exc:
             raise TypeError("value is nested too deeply for JSON") from exc
+        if _NUL_ESCAPE.search(out):  # inside a type orjson writes itself that _tag does not know
+            raise TypeError("value holds a NUL inside a type that cannot be tagged")
     return out.decode()
 
 

@@ -74,11 +74,12 @@ class LeaseClock:
         self.expires_at = sent_at + lease
 
     def renewed(self, sent_at: float) -> None:
-        """A renewal sent at ``sent_at`` came back holding the claim."""
-        self.expires_at = max(self.expires_at, sent_at + self.lease)
+        """A renewal sent at ``sent_at`` came back holding the claim (no effect once lost)."""
+        if self.expires_at != float("-inf"):
+            self.expires_at = max(self.expires_at, sent_at + self.lease)
 
     def lost(self) -> None:
-        """The claim is gone (taken over, or the worker's lock was lost)."""
+        """The claim is gone (taken over, or the worker's lock was lost); for good."""
         self.expires_at = float("-inf")
 
     def remaining(self) -> float:

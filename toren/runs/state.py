@@ -321,7 +321,9 @@ def summary(state: RunState) -> dict[str, Any]:
         "calls_made": r.calls_made,
         "calls_replayed": r.calls_replayed,
         "usd_paid": str(r.usd_paid),
-        "waiting_on": [c.id for c in waiting_on(state)],
+        "waiting_on": []
+        if state.status in ("completed", "failed")
+        else sorted(_waiting_ids(state)),
         "error_class": state.error_class,
     }
 
