@@ -66,16 +66,17 @@ def error_text(exc: BaseException) -> str:
 
 
 def as_text(result: Any) -> str:
-    """A tool's return value as the text the model gets (JSON when it can be)."""
+    """A tool's return value as the text the model gets (JSON when it can be); never raises,
+    whatever the value's ``__str__`` or ``__repr__`` do."""
     if isinstance(result, str):
         return result
     try:
         return orjson.dumps(result, default=str).decode()
-    except TypeError:  # orjson.JSONEncodeError is one
+    except Exception:  # noqa: BLE001, S110  (orjson refused it, or a hostile __str__: next way)
         pass
     try:  # lone surrogates, big integers, special floats: the standard library writes them
         return json.dumps(result, default=str, ensure_ascii=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError):
+    except Exception:  # noqa: BLE001, S110
         pass
     try:
         return repr(result)
@@ -119,11 +120,73 @@ def _named(response: ModelResponse) -> list[tuple[str, str]]:
     return [(b.id, b.name) for b in response.content if isinstance(b, ToolCall)]
 
 
+def _typed(response: ModelResponse) -> ModelResponse:
+    """``response`` with every field of the type it is declared with: an SDK builds responses
+    without validating them, so a gateway's ``null`` name or numeric id reaches here as is."""
+    fine = (
+        isinstance(response.model, str)
+        and isinstance(response.response_id, str)
+        and isinstance(response.usage.input_tokens, int)
+        and isinstance(response.usage.output_tokens, int)
+        and all(
+            isinstance(b.text, str)
+            if isinstance(b, Text)
+            else isinstance(b, ToolCall)
+            and isinstance(b.id, str)
+            and isinstance(b.name, str)
+            and (b.arguments is None or isinstance(b.arguments, dict))
+            and (b.raw_arguments is None or isinstance(b.raw_arguments, str))
+            for b in response.content
+        )
+    )
+    if fine:
+        return response
+    content: list[Text | ToolCall] = []
+    for block in response.content:
+        if isinstance(block, Text):
+            content.append(Text(text=_as_str(block.text)))
+        elif isinstance(block, ToolCall):
+            arguments = block.arguments if isinstance(block.arguments, dict) else None
+            raw = block.raw_arguments
+            if arguments is None and block.arguments is not None:
+                raw = shown(block.arguments)
+            content.append(
+                ToolCall(
+                    id=block.id if isinstance(block.id, str) else "",
+                    name=_as_str(block.name),
+                    arguments=arguments,
+                    raw_arguments=None if raw is None else _as_str(raw),
+                )
+            )
+    usage = response.usage
+    return attrs.evolve(
+        response,
+        content=tuple(content),
+        model=_as_str(response.model),
+        response_id=_as_str(response.response_id),
+        usage=attrs.evolve(
+            usage,
+            input_tokens=_count(usage.input_tokens),
+            output_tokens=_count(usage.output_tokens),
+        ),
+    )
+
+
+def _as_str(value: object) -> str:
+    return value if isinstance(value, str) else as_text(value)
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
 def bounded_response(
     response: ModelResponse, *, cap: int, step: int, earlier_ids: Iterable[str]
 ) -> ModelResponse:
-    """``response`` as it can be recorded: within ``cap`` bytes, with unique plain call ids and
-    arguments JSON can hold. The same object when it already is."""
+    """``response`` as it can be recorded: every field of its declared type, within ``cap``
+    bytes, with unique plain call ids and arguments JSON can hold. The same object when it
+    already is."""
+    response = _typed(response)
     taken = set(earlier_ids)
     if _fine(response, cap, taken):
         return response

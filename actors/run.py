@@ -23,6 +23,7 @@ its retries) fails the run with class ``internal`` as it is dead-lettered.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -34,7 +35,7 @@ import anyio
 import attrs
 import pydantic
 
-from toren import Actor, ConfigError, Context, durable_sleep
+from toren import Actor, ConfigError, Context, LeaseExpired, durable_sleep
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
 from toren.kernel import json_text, kill_point
 from toren.providers import (
@@ -60,6 +61,7 @@ from toren.runs import (
     ModelCalled,
     ModelRequest,
     ModelResponse,
+    ModelUnreadable,
     Retry,
     RunCompleted,
     RunFailed,
@@ -327,7 +329,9 @@ class RunActor(Actor[RunState]):
             if arguments is None:
                 self._result(ctx, agent, call.id, problem, is_error=True)
                 return
-            if tool.needs_approval(tool.bind(arguments)):
+            # Once asked, the recorded decision governs, whatever the predicate says now.
+            asked = call.id in state.asked or call.id in state.decisions
+            if asked or tool.needs_approval(tool.bind(arguments)):
                 decision = state.decisions.get(call.id)
                 if decision is None:
                     if call.id not in state.asked:
@@ -386,10 +390,24 @@ class RunActor(Actor[RunState]):
             provider = await _provider(agent.model)
             started = time.monotonic()
             kill_point("model.sending")
-            ctx.ensure_lease()  # a worker paused past its lease pays for no call
-            response = await provider.call(request)
+            # Before every attempt (retries included): a worker paused past its lease pays for
+            # no call.
+            response = await provider.call(request, before_attempt=ctx.ensure_lease)
             kill_point("model.received")
         except ProviderError as exc:
+            if exc.answered:
+                # Paid for, and unreadable: counted on the receipt, never asked again by itself.
+                ctx.emit(
+                    ModelUnreadable(
+                        step=len(state.calls) + 1,
+                        digest=digest,
+                        model=agent.model,
+                        error=exc.message,
+                        latency_ms=int((time.monotonic() - started) * 1000),
+                    )
+                )
+                ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+                return
             self._failed_attempt(ctx, agent, exc)
             return
         except ConfigError as exc:
@@ -402,7 +420,10 @@ class RunActor(Actor[RunState]):
             response,
             cap=agent.max_response_bytes,
             step=step,
-            earlier_ids=(c.id for call in state.calls for c in call.response.tool_calls),
+            # Voided calls' ids too: a decision sent for one must not fit a new call.
+            earlier_ids=(
+                c.id for call in (*state.voided, *state.calls) for c in call.response.tool_calls
+            ),
         )
         cost = _price(provider_name, model_id, response)
         called = ModelCalled(
@@ -548,8 +569,21 @@ async def _run_tool(tool: Tool, ctx: Context[RunState], intent: ToolIntended) ->
     try:
         with anyio.fail_after(tool.timeout):
             result = await tool.fn(tctx, **arguments)
+        return as_text(result), False
     except TimeoutError:
         return f"{tool.name} timed out after {tool.timeout:g}s", True
     except Exception as exc:  # noqa: BLE001  (a tool's failure is the model's to handle)
         return f"{tool.name} failed: {error_text(exc)}", True
-    return as_text(result), False
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the worker stops the run: not the tool's failure
+        return f"{tool.name} failed: {error_text(exc)} (a cancellation it did not own)", True
+    except BaseExceptionGroup as group:
+        lease = group.subgroup(LeaseExpired)
+        if lease is not None:
+            raise lease.exceptions[0] from group
+        task = asyncio.current_task()
+        if group.subgroup(asyncio.CancelledError) is not None and task and task.cancelling():
+            raise
+        return f"{tool.name} failed: {error_text(group)}", True

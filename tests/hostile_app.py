@@ -135,3 +135,33 @@ booker = Agent(name="booker", model=MODEL, tools=[book, pay])
 policy = Agent(name="policy", model=MODEL, tools=[guarded])
 confused = Agent(name="confused", model=MODEL, tools=[big_result], max_attempts=3)
 zombie = Agent(name="zombie", model=MODEL, tools=[careful])
+
+
+policy_says_ask = True  # the approval predicate of `transfer` (a policy that can change)
+
+
+@tool(effects="external", idempotency="keyed", approval=lambda args: policy_says_ask)
+async def transfer(ctx: ToolContext, to: str, amount: float) -> str:
+    """Transfer money (a policy decides whether a person approves it)."""
+    _record(ctx, "transfer", to=to, amount=amount)
+    return f"transferred {amount:g} to {to}"
+
+
+class Hostile:
+    def __str__(self) -> str:
+        raise RuntimeError("no")
+
+    __repr__ = __str__
+
+
+@tool(effects="external", idempotency="unkeyed")
+async def misbehave(ctx: ToolContext, how: str) -> Any:
+    """Leaks a cancellation, or returns what cannot be shown."""
+    _record(ctx, "misbehave", how=how)
+    if how == "cancel":
+        raise anyio.get_cancelled_exc_class()("leaked")
+    return {"obj": Hostile()}
+
+
+banker = Agent(name="banker", model=MODEL, tools=[transfer])
+misfit = Agent(name="misfit", model=MODEL, tools=[misbehave])

@@ -195,6 +195,8 @@ async def test_bad_input_gets_a_problem_naming_the_field(client: Client, db_url:
         assert sorted(e["field"] for e in body["errors"]) == ["cursor", "limit", "status"]
         status, body = await problem("GET", f"/runs/{uuid}/events?after=-1")
         assert status == 422
+        status, body = await problem("GET", f"/runs/{uuid}/events?after={2**64}")
+        assert status == 422  # past a bigint: refused, not a 500
         bad = {"call_id": "c1", "approved": "yes"}
         status, body = await problem("POST", f"/runs/{uuid}/approvals", json=bad)
         assert [e["field"] for e in body["errors"]] == ["approved"]

@@ -10,11 +10,13 @@ step; consecutive tool failures counted toward the attempts cap.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (an SDK import takes seconds; paid once here)
@@ -439,3 +441,156 @@ async def test_concurrent_starts_with_one_key_and_different_inputs_start_one_run
         assert sorted(o == "conflict" for o in outcomes) == [False, True], outcomes
     starts = await client.pool.fetch("SELECT body FROM toren.mailbox WHERE kind = 'run.start'")
     assert len(starts) == 25
+
+
+# --- found by the review ------------------------------------------------------------------
+
+
+async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_its_id(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import toren.actors.run
+
+    answers = [
+        Reply([ToolCall(id="call_1", name="pay", arguments={"to": "alice", "amount": 1})]),
+        # After the invalidation, a model (or gateway) that reuses ids asks for another payment.
+        Reply([ToolCall(id="call_1", name="pay", arguments={"to": "mallory", "amount": 9999})]),
+    ]
+
+    def script(request: dict[str, Any], n: int) -> Reply:
+        return answers[min(n, 2) - 1]
+
+    async with model(script, monkeypatch):
+        async with running_worker(db_url):
+            run_id = await start_run(client, "payer", "pay alice")
+            await wait_for(lambda: waits_for(client, run_id, "call_1"), what="asks about alice")
+        original = toren.actors.run.build_request
+
+        def redeployed(agent: Any, messages: Any) -> Any:  # a new system prompt: step 1 is void
+            return attrs.evolve(original(agent, messages), system="Pay with care.")
+
+        monkeypatch.setattr(toren.actors.run, "build_request", redeployed)
+        # The approver's page still shows alice's payment, call_1.
+        await decide(client, run_id, call_id="call_1", approved=True, who="approver", wait=None)
+        async with running_worker(db_url):
+
+            async def asks_again() -> list[str]:
+                state = await read_run(client, run_id)
+                return [c.id for c in waiting_on(state)] if state.voided else []
+
+            [new_id] = await wait_for(asks_again, what="invalidated, then asks about mallory")
+            assert new_id != "call_1"  # the voided call's id is not given to the new call
+            again = await decide(client, run_id, call_id="call_1", approved=True, who="approver")
+    assert again is not None
+    assert again.outcome == "not_waiting"
+    assert hostile_app.ledger == []  # neither payment was made
+    state = await read_run(client, run_id)
+    assert state.decisions == {}
+
+
+async def test_a_denial_holds_when_the_approval_predicate_changes_its_mind(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = by_position(
+        Reply([ToolCall(id="t1", name="transfer", arguments={"to": "mallory", "amount": 5000})]),
+        Reply("Not transferred."),
+    )
+    monkeypatch.setattr(hostile_app, "policy_says_ask", True)
+    async with model(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "banker", "transfer")
+        await wait_for(lambda: waits_for(client, run_id, "t1"), what="asks about t1")
+        monkeypatch.setattr(hostile_app, "policy_says_ask", False)  # the policy changed
+        denied = await decide(client, run_id, call_id="t1", approved=False, who="boss")
+        assert denied is not None
+        assert denied.outcome == "applied"
+        state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
+    assert hostile_app.ledger == []
+    assert state.results["t1"].denied
+
+
+async def test_an_answer_the_sdk_cannot_read_is_counted_once_and_not_asked_again(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiohttp import web
+
+    from toren.testing import ReceivedRequest
+
+    class Garbling(AnthropicServer):
+        """Answers the first call with a 5,000-digit integer in a tool's input: Python's JSON
+        reader refuses it (the int-string limit) after the provider answered, so the call was
+        paid for."""
+
+        async def render_reply(
+            self, request: web.Request, received: ReceivedRequest, step: Reply
+        ) -> web.StreamResponse:
+            if received.n > 1:
+                return await super().render_reply(request, received, step)
+            body = (
+                b'{"id":"msg_1","type":"message","role":"assistant","model":"claude-sonnet-4-6",'
+                b'"content":[{"type":"tool_use","id":"x1","name":"pay","input":{"to":"a",'
+                b'"amount":' + b"9" * 5000 + b'}}],"stop_reason":"tool_use",'
+                b'"stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":5}}'
+            )
+            return web.Response(body=body, content_type="application/json")
+
+    from toren.actors.run import close_providers
+
+    load_app("tests.hostile_app")
+    hostile_app.ledger.clear()
+    async with Garbling(by_position(Reply("Fine now."))) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        try:
+            async with running_worker(db_url):
+                run_id = await start_run(client, "payer", "pay")
+                state = await wait_for(lambda: settled(client, run_id, "failed"), what="failed")
+                assert len(server.requests) == 1  # not asked again by itself
+                assert state.error_class == "provider"
+                r = receipt(state)
+                assert (r.calls_made, r.unpriced_calls) == (1, 1)
+                await retry(client, run_id, who="ops")  # a person decides to pay for a try
+                state = await wait_for(
+                    lambda: settled(client, run_id, "completed"), what="completed"
+                )
+                assert len(server.requests) == 2
+        finally:
+            await close_providers()
+    assert receipt(state).calls_made == 2
+    assert state.output == "Fine now."
+
+
+@pytest.mark.parametrize("how", ["cancel", "unshowable"])
+async def test_a_tool_that_leaks_a_cancellation_or_returns_the_unshowable_runs_once(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    script = by_position(
+        Reply([ToolCall(id="m1", name="misbehave", arguments={"how": how})]),
+        Reply("Moving on."),
+    )
+    async with model(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "misfit", how)
+        state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
+    assert len(hostile_app.ledger) == 1  # the external, unkeyed effect was not made again
+    result = state.results["m1"]
+    if how == "cancel":
+        assert result.is_error
+        assert "misbehave failed" in result.content
+    else:
+        assert "cannot be shown" in result.content
+
+
+async def test_the_mcp_server_shows_a_run_whose_text_holds_lone_surrogates(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toren._mcp import build
+
+    script = by_position(Reply("out \ud800 here"))
+    async with model(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "hostile", "in \udc80")
+        await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
+    server = build(client)
+    shown = await server.call_tool("read_run", {"run_id": run_id})
+    assert not shown.is_error, shown
+    assert json.loads(shown.content[0].text)["output"] == "out \\ud800 here"  # escaped
+    listed = await server.call_tool("list_runs", {})
+    assert not listed.is_error, listed

@@ -18,6 +18,7 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from toren._client import AskError, Client
 from toren._errors import ActorNotLive, UnknownActor
+from toren._json import safe_text
 from toren._listing import list_runs as _list_runs
 from toren._tokens import authenticate
 from toren._version import __version__
@@ -73,7 +74,7 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
             rows = await _list_runs(client, status=status, agent=agent, limit=limit)
         except ValueError as exc:
             raise ToolError(str(exc)) from exc
-        return [row.to_json() for row in rows]
+        return [_printable(row.to_json()) for row in rows]
 
     @server.tool(name="read_run")
     async def read_run_tool(run_id: str) -> dict[str, Any]:
@@ -81,24 +82,27 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
         rid = _run_id(run_id)
         state = await _state(client, rid)
         r = receipt(state)
-        return {
-            "id": rid,
-            "agent": state.agent,
-            "status": state.status,
-            "input": state.input,
-            "output": state.output,
-            "error": f"{state.error_class}: {state.error}" if state.error_class else None,
-            "waiting_on": [
-                {"call_id": c.id, "tool": c.name, "arguments": c.arguments}
-                for c in waiting_on(state)
-            ],
-            "receipt": {
-                "calls_made": r.calls_made,
-                "calls_replayed": r.calls_replayed,
-                "usd_paid": str(r.usd_paid),
-                "usd_not_repaid": str(r.usd_not_repaid),
-            },
-        }
+        shown: dict[str, Any] = _printable(
+            {
+                "id": rid,
+                "agent": state.agent,
+                "status": state.status,
+                "input": state.input,
+                "output": state.output,
+                "error": f"{state.error_class}: {state.error}" if state.error_class else None,
+                "waiting_on": [
+                    {"call_id": c.id, "tool": c.name, "arguments": c.arguments}
+                    for c in waiting_on(state)
+                ],
+                "receipt": {
+                    "calls_made": r.calls_made,
+                    "calls_replayed": r.calls_replayed,
+                    "usd_paid": str(r.usd_paid),
+                    "usd_not_repaid": str(r.usd_not_repaid),
+                },
+            }
+        )
+        return shown
 
     @server.tool(name="start_run")
     async def start_run_tool(
@@ -140,7 +144,7 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
                 reason=reason,
                 channel=CHANNEL,
             )
-        except (ActorNotLive, AskError) as exc:
+        except (ActorNotLive, AskError, MessageTooLarge) as exc:
             raise ToolError(str(exc)) from exc
         if outcome is None:
             return (
@@ -164,6 +168,18 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
         return await _decide(run_id, call_id, False, reason, ctx)
 
     return server
+
+
+def _printable(value: Any) -> Any:
+    """``value`` with NUL and lone surrogates in its text written as ``\\uXXXX`` escapes: the
+    MCP SDK writes UTF-8 JSON, which cannot carry a lone surrogate."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, dict):
+        return {_printable(k): _printable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(v) for v in value]
+    return value
 
 
 def _run_id(raw: str) -> str:

@@ -215,7 +215,7 @@ def _event(row: asyncpg.Record) -> Event:
 def _after(request: web.Request) -> int:
     raw = request.headers.get("Last-Event-ID") or request.query.get("after") or "0"
     after = _int(raw)
-    if after is None or after < 0:
+    if after is None or not 0 <= after < 2**63:
         raise ProblemError(
             422,
             "Invalid request",

@@ -14,7 +14,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -44,6 +44,9 @@ class ProviderError(TorenError):
         message: the provider's own message (or a description of the transport failure).
         retryable: whether the same call may succeed later (429, 5xx, timeouts, resets).
         retry_after: the delay in seconds the provider asked for, if it named one.
+        answered: the provider answered, and its answer could not be read (malformed,
+            nested too deeply, a number too long): the call was probably paid for. Never
+            retryable.
     """
 
     def __init__(
@@ -54,14 +57,19 @@ class ProviderError(TorenError):
         message: str,
         retryable: bool,
         retry_after: float | None = None,
+        answered: bool = False,
     ) -> None:
         self.provider = provider
         self.status = status
         self.message = redact_text(message)
-        self.retryable = retryable
+        self.retryable = retryable and not answered
         self.retry_after = retry_after
+        self.answered = answered
         what = f"HTTP {status}" if status is not None else "no response"
-        if retryable:
+        if answered:
+            what = "an answer that could not be read"
+            hint = "asking again would pay again; retry the run if the provider is fixed"
+        elif retryable:
             hint = "this is transient; the call may be retried"
         elif status in (401, 403):
             hint = "check the provider's API key and permissions"
@@ -80,8 +88,11 @@ class ModelProvider(Protocol):
     SDK client's connections.
     """
 
-    async def call(self, request: ModelRequest) -> ModelResponse:
-        """Send ``request`` and return the model's answer."""
+    async def call(
+        self, request: ModelRequest, *, before_attempt: Callable[[], None] | None = None
+    ) -> ModelResponse:
+        """Send ``request`` and return the model's answer; ``before_attempt`` is called before
+        each attempt (a check that may raise to stop before anything is sent)."""
         ...
 
     async def aclose(self) -> None:
@@ -196,6 +207,14 @@ def require_env(env: Mapping[str, str], name: str, provider: str, hint: str = ""
     return value
 
 
+def _first_line(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001  (a hostile __str__)
+        return "(its message cannot be shown)"
+    return text.splitlines()[0][:300] if text else ""
+
+
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -282,9 +301,12 @@ class RetryingProvider(abc.ABC):
         self.retry = retry
         self._env = dict(env)
 
-    async def call(self, request: ModelRequest) -> ModelResponse:
+    async def call(
+        self, request: ModelRequest, *, before_attempt: Callable[[], None] | None = None
+    ) -> ModelResponse:
         """Send ``request`` (as :func:`wire_safe` makes it), retrying retryable failures under
-        the policy.
+        the policy; ``before_attempt`` runs before each attempt (the run checks its lease there,
+        so a worker paused during a backoff sends nothing when it wakes).
 
         Raises:
             ProviderError: a non-retryable failure at once, or the last retryable failure once
@@ -300,14 +322,18 @@ class RetryingProvider(abc.ABC):
             before_sleep=self._log_retry,
             reraise=True,
         )
-        response: ModelResponse = await retrying(self._attempt, wire_safe(request))
+        response: ModelResponse = await retrying(self._attempt, wire_safe(request), before_attempt)
         return response
 
-    async def _attempt(self, request: ModelRequest) -> ModelResponse:
+    async def _attempt(
+        self, request: ModelRequest, before_attempt: Callable[[], None] | None
+    ) -> ModelResponse:
+        if before_attempt is not None:
+            before_attempt()
         try:
             with anyio.fail_after(self.retry.attempt_timeout):
                 return await self._send(request)
-        except ProviderError:
+        except (ProviderError, ConfigError):
             raise
         except TimeoutError as exc:
             raise ProviderError(
@@ -319,7 +345,16 @@ class RetryingProvider(abc.ABC):
         except Exception as exc:
             error = self._classify(exc)
             if error is None:
-                raise
+                # Not a failure the SDK knows: the answer could not be read (an SDK parsing a
+                # hostile body raises RecursionError, ValueError, ...). Probably paid for: never
+                # asked again by itself.
+                error = ProviderError(
+                    provider=self.name,
+                    status=None,
+                    message=f"{type(exc).__name__}: {_first_line(exc)}",
+                    retryable=False,
+                    answered=True,
+                )
             raise error from exc
 
     def _wait(self, state: RetryCallState) -> float:

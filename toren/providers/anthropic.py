@@ -191,6 +191,14 @@ class AnthropicProvider(RetryingProvider):
         return from_wire(message)
 
     def _classify(self, exc: Exception) -> ProviderError | None:
+        if isinstance(exc, anthropic.APIResponseValidationError):
+            return ProviderError(
+                provider=self.name,
+                status=exc.status_code,
+                message=f"the answer does not fit the API: {exc.message}",
+                retryable=False,
+                answered=True,
+            )
         if isinstance(exc, anthropic.APIStatusError):
             return ProviderError(
                 provider=self.name,

@@ -123,7 +123,7 @@ def parse_arguments(raw: str) -> dict[str, Any] | None:
     """The JSON object in ``raw``, or ``None`` when it is not one (never raises)."""
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, TypeError, RecursionError):  # not JSON, not text, nested too deeply
         return None
     return value if isinstance(value, dict) else None
 
@@ -203,6 +203,14 @@ class OpenAIProvider(RetryingProvider):
         return from_wire(completion)
 
     def _classify(self, exc: Exception) -> ProviderError | None:
+        if isinstance(exc, openai.APIResponseValidationError):
+            return ProviderError(
+                provider=self.name,
+                status=exc.status_code,
+                message=f"the answer does not fit the API: {exc.message}",
+                retryable=False,
+                answered=True,
+            )
         if isinstance(exc, openai.APIStatusError):
             return ProviderError(
                 provider=self.name,

@@ -35,6 +35,12 @@ never truncated (``max_message_bytes`` in the settings)."""
 DECISION_WAIT = 5.0
 """Seconds :func:`decide` waits for the run's answer by default."""
 
+REASON_CAP = 2000
+"""Characters a decision's or a cancel's reason may hold (as over HTTP)."""
+
+CALL_ID_CAP = 200
+"""Characters a decision's call id may hold."""
+
 
 class IdempotencyConflict(TorenError):
     """A run was started with a key that an earlier run with another input used."""
@@ -49,15 +55,14 @@ class IdempotencyConflict(TorenError):
 
 
 class MessageTooLarge(TorenError):
-    """A human message (or a run's input) is over the cap; nothing was sent."""
+    """A human message (or a run's input, or a decision's reason) is over its cap; nothing was
+    sent."""
 
-    def __init__(self, size: int, cap: int, what: str = "message") -> None:
+    def __init__(self, size: int, cap: int, what: str = "message", unit: str = "bytes") -> None:
         self.size = size
         self.cap = cap
-        super().__init__(
-            f"the {what} is {size} bytes, over the cap of {cap} bytes; send it in parts, or "
-            "raise max_message_bytes"
-        )
+        hint = "; send it in parts, or raise max_message_bytes" if unit == "bytes" else ""
+        super().__init__(f"the {what} is {size} {unit}, over the cap of {cap} {unit}{hint}")
 
 
 def check_message(text: str, cap: int = MESSAGE_CAP, what: str = "message") -> None:
@@ -145,9 +150,14 @@ async def decide(
         or if ``wait`` is ``None`` (sent without waiting).
 
     Raises:
+        MessageTooLarge: the reason is over 2,000 characters or the call id over 200.
         UnknownActor, ActorNotLive: no such run, or one no worker will run again.
         AskError: the run could not handle the decision.
     """
+    if len(reason) > REASON_CAP:
+        raise MessageTooLarge(len(reason), REASON_CAP, "reason", "characters")
+    if len(call_id) > CALL_ID_CAP:
+        raise MessageTooLarge(len(call_id), CALL_ID_CAP, "call id", "characters")
     msg = Decide(call_id=call_id, approved=approved, who=who, reason=reason, channel=channel)
     if wait is None:
         await client.send(run_id, msg, system=True)

@@ -141,6 +141,22 @@ class ModelCalled:
     v: int = FORMAT
 
 
+@message("model.unreadable")
+@attrs.frozen(kw_only=True)
+class ModelUnreadable:
+    """A model call the provider answered with something that could not be read (malformed,
+    nested too deeply, a number too long). It was probably paid for: the receipt counts it as
+    made and unpriced, and it is never asked again by itself (the run fails with class
+    ``provider``; a retry asks again). It is not part of the conversation."""
+
+    step: int
+    digest: str
+    model: str
+    error: str
+    latency_ms: int
+    v: int = FORMAT
+
+
 @message("steps.invalidated")
 @attrs.frozen(kw_only=True)
 class StepsInvalidated:

@@ -17,6 +17,7 @@ from toren.runs.events import (
     DecisionOutcome,
     MessageReceived,
     ModelCalled,
+    ModelUnreadable,
     RunCompleted,
     RunFailed,
     RunResumed,
@@ -51,6 +52,7 @@ class RunState:
     inbox: tuple[str, ...] = ()  # human messages waiting for pending tool results
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
+    unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
     started_at: float = 0.0
     parked_since: float | None = None
     parked_seconds: float = 0.0  # time spent waiting on humans: not charged to the wall clock
@@ -109,6 +111,8 @@ def fold(state: RunState, event: Any) -> RunState:
             status=status,
             output=None if status == "running" else state.output,
         )
+    if isinstance(event, ModelUnreadable):
+        return attrs.evolve(state, unreadable=state.unreadable + 1)
     if isinstance(event, StepsInvalidated):
         return _invalidate(state, event.from_step)
     if isinstance(event, RunRetrying):
@@ -255,13 +259,13 @@ def receipt(state: RunState) -> Receipt:
         Decimal(0),
     )
     return Receipt(
-        calls_made=len(every),
+        calls_made=len(every) + state.unreadable,
         calls_replayed=state.replayed,
         input_tokens=sum(c.response.usage.input_tokens for c in every),
         output_tokens=sum(c.response.usage.output_tokens for c in every),
         usd_paid=paid,
         usd_not_repaid=not_repaid,
-        unpriced_calls=unpriced,
+        unpriced_calls=unpriced + state.unreadable,
     )
 
 
@@ -288,17 +292,18 @@ def judge_decision(state: RunState, decision: Decide) -> DecisionOutcome:
     only while that call waits; a repeat of the decision already made is answered as such."""
     waiting = tuple(c.id for c in waiting_on(state))
     call_id = decision.call_id
-    verdict = "approve" if decision.approved else "deny"
+    done_verb = "approved" if decision.approved else "denied"
     done = state.decisions.get(call_id)
     if done is not None:
         how = "approved" if done.approved else "denied"
         if done.approved == decision.approved:
             detail = f"call {call_id} was already {how} by {done.who}"
             return DecisionOutcome(call_id=call_id, outcome="repeated", detail=detail)
-        detail = f"call {call_id} was already {how} by {done.who}; it cannot be {verdict}d now"
+        detail = f"call {call_id} was already {how} by {done.who}; it cannot be {done_verb} now"
         return DecisionOutcome(call_id=call_id, outcome="conflict", detail=detail, waiting=waiting)
     if call_id in waiting:
-        return DecisionOutcome(call_id=call_id, outcome="applied", detail=f"{verdict}d {call_id}")
+        detail = f"{done_verb} call {call_id}"
+        return DecisionOutcome(call_id=call_id, outcome="applied", detail=detail)
     if not call_id:
         what = "a decision must name the call it decides"
     else:
