@@ -18,6 +18,18 @@ request arrives.
 Every cell checks that its fault landed (the point was reached; the process died of SIGKILL;
 sessions were terminated and the worker logged that it lost its lock; the process was seen
 stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
+
+Cells at a decision's points (``DECISION_POINTS``) also send decisions that must not be applied,
+each naming in its ``reason`` the call its sender meant (the oracle compares):
+
+- when the run parks on the refund: a stale approval for the ticket's call (which waits for
+  nothing), then the refund's approval twice at once (a concurrent duplicate);
+- while the fault is in effect: a stale denial for a made-up call, the refund's approval again
+  (a repeat), and twice more at once;
+- once the decision is recorded: a stale denial for the ticket's call, a stale approval for a
+  made-up call, a repeat, and two more at once;
+- after the run completed: a stale approval and a repeat, waiting for the run's answers
+  (``not_waiting``, ``repeated``); then the run's mailbox must drain.
 """
 
 from __future__ import annotations
@@ -37,18 +49,28 @@ import asyncpg
 import attrs
 import orjson
 
-from chaos.oracle import Expected, Observed, Takeover, judge, observe
+from chaos.oracle import Expected, Observed, Sent, Takeover, judge, meant_for, observe
 from chaos.processes import Launchers, Worker
 from chaos.servers import EffectServer, case, position, script
-from toren import Client
+from toren import Client, TorenError
 from toren._db import with_database
 from toren._migrate import migrate
-from toren.runs import decide, read_run, start_run, waiting_on
+from toren.runs import DecisionOutcome, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer, Hold
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
 HARNESS_POINTS = ("model.in_flight", "tool.in_flight")
+# Where a decision is in flight: cells here send stale, repeated and concurrent decisions too.
+DECISION_POINTS = frozenset(
+    {
+        "decision.received",
+        "committing:approval.decided",
+        "committed:approval.decided",
+        "committing:decision.refused",
+    }
+)
+MADE_UP_CALL = "no-such-call"
 
 LEASE = 2.0
 SETTINGS = {
@@ -65,11 +87,17 @@ class Cell:
     point: str
     occurrence: int
     fault: Fault | None  # None: the clean run
+    decisions: bool = attrs.field()  # also send stale, repeated and concurrent decisions
+
+    @decisions.default
+    def _at_a_decision(self) -> bool:
+        return self.point in DECISION_POINTS
 
     @property
     def slug(self) -> str:
         fault = self.fault or "clean"
-        return f"{self.point.replace(':', '-')}-{self.occurrence}-{fault}"
+        extra = "-decisions" if self.decisions and self.point not in DECISION_POINTS else ""
+        return f"{self.point.replace(':', '-')}-{self.occurrence}-{fault}{extra}"
 
 
 @attrs.frozen
@@ -176,6 +204,7 @@ class Harness:
                     list(effects.effects.values()),
                     allowed_repeats=execution.allowed_repeats,
                     takeover=execution.takeover,
+                    sent=tuple(execution.sent),
                 )
             finally:
                 for w in execution.workers:
@@ -210,12 +239,14 @@ class _Recorder:
 
 
 # What a continued zombie logs as it gives the run up: its write was refused, its renewal came
-# back without the run, its lease deadline passed, or its lock session is gone.
+# back without the run, its lease deadline passed, its lock session is gone, or its own clock
+# says the lease may have lapsed before a model call or a tool run (LeaseExpired).
 _ZOMBIE_STOPPED = (
     "fenced out",
     "lease lost to another worker",
     "lease renewal keeps failing",
     "lost its lock connection",
+    "the lease may have lapsed",
 )
 
 
@@ -257,6 +288,9 @@ class _Execution:
         self.takeover: Takeover | None = None
         self.points = folder / "point"
         self.points.mkdir(exist_ok=True)
+        self.sent: list[Sent] = []  # every decision sent, in order
+        self.refund_call: str | None = None  # the call the run parked on (decision cells)
+        self.ticket_call: str | None = None  # a call that waits for no decision
 
     def start(self, env: dict[str, str], role: str) -> Worker:
         assert self.h.launchers is not None
@@ -291,7 +325,17 @@ class _Execution:
                     await self._count_in_flight()
                     fault = getattr(self, f"_{cell.fault}")
                     evidence = await fault(victim, hold)
+                sent_after = anyio.Event()
+                if cell.decisions:
+                    tg.start_soon(self._decide_once_decided, sent_after)
                 await self._finish()
+                if cell.decisions:
+                    with anyio.move_on_after(self.h.bound):
+                        await sent_after.wait()
+                    if sent_after.is_set():
+                        await self._decide_at_end()
+                    else:
+                        self.problems.append("the refund's decision was never recorded")
             except CellFailed as exc:
                 self.problems.append(str(exc))
             tg.cancel_scope.cancel()
@@ -306,7 +350,10 @@ class _Execution:
         deadline = time.monotonic() + 30
         while not await _poll(reached, 0.25):
             state = await read_run(self.client, self.run_id)
-            if state.status in ("completed", "failed") or victim.exited:
+            # A point past the run's last commit (committed:run.completed) is reached just after
+            # the run ends: give its report a moment before calling it missed.
+            ended = state.status in ("completed", "failed") or victim.exited
+            if ended and not await _poll(reached, 1.0):
                 raise CellFailed(f"the point was never reached (run {state.status})")
             if time.monotonic() > deadline:
                 raise CellFailed("the point was not reached within 30s")
@@ -341,6 +388,7 @@ class _Execution:
         self._go(hold)
         if not gone:
             raise CellFailed("the victim did not die of SIGKILL")
+        await self._decide_in_fault()  # before a replacement starts
         return f"pid {victim.pid} held at the point, then SIGKILLed"
 
     async def _pg_terminate(self, victim: Worker, hold: Hold | None) -> str:
@@ -356,6 +404,7 @@ class _Execution:
             await admin.close()
         if not ended:
             raise CellFailed("the worker had no database session to terminate")
+        await self._decide_in_fault()  # its sessions gone, the worker still frozen
         self._go(hold)
         if not await _poll(lambda: "lost its lock connection" in victim.log()[offset:], 15, 0.05):
             raise CellFailed(f"{ended} sessions terminated, but the worker never noticed")
@@ -379,6 +428,7 @@ class _Execution:
             "SELECT coalesce(max(seq), 0) FROM toren.journal WHERE actor_id = $1", self.run_id
         )
         self.takeover = Takeover(seq=seq, epoch=row["epoch"])
+        await self._decide_in_fault()  # the zombie stopped, the survivor held at its claim
         offset = len(victim.log())
         victim.signal(signal.SIGCONT)
         fenced = await _poll(
@@ -398,7 +448,8 @@ class _Execution:
 
     async def _approve(self) -> None:
         """Approve each request once, after the parked run left its worker (without waiting for
-        the run's answer: the worker that would give it may be the one faulted)."""
+        the run's answer: the worker that would give it may be the one faulted). In a decision
+        cell, a stale approval goes first, and the right one is sent twice at once."""
         decided: set[str] = set()
         while True:
             state = await read_run(self.client, self.run_id)
@@ -408,17 +459,116 @@ class _Execution:
                     while (await self.client.actor(self.run_id))["owner"] is not None:
                         await anyio.sleep(0.05)
                 for call_id in sorted(waiting):
-                    await decide(
-                        self.client,
-                        self.run_id,
-                        call_id=call_id,
-                        approved=True,
-                        who="chaos",
-                        channel="chaos",
-                        wait=None,
-                    )
+                    if self.cell.decisions and self.refund_call is None:
+                        self.refund_call = call_id
+                        self.ticket_call = next(
+                            c.id
+                            for call in state.calls
+                            for c in call.response.tool_calls
+                            if c.id not in waiting
+                        )
+                        await self._send(self.ticket_call, approved=True)
+                        await self._send(call_id, approved=True, copies=2)
+                    else:
+                        await self._send(call_id, approved=True)
                 decided |= waiting
             await anyio.sleep(0.05)
+
+    async def _send(self, call_id: str, *, approved: bool, copies: int = 1) -> None:
+        """Send a decision on ``call_id`` (``copies`` of it at once), without waiting for the
+        run's answer; its ``reason`` names the call it is meant for."""
+
+        async def one() -> None:
+            await decide(
+                self.client,
+                self.run_id,
+                call_id=call_id,
+                approved=approved,
+                who="chaos",
+                reason=meant_for(call_id),
+                channel="chaos",
+                wait=None,
+            )
+            self.sent.append(Sent(call_id, approved))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(copies):
+                tg.start_soon(one)
+
+    async def _decide_in_fault(self) -> None:
+        """While the fault is in effect: a stale denial, a repeat, and a duplicate pair."""
+        if not self.cell.decisions or self.refund_call is None:
+            return
+        await self._send(MADE_UP_CALL, approved=False)
+        await self._send(self.refund_call, approved=True)
+        await self._send(self.refund_call, approved=True, copies=2)
+
+    async def _decide_once_decided(self, done: anyio.Event) -> None:
+        """Once the refund's decision is recorded: stale decisions, a repeat, a duplicate pair."""
+        while not await self.client.pool.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM toren.journal "
+            "WHERE actor_id = $1 AND type = 'approval.decided')",
+            self.run_id,
+        ):
+            await anyio.sleep(0.05)
+        refund, ticket = self.refund_call, self.ticket_call
+        if refund is None or ticket is None:
+            self.problems.append("a decision was recorded before the harness sent one")
+        else:
+            await self._send(ticket, approved=False)
+            await self._send(MADE_UP_CALL, approved=True)
+            await self._send(refund, approved=True)
+            await self._send(refund, approved=True, copies=2)
+        done.set()
+
+    async def _decide_at_end(self) -> None:
+        """The run completed: a stale decision and a repeat, each answered by the run; then
+        every decision sent must have been handled (the mailbox drains)."""
+        refund, ticket = self.refund_call, self.ticket_call
+        if refund is None or ticket is None:
+            raise CellFailed("the run never waited for the refund's decision")
+        answers: dict[str, DecisionOutcome | TorenError | None] = {}
+
+        async def ask(call_id: str) -> None:
+            try:
+                answers[call_id] = await decide(
+                    self.client,
+                    self.run_id,
+                    call_id=call_id,
+                    approved=True,
+                    who="chaos",
+                    reason=meant_for(call_id),
+                    channel="chaos",
+                    wait=10.0,
+                )
+            except TorenError as exc:  # dead-lettered, or the run is no longer live
+                answers[call_id] = exc
+            self.sent.append(Sent(call_id, True))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, ticket)
+            tg.start_soon(ask, refund)
+        expect = {ticket: "not_waiting", refund: "repeated"}
+        for call_id, outcome in expect.items():
+            got = answers.get(call_id)
+            if got is None:
+                self.problems.append(f"no answer within 10s to a decision on {call_id}")
+            elif isinstance(got, TorenError):
+                self.problems.append(f"a decision on {call_id} after the end: {got!r}")
+            elif got.outcome != outcome:
+                self.problems.append(
+                    f"a decision on {call_id} after the end answered {got.outcome!r} "
+                    f"({got.detail}), expected {outcome!r}"
+                )
+        drained = False
+        with anyio.move_on_after(10):
+            while await self.client.pool.fetchval(
+                "SELECT count(*) FROM toren.mailbox WHERE actor_id = $1", self.run_id
+            ):
+                await anyio.sleep(0.05)
+            drained = True
+        if not drained:
+            self.problems.append("messages left unhandled in the run's mailbox 10s after its end")
 
     async def _sigterm_at_second_call(self, victim: Worker) -> None:
         await self.model.arrived(2).wait()

@@ -7,12 +7,13 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
-from chaos.harness import FAULTS, HARNESS_POINTS, Cell, CellResult, Harness
-from chaos.oracle import Expected
+from chaos.harness import DECISION_POINTS, FAULTS, HARNESS_POINTS, Cell, CellResult, Harness
+from chaos.oracle import Expected, judge
 
 # (point, occurrence): the occurrence picks a moment in the middle of the scripted run (see
-# docs/chaos.md for the run's steps). A clean run is traced first; a cell whose point it does
-# not reach that often is a harness error, reported as such.
+# docs/chaos.md for the run's steps). A clean run is traced first (and one that sends the decision
+# cells' stale, repeated and concurrent decisions, for the points in DECISION_POINTS); a cell
+# whose point it does not reach that often is a harness error, reported as such.
 POINTS: tuple[tuple[str, int], ...] = (
     ("actor.claiming", 1),
     ("actor.claimed", 2),  # re-activation when the approval arrives
@@ -31,7 +32,9 @@ POINTS: tuple[tuple[str, int], ...] = (
     ("tool.in_flight", 1),
     ("committed:tool.result", 2),
     ("committed:approval.requested", 1),
+    ("committing:decision.refused", 1),  # the stale approval sent while the refund waits
     ("decision.received", 1),
+    ("committing:approval.decided", 1),  # the refund's approval, with more decisions queued
     ("committed:approval.decided", 1),
     ("committed:timer.set", 1),
     ("timer.fired", 1),
@@ -52,7 +55,9 @@ SIGSTOP_AT = frozenset(
         "model.in_flight",
         "model.received",
         "tool.running",
+        "committing:decision.refused",
         "decision.received",
+        "committing:approval.decided",
         "committing:run.completed",
         "lease.renewing",
     }
@@ -75,11 +80,12 @@ def cells() -> list[Cell]:
 
 # Each mutation runs where the protection it removes is what saves the run.
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
+    # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
     "no-fencing": (
         Cell("step.committing", 3, "sigstop"),
         Cell("model.received", 3, "sigstop"),
-        Cell("tool.running", 2, "sigstop"),
         Cell("decision.received", 1, "sigstop"),
+        Cell("committing:approval.decided", 1, "sigstop"),
     ),
     "effect-before-intent": (
         Cell("committed:tool.intent", 1, "sigkill"),
@@ -91,7 +97,29 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
         Cell("model.received", 3, "sigkill"),
         Cell("model.in_flight", 2, "pg_terminate"),
     ),
+    # Decision cells send a stale approval (for the ticket's call) before the refund's own:
+    # applied to the waiting refund, it approves it for a sender who meant another call.
+    "unbound-decisions": (
+        Cell("committing:approval.decided", 1, "sigkill"),
+        Cell("committing:approval.decided", 1, "sigstop"),
+        Cell("decision.received", 1, "pg_terminate"),
+    ),
 }
+
+
+# What a red cell must show for its mutation to count as caught: the failure the mutation stands
+# for, not another one (a mutation that broke the worker outright would turn every cell red).
+MUTATION_EVIDENCE: dict[str, str] = {
+    "no-fencing": "stale write",
+    "effect-before-intent": "applied before its tool.intent was recorded",
+    "consume-on-claim": "stuck: the run is still running",
+    "unbound-decisions": "was applied to call",
+}
+
+
+def caught(mutation: str, result: CellResult) -> bool:
+    """Whether ``result`` (a cell run under ``mutation``) is red for the mutation's reason."""
+    return any(MUTATION_EVIDENCE[mutation] in problem for problem in result.problems)
 
 
 def verdict(result: CellResult) -> str:
@@ -138,26 +166,39 @@ def summary(results: Iterable[CellResult]) -> str:
 
 
 async def clean_run(harness: Harness) -> Expected:
-    """Run the scenario once without a fault: the expected result, and a check that the run
-    reaches every point of the matrix as often as its cell needs.
+    """Run the scenario without a fault, twice: plain (the expected result), and with the
+    decision cells' extra decisions (which must pass the oracle too); check that each reaches
+    every point of its cells as often as they need.
 
     Raises:
-        RuntimeError: the clean run failed, or misses a point (the matrix is out of date).
+        RuntimeError: a clean run failed, or misses a point (the matrix is out of date).
     """
-    result, seen = await harness.run_cell(Cell("clean", 0, None), None)
+    plain = Cell("clean", 0, None)
+    result, seen = await harness.run_cell(plain, None)
     if not result.passed or seen.state.status != "completed":
         raise RuntimeError(f"the clean run failed: {result.problems} {seen.state.error}")
-    trace = Counter((harness.workdir / "clean-0-clean" / "trace").read_text().split())
-    timing = ("lease.", "shutdown.")  # reached by the clock or by SIGTERM, not by the script
-    short = [
-        f"{p}#{k} (reached {trace[p]} times)"
-        for p, k in POINTS
-        if p not in HARNESS_POINTS and not p.startswith(timing) and trace[p] < k
-    ]
-    if short:
-        raise RuntimeError(f"the clean run does not reach: {', '.join(short)}")
-    return Expected(
+    expected = Expected(
         output=seen.state.output or "",
         steps=len(seen.state.calls),
         effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
     )
+    deciding = Cell("clean", 0, None, decisions=True)
+    result, seen = await harness.run_cell(deciding, None)
+    verdict = judge(seen, expected)
+    if not result.passed or verdict.problems:
+        raise RuntimeError(
+            f"the clean run with extra decisions failed: {[*result.problems, *verdict.problems]}"
+        )
+    traces = {
+        cell.decisions: Counter((harness.workdir / cell.slug / "trace").read_text().split())
+        for cell in (plain, deciding)
+    }
+    timing = ("lease.", "shutdown.")  # reached by the clock or by SIGTERM, not by the script
+    short = []
+    for p, k in POINTS:
+        trace = traces[p in DECISION_POINTS]
+        if p not in HARNESS_POINTS and not p.startswith(timing) and trace[p] < k:
+            short.append(f"{p}#{k} (reached {trace[p]} times)")
+    if short:
+        raise RuntimeError(f"the clean run does not reach: {', '.join(short)}")
+    return expected

@@ -11,13 +11,15 @@ switch for them.
   are committed together, after the effect): the journal can miss an effect the world saw.
 - ``consume-on-claim``: a message is deleted when it is claimed, in its own transaction, instead
   of in the step that records what it caused: a crash in between loses the message.
+- ``unbound-decisions``: a decision is applied to the first call waiting for one, whatever call
+  it names (as before decisions named their call): a stale approval approves the wrong call.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-MUTATIONS = ("no-fencing", "effect-before-intent", "consume-on-claim")
+MUTATIONS = ("no-fencing", "effect-before-intent", "consume-on-claim", "unbound-decisions")
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
 _NO_FENCE = (
@@ -68,7 +70,7 @@ def _consume_on_claim() -> None:
         "m.reply_to, m.deliveries + 1 AS deliveries,",
     )
     # Claims happen only in claim_next (mutated above), never in a step's commit.
-    _mailbox._COMMIT = _replace(_mailbox._COMMIT, "WHERE $23 AND", "WHERE false AND")
+    _mailbox._COMMIT = _replace(_mailbox._COMMIT, "WHERE $23 AND", "WHERE $23 AND false AND")
     _mailbox._COMMIT = _replace(
         _mailbox._COMMIT,
         """DELETE FROM toren.mailbox m USING fence
@@ -76,6 +78,36 @@ def _consume_on_claim() -> None:
     RETURNING m.id""",
         "SELECT $4::bigint AS id FROM fence WHERE NOT EXISTS (SELECT 1 FROM clash)",
     )
+
+
+def _unbound_decisions() -> None:
+    import attrs
+
+    import toren.runs
+    from toren.actors import run
+    from toren.runs import DecisionOutcome, state, waiting_on
+
+    bound = state.judge_decision
+
+    def judge_decision(run_state: Any, decision: Any) -> Any:
+        waiting = sorted(c.id for c in waiting_on(run_state))
+        if not waiting:
+            return bound(run_state, decision)
+        detail = f"applied to {waiting[0]}, the first call waiting"
+        return DecisionOutcome(call_id=waiting[0], outcome="applied", detail=detail)
+
+    for module in (state, toren.runs, run):
+        module.judge_decision = judge_decision  # type: ignore[attr-defined]
+    original = run.RunActor._decide
+
+    def decide(self: Any, ctx: Any, msg: Any) -> None:
+        # The decision is recorded for the call it was applied to, as it was before.
+        outcome = judge_decision(ctx.state, msg)
+        if outcome.outcome == "applied" and outcome.call_id != msg.call_id:
+            msg = attrs.evolve(msg, call_id=outcome.call_id)
+        original(self, ctx, msg)
+
+    run.RunActor._decide = decide  # type: ignore[method-assign]
 
 
 def load(name: str) -> None:
@@ -88,6 +120,7 @@ def load(name: str) -> None:
         "no-fencing": _no_fencing,
         "effect-before-intent": _effect_before_intent,
         "consume-on-claim": _consume_on_claim,
+        "unbound-decisions": _unbound_decisions,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -8,6 +8,11 @@
   and its ``tool.intent`` recorded before the tracker saw it;
 - the journal's sequence contiguous, epochs never going back, no write from a stale epoch after
   a takeover;
+- exactly one ``approval.decided``: for the refund's call, approved, and sent for that call (the
+  harness writes the call it meant into each decision's ``reason``); the refund applied only
+  after that decision was recorded;
+- every stale decision the harness sent (for a call that does not wait) refused, once per send,
+  and never applied; no repeat of the right decision refused or recorded again;
 - nothing dead-lettered; the run finished (the harness bounds the wait).
 """
 
@@ -30,6 +35,27 @@ class Takeover:
 
     seq: int
     epoch: int
+
+
+@attrs.frozen
+class Sent:
+    """A decision the harness sent: the call it named, and approve or deny."""
+
+    call_id: str
+    approved: bool
+
+
+MEANT = "chaos: meant for call "
+
+
+def meant_for(call_id: str) -> str:
+    """The ``reason`` the harness gives a decision: it names the call the sender meant."""
+    return f"{MEANT}{call_id}"
+
+
+def meant(reason: str) -> str | None:
+    """The call a decision's sender meant (from its ``reason``), if the harness sent it."""
+    return reason[len(MEANT) :] if reason.startswith(MEANT) else None
 
 
 @attrs.frozen
@@ -61,6 +87,7 @@ class Observed:
     deadletters: int
     allowed_repeats: int
     takeover: Takeover | None
+    sent: tuple[Sent, ...] = ()  # the decisions the harness sent, in order
 
 
 @attrs.frozen
@@ -79,6 +106,7 @@ async def observe(
     *,
     allowed_repeats: int,
     takeover: Takeover | None,
+    sent: tuple[Sent, ...] = (),
 ) -> Observed:
     rows = await pool.fetch(
         "SELECT seq, epoch, type, data, extract(epoch FROM created_at)::float8 AS at "
@@ -94,6 +122,7 @@ async def observe(
         deadletters=dead,
         allowed_repeats=allowed_repeats,
         takeover=takeover,
+        sent=sent,
     )
 
 
@@ -160,9 +189,69 @@ def judge(seen: Observed, expected: Expected) -> Verdict:
             )
     if seen.deadletters:
         problems.append(f"{seen.deadletters} messages dead-lettered")
+    problems.extend(decision_problems(seen))
 
     cost = {c.step: Decimal(c.cost_usd or 0) for c in state.calls}
     duplicate_usd = sum(
         (cost.get(step + 1, Decimal(0)) * (n - 1) for step, n in counts.items()), Decimal(0)
     )
     return Verdict(tuple(problems), repeats, duplicate_usd)
+
+
+def decision_problems(seen: Observed) -> list[str]:
+    """Decisions are addressed: the refund's call is approved once, by a decision meant for it,
+    before the refund is applied; a decision for a call that does not wait is refused, never
+    applied; a repeat of the decision made records nothing."""
+    problems: list[str] = []
+    asked = [r.data["call_id"] for r in seen.journal if r.type == "approval.requested"]
+    refunds = [
+        r.data["call_id"]
+        for r in seen.journal
+        if r.type == "approval.requested" and r.data["name"] == "refund"
+    ]
+    if len(refunds) != 1 or len(asked) != 1:
+        return [f"approval requested for {asked}, expected once, for the refund"]
+    refund = refunds[0]
+    decided = [r for r in seen.journal if r.type == "approval.decided"]
+    shown = [(r.data["call_id"], r.data["approved"], r.data["reason"]) for r in decided]
+    if len(decided) != 1:
+        problems.append(f"{len(decided)} approval.decided {shown}, expected one, for {refund}")
+    for row in decided:
+        call_id, reason = row.data["call_id"], row.data["reason"]
+        if call_id != refund or not row.data["approved"]:
+            verdict = "approved" if row.data["approved"] else "denied"
+            problems.append(f"approval.decided {verdict} call {call_id}, not the refund's {refund}")
+        intended = meant(reason)
+        if intended is not None and intended != call_id:
+            problems.append(
+                f"a decision sent for call {intended!r} was applied to call {call_id} "
+                f"(approval.decided at seq {row.seq})"
+            )
+    if decided and any(e.kind == "refund" and e.applied_at < decided[0].at for e in seen.effects):
+        problems.append("the refund was applied before its decision was recorded")
+
+    # What the harness sent: stale decisions refused once per send, never applied; repeats of
+    # the right decision answered as repeats (nothing recorded).
+    if not seen.sent:
+        return problems
+    refused = Counter(
+        (r.data["call_id"], r.data["approved"])
+        for r in seen.journal
+        if r.type == "decision.refused"
+    )
+    stale = Counter((s.call_id, s.approved) for s in seen.sent if s.call_id != refund)
+    for (call_id, approved), n in sorted(stale.items()):
+        got = refused.get((call_id, approved), 0)
+        verdict = "approval" if approved else "denial"
+        if got != n:
+            problems.append(
+                f"stale {verdict} for call {call_id!r}: sent {n}, refused {got} "
+                "(each must be refused exactly once)"
+            )
+    for (call_id, approved), n in sorted(refused.items()):
+        if (call_id, approved) not in stale:
+            problems.append(
+                f"{n} decision.refused for call {call_id!r} ({'approve' if approved else 'deny'}), "
+                "which the harness did not send as a stale decision (a repeat records nothing)"
+            )
+    return problems

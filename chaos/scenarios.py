@@ -16,7 +16,7 @@ import anyio
 import attrs
 
 from chaos.harness import Harness, _Recorder
-from chaos.oracle import Expected, judge, observe
+from chaos.oracle import Expected, judge, meant_for, observe
 from chaos.processes import Worker
 from chaos.servers import EffectServer
 from toren import Client
@@ -102,6 +102,7 @@ class Fleet:
                                 call_id=call.id,
                                 approved=True,
                                 who="chaos",
+                                reason=meant_for(call.id),
                                 channel="chaos",
                                 wait=None,
                             )

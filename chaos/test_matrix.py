@@ -1,4 +1,5 @@
-"""The kill matrix: every cell must pass; every mutation must turn at least one cell red."""
+"""The kill matrix: every cell must pass; every mutation must turn at least one cell red, for the
+reason it stands for (``MUTATION_EVIDENCE``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from chaos.conftest import SCENARIOS, record
 from chaos.harness import Cell, Harness
-from chaos.matrix import MUTATION_CELLS, cells
+from chaos.matrix import MUTATION_CELLS, MUTATION_EVIDENCE, caught, cells
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.scenarios import postgres_restart, restarter, soak
@@ -25,6 +26,10 @@ async def test_cell(cell: Cell, harness: Harness, expected: Expected) -> None:
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
+    assert set(MUTATION_CELLS) == set(MUTATIONS) == set(MUTATION_EVIDENCE)
+
+
 @pytest.mark.parametrize("name", MUTATIONS)
 async def test_mutation_turns_cells_red(
     name: str, chaos_server: EmbeddedPostgres, chaos_workdir: Path, expected: Expected
@@ -32,7 +37,11 @@ async def test_mutation_turns_cells_red(
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
         results = [(await h.run_cell(cell, expected))[0] for cell in MUTATION_CELLS[name]]
     record(f"Mutation {name}", *results)
-    assert any(not r.passed for r in results), f"{name}: no cell turned red"
+    red = {r.cell.slug: r.problems for r in results if not r.passed}
+    assert red, f"{name}: no cell turned red"
+    assert any(caught(name, r) for r in results), (
+        f"{name}: cells turned red, none with {MUTATION_EVIDENCE[name]!r}: {red}"
+    )
 
 
 async def test_postgres_restarted_mid_run(
