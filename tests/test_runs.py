@@ -300,21 +300,42 @@ async def _output(client: Client, run_id: str, text: str) -> bool:
     return state.status == "completed" and state.output == text
 
 
+def _ticket_refund_done(request: dict[str, Any], n: int) -> Reply:
+    """A ticket, then a refund (needs approval), then done; by conversation position."""
+    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "a"})
+    refund_call = ToolCall(id="c2", name="refund", arguments={"amount": 500})
+    position = sum(1 for m in request["messages"] if m["role"] == "assistant")
+    return [Reply([ticket]), Reply([refund_call]), Reply("Done.")][min(position, 2)]
+
+
+def _shouting(original: Any) -> Any:
+    """A build_request that renders tool results in capitals (version 2 of the code): the
+    request of step 2, which carries the first tool result, changes; step 1's does not."""
+    from toren._model import Message, ToolResult
+
+    def shout(agent: Any, messages: tuple[Message, ...]) -> Any:
+        loud = tuple(
+            Message(
+                role=m.role,
+                content=tuple(
+                    attrs.evolve(b, content=b.content.upper()) if isinstance(b, ToolResult) else b
+                    for b in m.content
+                ),
+            )
+            for m in messages
+        )
+        return original(agent, loud)
+
+    return shout
+
+
 async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_messages(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import toren.actors.run
-    from toren._model import Message, ToolResult
 
     load_app("tests.run_app")
-    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "a"})
-    refund_call = ToolCall(id="c2", name="refund", arguments={"amount": 500})
-
-    def respond(request: dict[str, Any], n: int) -> Reply:
-        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
-        return [Reply([ticket]), Reply([refund_call]), Reply("Done.")][min(position, 2)]
-
-    async with anthropic(respond, monkeypatch) as server:  # type: ignore[arg-type]
+    async with anthropic(_ticket_refund_done, monkeypatch) as server:  # type: ignore[arg-type]
         async with running_worker(db_url):  # version 1
             run_id = await start_run(client, "support", "Fix my order.")
             await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
@@ -325,25 +346,8 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
 
             await wait_for(heard, what="message recorded")
 
-        # Version 2 renders tool results differently: the request of step 2 (which carries the
-        # first tool result) changes; step 1's does not.
-        original = toren.actors.run.build_request
-
-        def shout(agent: Any, messages: tuple[Message, ...]) -> Any:
-            loud = tuple(
-                Message(
-                    role=m.role,
-                    content=tuple(
-                        ToolResult(tool_call_id=b.tool_call_id, content=b.content.upper())
-                        if isinstance(b, ToolResult)
-                        else b
-                        for b in m.content
-                    ),
-                )
-                for m in messages
-            )
-            return original(agent, loud)
-
+        # Version 2 renders tool results differently.
+        shout = _shouting(toren.actors.run.build_request)
         monkeypatch.setattr(toren.actors.run, "build_request", shout)
         await decide_waiting(client, run_id, approved=True, who="alice", wait=None)
         async with running_worker(db_url):  # version 2
@@ -378,38 +382,14 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import toren.actors.run
-    from toren._model import Message, ToolResult
     from toren.actors.run import RunActor
 
     load_app("tests.run_app")
-    ticket = ToolCall(id="c1", name="create_ticket", arguments={"title": "a"})
-    refund_call = ToolCall(id="c2", name="refund", arguments={"amount": 500})
-
-    def respond(request: dict[str, Any], n: int) -> Reply:
-        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
-        return [Reply([ticket]), Reply([refund_call]), Reply("Done.")][min(position, 2)]
-
-    async with anthropic(respond, monkeypatch):  # type: ignore[arg-type]
+    async with anthropic(_ticket_refund_done, monkeypatch):  # type: ignore[arg-type]
         async with running_worker(db_url):  # version 1
             run_id = await start_run(client, "support", "Fix my order.")
             await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
-        original = toren.actors.run.build_request
-
-        def shout(agent: Any, messages: tuple[Message, ...]) -> Any:  # version 2 renders
-            loud = tuple(  # tool results in capitals: step 2's request differs
-                Message(
-                    role=m.role,
-                    content=tuple(
-                        attrs.evolve(b, content=b.content.upper())
-                        if isinstance(b, ToolResult)
-                        else b
-                        for b in m.content
-                    ),
-                )
-                for m in messages
-            )
-            return original(agent, loud)
-
+        shout = _shouting(toren.actors.run.build_request)  # version 2
         monkeypatch.setattr(toren.actors.run, "build_request", shout)
         decide_once = RunActor._decide
         failures: list[str] = []
