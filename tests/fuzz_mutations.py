@@ -1,0 +1,154 @@
+"""Mutations for the run fuzzer: each removes one of issue 11's fixes from this process, the way
+``chaos/mutations.py`` removes a protection from a worker process, and restores it on exit.
+
+- ``nul-handling``: Toren's lossless JSON (:mod:`toren._json`) replaced by plain orjson wherever
+  it is used (the ``jsonb`` codec, events, messages, digests, canonical arguments): NUL reaches
+  Postgres as ``\\u0000`` and lone surrogates cannot be written at all. The codec is installed
+  when a pool's connections open, so apply this before the worker and clients start.
+- ``python-arguments``: tool arguments are recorded as pydantic's Python-mode dump and handed to
+  the tool (and to its approval predicate) as recorded, without being validated again.
+- ``unbound-decisions``: a decision is applied to the first waiting call (sorted by id),
+  whichever call it names, as the run did before decisions were addressed.
+
+Each is a context manager: ``with MUTATIONS["nul-handling"](): ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import orjson
+
+MUTATION_NAMES = ("nul-handling", "python-arguments", "unbound-decisions")
+
+
+@contextlib.contextmanager
+def _patched(patches: list[tuple[object, str, Any]]) -> Iterator[None]:
+    """Set each ``(owner, attribute, value)``; put the originals back on exit."""
+    saved = []
+    try:
+        for owner, name, value in patches:
+            if not hasattr(owner, name):
+                raise RuntimeError(f"mutation no longer applies: {owner!r} has no {name!r}")
+            saved.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, value)
+        yield
+    finally:
+        for owner, name, value in reversed(saved):
+            setattr(owner, name, value)
+
+
+def _plain_dumps(value: Any, *, sort_keys: bool = False) -> str:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS if sort_keys else 0).decode()
+
+
+def _plain_loads(text: str | bytes) -> Any:
+    return orjson.loads(text)
+
+
+@contextlib.contextmanager
+def nul_handling() -> Iterator[None]:
+    """Plain orjson for every JSON text Toren writes to or reads from Postgres."""
+    modules = {
+        name: importlib.import_module(name)
+        for name in (
+            "toren._db",
+            "toren._actor",
+            "toren._mailbox",
+            "toren._digest",
+            "toren.runs.client",
+            "toren.kernel",
+            "toren.actors.bounds",
+            "toren.actors.run",
+        )
+    }
+    patches: list[tuple[object, str, Any]] = [
+        (modules["toren._db"], "dumps", _plain_dumps),
+        (modules["toren._db"], "loads", _plain_loads),
+        (modules["toren._actor"], "dumps", _plain_dumps),
+        (modules["toren._actor"], "loads", _plain_loads),
+        (modules["toren._mailbox"], "dumps", _plain_dumps),
+        (modules["toren._digest"], "dumps", _plain_dumps),
+        (modules["toren.runs.client"], "dumps", _plain_dumps),
+        (modules["toren.kernel"], "json_text", _plain_dumps),
+        (modules["toren.actors.bounds"], "json_text", _plain_dumps),
+        (modules["toren.actors.run"], "json_text", _plain_dumps),
+    ]
+    with _patched(patches):
+        yield
+
+
+@contextlib.contextmanager
+def python_arguments() -> Iterator[None]:
+    """Record Python-mode arguments, and call tools and predicates with them as recorded."""
+    from toren._agents import Tool
+
+    def validate(self: Tool, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
+        return self.arguments.model_validate(arguments or {}).model_dump()
+
+    def bind(self: Tool, recorded: Mapping[str, Any]) -> dict[str, Any]:
+        return dict(recorded)
+
+    with _patched([(Tool, "validate", validate), (Tool, "bind", bind)]):
+        yield
+
+
+@contextlib.contextmanager
+def unbound_decisions() -> Iterator[None]:
+    """Apply any decision to the first waiting call, sorted, ignoring the call it names (and
+    answer as if the named call had been decided: only the journal tells)."""
+    import toren.runs
+    from toren.actors import run as run_actor
+    from toren.runs import ApprovalDecided, Continue, DecisionOutcome, RunState, waiting_on
+    from toren.runs import state as run_state
+
+    judge = run_state.judge_decision
+
+    def unbound_judge(state: RunState, decision: Any) -> DecisionOutcome:
+        if not waiting_on(state):
+            return judge(state, decision)
+        verdict = "approve" if decision.approved else "deny"
+        return DecisionOutcome(
+            call_id=decision.call_id, outcome="applied", detail=f"{verdict}d {decision.call_id}"
+        )
+
+    decide = run_actor.RunActor._decide
+
+    def unbound_decide(self: Any, ctx: Any, msg: Any) -> None:
+        waiting = sorted(c.id for c in waiting_on(ctx.state))
+        if not waiting:
+            decide(self, ctx, msg)
+            return
+        outcome = unbound_judge(ctx.state, msg)
+        ctx.emit(
+            ApprovalDecided(
+                call_id=waiting[0],
+                approved=msg.approved,
+                who=msg.who,
+                reason=msg.reason,
+                channel=msg.channel,
+                at=time.time(),
+            )
+        )
+        ctx.send(ctx.actor_id, Continue())
+        ctx.reply(outcome)
+
+    patches: list[tuple[object, str, Any]] = [
+        (run_state, "judge_decision", unbound_judge),
+        (toren.runs, "judge_decision", unbound_judge),
+        (run_actor, "judge_decision", unbound_judge),
+        (run_actor.RunActor, "_decide", unbound_decide),
+    ]
+    with _patched(patches):
+        yield
+
+
+MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "nul-handling": nul_handling,
+    "python-arguments": python_arguments,
+    "unbound-decisions": unbound_decisions,
+}
