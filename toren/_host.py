@@ -400,8 +400,10 @@ class ActorHost:
 
 
 def _describe(exc: BaseException) -> str:
-    """One line naming the exception and its message (what failure columns hold)."""
-    return "".join(traceback.format_exception_only(exc)).strip()
+    """The exception's type and message, at most 2,000 characters (what failure columns and a
+    run's ``internal`` failure hold; an exception can carry a hostile, huge message)."""
+    text = "".join(traceback.format_exception_only(exc)).strip()
+    return text if len(text) <= 2000 else f"{text[:2000]}... ({len(text)} characters)"
 
 
 async def _set_when(source: anyio.Event, target: anyio.Event) -> None:
