@@ -172,20 +172,31 @@ async def test_dropped_database_connections_lose_nothing_and_charge_no_restart(
     client: Client, db_url: str
 ) -> None:
     await client.spawn(app.Counter, "c/db")
-    total = 60
-    for i in range(total):
-        await client.send("c/db", app.Add(n=1, tag=f"t{i}"))
+    total, rounds = 60, 3
     cuts = 0
+
+    async def cut() -> int:
+        ended: int = await client.pool.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE application_name = 'toren-worker' AND datname = current_database()"
+        )
+        return ended
+
     async with running_worker(db_url):
         # Cut the worker's pooled connections again and again, mid-statement or idle; blips,
         # not an outage (a renewal failing past the lease's safety margin stops all actors).
-        while len(await client.journal("c/db")) < total:
-            cuts += await client.pool.fetchval(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE application_name = 'toren-worker' AND datname = current_database()"
-            )
-            await anyio.sleep(0.1)
-    assert cuts >= 3
+        # Each round queues its messages, then cuts until they are all handled, so that every
+        # round is cut at least once however fast the worker is.
+        per_round = total // rounds
+        for r in range(rounds):
+            for i in range(r * per_round, (r + 1) * per_round):
+                await client.send("c/db", app.Add(n=1, tag=f"t{i}"))
+            while True:
+                cuts += await cut()
+                if len(await client.journal("c/db")) >= (r + 1) * per_round:
+                    break
+                await anyio.sleep(0.1)
+    assert cuts >= rounds
     journal = await client.journal("c/db")
     assert [e.seq for e in journal] == list(range(1, total + 1))
     assert len({e.data["tag"] for e in journal}) == total
