@@ -112,12 +112,12 @@ def _fine(response: ModelResponse, cap: int, earlier: set[str]) -> bool:
     return (
         len(set(ids)) == len(ids)
         and not earlier.intersection(ids)
-        and all(_PLAIN_ID.fullmatch(i) and utf8_size(b) <= _NAME_CAP for i, b in _named(response))
+        and all(
+            _PLAIN_ID.fullmatch(b.id) and utf8_size(b.name) <= _NAME_CAP
+            for b in response.content
+            if isinstance(b, ToolCall)
+        )
     )
-
-
-def _named(response: ModelResponse) -> list[tuple[str, str]]:
-    return [(b.id, b.name) for b in response.content if isinstance(b, ToolCall)]
 
 
 def _typed(response: ModelResponse) -> ModelResponse:

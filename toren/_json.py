@@ -40,7 +40,7 @@ _WHOLE = re.compile(rb"\de\+")  # how orjson writes a float of 1e16 or more
 _NUL_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*+\\u0000")  # not the text "\u0000" escaped
 
 _NEEDS_TAG = re.compile("[\x00\ud800-\udfff]")
-_SURROGATE = re.compile("[\ud800-\udfff]")
+SURROGATE = re.compile("[\ud800-\udfff]")  # a lone surrogate (UTF-8 cannot carry one)
 _SURROGATE_ESCAPES = {c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)}
 
 
@@ -48,7 +48,7 @@ def _escape(s: str) -> str:
     """Backslashes, NUL and lone surrogates written as the escapes Python's ``unicode_escape``
     codec reads back (all at C speed: a megabyte of NULs takes milliseconds, not seconds)."""
     escaped = s.replace("\\", "\\\\").replace("\x00", "\\x00")
-    if _SURROGATE.search(escaped):
+    if SURROGATE.search(escaped):
         escaped = escaped.translate(_SURROGATE_ESCAPES)
     return escaped
 

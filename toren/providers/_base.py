@@ -30,6 +30,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from toren._errors import ConfigError, TorenError
+from toren._json import SURROGATE as _SURROGATE
 from toren._model import Message, ModelRequest, ModelResponse, Text, ToolCall, ToolResult
 
 logger = logging.getLogger("toren.providers")
@@ -213,9 +214,6 @@ def _first_line(exc: BaseException) -> str:
     except Exception:  # noqa: BLE001  (a hostile __str__)
         return "(its message cannot be shown)"
     return text.splitlines()[0][:300] if text else ""
-
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _clean(value: Any) -> Any:
