@@ -13,6 +13,7 @@ from rich.console import Console
 from toren._config import Settings
 from toren._db import recorded_dev_url
 from toren._errors import ConfigError, TorenError
+from toren._terminal import plain
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -60,8 +61,13 @@ def run_reporting(main: Callable[[], Awaitable[R]]) -> R:
         error = _toren_error(exc)
         if error is None:
             raise
-        err.print(f"[red]error:[/red] {error}", highlight=False)
+        print_error(error)
         sys.exit(2 if isinstance(error, ConfigError) else 1)
+
+
+def print_error(error: Exception) -> None:
+    """``error: <message>`` on stderr, the message printed inert (it can carry run text)."""
+    err.print(plain("error:", style="red"), plain(str(error)))
 
 
 def _toren_error(exc: BaseException) -> TorenError | None:

@@ -22,7 +22,7 @@ from rich.table import Table
 
 from toren._agents import agents_in, check
 from toren._app import load_app
-from toren._cli_common import database_url, err, out, run_async, run_reporting
+from toren._cli_common import database_url, out, print_error, run_async, run_reporting
 from toren._cli_runs import register as register_run_commands
 from toren._cli_serve import register as register_serve_commands
 from toren._client import Client
@@ -32,6 +32,7 @@ from toren._errors import ConfigError
 from toren._killpoints import arm as arm_kill_points
 from toren._logging import configure
 from toren._migrate import migrate as apply_migrations
+from toren._terminal import plain
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -50,7 +51,7 @@ def main(ctx: click.Context, config: Path | None, log_level: str) -> None:
     try:
         ctx.obj = {"settings": Settings.load(config_file=config)}
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(exc)
         sys.exit(2)
 
 
@@ -160,8 +161,8 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
     for i in items:
         table.add_row(
             i["worker_id"][:8],
-            i["name"],
-            i["version"],
+            plain(i["name"]),
+            plain(i["version"]),
             str(i["pid"]),
             str(i["leases"]),
             str(i["actors_in_memory"]),
@@ -170,7 +171,7 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
         )
     out.print(table)
     if len(versions) > 1:
-        out.print(f"[yellow]version skew:[/yellow] {', '.join(sorted(versions))}")
+        out.print(plain("version skew:", style="yellow"), plain(", ".join(sorted(versions))))
 
 
 @main.group(invoke_without_command=True)
@@ -216,11 +217,11 @@ async def _list_deadletters(
     for d in items:
         table.add_row(
             str(d.id),
-            d.actor_id,
-            d.kind,
+            plain(d.actor_id),
+            plain(d.kind),
             str(d.attempts),
             str(d.deliveries),
-            d.error[:60],
+            plain(d.error[:60]),
             d.dead_at.isoformat(timespec="seconds"),
         )
     out.print(table)
@@ -258,14 +259,14 @@ def agents_check(app: str, strict: bool) -> None:
         module = load_app(app)
         findings = check(agents_in(module).values())
     except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        print_error(exc)
         sys.exit(2)
     table = Table(title=f"{len(findings)} tool(s)")
     for col in ("agent", "tool", "effects", "idempotency", "approval", ""):
         table.add_column(col)
     for f in findings:
         mark = "[red]FLAG: external, unkeyed, no approval[/red]" if f.flagged else ""
-        table.add_row(f.agent, f.tool, f.effects, f.idempotency, f.approval, mark)
+        table.add_row(plain(f.agent), plain(f.tool), f.effects, f.idempotency, f.approval, mark)
     out.print(table)
     flagged = [f for f in findings if f.flagged]
     if flagged:
