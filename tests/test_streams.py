@@ -1,0 +1,248 @@
+"""Bounded event streams: a stream closes when its caller's credentials end, when it idles and
+when the server stops, saying why; streams are capped per token and per server process."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import anyio
+import attrs
+import pytest
+
+from tests.conftest import wait_for
+from toren import Client
+from toren._http import ServerOptions
+from toren._serve import serving
+from toren._tokens import authenticate, close_session, create_token, open_session, revoke_token
+from toren.runs import start_run
+
+pytestmark = pytest.mark.anyio
+
+SSE = {"Accept": "text/event-stream"}
+CACHE_TTL = 1.0  # the token cache's: a revocation is seen at most this late
+MARGIN = 2.0  # polling, scheduling, a loaded machine
+
+
+@attrs.frozen
+class Sse:
+    id: int | None
+    event: str
+    data: str
+
+    @property
+    def reason(self) -> Any:
+        return json.loads(self.data)["reason"]
+
+
+@contextlib.asynccontextmanager
+async def api(db_url: str, **options: Any) -> AsyncIterator[str]:
+    async with serving(db_url, port=0, options=ServerOptions(**options)) as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def http(token: str) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as session:
+        yield session
+
+
+async def _run(client: Client) -> str:
+    """A run's events URL path; no worker runs it, so its journal holds what a test writes."""
+    run_id = await start_run(client, "support", "hello")
+    return f"/runs/{run_id.removeprefix('run/')}/events"
+
+
+async def _append(client: Client, path: str, *seqs: int) -> None:
+    run_id = f"run/{path.split('/')[2]}"
+    for seq in seqs:
+        await client.pool.execute(
+            "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+            "VALUES ($1, $2, 1, $3, $4)",
+            run_id,
+            seq,
+            f"test.{seq}",
+            {"n": seq},
+        )
+
+
+async def read_all(response: aiohttp.ClientResponse) -> list[Sse]:
+    """Every event of the stream, until the server ends it (pings skipped)."""
+    assert response.status == 200, await response.text()
+    assert response.content_type == "text/event-stream"
+    got: list[Sse] = []
+    event_id, event, data = None, "message", ""
+    async for raw in response.content:
+        line = raw.decode().rstrip("\r\n")
+        if line.startswith("id: "):
+            event_id = int(line[4:])
+        elif line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            got.append(Sse(event_id, event, data))
+            event_id, event, data = None, "message", ""
+    return got
+
+
+async def _refused(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The problem document of a 429, after checking it is one."""
+    assert response.status == 429
+    assert response.content_type == "application/problem+json"
+    assert response.headers["Retry-After"] == "5"
+    problem: dict[str, Any] = await response.json(content_type=None)
+    assert problem["status"] == 429
+    assert problem["title"] == "Too many streams"
+    return problem
+
+
+async def test_a_stream_closes_soon_after_its_token_is_revoked(client: Client, db_url: str) -> None:
+    recheck = 0.5
+    token_id, token = await create_token(client.pool, "reader")
+    path = await _run(client)
+    async with (
+        api(db_url, stream_recheck_seconds=recheck) as base,
+        http(token) as session,
+        session.get(base + path, headers=SSE) as r,
+    ):
+        assert r.status == 200
+        await revoke_token(client.pool, token_id)
+        with anyio.fail_after(2 * recheck + CACHE_TTL + MARGIN):
+            got = await read_all(r)
+    assert got[-1].event == "toren.closed"
+    assert got[-1].reason == "revoked"
+
+
+async def test_a_stream_closes_when_its_token_expires(client: Client, db_url: str) -> None:
+    _, token = await create_token(client.pool, "brief", expires_in=2)
+    path = await _run(client)
+    async with api(db_url) as base, http(token) as session:
+        with anyio.fail_after(2 + MARGIN):
+            async with session.get(base + path, headers=SSE) as r:
+                got = await read_all(r)
+    assert got[-1].event == "toren.closed"
+    assert got[-1].reason == "expired"
+
+
+async def test_a_console_sessions_stream_closes_when_the_session_ends(
+    client: Client, db_url: str
+) -> None:
+    recheck = 0.5
+    _, token = await create_token(client.pool, "browser")
+    found = await authenticate(client.pool, token)
+    assert found is not None
+    cookie, _, _ = await open_session(client.pool, found)
+    path = await _run(client)
+    headers = {**SSE, "Cookie": f"toren_session={cookie}"}
+    async with (
+        api(db_url, stream_recheck_seconds=recheck) as base,
+        aiohttp.ClientSession() as session,
+        session.get(base + path, headers=headers) as r,
+    ):
+        assert r.status == 200
+        await close_session(client.pool, cookie)
+        with anyio.fail_after(2 * recheck + MARGIN):  # sessions are not cached
+            got = await read_all(r)
+    assert got[-1].event == "toren.closed"
+    assert got[-1].reason == "revoked"
+
+
+async def test_past_its_cap_a_token_gets_429_while_another_token_can_stream(
+    client: Client, db_url: str
+) -> None:
+    _, first = await create_token(client.pool, "first")
+    _, second = await create_token(client.pool, "second")
+    path = await _run(client)
+    async with (
+        api(db_url, streams_per_token=1, streams_max=10) as base,
+        http(first) as one,
+        http(second) as two,
+        one.get(base + path, headers=SSE) as r,
+    ):
+        assert r.status == 200
+        async with one.get(base + path, headers=SSE) as again:
+            problem = await _refused(again)
+            assert "streams_per_token" in problem["detail"]
+        async with two.get(base + path, headers=SSE) as other:
+            assert other.status == 200
+            assert other.content_type == "text/event-stream"
+
+
+async def test_past_the_process_cap_every_token_gets_429(client: Client, db_url: str) -> None:
+    tokens = [(await create_token(client.pool, f"t{i}"))[1] for i in range(3)]
+    path = await _run(client)
+    async with (
+        api(db_url, streams_max=2, streams_per_token=10) as base,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        sessions = [await stack.enter_async_context(http(t)) for t in tokens]
+        for session in sessions[:2]:
+            r = await stack.enter_async_context(session.get(base + path, headers=SSE))
+            assert r.status == 200
+        for session in sessions:
+            async with session.get(base + path, headers=SSE) as refused:
+                problem = await _refused(refused)
+                assert "streams_max" in problem["detail"]
+
+
+async def test_a_stream_the_client_leaves_gives_its_slot_back(client: Client, db_url: str) -> None:
+    _, token = await create_token(client.pool, "reader")
+    path = await _run(client)
+    async with api(db_url, streams_per_token=1) as base, http(token) as session:
+        async with session.get(base + path, headers=SSE) as r:
+            assert r.status == 200
+            async with session.get(base + path, headers=SSE) as refused:
+                await _refused(refused)
+        # The client has disconnected: the server notices and the slot comes back.
+
+        async def opens() -> bool:
+            async with session.get(base + path, headers=SSE) as again:
+                return again.status == 200
+
+        await wait_for(opens, timeout=5, interval=0.1, what="the slot to be given back")
+
+
+async def test_an_idle_stream_closes_and_its_client_resumes_without_losing_events(
+    client: Client, db_url: str
+) -> None:
+    idle = 1.0
+    _, token = await create_token(client.pool, "reader")
+    path = await _run(client)
+    await _append(client, path, 1)
+    async with api(db_url, stream_idle_seconds=idle) as base, http(token) as session:
+        with anyio.fail_after(idle + MARGIN):
+            async with session.get(base + path, headers=SSE) as r:
+                first = await read_all(r)
+        assert [(e.id, e.event) for e in first] == [(1, "test.1"), (None, "toren.closed")]
+        assert first[-1].reason == "idle"
+        await _append(client, path, 2, 3)
+        with anyio.fail_after(idle + MARGIN):
+            async with session.get(base + path, headers={**SSE, "Last-Event-ID": "1"}) as r:
+                second = await read_all(r)
+    assert [(e.id, e.event) for e in second] == [
+        (2, "test.2"),
+        (3, "test.3"),
+        (None, "toren.closed"),
+    ]
+    assert json.loads(second[0].data)["data"] == {"n": 2}
+    assert second[-1].reason == "idle"
+
+
+async def test_streams_are_told_when_the_server_stops(client: Client, db_url: str) -> None:
+    _, token = await create_token(client.pool, "reader")
+    path = await _run(client)
+    async with http(token) as session:
+        async with api(db_url) as base:
+            r = await session.get(base + path, headers=SSE)
+            assert r.status == 200
+            stopping = anyio.current_time()
+        # The server stopped without waiting out aiohttp's 60 s shutdown timeout.
+        assert anyio.current_time() - stopping < 10
+        with anyio.fail_after(MARGIN), contextlib.closing(r):
+            got = await read_all(r)
+    assert got[-1].event == "toren.closed"
+    assert got[-1].reason == "stopping"
