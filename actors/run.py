@@ -84,6 +84,7 @@ from toren.runs import (
     ToolSpec,
     Wake,
     agent_named,
+    author,
     chain,
     final_text,
     fold,
@@ -177,25 +178,27 @@ class RunActor(Actor[RunState]):
         state = ctx.state
         if isinstance(msg, StartRun):
             if not state.agent:
-                ctx.emit(RunStarted(agent=msg.agent, input=msg.input, at=time.time()))
+                ctx.emit(RunStarted(agent=msg.agent, input=msg.input, at=time.time(), by=msg.by))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Retry):
             if state.status == "failed" and state.error_class != "cancelled":
-                ctx.emit(RunRetried(who=msg.who, at=time.time()))
+                ctx.emit(RunRetried(who=author(msg)[0], at=time.time(), by=msg.by))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Say):
             was_done = state.status == "completed"
             if state.status != "failed":
-                ctx.emit(MessageReceived(text=msg.text, who=msg.who, channel=msg.channel))
+                who, via = author(msg)
+                ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))
                 if was_done:
                     ctx.send(ctx.actor_id, Continue())
             return
         live = state.status not in ("completed", "failed")
         if live and isinstance(msg, Cancel):
             reason = f": {msg.reason}" if msg.reason else ""
-            ctx.emit(RunFailed(error_class="cancelled", message=f"cancelled by {msg.who}{reason}"))
+            text = f"cancelled by {author(msg)[0]}{reason}"
+            ctx.emit(RunFailed(error_class="cancelled", message=text, by=msg.by))
             return
         if live:
             self._check_resume(ctx, go_on=not isinstance(msg, Continue))
@@ -232,16 +235,18 @@ class RunActor(Actor[RunState]):
 
     def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
         outcome = judge_decision(ctx.state, msg)
+        who, via = author(msg)
         if outcome.outcome == "applied":
             kill_point("decision.received")
             ctx.emit(
                 ApprovalDecided(
                     call_id=msg.call_id,
                     approved=msg.approved,
-                    who=msg.who,
+                    who=who,
                     reason=msg.reason,
-                    channel=msg.channel,
+                    channel=via,
                     at=time.time(),
+                    by=msg.by,
                 )
             )
             ctx.send(ctx.actor_id, Continue())
@@ -251,11 +256,12 @@ class RunActor(Actor[RunState]):
                 DecisionRefused(
                     call_id=msg.call_id,
                     approved=msg.approved,
-                    who=msg.who,
+                    who=who,
                     reason=msg.reason,
-                    channel=msg.channel,
+                    channel=via,
                     outcome=outcome.outcome,
                     at=time.time(),
+                    by=msg.by,
                 )
             )
         ctx.reply(outcome)

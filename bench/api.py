@@ -20,7 +20,7 @@ from bench._common import Bench
 from bench.agent import Finishes
 from bench.model import BenchModel
 from toren import Client
-from toren._tokens import create_token
+from toren._tokens import SCOPES, create_token
 from toren.runs import start_run
 
 CONNECTIONS = 50
@@ -64,7 +64,7 @@ async def run(b: Bench) -> None:
             await finishes.wait(run_id)
             tg.cancel_scope.cancel()
         b.stop_workers()
-        _, token = await create_token(client.pool, "bench")
+        _, token = await create_token(client.pool, "bench", scopes=SCOPES)
     port = _free_port()
     server = b.start_toren(["serve", "--port", str(port)])
     url = f"http://127.0.0.1:{port}/runs/{run_id.removeprefix('run/')}"

@@ -55,8 +55,11 @@ from chaos.servers import EffectServer, case, position, script
 from toren import Client, TorenError
 from toren._db import with_database
 from toren._migrate import migrate
+from toren._principal import Principal
 from toren.runs import DecisionOutcome, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer, Hold
+
+CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
@@ -484,9 +487,8 @@ class _Execution:
                 self.run_id,
                 call_id=call_id,
                 approved=approved,
-                who="chaos",
+                by=CHAOS,
                 reason=meant_for(call_id),
-                channel="chaos",
                 wait=None,
             )
             self.sent.append(Sent(call_id, approved))
@@ -536,9 +538,8 @@ class _Execution:
                     self.run_id,
                     call_id=call_id,
                     approved=True,
-                    who="chaos",
+                    by=CHAOS,
                     reason=meant_for(call_id),
-                    channel="chaos",
                     wait=10.0,
                 )
             except TorenError as exc:  # dead-lettered, or the run is no longer live

@@ -20,9 +20,12 @@ from chaos.oracle import Expected, judge, meant_for, observe
 from chaos.processes import Worker
 from chaos.servers import EffectServer
 from toren import Client
+from toren._principal import Principal
 from toren.kernel import TRANSIENT_DB_ERRORS
 from toren.runs import decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
+
+CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 
 @attrs.frozen
@@ -101,9 +104,8 @@ class Fleet:
                                 run_id,
                                 call_id=call.id,
                                 approved=True,
-                                who="chaos",
+                                by=CHAOS,
                                 reason=meant_for(call.id),
-                                channel="chaos",
                                 wait=None,
                             )
                         decided.add(run_id)

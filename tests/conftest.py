@@ -194,6 +194,13 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, wha
         await anyio.sleep(interval)
 
 
+def person(name: str) -> Any:
+    """A principal for tests that decide or send as someone by name."""
+    from toren._principal import Principal
+
+    return Principal(kind="os_user", id=f"test-{name}", name=name, via="test")
+
+
 async def decide_waiting(client: Client, run_id: str, **decision: Any) -> Any:
     """Decide the one call the run waits for (tests that do not care which call it is)."""
     from toren.runs import decide, read_run, waiting_on

@@ -103,7 +103,7 @@ def unbound_decisions() -> Iterator[None]:
     answer as if the named call had been decided: only the journal tells)."""
     import toren.runs
     from toren.actors import run as run_actor
-    from toren.runs import ApprovalDecided, Continue, DecisionOutcome, RunState, waiting_on
+    from toren.runs import ApprovalDecided, Continue, DecisionOutcome, RunState, author, waiting_on
     from toren.runs import state as run_state
 
     judge = run_state.judge_decision
@@ -128,10 +128,11 @@ def unbound_decisions() -> Iterator[None]:
             ApprovalDecided(
                 call_id=waiting[0],
                 approved=msg.approved,
-                who=msg.who,
+                who=author(msg)[0],
                 reason=msg.reason,
-                channel=msg.channel,
+                channel=author(msg)[1],
                 at=time.time(),
+                by=msg.by,
             )
         )
         ctx.send(ctx.actor_id, Continue())

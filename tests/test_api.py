@@ -16,7 +16,7 @@ from toren import Client
 from toren._app import load_app
 from toren._model import ToolCall
 from toren._serve import serving
-from toren._tokens import create_token, revoke_token
+from toren._tokens import SCOPES, create_token, revoke_token
 from toren.runs import read_run, start_run
 from toren.testing import AnthropicServer, Reply
 
@@ -37,7 +37,7 @@ async def session(token: str | None = None) -> AsyncIterator[aiohttp.ClientSessi
 
 
 async def _token(client: Client, name: str = "ops") -> str:
-    _, token = await create_token(client.pool, name)
+    _, token = await create_token(client.pool, name, scopes=SCOPES)
     return token
 
 
@@ -148,7 +148,12 @@ async def test_a_run_started_over_http_is_approved_and_completes(
             events = (await r.json())["events"]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     [decided] = [e for e in events if e["type"] == "approval.decided"]
-    assert (decided["data"]["who"], decided["data"]["channel"]) == ("alice", "api")
+    assert (decided["data"]["who"], decided["data"]["channel"]) == ("alice", "http")
+    token_id = token.split("_")[1]
+    principal = {"kind": "token", "id": token_id, "name": "alice", "via": "http"}
+    assert decided["data"]["by"] == principal
+    [started] = [e for e in events if e["type"] == "run.started"]
+    assert started["data"]["by"] == principal  # who started it, too
     [refused] = [e for e in events if e["type"] == "decision.refused"]
     assert (refused["data"]["call_id"], refused["data"]["outcome"]) == ("r1", "conflict")
     assert [e["type"] for e in events][-2:] == ["run.completed", "decision.refused"]
@@ -281,7 +286,8 @@ async def test_healthz_shows_workers_of_different_versions_as_skewed(
         return len(await client.pool.fetch("SELECT 1 FROM toren.workers")) == 2
 
     await wait_for(two, what="two workers registered")
-    async with api(db_url) as base, session() as http:
+    token = await _token(client)
+    async with api(db_url) as base, session(token) as http:
 
         async def skewed() -> dict[str, Any] | None:
             async with http.get(f"{base}/healthz") as r:
@@ -289,6 +295,13 @@ async def test_healthz_shows_workers_of_different_versions_as_skewed(
             return body if len(body["workers"]) == 2 else None
 
         health = await wait_for(skewed, what="both workers live")
+        # Anonymously: whether it is up and how many workers, but no host names or versions.
+        async with aiohttp.ClientSession() as anonymous, anonymous.get(f"{base}/healthz") as r:
+            assert r.status == 200
+            seen = await r.json()
+            assert r.headers["Cache-Control"] == "no-store"
+        assert (seen["workers_live"], seen["workers"], seen["versions"]) == (2, None, None)
+        assert health["workers_live"] == 2
     assert health["database"] is True
     assert health["version_skew"] is True
     assert [v.rsplit("+", 1)[1] for v in health["versions"]] == ["blue", "green"]

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, TEMPLATE
 from toren import Client
 from toren._db import with_database
 from toren._http.openapi import document
-from toren._tokens import create_token
+from toren._tokens import SCOPES, create_token
 from toren.runs import start_run
 
 schema = schemathesis.openapi.from_dict(document())
@@ -49,14 +49,20 @@ def live_api(server_url: str) -> Iterator[dict[str, Any]]:
         client = await Client.connect(url)
         try:
             await start_run(client, "support", "a run to find")
-            _, token = await create_token(client.pool, "schemathesis")
+            _, token = await create_token(client.pool, "schemathesis", scopes=SCOPES)
         finally:
             await client.close()
         return token
 
     token = anyio.run(prepare)
     port = _free_port()
-    env = dict(os.environ, TOREN_DATABASE_URL=url, PYTHONPATH=str(ROOT))
+    # Schemathesis sends bad credentials on purpose: the failed-sign-in limit is for another test.
+    env = dict(
+        os.environ,
+        TOREN_DATABASE_URL=url,
+        PYTHONPATH=str(ROOT),
+        TOREN_FAILED_AUTH_PER_MINUTE="1000000",
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "toren", "serve", "--port", str(port)], env=env, cwd=ROOT
     )

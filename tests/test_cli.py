@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -46,7 +47,7 @@ def toren(
 async def test_migrate_applies_once_then_reports_up_to_date(empty_db_url: str) -> None:
     first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert first.returncode == 0, first.stderr
-    assert "applied 2 migration(s)" in first.stdout
+    assert "applied 3 migration(s)" in first.stdout
     second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert "schema is up to date" in second.stdout
 
@@ -246,7 +247,8 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
     assert record["calls_made"] == 2  # the same figures at the top level of the record
     timeline = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", run_id))
     assert "approval requested for refund" in timeline.stdout
-    assert "approved by cli:" in timeline.stdout
+    me = pwd.getpwuid(os.getuid()).pw_name  # from the uid, whatever LOGNAME says
+    assert f"approved by {me} via cli" in timeline.stdout
     assert "receipt: 2 calls made" in timeline.stdout
     listed = await anyio.to_thread.run_sync(lambda: cli("jobs", "list"))
     assert run_id in listed.stdout

@@ -14,7 +14,7 @@ from aiohttp import web
 from tests.conftest import ROOT, wait_for
 from tests.test_api import api, refund_agent
 from toren import Client
-from toren._tokens import create_token
+from toren._tokens import SCOPES, create_token
 from toren.runs import read_run, start_run
 
 pytestmark = pytest.mark.anyio
@@ -47,7 +47,7 @@ async def test_sign_in_approve_a_parked_run_and_watch_it_finish(
 ) -> None:
     from playwright.async_api import async_playwright
 
-    _, token = await create_token(client.pool, "alice")
+    _, token = await create_token(client.pool, "alice", scopes=SCOPES)
     async with refund_agent(monkeypatch, db_url), api(db_url) as base:
         run_id = await start_run(client, "support", "My parcel never came; refund me.")
         await wait_for(lambda: _parked(client, run_id), what="parked")
@@ -93,7 +93,7 @@ async def test_cross_site_and_csrf_less_writes_are_refused(
 ) -> None:
     from playwright.async_api import async_playwright
 
-    _, token = await create_token(client.pool, "alice")
+    _, token = await create_token(client.pool, "alice", scopes=SCOPES)
     run_id = await start_run(client, "support", "hello")
     uuid = run_id.removeprefix("run/")
     async with api(db_url) as base:

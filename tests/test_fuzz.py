@@ -73,12 +73,14 @@ from toren._http.common import CLIENT, to_json
 from toren._http.runs import _run
 from toren._http.states import STATES, RunStates
 from toren._listing import list_runs
+from toren._principal import FIELD_CAP, Principal
 from toren.runs import (
     ApprovalDecided,
     DecisionRefused,
     MessageTooLarge,
     RunCompleted,
     RunFailed,
+    RunNotInState,
     RunState,
     TimerFired,
     ToolIntended,
@@ -550,8 +552,8 @@ class Harness:
     async def _send(self, run_id: str, state: RunState, round_: Round, sent: list[Sent]) -> None:
         async def one(send: Send, call_id: str, who: str) -> None:
             if send.target == "cancel":
-                with contextlib.suppress(MessageTooLarge):  # refused, nothing sent
-                    await cancel(self.client, run_id, who=who, reason=send.reason)
+                with contextlib.suppress(MessageTooLarge, RunNotInState):  # refused, not sent
+                    await cancel(self.client, run_id, by=_decider(who), reason=send.reason)
                 return
             entry = Sent(call_id=call_id, approved=send.approved, who=who, outcome=None)
             sent.append(entry)
@@ -561,9 +563,8 @@ class Harness:
                     run_id,
                     call_id=call_id,
                     approved=send.approved,
-                    who=who,
+                    by=_decider(who),
                     reason=send.reason,
-                    channel="fuzz",
                     wait=5.0 if send.wait else None,
                 )
             except ActorNotLive:
@@ -583,7 +584,7 @@ class Harness:
                 (
                     send,
                     self._target(run_id, state, send.target),
-                    f"fuzzer-{self.decisions}:{send.who}",
+                    f"fuzzer-{self.decisions}:{send.who}"[:FIELD_CAP],
                 )
             )
         if round_.concurrent:
@@ -1030,3 +1031,8 @@ def test_the_fuzzer_finds_each_fix_removed(
         f"\nfuzz [{mutation}]: counterexample at example {at} of {MAX_EXAMPLES} "
         f"({done.seconds:.1f}s): {type(failure).__name__}: {str(failure)[:600]}\n{example}"
     )
+
+
+def _decider(name: str) -> Principal:
+    """A unique decider per send (its name starts with a unique number)."""
+    return Principal(kind="os_user", id=name.partition(":")[0], name=name, via="fuzz")

@@ -21,7 +21,7 @@ import pytest
 
 import toren.providers.anthropic  # noqa: F401  (an SDK import takes seconds; paid once here)
 from tests import hostile_app
-from tests.conftest import running_worker, wait_for
+from tests.conftest import person, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._http.states import RunStates
@@ -107,23 +107,23 @@ async def test_a_decision_for_another_call_is_refused_and_never_applied(
     async with model(script, monkeypatch), running_worker(db_url):
         run_id = await start_run(client, "payer", "pay alice")
         await wait_for(lambda: waits_for(client, run_id, "p1"), what="asks about p1")
-        first = await decide(client, run_id, call_id="p1", approved=True, who="alice")
+        first = await decide(client, run_id, call_id="p1", approved=True, by=person("alice"))
         assert first is not None
         assert first.outcome == "applied"
         await wait_for(lambda: waits_for(client, run_id, "p2"), what="asks about p2")
         # A stale page, a retried request, a second approver: the decision names p1.
-        stale = await decide(client, run_id, call_id="p1", approved=True, who="bob")
+        stale = await decide(client, run_id, call_id="p1", approved=True, by=person("bob"))
         assert stale is not None
         assert stale.outcome == "repeated"  # p1 was approved already
-        other = await decide(client, run_id, call_id="p1", approved=False, who="carol")
+        other = await decide(client, run_id, call_id="p1", approved=False, by=person("carol"))
         assert other is not None
         assert other.outcome == "conflict"
-        unknown = await decide(client, run_id, call_id="nope", approved=True, who="dave")
+        unknown = await decide(client, run_id, call_id="nope", approved=True, by=person("dave"))
         assert unknown is not None
         assert unknown.outcome == "not_waiting"
         assert "pay (call p2)" in unknown.detail  # it names what does wait
         assert await waits_for(client, run_id, "p2")
-        denied = await decide(client, run_id, call_id="p2", approved=False, who="erin")
+        denied = await decide(client, run_id, call_id="p2", approved=False, by=person("erin"))
         assert denied is not None
         assert denied.outcome == "applied"
         state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
@@ -151,9 +151,11 @@ async def test_a_decision_nobody_answers_is_pending_and_applies_only_to_its_call
             run_id = await start_run(client, "payer", "pay alice")
             await wait_for(lambda: waits_for(client, run_id, "p1"), what="asks about p1")
         # No worker: nobody answers within the bound, and the decisions stay queued.
-        pending = await decide(client, run_id, call_id="p0", approved=True, who="x", wait=0.5)
+        pending = await decide(
+            client, run_id, call_id="p0", approved=True, by=person("x"), wait=0.5
+        )
         assert pending is None
-        await decide(client, run_id, call_id="p1", approved=True, who="alice", wait=None)
+        await decide(client, run_id, call_id="p1", approved=True, by=person("alice"), wait=None)
         async with running_worker(db_url):
             state = await wait_for(lambda: settled(client, run_id, "completed"), what="done")
     assert [e["call_id"] for e in hostile_app.ledger] == ["p1"]
@@ -256,10 +258,10 @@ async def test_a_human_message_over_the_cap_is_refused_and_one_with_a_nul_is_kep
 ) -> None:
     run_id = await start_run(client, "payer", "hello")
     with pytest.raises(MessageTooLarge, match="65536"):
-        await say(client, run_id, "m" * 70_000, who="alice")
+        await say(client, run_id, "m" * 70_000, by=person("alice"))
     with pytest.raises(MessageTooLarge):
         await start_run(client, "payer", "i" * 70_000)
-    await say(client, run_id, "a\x00b", who="alice")
+    await say(client, run_id, "a\x00b", by=person("alice"))
     bodies = await client.pool.fetch("SELECT body FROM toren.mailbox WHERE kind = 'run.say'")
     assert [b["body"]["text"] for b in bodies] == ["a\x00b"]
 
@@ -285,7 +287,7 @@ async def test_an_approval_predicate_that_raises_fails_the_run_visibly_and_retry
         assert await agree(client, run_id) == ("failed", "internal")
         assert hostile_app.ledger == []
         monkeypatch.setattr(hostile_app, "predicate_broken", False)  # the cause is fixed
-        await retry(client, run_id, who="ops")
+        await retry(client, run_id, by=person("ops"))
         await wait_for(lambda: settled(client, run_id, "completed"), what="completed on retry")
     assert [e["call_id"] for e in hostile_app.ledger] == ["g1"]
     assert await agree(client, run_id) == ("completed", None)
@@ -342,7 +344,7 @@ async def test_a_run_the_kernel_gives_up_on_fails_with_class_crashloop_and_can_b
         run_id = await start_run(client, "payer", "pay alice")
         await wait_for(lambda: waits_for(client, run_id, "p1"), what="asks about p1")
         broken.add(run_id)  # a bad deploy: the run cannot be rebuilt any more
-        await decide(client, run_id, call_id="p1", approved=True, who="alice", wait=None)
+        await decide(client, run_id, call_id="p1", approved=True, by=person("alice"), wait=None)
         state = await wait_for(
             lambda: settled(client, run_id, "failed"), timeout=30, what="given up on"
         )
@@ -350,12 +352,12 @@ async def test_a_run_the_kernel_gives_up_on_fails_with_class_crashloop_and_can_b
         assert "cannot read its own journal" in (state.error or "")
         assert await agree(client, run_id) == ("failed", "crashloop")
         broken.clear()  # fixed
-        await retry(client, run_id, who="ops")
+        await retry(client, run_id, by=person("ops"))
         # The decision sent before the crash loop is refused now (the run had failed); the
         # retried run asks again, and waits.
         await wait_for(lambda: waits_for(client, run_id, "p1"), what="asks again")
         assert await agree(client, run_id) == ("parked", None)
-        await decide(client, run_id, call_id="p1", approved=True, who="alice")
+        await decide(client, run_id, call_id="p1", approved=True, by=person("alice"))
         await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
     assert [e["call_id"] for e in hostile_app.ledger] == ["p1"]
 
@@ -403,7 +405,7 @@ async def test_typed_arguments_reach_the_tool_identically_live_and_after_a_repla
             return (await client.actor(run_id))["owner"] is None
 
         await wait_for(passivated, what="left the worker: the rest is a replay")
-        await decide(client, run_id, call_id="p1", approved=True, who="alice")
+        await decide(client, run_id, call_id="p1", approved=True, by=person("alice"))
         state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
     booked = [e for e in hostile_app.ledger if e["tool"] == "book"]
     expected = {
@@ -471,7 +473,9 @@ async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_it
 
         monkeypatch.setattr(toren.actors.run, "build_request", redeployed)
         # The approver's page still shows alice's payment, call_1.
-        await decide(client, run_id, call_id="call_1", approved=True, who="approver", wait=None)
+        await decide(
+            client, run_id, call_id="call_1", approved=True, by=person("approver"), wait=None
+        )
         async with running_worker(db_url):
 
             async def asks_again() -> list[str]:
@@ -480,7 +484,9 @@ async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_it
 
             [new_id] = await wait_for(asks_again, what="invalidated, then asks about mallory")
             assert new_id != "call_1"  # the voided call's id is not given to the new call
-            again = await decide(client, run_id, call_id="call_1", approved=True, who="approver")
+            again = await decide(
+                client, run_id, call_id="call_1", approved=True, by=person("approver")
+            )
     assert again is not None
     assert again.outcome == "not_waiting"
     assert hostile_app.ledger == []  # neither payment was made
@@ -500,7 +506,7 @@ async def test_a_denial_holds_when_the_approval_predicate_changes_its_mind(
         run_id = await start_run(client, "banker", "transfer")
         await wait_for(lambda: waits_for(client, run_id, "t1"), what="asks about t1")
         monkeypatch.setattr(hostile_app, "policy_says_ask", False)  # the policy changed
-        denied = await decide(client, run_id, call_id="t1", approved=False, who="boss")
+        denied = await decide(client, run_id, call_id="t1", approved=False, by=person("boss"))
         assert denied is not None
         assert denied.outcome == "applied"
         state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
@@ -548,7 +554,7 @@ async def test_an_answer_the_sdk_cannot_read_is_counted_once_and_not_asked_again
                 assert state.error_class == "provider"
                 r = receipt(state)
                 assert (r.calls_made, r.unpriced_calls) == (1, 1)
-                await retry(client, run_id, who="ops")  # a person decides to pay for a try
+                await retry(client, run_id, by=person("ops"))  # a person decides to pay for a try
                 state = await wait_for(
                     lambda: settled(client, run_id, "completed"), what="completed"
                 )

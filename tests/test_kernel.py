@@ -186,11 +186,13 @@ async def test_housekeeping_forgets_old_dedupe_keys_and_replies(client: Client) 
         "INSERT INTO toren.replies (correlation_id, kind, body, created_at) "
         "VALUES (gen_random_uuid(), 'json', '{}', now() - interval '2 hours')"
     )
-    from toren._tokens import Principal, create_token, open_session
+    from toren._tokens import authenticate, create_token, open_session
 
-    token_id, _ = await create_token(client.pool, "ops")
-    await open_session(client.pool, Principal(token_id=token_id, name="ops", via="token"))
-    await open_session(client.pool, Principal(token_id=token_id, name="ops", via="token"))
+    _, token = await create_token(client.pool, "ops")
+    access = await authenticate(client.pool, token)
+    assert access is not None
+    await open_session(client.pool, access)
+    await open_session(client.pool, access)
     await client.pool.execute(
         "UPDATE toren.sessions SET expires_at = now() - interval '1 second' "
         "WHERE ctid = (SELECT min(ctid) FROM toren.sessions)"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 import os
+import pwd
 import sys
 from typing import Any
 
@@ -18,7 +18,8 @@ from tests.conftest import ROOT, wait_for
 from tests.test_api import refund_agent
 from toren import Client
 from toren._mcp import serving_http
-from toren._tokens import create_token
+from toren._principal import Principal
+from toren._tokens import SCOPES, create_token
 from toren.runs import read_run, start_run
 
 pytestmark = pytest.mark.anyio
@@ -48,8 +49,14 @@ async def test_a_client_over_stdio_lists_runs_and_approves_one(
         await wait_for(lambda: _parked(client, run_id), what="parked")
         params = StdioServerParameters(
             command=sys.executable,
-            args=["-m", "toren", "mcp"],
-            env={**os.environ, "TOREN_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)},
+            args=["-m", "toren", "mcp", "--allow-decisions"],
+            env={
+                **os.environ,
+                "TOREN_DATABASE_URL": db_url,
+                "PYTHONPATH": str(ROOT),
+                "LOGNAME": "someone",  # never trusted: the user comes from the process's uid
+                "USER": "someone",
+            },
             cwd=str(ROOT),
         )
         async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
@@ -69,20 +76,18 @@ async def test_a_client_over_stdio_lists_runs_and_approves_one(
             _data(await mcp.call_tool("approve", decided))
         await wait_for(lambda: _completed(client, run_id), what="completed")
     [decision] = (await read_run(client, run_id)).decisions.values()
-    assert (decision.channel, decision.who, decision.reason) == (
-        "mcp",
-        f"mcp:{getpass.getuser()}",
-        "via Claude",
-    )
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert (decision.channel, decision.who, decision.reason) == ("mcp", me, "via Claude")
+    assert decision.by == Principal(kind="os_user", id=str(os.getuid()), name=me, via="mcp")
 
 
 async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, token = await create_token(client.pool, "claude-desktop")
+    token_id, token = await create_token(client.pool, "claude-desktop", scopes=SCOPES)
     async with (
         refund_agent(monkeypatch, db_url),
-        serving_http(db_url, host="127.0.0.1", port=0) as url,
+        serving_http(db_url, host="127.0.0.1", port=0, allow_decisions=True) as url,
     ):
         approved = await start_run(client, "support", "Refund me")
         denied = await start_run(client, "support", "Refund me too")
@@ -110,6 +115,7 @@ async def test_a_client_over_http_needs_a_token_and_approves_as_its_name(
     [yes] = (await read_run(client, approved)).decisions.values()
     [no] = (await read_run(client, denied)).decisions.values()
     assert (yes.channel, yes.who, yes.approved) == ("mcp", "claude-desktop", True)
+    assert yes.by == Principal(kind="token", id=token_id, name="claude-desktop", via="mcp")
     assert (no.channel, no.who, no.approved, no.reason) == (
         "mcp",
         "claude-desktop",

@@ -18,7 +18,7 @@ import pytest
 # times a budget should not measure it).
 import toren.providers.anthropic  # noqa: F401
 from tests import run_app
-from tests.conftest import WorkerFactory, decide_waiting, running_worker, wait_for
+from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._model import Text, ToolCall
@@ -66,7 +66,7 @@ async def test_a_run_calls_tools_parks_for_approval_and_completes(
             return (await client.actor(run_id))["owner"] is None
 
         await wait_for(passivated, what="lease released while parked")
-        await decide_waiting(client, run_id, approved=True, who="alice", reason="ok")
+        await decide_waiting(client, run_id, approved=True, by=person("alice"), reason="ok")
         await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         assert len(server.requests) == 3
 
@@ -108,7 +108,7 @@ async def test_denied_calls_and_bad_calls_go_back_to_the_model_as_errors(
     async with anthropic(script, monkeypatch) as server, running_worker(db_url):
         run_id = await start_run(client, "support", "Refund me.")
         await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
-        await decide_waiting(client, run_id, approved=False, who="bob", reason="too much")
+        await decide_waiting(client, run_id, approved=False, by=person("bob"), reason="too much")
         await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         results = server.requests[1]["messages"][-1]["content"]
     assert [r["is_error"] for r in results] == [True, True, True]
@@ -253,7 +253,7 @@ async def test_attempts_cap_fails_the_run_and_retry_finishes_it_without_repaying
         state = await read_run(client, run_id)
         assert state.error_class == "attempts"
         assert len(server.requests) == 3
-        await retry(client, run_id, who="ops")
+        await retry(client, run_id, by=person("ops"))
         await wait_for(lambda: _status(client, run_id, "completed"), what="completed on retry")
         assert len(server.requests) == 4  # the completed first call was not paid again
     state = await read_run(client, run_id)
@@ -283,11 +283,11 @@ async def test_cancel_a_parked_run_and_talk_to_a_completed_one(
     async with anthropic(script, monkeypatch) as server, running_worker(db_url):
         parked = await start_run(client, "support", "refund please")
         await wait_for(lambda: _status(client, parked, "parked"), what="parked")
-        await cancel(client, parked, who="carol", reason="duplicate")
+        await cancel(client, parked, by=person("carol"), reason="duplicate")
         await wait_for(lambda: _status(client, parked, "failed"), what="cancelled")
         chat = await start_run(client, "support", "hi")
         await wait_for(lambda: _status(client, chat, "completed"), what="first answer")
-        await say(client, chat, "are you there?", who="dave")
+        await say(client, chat, "are you there?", by=person("dave"))
         await wait_for(lambda: _output(client, chat, "Still here."), what="second answer")
         last_request = server.requests[-1]["messages"]
     state = await read_run(client, parked)
@@ -339,7 +339,7 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
         async with running_worker(db_url):  # version 1
             run_id = await start_run(client, "support", "Fix my order.")
             await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
-            await say(client, run_id, "Also check order B-2.", who="erin")
+            await say(client, run_id, "Also check order B-2.", by=person("erin"))
 
             async def heard() -> bool:
                 return bool((await read_run(client, run_id)).heard)
@@ -349,7 +349,7 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
         # Version 2 renders tool results differently.
         shout = _shouting(toren.actors.run.build_request)
         monkeypatch.setattr(toren.actors.run, "build_request", shout)
-        await decide_waiting(client, run_id, approved=True, who="alice", wait=None)
+        await decide_waiting(client, run_id, approved=True, by=person("alice"), wait=None)
         async with running_worker(db_url):  # version 2
 
             async def asked_again() -> bool:
@@ -357,7 +357,7 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
                 return bool(state.voided) and state.status == "parked"
 
             await wait_for(asked_again, what="invalidated, then asked again")
-            await decide_waiting(client, run_id, approved=True, who="alice")
+            await decide_waiting(client, run_id, approved=True, by=person("alice"))
             await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
         requests = server.requests
 
@@ -401,7 +401,7 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
                 raise RuntimeError("a bug after the resume check")  # the step is discarded
 
         monkeypatch.setattr(RunActor, "_decide", failing_once)
-        await decide_waiting(client, run_id, approved=True, who="early", wait=None)
+        await decide_waiting(client, run_id, approved=True, by=person("early"), wait=None)
         async with running_worker(db_url):  # version 2
 
             async def asked_again() -> bool:
@@ -409,7 +409,7 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
                 return bool(state.voided) and state.status == "parked"
 
             await wait_for(asked_again, what="invalidated (on the retry too), then asked again")
-            await decide_waiting(client, run_id, approved=True, who="later")
+            await decide_waiting(client, run_id, approved=True, by=person("later"))
             await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
     assert failures == ["c2"]
     journal = await client.journal(run_id)
@@ -431,7 +431,7 @@ async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
         run_id = await start_run(client, "hasty", "refund")  # wall_clock = 2 s
         await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
         await anyio.sleep(3)  # parked: not charged to the budget
-        await decide_waiting(client, run_id, approved=True, who="alice")
+        await decide_waiting(client, run_id, approved=True, by=person("alice"))
         await wait_for(lambda: _status(client, run_id, "failed"), what="timed out")
         # Had the parked time counted, the run would have failed before its second call.
         assert len(server.requests) == 2
@@ -497,7 +497,7 @@ async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
 
         await wait_for(worker_reports_none_in_memory, what="toren workers shows 0 in memory")
 
-        await decide_waiting(client, ids[7], approved=True, who="alice")
+        await decide_waiting(client, ids[7], approved=True, by=person("alice"))
         await wait_for(lambda: _status(client, ids[7], "completed"), what="the approved one")
         assert len(server.requests) == count + 1  # only it went on
     statuses = {(await read_run(client, i)).status for i in ids[:7] + ids[8:20]}
@@ -594,7 +594,7 @@ async def test_ten_steps_with_an_approval_survive_a_sigkill_after_step_five(
         first = workers(app="tests.run_app")
         run_id = await start_run(client, agent, "Open the tickets.")
         await wait_for(lambda: _status(client, run_id, "parked"), timeout=60, what="approval")
-        await decide_waiting(client, run_id, approved=True, who="alice")
+        await decide_waiting(client, run_id, approved=True, by=person("alice"))
         with anyio.fail_after(60):
             await held.arrived.wait()
         first.kill()  # request 6 stays held: it is never answered (never paid)

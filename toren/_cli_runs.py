@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 from decimal import Decimal
 from typing import Any
@@ -15,8 +14,9 @@ from toren._cli_common import database_url, err, out, run_async
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, TorenError, UnknownActor
-from toren._json import safe_text
 from toren._listing import list_runs
+from toren._principal import Principal
+from toren._terminal import plain, printable
 from toren.runs import (
     DECISION_WAIT,
     RunState,
@@ -31,9 +31,10 @@ from toren.runs import (
 )
 
 
-def who() -> str:
-    """How a CLI user is recorded on approvals and messages."""
-    return f"cli:{getpass.getuser()}"
+def who() -> Principal:
+    """How a CLI user is recorded on what they do: the OS user of this process, by uid (never
+    from ``LOGNAME`` or ``USER``). The CLI needs no token: database access is the trust."""
+    return Principal.os_user("cli")
 
 
 def normalize(run_id: str) -> str:
@@ -77,8 +78,10 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
 
 
 def describe(event_type: str, data: dict[str, Any]) -> str:
-    """One timeline line for an event (printable: NUL and lone surrogates shown as escapes)."""
-    return safe_text(_describe(event_type, data))
+    """One timeline line for an event, :func:`~toren._terminal.printable` (control characters,
+    bidi controls, NUL and lone surrogates shown as escapes), its line breaks shown as ``\\n``
+    so that no text in a run can make a line that looks like another event."""
+    return printable(_describe(event_type, data)).replace("\n", "\\n")
 
 
 def _describe(event_type: str, data: dict[str, Any]) -> str:
@@ -152,12 +155,11 @@ def register(main: click.Group) -> None:
         try:
             await _check_served(client, agent)
             cap = ctx.obj["settings"].max_message_bytes
-            run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap)
-            out.print(run_id)
+            run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap, by=who())
+            out.print(plain(run_id))
             if wait:
                 state = await _until_settled(client, run_id)
-                said = safe_text(state.output or state.error or "")
-                out.print(f"{state.status}: {said}", markup=False, highlight=False)
+                out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
         finally:
             await client.close()
 
@@ -185,9 +187,9 @@ def register(main: click.Group) -> None:
             table.add_column(col)
         for row in rows:
             table.add_row(
-                row.id,
-                row.agent,
-                row.status,
+                plain(row.id),
+                plain(row.agent),
+                plain(row.status),
                 str(row.calls_made),
                 f"{Decimal(row.usd_paid):.6f}",
                 row.created_at.isoformat(timespec="seconds"),
@@ -210,18 +212,15 @@ def register(main: click.Group) -> None:
                 click.echo(json.dumps(record(run_id, state), indent=2, ensure_ascii=True))
                 return
             for entry in await client.journal(run_id):
-                out.print(
-                    f"{entry.seq:>4}  {describe(entry.type, entry.data)}",
-                    highlight=False,
-                    markup=False,
-                )
+                out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
             r = receipt(state)
             out.print(
-                f"\nstatus {state.status}. receipt: {r.calls_made} calls made, {r.calls_replayed} "
-                f"replayed; {r.input_tokens} in / {r.output_tokens} out tokens; ${r.usd_paid} "
-                f"paid, ${r.usd_not_repaid} not re-paid"
-                + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else ""),
-                highlight=False,
+                plain(
+                    f"\nstatus {state.status}. receipt: {r.calls_made} calls made, "
+                    f"{r.calls_replayed} replayed; {r.input_tokens} in / {r.output_tokens} out "
+                    f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
+                    + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")
+                )
             )
         finally:
             await client.close()
@@ -239,8 +238,7 @@ def register(main: click.Group) -> None:
             seen = 0
             while True:
                 for entry in await client.journal(run_id, after=seen):
-                    line = f"{entry.seq:>4}  {describe(entry.type, entry.data)}"
-                    out.print(line, highlight=False, markup=False)
+                    out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
                     seen = entry.seq
                     if entry.type in ("run.completed", "run.failed", "toren.failed"):
                         return
@@ -268,20 +266,20 @@ def register(main: click.Group) -> None:
             try:
                 await _read(client, run_id)
                 await action(client, run_id, settings=settings, **kwargs)
-                out.print(f"{name}: sent to {run_id}")
+                out.print(plain(f"{name}: sent to {run_id}"))
             finally:
                 await client.close()
 
         jobs.add_command(click.Command(name, callback=command, params=params, help=help_text))
 
     async def send(c: Client, r: str, text: str, settings: Settings) -> None:
-        await say(c, r, text, who=who(), cap=settings.max_message_bytes)
+        await say(c, r, text, by=who(), cap=settings.max_message_bytes)
 
     async def stop(c: Client, r: str, reason: str, settings: Settings) -> None:
-        await cancel(c, r, who=who(), reason=reason)
+        await cancel(c, r, by=who(), reason=reason)
 
     async def again(c: Client, r: str, settings: Settings) -> None:
-        await retry(c, r, who=who())
+        await retry(c, r, by=who())
 
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
     steer("cancel", "Cancel RUN.", stop, reason=True)
@@ -346,20 +344,21 @@ async def _decide(
     for call in waiting:
         if call.id == call_id:
             arguments = json.dumps(call.arguments, ensure_ascii=True)
-            out.print(f"{verb} {call.name} {arguments} (call {call.id})", markup=False)
+            out.print(plain(f"{verb} {call.name} {arguments} (call {call.id})"))
     outcome = await decide(
-        client, run_id, call_id=call_id, approved=approved, who=who(), reason=reason
+        client, run_id, call_id=call_id, approved=approved, by=who(), reason=reason
     )
     if outcome is None:
         out.print(
-            f"pending: no worker answered within {DECISION_WAIT:g}s; the decision is queued and "
-            f"is applied only if call {call_id} still waits when the run handles it",
-            markup=False,
+            plain(
+                f"pending: no worker answered within {DECISION_WAIT:g}s; the decision is queued "
+                f"and is applied only if call {call_id} still waits when the run handles it"
+            )
         )
     elif not outcome.accepted:
         raise DecisionNotApplied(outcome.detail)
     else:
-        out.print(outcome.detail, markup=False)
+        out.print(plain(outcome.detail))
 
 
 async def _check_served(client: Client, agent: str) -> None:
@@ -368,7 +367,9 @@ async def _check_served(client: Client, agent: str) -> None:
 
     served = await served_agents(client.pool)
     if served is None:
-        err.print(f"note: no worker is running; the run starts when one with agent {agent!r} does")
+        err.print(
+            plain(f"note: no worker is running; the run starts when one with agent {agent!r} does")
+        )
     elif agent not in served:
         raise ConfigError(
             f"no live worker runs agent {agent!r} "

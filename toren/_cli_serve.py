@@ -5,11 +5,15 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
+from toren._agents import parse_duration
 from toren._cli_common import database_url, err, out, run_async
 from toren._config import Settings
 from toren._db import connect
+from toren._errors import ConfigError
+from toren._http import ServerOptions
 from toren._serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
-from toren._tokens import create_token, list_tokens, revoke_token
+from toren._terminal import plain
+from toren._tokens import SCOPES, create_token, list_tokens, revoke_token
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -28,11 +32,20 @@ def register(main: click.Group) -> None:
 @click.option("--http", "over_http", is_flag=True, help="Serve streamable HTTP instead of stdio.")
 @click.option("--host", default=DEFAULT_HOST, show_default=True)
 @click.option("--port", default=8421, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--allow-decisions",
+    is_flag=True,
+    help="Offer approve and deny. Off by default: a model reading runs reads text an attacker "
+    "may have written, and should not also be able to approve.",
+)
 @click.pass_context
 @run_async
-async def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None:
+async def mcp(
+    ctx: click.Context, over_http: bool, host: str, port: int, allow_decisions: bool
+) -> None:
     """Serve the MCP server: over stdio (for a local client such as Claude Desktop), or over
-    streamable HTTP at /mcp, where every request needs an API token."""
+    streamable HTTP at /mcp, where every request needs an API token (its scopes govern the
+    tools). Approving and denying are offered only with --allow-decisions."""
     import anyio
 
     from toren._mcp import serve_stdio, serving_http
@@ -40,9 +53,11 @@ async def mcp(ctx: click.Context, over_http: bool, host: str, port: int) -> None
     settings = _settings(ctx)
     url, cap = database_url(settings), settings.max_message_bytes
     if not over_http:
-        await serve_stdio(url, message_cap=cap)
+        await serve_stdio(url, message_cap=cap, allow_decisions=allow_decisions)
         return
-    async with serving_http(url, host=host, port=port, message_cap=cap) as where:
+    async with serving_http(
+        url, host=host, port=port, message_cap=cap, allow_decisions=allow_decisions
+    ) as where:
         err.print(f"MCP over streamable HTTP at {where} (Authorization: Bearer <token>)")
         await anyio.sleep_forever()
 
@@ -61,7 +76,7 @@ async def serve(ctx: click.Context, host: str, port: int) -> None:
         )
     settings = _settings(ctx)
     await serve_forever(
-        database_url(settings), host=host, port=port, message_cap=settings.max_message_bytes
+        database_url(settings), host=host, port=port, options=ServerOptions.of(settings)
     )
 
 
@@ -72,19 +87,56 @@ def tokens() -> None:
 
 @tokens.command("create")
 @click.argument("name")
+@click.option(
+    "--scope",
+    "scopes",
+    multiple=True,
+    type=click.Choice(SCOPES),
+    help="read; operate (start, send, cancel, retry); approve (decide). Repeat for several. "
+    "Default: read only.",
+)
+@click.option("--agent", "agents", multiple=True, help="Write only to runs of this agent.")
+@click.option("--expires", help="Lifetime, for example 12h or 30d (default: until revoked).")
 @click.pass_context
 @run_async
-async def create(ctx: click.Context, name: str) -> None:
-    """Create a token named NAME (recorded on the approvals and messages it gives). It is printed
-    once, here; only its hash is stored."""
-    if not name.strip() or len(name) > 100:
-        raise click.BadParameter("a name of 1 to 100 characters", param_hint="NAME")
+async def create(
+    ctx: click.Context,
+    name: str,
+    scopes: tuple[str, ...],
+    agents: tuple[str, ...],
+    expires: str | None,
+) -> None:
+    """Create a token named NAME (unique among live tokens; events record its id). It is
+    printed once, here; only its hash is stored."""
+    lifetime = None
+    if expires is not None:
+        try:
+            lifetime = parse_duration(expires)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint="--expires") from None
+    if not scopes:
+        err.print("note: no --scope given: the token may only read (add --scope operate/approve)")
     conn = await connect(database_url(_settings(ctx)))
     try:
-        token_id, token = await create_token(conn, name.strip())
+        token_id, token = await create_token(
+            conn,
+            name,
+            scopes=scopes or ("read",),
+            agents=agents or None,
+            expires_in=lifetime,
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
     finally:
         await conn.close()
-    err.print(f"token {token_id} ({name}) created; it is shown only now:")
+    granted = ", ".join(s for s in SCOPES if s in (scopes or ("read",)))
+    limits = f"; agents {', '.join(agents)}" if agents else ""
+    until = f"; expires in {expires}" if expires else ""
+    err.print(
+        plain(
+            f"token {token_id} ({name}) created, scopes {granted}{limits}{until}; shown only now:"
+        )
+    )
     click.echo(token)
 
 
@@ -99,13 +151,16 @@ async def list_(ctx: click.Context) -> None:
     finally:
         await conn.close()
     table = Table(title=f"{len(rows)} token(s)")
-    for col in ("id", "name", "created", "last used", "revoked"):
+    for col in ("id", "name", "scopes", "agents", "created", "expires", "last used", "revoked"):
         table.add_column(col)
     for r in rows:
         table.add_row(
-            r.id,
-            r.name,
+            plain(r.id),
+            plain(r.name),
+            plain(" ".join(r.scopes)),
+            plain(" ".join(r.agents) if r.agents is not None else "all"),
             r.created_at.isoformat(timespec="seconds"),
+            r.expires_at.isoformat(timespec="seconds") if r.expires_at else "-",
             r.last_used_at.isoformat(timespec="seconds") if r.last_used_at else "-",
             r.revoked_at.isoformat(timespec="seconds") if r.revoked_at else "-",
         )
@@ -125,4 +180,4 @@ async def revoke(ctx: click.Context, token_id: str) -> None:
         await conn.close()
     if not done:
         raise click.ClickException(f"no live token {token_id!r}")
-    out.print(f"revoked {token_id}")
+    out.print(plain(f"revoked {token_id}"))

@@ -6,6 +6,7 @@ Precedence, lowest first: defaults, the TOML file, environment variables, explic
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import tomllib
@@ -33,6 +34,12 @@ _ENV: dict[str, tuple[str, type]] = {
     "actor_restart_period": ("TOREN_ACTOR_RESTART_PERIOD", float),
     "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
     "max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int),
+    "secure_cookies": ("TOREN_SECURE_COOKIES", bool),
+    "trusted_proxies": ("TOREN_TRUSTED_PROXIES", tuple),
+    "streams_max": ("TOREN_STREAMS_MAX", int),
+    "streams_per_token": ("TOREN_STREAMS_PER_TOKEN", int),
+    "stream_idle_seconds": ("TOREN_STREAM_IDLE_SECONDS", float),
+    "failed_auth_per_minute": ("TOREN_FAILED_AUTH_PER_MINUTE", int),
 }
 
 _TABLES = {"worker"}
@@ -41,6 +48,24 @@ _TABLES = {"worker"}
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
     if value <= 0:
         raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+
+
+def _networks(value: Any) -> tuple[str, ...]:
+    """Addresses or networks, from a list or a comma-separated string.
+
+    Raises:
+        ConfigError: one is neither.
+    """
+    items = value.split(",") if isinstance(value, str) else list(value)
+    found = []
+    for item in (str(i).strip() for i in items):
+        if not item:
+            continue
+        try:
+            found.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ConfigError(f"trusted_proxies: {item!r} is not an address or network") from None
+    return tuple(found)
 
 
 @attrs.frozen(kw_only=True)
@@ -66,6 +91,17 @@ class Settings:
         max_message_bytes: The largest human message or run input (UTF-8 bytes) the API, the
             CLI and the MCP server accept (64 KiB by default); a longer one is refused, never
             truncated.
+        secure_cookies: Whether the console's session cookie is ``Secure``; unset, it is when
+            the request came over TLS (set it true behind a proxy that terminates TLS).
+        trusted_proxies: Addresses (or networks) of reverse proxies whose
+            ``X-Forwarded-For`` names the client (for the failed-sign-in limit and the access
+            log); from anyone else the header is ignored.
+        streams_max: Event streams one API server process keeps open at once (429 past it).
+        streams_per_token: Event streams one token (or session) may hold open per process.
+        stream_idle_seconds: An event stream with no new event for this long is closed (the
+            client reconnects with ``Last-Event-ID``).
+        failed_auth_per_minute: Failed sign-ins (bad bearer tokens, console sign-ins) one
+            client address may make per minute before it gets 429s.
     """
 
     database_url: str | None = None
@@ -82,6 +118,12 @@ class Settings:
     actor_restart_period: float = attrs.field(default=60.0, validator=_positive)
     dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=_positive)
     max_message_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
+    secure_cookies: bool | None = None
+    trusted_proxies: tuple[str, ...] = attrs.field(default=(), converter=_networks)
+    streams_max: int = attrs.field(default=100, validator=_positive)
+    streams_per_token: int = attrs.field(default=10, validator=_positive)
+    stream_idle_seconds: float = attrs.field(default=300.0, validator=_positive)
+    failed_auth_per_minute: int = attrs.field(default=20, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.renew_seconds >= self.lease_seconds:
@@ -140,6 +182,14 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
+    if typ is bool:
+        if isinstance(raw, bool):
+            return raw
+        if str(raw).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            return str(raw).lower() in ("1", "true", "yes", "on")
+        raise ConfigError(f"{name} from {source} must be true or false, got {raw!r}")
+    if typ is tuple:
+        return raw if isinstance(raw, list | tuple) else str(raw)
     try:
         return typ(raw)
     except (TypeError, ValueError):

@@ -14,8 +14,10 @@ from toren._client import Client
 from toren._config import Settings
 from toren._db import EmbeddedPostgres, connect, record_dev_url
 from toren._errors import ConfigError
+from toren._http import ServerOptions
 from toren._migrate import migrate
 from toren._serve import DEFAULT_PORT, serving
+from toren._terminal import plain
 from toren.runs import start_run
 from toren.testing import AnthropicServer
 
@@ -44,7 +46,7 @@ async def run_dev(
     console.print(f"schema ready ({len(applied)} migration(s) applied now)")
     try:
         async with contextlib.AsyncExitStack() as stack:
-            await _start_api(stack, url, port, settings.max_message_bytes)
+            await _start_api(stack, url, port, ServerOptions.of(settings))
             if app is None:
                 await _start_demo(stack, url)
             else:
@@ -60,12 +62,12 @@ async def run_dev(
 
 
 async def _start_api(
-    stack: contextlib.AsyncExitStack, url: str, port: int, message_cap: int
+    stack: contextlib.AsyncExitStack, url: str, port: int, options: ServerOptions
 ) -> None:
     try:
-        base = await stack.enter_async_context(serving(url, port=port, message_cap=message_cap))
+        base = await stack.enter_async_context(serving(url, port=port, options=options))
     except ConfigError as exc:
-        console.print(f"[yellow]no API or console:[/yellow] {exc}", highlight=False)
+        console.print(plain("no API or console:", style="yellow"), plain(str(exc)))
         return
     console.print(
         f"API and console on {base} (sign in with a token: `toren tokens create NAME`)",

@@ -1,13 +1,17 @@
 """The MCP server: list, read, start and steer runs from Claude or any MCP client.
 
-Over stdio (``toren mcp``) the caller is the local user (recorded as ``mcp:<user>``); over
-streamable HTTP (``toren mcp --http``) every request needs an API token, whose name is recorded.
-Approvals and messages given here are recorded with channel ``mcp``.
+Over stdio (``toren mcp``) the caller is the local OS user (a principal of kind ``os_user``,
+from the process's uid); over streamable HTTP (``toren mcp --http``) every request needs an API
+token, whose scopes govern the tools (``read`` to list and read, ``operate`` to start and send,
+``approve`` to decide). Everything done here is recorded with ``via: mcp``.
+
+Deciding is off unless the server is started with ``allow_decisions``: an LLM client that reads
+runs reads text an attacker may have written (a web page a tool fetched, a message), and the
+same client able to approve would turn a prompt injection into an approval.
 """
 
 from __future__ import annotations
 
-import getpass
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
@@ -18,15 +22,21 @@ from mcp.server.mcpserver import Context, MCPServer
 
 from toren._client import AskError, Client
 from toren._errors import ActorNotLive, UnknownActor
+from toren._http.guard import FailedAuth
 from toren._json import safe_text
 from toren._listing import list_runs as _list_runs
-from toren._tokens import authenticate
+from toren._principal import Principal
+from toren._tokens import SCOPES, Access, TokenCache
 from toren._version import __version__
 from toren.runs import (
     DECISION_WAIT,
     MESSAGE_CAP,
+    AgentNotServed,
     IdempotencyConflict,
+    InvalidStart,
     MessageTooLarge,
+    RunNotInState,
+    check_served,
     decide,
     read_run,
     receipt,
@@ -37,38 +47,57 @@ from toren.runs import (
 
 log = logging.getLogger("toren.mcp")
 
-CHANNEL = "mcp"
-
 
 class ToolError(Exception):
     """Reported to the MCP client as a tool error, with this message."""
 
 
-def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
-    """An MCP server whose tools act on ``client``'s database."""
+def build(
+    client: Client,
+    *,
+    message_cap: int = MESSAGE_CAP,
+    allow_decisions: bool = False,
+    tokens: TokenCache | None = None,
+) -> MCPServer:
+    """An MCP server whose tools act on ``client``'s database; ``approve`` and ``deny`` exist
+    only with ``allow_decisions``."""
+    tokens = tokens or TokenCache()
+    decisions = ", approve or deny what it waits for" if allow_decisions else ""
     server: MCPServer = MCPServer(
         "toren",
         version=__version__,
         instructions="Toren runs durable LLM agents. List runs, read one, start one, send it a "
-        "message, approve or deny what it waits for.",
+        f"message{decisions}.",
     )
 
-    async def who(ctx: Context) -> str:
-        headers = ctx.headers
+    async def caller(ctx: Context, scope: str, agent: str | None = None) -> Access:
+        """Who calls (the OS user over stdio, the token over HTTP), if it may use ``scope``
+        (on runs of ``agent``)."""
+        try:
+            headers = ctx.headers
+        except ValueError:  # called in this process, not over a transport: as over stdio
+            headers = None
         if headers is None:
-            return f"mcp:{getpass.getuser()}"
+            who = Principal.os_user("mcp")
+            return Access(principal=who, scopes=frozenset(SCOPES))
         token = headers.get("authorization", "").partition(" ")[2].strip()
-        principal = await authenticate(client.pool, token)
-        if principal is None:  # the HTTP layer already refused it; a revocation in between
+        access = await tokens.authenticate(client.pool, token, via="mcp")
+        if access is None:  # the HTTP layer already refused it; a revocation in between
             raise ToolError("the token is no longer valid")
-        return principal.name
+        if not access.allows(scope):
+            have = ", ".join(sorted(access.scopes))
+            raise ToolError(f"forbidden: this token lacks the {scope!r} scope (it has: {have})")
+        if agent is not None and not access.may_write(agent):
+            raise ToolError(f"forbidden: this token may not act on runs of agent {agent!r}")
+        return access
 
     @server.tool()
     async def list_runs(
-        status: str | None = None, agent: str | None = None, limit: int = 20
+        ctx: Context, status: str | None = None, agent: str | None = None, limit: int = 20
     ) -> list[dict[str, Any]]:
         """Runs, newest first. status: running, parked (waiting on a human or a timer),
         completed or failed."""
+        await caller(ctx, "read")
         try:
             limit = max(1, min(limit, 200))
             rows = await _list_runs(client, status=status, agent=agent, limit=limit)
@@ -77,8 +106,9 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
         return [_printable(row.to_json()) for row in rows]
 
     @server.tool(name="read_run")
-    async def read_run_tool(run_id: str) -> dict[str, Any]:
+    async def read_run_tool(run_id: str, ctx: Context) -> dict[str, Any]:
         """A run: status, input, output or error, what it waits for, and its cost receipt."""
+        await caller(ctx, "read")
         rid = _run_id(run_id)
         state = await _state(client, rid)
         r = receipt(state)
@@ -106,16 +136,21 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
 
     @server.tool(name="start_run")
     async def start_run_tool(
-        agent: str, input: str, idempotency_key: str | None = None
+        agent: str, input: str, ctx: Context, idempotency_key: str | None = None
     ) -> dict[str, Any]:
         """Start a run of an agent on an input; returns its id."""
-        if not agent or not input:
-            raise ToolError("agent and input are required")
+        access = await caller(ctx, "operate", agent)
         try:
+            await check_served(client, agent)
             rid = await start_run(
-                client, agent, input, idempotency_key=idempotency_key, cap=message_cap
+                client,
+                agent,
+                input,
+                idempotency_key=idempotency_key,
+                cap=message_cap,
+                by=access.principal,
             )
-        except (IdempotencyConflict, MessageTooLarge) as exc:
+        except (IdempotencyConflict, MessageTooLarge, InvalidStart, AgentNotServed) as exc:
             raise ToolError(str(exc)) from exc
         return {"id": rid, "status": "running"}
 
@@ -123,28 +158,24 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
     async def send_message(run_id: str, text: str, ctx: Context) -> str:
         """Send the run a message (applied at its next step)."""
         rid = _run_id(run_id)
-        await _state(client, rid)
+        state = await _state(client, rid)
+        access = await caller(ctx, "operate", state.agent)
         try:
-            await say(client, rid, text, who=await who(ctx), channel=CHANNEL, cap=message_cap)
+            await say(client, rid, text, by=access.principal, cap=message_cap)
         except MessageTooLarge as exc:
             raise ToolError(str(exc)) from exc
         return f"sent to {rid}"
 
     async def _decide(run_id: str, call_id: str, approved: bool, reason: str, ctx: Context) -> str:
         rid = _run_id(run_id)
-        await _state(client, rid)
-        name = await who(ctx)
+        state = await _state(client, rid)
+        access = await caller(ctx, "approve", state.agent)
+        name = access.principal.name
         try:
             outcome = await decide(
-                client,
-                rid,
-                call_id=call_id,
-                approved=approved,
-                who=name,
-                reason=reason,
-                channel=CHANNEL,
+                client, rid, call_id=call_id, approved=approved, by=access.principal, reason=reason
             )
-        except (ActorNotLive, AskError, MessageTooLarge) as exc:
+        except (ActorNotLive, AskError, MessageTooLarge, RunNotInState) as exc:
             raise ToolError(str(exc)) from exc
         if outcome is None:
             return (
@@ -154,6 +185,9 @@ def build(client: Client, *, message_cap: int = MESSAGE_CAP) -> MCPServer:
         if not outcome.accepted:
             raise ToolError(f"not applied: {outcome.detail}")
         return f"{outcome.detail} (by {name}, {rid})"
+
+    if not allow_decisions:
+        return server
 
     @server.tool()
     async def approve(run_id: str, call_id: str, ctx: Context, reason: str = "") -> str:
@@ -197,10 +231,13 @@ async def _state(client: Client, rid: str) -> Any:
     return await read_run(client, rid)
 
 
-async def serve_stdio(url: str, *, message_cap: int = MESSAGE_CAP) -> None:
+async def serve_stdio(
+    url: str, *, message_cap: int = MESSAGE_CAP, allow_decisions: bool = False
+) -> None:
     client = await Client.connect(url)
     try:
-        await build(client, message_cap=message_cap).run_stdio_async()
+        server = build(client, message_cap=message_cap, allow_decisions=allow_decisions)
+        await server.run_stdio_async()
     finally:
         await client.close()
 
@@ -211,8 +248,12 @@ ASGIApp = Callable[
 ]
 
 
-def require_token(app: ASGIApp, client: Client) -> ASGIApp:
-    """Wrap an ASGI app: HTTP requests without a valid bearer token get a 401."""
+def require_token(
+    app: ASGIApp, client: Client, tokens: TokenCache, failed: FailedAuth | None = None
+) -> ASGIApp:
+    """Wrap an ASGI app: HTTP requests without a valid bearer token get a 401; an address
+    past the failed-authentication limit gets a 429."""
+    failed = failed or FailedAuth(20)
 
     async def guarded(
         scope: MutableMapping[str, Any],
@@ -220,39 +261,59 @@ def require_token(app: ASGIApp, client: Client) -> ASGIApp:
         send: Callable[[Any], Awaitable[None]],
     ) -> None:
         if scope["type"] == "http":
+            address = str((scope.get("client") or ("?",))[0])
             headers = dict(scope.get("headers") or [])
             header = headers.get(b"authorization", b"").decode(errors="replace")
             scheme, _, token = header.partition(" ")
-            ok = scheme.lower() == "bearer" and await authenticate(client.pool, token.strip())
+            retry_after = failed.blocked(address)
+            if retry_after is not None:
+                await _refuse(send, 429, b"too many failed authentications", retry_after)
+                return
+            ok = scheme.lower() == "bearer" and await tokens.authenticate(
+                client.pool, token.strip(), via="mcp"
+            )
             if not ok:
-                body = b'{"error": "send Authorization: Bearer <token> (toren tokens create)"}'
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": 401,
-                        "headers": [
-                            (b"content-type", b"application/json"),
-                            (b"www-authenticate", b"Bearer"),
-                        ],
-                    }
+                if header:
+                    failed.failed(address)
+                await _refuse(
+                    send, 401, b"send Authorization: Bearer <token> (toren tokens create)"
                 )
-                await send({"type": "http.response.body", "body": body})
                 return
         await app(scope, receive, send)
 
     return guarded
 
 
+async def _refuse(
+    send: Callable[[Any], Awaitable[None]], status: int, why: bytes, retry_after: int = 0
+) -> None:
+    headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if retry_after:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b'{"error": "' + why + b'"}'})
+
+
 @asynccontextmanager
 async def serving_http(
-    url: str, *, host: str, port: int, message_cap: int = MESSAGE_CAP
+    url: str,
+    *,
+    host: str,
+    port: int,
+    message_cap: int = MESSAGE_CAP,
+    allow_decisions: bool = False,
 ) -> AsyncIterator[str]:
     """Serve MCP over streamable HTTP at ``http://host:port/mcp`` while inside."""
     import uvicorn
 
     client = await Client.connect(url)
-    mcp_server = build(client, message_cap=message_cap)
-    app = require_token(mcp_server.streamable_http_app(host=host), client)
+    tokens = TokenCache()
+    mcp_server = build(
+        client, message_cap=message_cap, allow_decisions=allow_decisions, tokens=tokens
+    )
+    app = require_token(mcp_server.streamable_http_app(host=host), client, tokens)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     try:

@@ -11,8 +11,7 @@ from aiohttp import web
 
 from toren._client import Client
 from toren._errors import ConfigError
-from toren._http import create_app
-from toren.runs import MESSAGE_CAP
+from toren._http import ServerOptions, create_app
 
 log = logging.getLogger("toren.http")
 
@@ -26,7 +25,7 @@ async def serving(
     *,
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
-    message_cap: int = MESSAGE_CAP,
+    options: ServerOptions | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API and console on ``host:port`` while inside; yields the base URL.
 
@@ -34,9 +33,7 @@ async def serving(
         ConfigError: the port cannot be bound.
     """
     client = await Client.connect(url)
-    runner = web.AppRunner(
-        create_app(client, message_cap=message_cap), access_log=None, handle_signals=False
-    )
+    runner = web.AppRunner(create_app(client, options), access_log=None, handle_signals=False)
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -57,6 +54,8 @@ async def serving(
             await client.close()
 
 
-async def serve_forever(url: str, *, host: str, port: int, message_cap: int = MESSAGE_CAP) -> None:
-    async with serving(url, host=host, port=port, message_cap=message_cap):
+async def serve_forever(
+    url: str, *, host: str, port: int, options: ServerOptions | None = None
+) -> None:
+    async with serving(url, host=host, port=port, options=options):
         await anyio.sleep_forever()

@@ -1,10 +1,12 @@
-"""API tokens and console sessions.
+"""API tokens, what they may do, and console sessions.
 
 A token reads ``trn_<id>_<secret>``: ``id`` finds its row, and the SHA-256 of ``secret`` is
 compared in constant time with the one stored (the secret itself is never stored; 32 random
-bytes need no slow hash). A console session is a random cookie whose SHA-256 is stored with
-the token it was opened with and the CSRF token its writes must carry; revoking the token ends
-its sessions.
+bytes need no slow hash). A token has scopes (``read``; ``operate``: start, send, cancel,
+retry; ``approve``: decisions), may be limited to some agents (then it may write only to runs
+of those agents) and may expire. A console session is a random cookie whose SHA-256 is stored
+with the token it was opened with and the CSRF token its writes must carry; it lasts at most as
+long as its token, and revoking the token ends its sessions.
 """
 
 from __future__ import annotations
@@ -14,30 +16,62 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from datetime import datetime
 
 import asyncpg
 import attrs
 
+from toren._errors import TorenError
+from toren._principal import Principal
+
 PREFIX = "trn"
 SESSION_SECONDS = 12 * 3600
+SCOPES = ("read", "operate", "approve")
+NAME_CAP = 100
+
+
+class TokenNameTaken(TorenError):
+    """A live token already has this name (names identify tokens to people)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"a live token is already named {name!r}; pick another name")
 
 
 @attrs.frozen
-class Principal:
-    """Who a request comes from: the token's id and name, and how it was presented."""
+class Access:
+    """An authenticated caller: who (``principal``) and what it may do.
 
-    token_id: str
-    name: str
-    via: str  # "token" (Authorization header) or "session" (console cookie)
-    csrf: str | None = None
+    ``agents`` is None for every agent; otherwise the caller may start, steer and decide only
+    runs of those agents (reading is governed by the ``read`` scope alone).
+    """
+
+    principal: Principal
+    scopes: frozenset[str]
+    agents: frozenset[str] | None = None
+    expires_at: datetime | None = None
+    csrf: str | None = None  # a console session's CSRF token
+
+    def allows(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def may_write(self, agent: str) -> bool:
+        """Whether this caller may start, steer or decide a run of ``agent``."""
+        return self.agents is None or agent in self.agents
+
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at.timestamp() <= time.time()
 
 
 @attrs.frozen
 class TokenRow:
     id: str
     name: str
+    scopes: tuple[str, ...]
+    agents: tuple[str, ...] | None
     created_at: datetime
+    expires_at: datetime | None
     revoked_at: datetime | None
     last_used_at: datetime | None
 
@@ -46,25 +80,61 @@ def _sha256(value: str) -> bytes:
     return hashlib.sha256(value.encode()).digest()
 
 
-async def create_token(conn: asyncpg.Pool | asyncpg.Connection, name: str) -> tuple[str, str]:
-    """A new token named ``name``; returns ``(id, token)``. The token is shown once."""
+async def create_token(
+    conn: asyncpg.Pool | asyncpg.Connection,
+    name: str,
+    *,
+    scopes: Iterable[str] = ("read",),
+    agents: Iterable[str] | None = None,
+    expires_in: float | None = None,
+) -> tuple[str, str]:
+    """A new token named ``name`` with ``scopes``, limited to ``agents`` if given, expiring in
+    ``expires_in`` seconds if given; returns ``(id, token)``. The token is shown once.
+
+    Raises:
+        ValueError: an unknown scope, no scope, or a name that is empty or too long.
+        TokenNameTaken: a live token has that name.
+    """
+    wanted = sorted(set(scopes), key=SCOPES.index) if set(scopes) <= set(SCOPES) else None
+    if not wanted:
+        raise ValueError(f"scopes must be some of {', '.join(SCOPES)}")
+    if not name or len(name) > NAME_CAP or name != name.strip() or not name.isprintable():
+        raise ValueError(f"a token name is 1 to {NAME_CAP} printable characters")
+    if expires_in is not None and not 0 < expires_in <= 10 * 365 * 86400:
+        raise ValueError("a token expires in a positive time of at most ten years")
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
-    await conn.execute(
-        "INSERT INTO toren.tokens (id, name, secret_sha256) VALUES ($1, $2, $3)",
-        token_id,
-        name,
-        _sha256(secret),
-    )
+    try:
+        await conn.execute(
+            "INSERT INTO toren.tokens (id, name, secret_sha256, scopes, agents, expires_at) "
+            "VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
+            token_id,
+            name,
+            _sha256(secret),
+            wanted,
+            sorted(set(agents)) if agents is not None else None,
+            expires_in,
+        )
+    except asyncpg.UniqueViolationError as exc:
+        raise TokenNameTaken(name) from exc
     return token_id, f"{PREFIX}_{token_id}_{secret}"
 
 
 async def list_tokens(conn: asyncpg.Pool | asyncpg.Connection) -> list[TokenRow]:
     rows = await conn.fetch(
-        "SELECT id, name, created_at, revoked_at, last_used_at FROM toren.tokens "
-        "ORDER BY created_at"
+        "SELECT id, name, scopes, agents, created_at, expires_at, revoked_at, last_used_at "
+        "FROM toren.tokens ORDER BY created_at"
     )
-    return [TokenRow(**dict(r)) for r in rows]
+    return [
+        TokenRow(
+            **{
+                **dict(r),
+                "scopes": tuple(r["scopes"]),
+                "agents": tuple(r["agents"]) if r["agents"] is not None else None,
+            }
+        )
+        for r in rows
+    ]
 
 
 async def revoke_token(conn: asyncpg.Pool | asyncpg.Connection, token_id: str) -> bool:
@@ -79,61 +149,87 @@ async def revoke_token(conn: asyncpg.Pool | asyncpg.Connection, token_id: str) -
     return revoked > 0
 
 
+_LIVE = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())"
+
 # `last_used_at` is refreshed at most once a minute, so that authenticating is a read (no commit
 # to wait for, no row lock that concurrent requests with one token would queue on).
-_AUTHENTICATE = """
+_AUTHENTICATE = f"""
 WITH live AS (
-    SELECT name, secret_sha256 FROM toren.tokens WHERE id = $1 AND revoked_at IS NULL
+    SELECT name, secret_sha256, scopes, agents, expires_at FROM toren.tokens
+    WHERE id = $1 AND {_LIVE}
 ), touched AS (
     UPDATE toren.tokens SET last_used_at = now()
-    WHERE id = $1 AND revoked_at IS NULL
+    WHERE id = $1 AND {_LIVE}
       AND (last_used_at IS NULL OR last_used_at < now() - interval '1 minute')
     RETURNING 1
 )
-SELECT name, secret_sha256, (SELECT count(*) FROM touched) AS touched FROM live
+SELECT live.*, (SELECT count(*) FROM touched) AS touched FROM live
 """
 
 
-async def authenticate(pool: asyncpg.Pool, token: str) -> Principal | None:
-    """The principal a bearer token stands for, or None (malformed, unknown or revoked)."""
+def _access(row: asyncpg.Record, token_id: str, via: str, csrf: str | None = None) -> Access:
+    return Access(
+        principal=Principal(kind="token", id=token_id, name=row["name"], via=via),
+        scopes=frozenset(row["scopes"]),
+        agents=frozenset(row["agents"]) if row["agents"] is not None else None,
+        expires_at=row["expires_at"],
+        csrf=csrf,
+    )
+
+
+def _parts(token: str) -> tuple[str, str] | None:
     prefix, _, rest = token.partition("_")
     token_id, _, secret = rest.partition("_")
     if prefix != PREFIX or not token_id or not secret or len(token) > 200:
         return None
+    return token_id, secret
+
+
+async def authenticate(pool: asyncpg.Pool, token: str, *, via: str = "http") -> Access | None:
+    """What a bearer token may do, or None (malformed, unknown, revoked or expired)."""
+    parts = _parts(token)
+    if parts is None:
+        return None
+    token_id, secret = parts
     row = await pool.fetchrow(_AUTHENTICATE, token_id)
     if row is None or not hmac.compare_digest(row["secret_sha256"], _sha256(secret)):
         return None
-    return Principal(token_id=token_id, name=row["name"], via="token")
+    return _access(row, token_id, via)
 
 
-async def open_session(pool: asyncpg.Pool, principal: Principal) -> tuple[str, str]:
-    """A console session for ``principal``; returns ``(cookie value, csrf token)``."""
+async def open_session(pool: asyncpg.Pool, access: Access) -> tuple[str, str, float]:
+    """A console session for ``access`` (ending no later than its token); returns
+    ``(cookie value, csrf token, seconds it lasts)``."""
     cookie = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(24)
+    seconds = float(SESSION_SECONDS)
+    if access.expires_at is not None:
+        seconds = max(1.0, min(seconds, access.expires_at.timestamp() - time.time()))
     await pool.execute(
         "INSERT INTO toren.sessions (id_sha256, token_id, csrf, expires_at) "
         "VALUES ($1, $2, $3, now() + make_interval(secs => $4))",
         _sha256(cookie),
-        principal.token_id,
+        access.principal.id,
         csrf,
-        float(SESSION_SECONDS),
+        seconds,
     )
-    return cookie, csrf
+    return cookie, csrf, seconds
 
 
-async def session_principal(pool: asyncpg.Pool, cookie: str) -> Principal | None:
-    """The principal of a live session cookie, or None."""
+async def session_access(pool: asyncpg.Pool, cookie: str) -> Access | None:
+    """What a live session cookie may do, or None."""
     if len(cookie) > 200:
         return None
     row = await pool.fetchrow(
-        "SELECT s.token_id, s.csrf, t.name FROM toren.sessions s "
-        "JOIN toren.tokens t ON t.id = s.token_id "
-        "WHERE s.id_sha256 = $1 AND s.expires_at > now() AND t.revoked_at IS NULL",
+        "SELECT s.token_id, s.csrf, t.name, t.scopes, t.agents, t.expires_at "
+        "FROM toren.sessions s JOIN toren.tokens t ON t.id = s.token_id "
+        "WHERE s.id_sha256 = $1 AND s.expires_at > now() AND t.revoked_at IS NULL "
+        "AND (t.expires_at IS NULL OR t.expires_at > now())",
         _sha256(cookie),
     )
     if row is None:
         return None
-    return Principal(token_id=row["token_id"], name=row["name"], via="session", csrf=row["csrf"])
+    return _access(row, row["token_id"], "console", csrf=row["csrf"])
 
 
 async def close_session(pool: asyncpg.Pool, cookie: str) -> None:
@@ -143,28 +239,35 @@ async def close_session(pool: asyncpg.Pool, cookie: str) -> None:
 class TokenCache:
     """Bearer tokens checked against the database at most once per ``ttl`` seconds each.
 
-    A token that passed is trusted for ``ttl`` seconds more, so a revocation takes effect within
-    ``ttl``; a token that failed is checked again next time. Tokens are held by their SHA-256.
+    A token that passed is trusted for ``ttl`` seconds more (never past its expiry), so a
+    revocation takes effect within ``ttl``; a token that failed is refused from the cache for
+    ``failed_ttl`` seconds (a flood of bad tokens costs no queries). Tokens are held by their
+    SHA-256, never in the clear.
     """
 
-    def __init__(self, ttl: float = 1.0, size: int = 1024) -> None:
+    def __init__(self, ttl: float = 1.0, failed_ttl: float = 5.0, size: int = 4096) -> None:
         self.ttl = ttl
+        self.failed_ttl = failed_ttl
         self.size = size
-        self._passed: OrderedDict[bytes, tuple[float, Principal]] = OrderedDict()
+        self._held: OrderedDict[tuple[bytes, str], tuple[float, Access | None]] = OrderedDict()
 
-    async def authenticate(self, pool: asyncpg.Pool, token: str) -> Principal | None:
+    async def authenticate(
+        self, pool: asyncpg.Pool, token: str, *, via: str = "http"
+    ) -> Access | None:
         """As :func:`authenticate`, answered from the cache while the token's check is fresh."""
-        key = _sha256(token)
+        key = (_sha256(token), via)
         now = time.monotonic()
-        held = self._passed.get(key)
+        held = self._held.get(key)
         if held is not None and held[0] > now:
-            return held[1]
-        principal = await authenticate(pool, token)
-        if principal is None:
-            self._passed.pop(key, None)
-            return None
-        self._passed[key] = (now + self.ttl, principal)
-        self._passed.move_to_end(key)
-        while len(self._passed) > self.size:
-            self._passed.popitem(last=False)
-        return principal
+            access = held[1]
+            if access is None or not access.expired():
+                return access
+        access = await authenticate(pool, token, via=via)
+        until = now + (self.ttl if access is not None else self.failed_ttl)
+        if access is not None and access.expires_at is not None:
+            until = min(until, now + access.expires_at.timestamp() - time.time())
+        self._held[key] = (until, access)
+        self._held.move_to_end(key)
+        while len(self._held) > self.size:
+            self._held.popitem(last=False)
+        return access

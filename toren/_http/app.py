@@ -1,18 +1,19 @@
-"""The aiohttp application: middlewares (problems, authentication, CSRF, metrics) and routes.
+"""The aiohttp application: middlewares (access log and metrics, problems, authentication and
+scopes) and routes.
 
 Every API route needs a bearer token (``Authorization: Bearer trn_...``) or a console session
-cookie; ``/healthz`` needs nothing, and neither do the console's static page and its sign-in
-form (they hold no data). Writes made with a session cookie must carry the session's CSRF token
-in ``X-CSRF-Token`` and, if the browser sends an ``Origin``, come from this origin.
+cookie, and the scope its route asks for: ``read`` for reads, ``operate`` to start, send and
+cancel, ``approve`` to decide. ``/healthz`` answers anyone (worker details only to a caller
+who authenticates); the console's static page and its sign-in form need nothing (they hold no
+data). Writes made with a session cookie must carry the session's CSRF token in
+``X-CSRF-Token`` and, if the browser sends an ``Origin``, come from this origin.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 import orjson
 import pydantic
@@ -20,20 +21,24 @@ from aiohttp import web
 
 from toren._client import Client
 from toren._http import console, metrics, runs
+from toren._http.auth import TOKENS, authenticate
 from toren._http.common import (
+    ACCESS,
     CLIENT,
-    MESSAGE_CAP_KEY,
-    PRINCIPAL,
+    OPTIONS,
     ProblemError,
+    ServerOptions,
+    client_address,
     problem_response,
+    require,
 )
-from toren._http.console import SESSION_COOKIE
+from toren._http.guard import FAILED_AUTH, FailedAuth
 from toren._http.models import FieldError, Problem
 from toren._http.openapi import document
-from toren._tokens import Principal, TokenCache, session_principal
-from toren.runs import MESSAGE_CAP
+from toren._tokens import TokenCache
 
 log = logging.getLogger("toren.http")
+access_log = logging.getLogger("toren.http.access")
 
 MAX_BODY = 256 * 1024
 
@@ -46,9 +51,15 @@ def body_limit(message_cap: int) -> int:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-TOKENS: web.AppKey[TokenCache] = web.AppKey("tokens", TokenCache)
-
-_OPEN = {("GET", "/healthz"), ("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico")}
+_OPEN = {("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico")}
+_OPTIONAL = {("GET", "/healthz")}  # anyone; worker details only to an authenticated caller
+_ANY_SCOPE = {("GET", "/session"), ("DELETE", "/session")}
+_SCOPE = {
+    ("POST", "/runs"): "operate",
+    ("POST", "/runs/{run}/messages"): "operate",
+    ("POST", "/runs/{run}/cancel"): "operate",
+    ("POST", "/runs/{run}/approvals"): "approve",
+}
 _SAFE = {"GET", "HEAD", "OPTIONS"}
 
 
@@ -58,8 +69,10 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
     try:
         return await handler(request)
     except ProblemError as exc:
-        challenge = {"WWW-Authenticate": "Bearer"} if exc.problem.status == 401 else None
-        return problem_response(exc.problem, challenge)
+        headers = dict(exc.headers)
+        if exc.problem.status == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return problem_response(exc.problem, headers)
     except pydantic.ValidationError as exc:
         errors = [
             FieldError(field=".".join(str(p) for p in e["loc"]) or "body", message=e["msg"])
@@ -75,7 +88,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         title = exc.reason or "Error"
         detail = exc.text if exc.text and not exc.text.startswith(str(exc.status)) else title
         if exc.status == 413:
-            limit = body_limit(request.app[MESSAGE_CAP_KEY])
+            limit = body_limit(request.app[OPTIONS].message_cap)
             detail = f"the request body is larger than {limit} bytes"
         keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
         return problem_response(Problem(title=title, status=exc.status, detail=detail), keep)
@@ -88,51 +101,25 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
 
 @web.middleware
 async def authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if (request.method, request.path) in _OPEN or request.path.startswith("/static/"):
+    """Who the caller is (401 if no one), and whether the route's scope allows it (403)."""
+    key = (request.method, request.path)
+    if key in _OPEN or request.path.startswith("/static/"):
         return await handler(request)
-    pool = request.app[CLIENT].pool
-    principal: Principal | None = None
-    header = request.headers.get("Authorization", "")
-    if header:
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() == "bearer" and token:
-            principal = await request.app[TOKENS].authenticate(pool, token.strip())
-        if principal is None:
-            raise _unauthorized("the bearer token is malformed, unknown or revoked")
-    else:
-        cookie = request.cookies.get(SESSION_COOKIE)
-        if cookie:
-            principal = await session_principal(pool, cookie)
-        if principal is None:
-            raise _unauthorized("send Authorization: Bearer <token> (see `toren tokens create`)")
-        if request.method not in _SAFE:
-            _check_csrf(request, principal)
-    request[PRINCIPAL] = principal
+    caller = await authenticate(request, optional=key in _OPTIONAL)
+    if caller is None:
+        return await handler(request)
+    request[ACCESS] = caller
+    resource = request.match_info.route.resource
+    route = (request.method, resource.canonical) if resource is not None else None
+    if route is not None and key not in _ANY_SCOPE:
+        require(request, _SCOPE.get(route, "read" if request.method in _SAFE else "operate"))
     return await handler(request)
 
 
-def _unauthorized(detail: str) -> ProblemError:
-    return ProblemError(401, "Unauthorized", detail)
-
-
-def same_origin(request: web.Request) -> bool:
-    """Whether the browser's ``Origin`` (if it sent one) is this server. The host is compared,
-    not the scheme: behind a proxy that terminates TLS the server itself sees plain HTTP."""
-    origin = request.headers.get("Origin")
-    return origin is None or urlsplit(origin).netloc == request.host
-
-
-def _check_csrf(request: web.Request, principal: Principal) -> None:
-    if not same_origin(request):
-        origin = request.headers.get("Origin")
-        raise ProblemError(403, "Forbidden", f"cross-origin write from {origin} refused")
-    sent = request.headers.get("X-CSRF-Token", "")
-    if not principal.csrf or not hmac.compare_digest(sent.encode(), principal.csrf.encode()):
-        raise ProblemError(403, "Forbidden", "a write from the console needs its CSRF token")
-
-
 @web.middleware
-async def measured(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def observed(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Metrics and the access log: method, path (never the query), status, client address,
+    principal and latency; never a token or a cookie."""
     started = time.perf_counter()
     status = 500
     try:
@@ -140,20 +127,41 @@ async def measured(request: web.Request, handler: Handler) -> web.StreamResponse
         status = response.status
         return response
     finally:
+        seconds = time.perf_counter() - started
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
-        metrics.observe(request.app, request.method, name, status, time.perf_counter() - started)
+        metrics.observe(request.app, request.method, name, status, seconds)
+        caller = request.get(ACCESS)
+        who = f"{caller.principal.kind}:{caller.principal.id}" if caller else "-"
+        access_log.info(
+            "%s %s %s %s %s %.1fms",
+            request.method,
+            request.rel_url.raw_path[:500],
+            status,
+            client_address(request),
+            who,
+            seconds * 1000,
+        )
 
 
-def create_app(client: Client, *, message_cap: int = MESSAGE_CAP) -> web.Application:
-    """The API, the OpenAPI document and the console, over ``client``'s database; a message
-    or run input over ``message_cap`` bytes is refused with a 413."""
+async def _no_store(request: web.Request, response: web.StreamResponse) -> None:
+    """API answers hold run data and credentials' effects: never cached."""
+    if not request.path.startswith("/static/"):
+        response.headers.setdefault("Cache-Control", "no-store")
+
+
+def create_app(client: Client, options: ServerOptions | None = None) -> web.Application:
+    """The API, the OpenAPI document and the console, over ``client``'s database."""
+    options = options or ServerOptions()
     app = web.Application(
-        middlewares=[measured, problems, authentication], client_max_size=body_limit(message_cap)
+        middlewares=[observed, problems, authentication],
+        client_max_size=body_limit(options.message_cap),
     )
     app[CLIENT] = client
-    app[MESSAGE_CAP_KEY] = message_cap
+    app[OPTIONS] = options
     app[TOKENS] = TokenCache()
+    app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
+    app.on_response_prepare.append(_no_store)
     metrics.install(app)
     runs.install(app)
     console.install(app)

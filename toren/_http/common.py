@@ -2,22 +2,53 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json as stdjson
 import uuid
 from typing import TypeVar
 
+import attrs
 import orjson
 import pydantic
 from aiohttp import web
 from pydantic_core import PydanticSerializationError
 
 from toren._client import Client
+from toren._config import Settings
 from toren._http.models import FieldError, Problem
-from toren._tokens import Principal
+from toren._principal import Principal
+from toren._tokens import Access
+
+
+@attrs.frozen(kw_only=True)
+class ServerOptions:
+    """What an API server process is configured with (see :class:`~toren.Settings`)."""
+
+    message_cap: int = 64 * 1024
+    secure_cookies: bool | None = None
+    trusted_proxies: tuple[str, ...] = ()
+    streams_max: int = 100
+    streams_per_token: int = 10
+    stream_idle_seconds: float = 300.0
+    stream_recheck_seconds: float = 2.0
+    failed_auth_per_minute: int = 20
+
+    @classmethod
+    def of(cls, settings: Settings) -> ServerOptions:
+        return cls(
+            message_cap=settings.max_message_bytes,
+            secure_cookies=settings.secure_cookies,
+            trusted_proxies=settings.trusted_proxies,
+            streams_max=settings.streams_max,
+            streams_per_token=settings.streams_per_token,
+            stream_idle_seconds=settings.stream_idle_seconds,
+            failed_auth_per_minute=settings.failed_auth_per_minute,
+        )
+
 
 CLIENT: web.AppKey[Client] = web.AppKey("client", Client)
-MESSAGE_CAP_KEY: web.AppKey[int] = web.AppKey("message_cap", int)
-PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
+OPTIONS: web.AppKey[ServerOptions] = web.AppKey("options", ServerOptions)
+ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
 M = TypeVar("M", bound=pydantic.BaseModel)
 
 
@@ -25,10 +56,17 @@ class ProblemError(Exception):
     """Raised by handlers: answered as an RFC 9457 problem document."""
 
     def __init__(
-        self, status: int, title: str, detail: str, errors: list[FieldError] | None = None
+        self,
+        status: int,
+        title: str,
+        detail: str,
+        errors: list[FieldError] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(detail)
         self.problem = Problem(title=title, status=status, detail=detail, errors=errors or [])
+        self.headers = headers or {}
 
 
 def problem_response(problem: Problem, headers: dict[str, str] | None = None) -> web.Response:
@@ -79,13 +117,51 @@ async def read_body(request: web.Request, model: type[M]) -> M:
     return model.model_validate(data)
 
 
+def access(request: web.Request) -> Access:
+    """The authenticated caller of a request that passed authentication."""
+    return request[ACCESS]
+
+
 def principal(request: web.Request) -> Principal:
-    return request[PRINCIPAL]
+    return request[ACCESS].principal
 
 
-def channel(request: web.Request) -> str:
-    """Where a decision or message came from, as recorded in the run's events."""
-    return "console" if principal(request).via == "session" else "api"
+def require(request: web.Request, scope: str, agent: str | None = None) -> None:
+    """Refuse (403) a caller without ``scope``, or limited to other agents than ``agent``.
+
+    Raises:
+        ProblemError: 403, naming what is missing.
+    """
+    caller = access(request)
+    if not caller.allows(scope):
+        have = ", ".join(sorted(caller.scopes))
+        raise ProblemError(
+            403, "Forbidden", f"this token lacks the {scope!r} scope (it has: {have})"
+        )
+    if agent is not None and not caller.may_write(agent):
+        raise ProblemError(403, "Forbidden", f"this token may not act on runs of agent {agent!r}")
+
+
+def client_address(request: web.Request) -> str:
+    """The client's address: the peer's, or, when the peer is a trusted proxy, the nearest
+    address in ``X-Forwarded-For`` that is not a trusted proxy."""
+    peer = request.remote or "?"
+    trusted = [ipaddress.ip_network(n) for n in request.app[OPTIONS].trusted_proxies]
+
+    def is_proxy(address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in trusted)
+
+    if not trusted or not is_proxy(peer):
+        return peer
+    hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",")]
+    for hop in reversed([h for h in hops if h]):
+        if not is_proxy(hop):
+            return hop[:64]
+    return peer
 
 
 def run_id(request: web.Request) -> str:

@@ -10,13 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import attrs
 from aiohttp import web
 
-from toren._http.common import CLIENT, ProblemError, principal
-from toren._tokens import SESSION_SECONDS, authenticate, close_session, open_session
+from toren._http.auth import SESSION_COOKIE
+from toren._http.common import CLIENT, OPTIONS, ProblemError, access, client_address
+from toren._http.guard import FAILED_AUTH
+from toren._tokens import authenticate, close_session, open_session
 
 STATIC = Path(__file__).parent / "static"
-SESSION_COOKIE = "toren_session"
 
 
 def install(app: web.Application) -> None:
@@ -50,29 +52,48 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     origin = request.headers.get("Origin")
     if origin is not None and urlsplit(origin).netloc != request.host:
         raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin} refused")
+    failed, address = request.app[FAILED_AUTH], client_address(request)
+    retry_after = failed.blocked(address)
+    if retry_after is not None:
+        raise ProblemError(
+            429,
+            "Too many failed sign-ins",
+            f"too many failed sign-ins from {address}; try again in {retry_after}s",
+            headers={"Retry-After": str(retry_after)},
+        )
     form = await request.post()
     token = form.get("token")
     pool = request.app[CLIENT].pool
     found = await authenticate(pool, token.strip()) if isinstance(token, str) else None
     if found is None:
+        failed.failed(address)
         raise web.HTTPSeeOther("/?denied=1")
-    cookie, _ = await open_session(pool, found)
+    cookie, _, seconds = await open_session(pool, found)
     response = web.HTTPSeeOther("/")
+    secure = request.app[OPTIONS].secure_cookies
     response.set_cookie(
         SESSION_COOKIE,
         cookie,
-        max_age=SESSION_SECONDS,
+        max_age=int(seconds),
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=request.secure if secure is None else secure,
         path="/",
     )
     raise response
 
 
 async def whoami(request: web.Request) -> web.Response:
-    who = principal(request)
-    return web.json_response({"name": who.name, "csrf": who.csrf})
+    caller = access(request)
+    return web.json_response(
+        {
+            "name": caller.principal.name,
+            "principal": attrs.asdict(caller.principal),
+            "scopes": sorted(caller.scopes),
+            "agents": sorted(caller.agents) if caller.agents is not None else None,
+            "csrf": caller.csrf,
+        }
+    )
 
 
 async def sign_out(request: web.Request) -> web.Response:

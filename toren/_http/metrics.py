@@ -14,7 +14,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from toren._http.common import CLIENT, json
+from toren._http.common import ACCESS, CLIENT, json
 from toren._http.models import Health, WorkerInfo
 from toren._leases import live_workers
 
@@ -68,14 +68,20 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """Whether the database answers, the live workers and their versions, and version skew."""
+    """Whether the database answers and how many workers are live; to an authenticated caller
+    also which workers, their versions, and version skew."""
     pool = request.app[CLIENT].pool
     try:
         with anyio.fail_after(3):
             rows = await live_workers(pool)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
         health = Health(
-            status="degraded", database=False, workers=[], versions=[], version_skew=False
+            status="degraded",
+            database=False,
+            workers_live=0,
+            workers=None,
+            versions=None,
+            version_skew=False,
         )
         return json(health, status=503)
     workers = [
@@ -88,11 +94,13 @@ async def healthz(request: web.Request) -> web.Response:
         for r in rows
     ]
     versions = sorted({w.version for w in workers})
+    shown = ACCESS in request  # authenticated: the middleware passed optional credentials
     health = Health(
         status="ok",
         database=True,
-        workers=workers,
-        versions=versions,
+        workers_live=len(workers),
+        workers=workers if shown else None,
+        versions=versions if shown else None,
         version_skew=len(versions) > 1,
     )
     return json(health)

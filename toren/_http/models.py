@@ -133,10 +133,15 @@ class WorkerInfo(BaseModel):
 
 
 class Health(BaseModel):
+    """Whether the database answers and workers are live. ``workers`` and ``versions`` are
+    shown only to an authenticated caller (they name hosts and versions); anonymously they are
+    null."""
+
     status: Literal["ok", "degraded"]
     database: bool
-    workers: list[WorkerInfo]
-    versions: list[str]
+    workers_live: int
+    workers: list[WorkerInfo] | None
+    versions: list[str] | None
     version_skew: bool
 
 

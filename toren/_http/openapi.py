@@ -47,7 +47,11 @@ _RUN_PARAM = {
     "description": "The run's uuid (its id without the `run/` prefix).",
     "schema": {"type": "string"},
 }
-_AUTH_FAIL = {"401": _problem("No token, or a malformed, unknown or revoked one.")}
+_AUTH_FAIL = {
+    "401": _problem("No token, or a malformed, unknown, revoked or expired one."),
+    "403": _problem("The token lacks the route's scope, or may not act on this run's agent."),
+    "429": _problem("Too many failed authentications from this address (see Retry-After)."),
+}
 _NOT_FOUND = {"404": _problem("No such run.")}
 _INVALID = {
     "400": _problem("The body is not JSON."),
@@ -136,7 +140,9 @@ def document() -> dict[str, Any]:
                 "summary": "The run's events (JSON, or a live server-sent-event stream)",
                 "description": "With `Accept: text/event-stream`, a stream that follows the run: "
                 "each event's `id` is its sequence number; reconnect with `Last-Event-ID` to "
-                "resume without gaps or repeats.",
+                "resume without gaps or repeats. The server ends a stream with a `toren.closed` "
+                'event (`{"reason": ...}`: revoked, expired, idle, stopping, error) when its '
+                "token is revoked or expires, after a time with no event, or when it stops.",
                 "parameters": [
                     _RUN_PARAM,
                     {
@@ -157,6 +163,10 @@ def document() -> dict[str, Any]:
                     **_AUTH_FAIL,
                     **_NOT_FOUND,
                     "422": _problem("`after` is not a sequence number."),
+                    "429": _problem(
+                        "Too many open streams (per token or per server process), or too many "
+                        "failed authentications; see Retry-After."
+                    ),
                 },
             }
         },
@@ -167,8 +177,9 @@ def document() -> dict[str, Any]:
         "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
         "/healthz": {
             "get": {
-                "summary": "Database reachable; live workers, their versions, version skew",
-                "security": [],
+                "summary": "Database reachable and live workers; to an authenticated caller also "
+                "which workers, their versions, version skew",
+                "security": [{}, {"bearer": []}, {"session": []}],
                 "responses": {
                     "200": {"description": "Healthy.", **_json(m.Health)},
                     "503": {"description": "The database does not answer.", **_json(m.Health)},

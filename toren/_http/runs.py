@@ -5,27 +5,26 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+import uuid
 from collections.abc import Awaitable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal, TypeVar
 
-import anyio
 import asyncpg
 from aiohttp import web
-from aiohttp_sse import sse_response
 
 from toren._client import AskError
 from toren._errors import ActorNotLive, UnknownActor
+from toren._http import streams
 from toren._http.common import (
     CLIENT,
-    MESSAGE_CAP_KEY,
+    OPTIONS,
     ProblemError,
-    channel,
     json,
     principal,
     read_body,
+    require,
     run_id,
-    to_json,
 )
 from toren._http.models import (
     AGENT_NAME,
@@ -45,16 +44,19 @@ from toren._http.models import (
     StartRunBody,
 )
 from toren._http.states import STATES, RunStates
-from toren._leases import served_agents
 from toren._listing import list_runs
 from toren.runs import (
     DECISION_WAIT,
     RUN_KIND,
+    AgentNotServed,
     IdempotencyConflict,
+    InvalidStart,
     MessageTooLarge,
+    RunNotInState,
     RunState,
     cancel,
     check_message,
+    check_served,
     decide,
     receipt,
     say,
@@ -65,11 +67,11 @@ from toren.runs import (
 T = TypeVar("T")
 
 PAGE_MAX = 200
-STREAM_POLL = 0.2
 
 
 def install(app: web.Application) -> None:
     app[STATES] = RunStates()
+    streams.install(app)
     app.router.add_post("/runs", start)
     app.router.add_get("/runs", listing)
     app.router.add_get("/runs/{run}", show)
@@ -81,25 +83,30 @@ def install(app: web.Application) -> None:
 
 async def start(request: web.Request) -> web.Response:
     body = await read_body(request, StartRunBody)
+    require(request, "operate", body.agent)
     _check_size(request, body.input, "input")
     client = request.app[CLIENT]
     # With no worker up yet (or none that has said what it runs), the run waits for one.
-    served = await served_agents(client.pool)
-    if served is not None and body.agent not in served:
-        raise ProblemError(
-            422,
-            "Unknown agent",
-            f"no live worker runs an agent named {body.agent!r}",
-            [FieldError(field="agent", message="no live worker runs this agent")],
-        )
     try:
+        await check_served(client, body.agent)
         rid = await start_run(
             client,
             body.agent,
             body.input,
             idempotency_key=body.idempotency_key,
-            cap=request.app[MESSAGE_CAP_KEY],
+            cap=request.app[OPTIONS].message_cap,
+            by=principal(request),
         )
+    except AgentNotServed as exc:
+        raise ProblemError(
+            422,
+            "Unknown agent",
+            f"no live worker runs an agent named {body.agent!r}",
+            [FieldError(field="agent", message="no live worker runs this agent")],
+        ) from exc
+    except InvalidStart as exc:
+        error = FieldError(field=exc.field, message=exc.detail)
+        raise ProblemError(422, "Invalid request", str(exc), [error]) from exc
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     run = await _run(request.app, rid)
@@ -139,14 +146,20 @@ async def listing(request: web.Request) -> web.Response:
 
 
 def _cursor(raw: str | None, errors: list[FieldError]) -> tuple[datetime, str] | None:
+    """The position a ``cursor`` this API gave out names: a run's creation time and id."""
     if raw is None:
         return None
     try:
         at, _, actor_id = base64.urlsafe_b64decode(raw.encode()).decode().partition("|")
-        return datetime.fromisoformat(at), actor_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        when = datetime.fromisoformat(at)
+        uuid.UUID(actor_id.removeprefix("run/"))
+        when.astimezone(UTC)  # out of range near year 1 or 9999 in some zones
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        when, actor_id = None, ""
+    if when is None or when.tzinfo is None or not actor_id.startswith("run/"):
         errors.append(FieldError(field="cursor", message="not a cursor this API gave out"))
         return None
+    return when, actor_id
 
 
 async def show(request: web.Request) -> web.Response:
@@ -159,12 +172,30 @@ async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
     Raises:
         ProblemError: 404, no such run.
     """
-    created: datetime | None = await pool.fetchval(
-        "SELECT created_at FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
+    return (await _row(pool, rid))[0]
+
+
+async def _row(pool: asyncpg.Pool, rid: str) -> tuple[datetime, str]:
+    """When run ``rid`` was created, and its agent.
+
+    Raises:
+        ProblemError: 404, no such run.
+    """
+    row = await pool.fetchrow(
+        "SELECT created_at, args->>'agent' AS agent FROM toren.actors "
+        "WHERE actor_id = $1 AND kind = $2",
+        rid,
+        RUN_KIND,
     )
-    if created is None:
+    if row is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
-    return created
+    return row["created_at"], row["agent"] or ""
+
+
+async def _writable(request: web.Request, rid: str, scope: str) -> None:
+    """404 if there is no run ``rid``; 403 if the caller may not act on its agent's runs."""
+    _, agent = await _row(request.app[CLIENT].pool, rid)
+    require(request, scope, agent)
 
 
 async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
@@ -235,7 +266,8 @@ def _int(raw: str) -> int | None:
 async def events(request: web.Request) -> web.StreamResponse:
     """The run's events after ``after`` (or ``Last-Event-ID``) as JSON, or, when the client
     accepts ``text/event-stream``, as a live stream: every event, in order, each with its
-    sequence number as the event id, so a reconnecting client resumes without gaps or repeats."""
+    sequence number as the event id, so a reconnecting client resumes without gaps or repeats
+    (see :mod:`toren._http.streams` for how a stream is bounded)."""
     pool = request.app[CLIENT].pool
     rid = run_id(request)
     await _created(pool, rid)
@@ -243,22 +275,17 @@ async def events(request: web.Request) -> web.StreamResponse:
     if "text/event-stream" not in request.headers.get("Accept", ""):
         rows = await pool.fetch(_EVENTS, rid, after, 1000)
         return json(EventList(events=[_event(r) for r in rows]))
-    async with sse_response(request, ping_interval=15) as stream:
-        while stream.is_connected():
-            rows = await pool.fetch(_EVENTS, rid, after, 500)
-            for row in rows:
-                event = _event(row)
-                await stream.send(to_json(event), id=str(event.seq), event=event.type)
-                after = event.seq
-            if len(rows) < 500:
-                await anyio.sleep(STREAM_POLL)
-    return stream
+
+    async def page(after: int) -> list[Event]:
+        return [_event(r) for r in await pool.fetch(_EVENTS, rid, after, streams.BATCH)]
+
+    return await streams.stream(request, after, page)
 
 
 def _check_size(request: web.Request, text: str, field: str) -> None:
     """Refuse a message or input over the cap: 413, naming the cap (nothing is sent)."""
     try:
-        check_message(text, request.app[MESSAGE_CAP_KEY], field)
+        check_message(text, request.app[OPTIONS].message_cap, field)
     except MessageTooLarge as exc:
         raise ProblemError(
             413, "Too large", str(exc), [FieldError(field=field, message=str(exc))]
@@ -270,10 +297,9 @@ async def message(request: web.Request) -> web.Response:
     body = await read_body(request, MessageBody)
     _check_size(request, body.text, "text")
     client = request.app[CLIENT]
-    await _created(client.pool, rid)
-    cap = request.app[MESSAGE_CAP_KEY]
-    who, via = principal(request).name, channel(request)
-    await _send(say(client, rid, body.text, who=who, channel=via, cap=cap))
+    await _writable(request, rid, "operate")
+    cap = request.app[OPTIONS].message_cap
+    await _send(say(client, rid, body.text, by=principal(request), cap=cap))
     return json(Accepted(run=rid), status=202)
 
 
@@ -284,16 +310,15 @@ async def approval(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    await _created(client.pool, rid)
+    await _writable(request, rid, "approve")
     outcome = await _send(
         decide(
             client,
             rid,
             call_id=body.call_id,
             approved=body.approved,
-            who=principal(request).name,
+            by=principal(request),
             reason=body.reason,
-            channel=channel(request),
         )
     )
     if outcome is None:
@@ -314,15 +339,15 @@ async def cancel_run(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, CancelBody)
     client = request.app[CLIENT]
-    await _created(client.pool, rid)
-    await _send(cancel(client, rid, who=principal(request).name, reason=body.reason))
+    await _writable(request, rid, "operate")
+    await _send(cancel(client, rid, by=principal(request), reason=body.reason))
     return json(Accepted(run=rid), status=202)
 
 
 async def _send(sending: Awaitable[T]) -> T:
     try:
         return await sending
-    except (UnknownActor, ActorNotLive) as exc:
+    except (UnknownActor, ActorNotLive, RunNotInState) as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     except AskError as exc:
         raise ProblemError(409, "Conflict", f"the run could not handle it: {exc}") from exc

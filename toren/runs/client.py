@@ -4,6 +4,7 @@ server call (each a row or two in Postgres; no worker involved)."""
 from __future__ import annotations
 
 import hashlib
+import re
 import uuid
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,7 @@ from toren._agents import agent_route
 from toren._codec import decode
 from toren._errors import AskTimeout, InternalError, TorenError, UnknownActor
 from toren._json import dumps, utf8_size
+from toren._principal import Principal
 from toren.runs.events import (
     RUN_KIND,
     Cancel,
@@ -41,6 +43,66 @@ REASON_CAP = 2000
 CALL_ID_CAP = 200
 """Characters a decision's call id may hold."""
 
+AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+"""What an agent's name may be (it is part of the route workers claim by)."""
+
+
+class InvalidStart(TorenError):
+    """A run cannot be started with these values (``field`` names which); nothing was
+    created."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        self.field = field
+        self.detail = detail
+        super().__init__(f"{field}: {detail}")
+
+
+class AgentNotServed(TorenError):
+    """No live worker runs the agent (while some worker is live)."""
+
+    def __init__(self, agent: str, served: set[str]) -> None:
+        self.agent = agent
+        self.served = served
+        they = ", ".join(sorted(served)) or "no agents"
+        super().__init__(f"no live worker runs an agent named {agent!r} (they run: {they})")
+
+
+async def check_served(client: Client, agent: str) -> bool:
+    """Refuse an agent no live worker runs; a run for it would wait for a worker that never
+    comes. With no live worker at all the run may wait for one: returns False then.
+
+    Raises:
+        AgentNotServed: workers are live and none runs ``agent``.
+    """
+    from toren._leases import served_agents
+
+    served = await served_agents(client.pool)
+    if served is None:
+        return False
+    if agent not in served:
+        raise AgentNotServed(agent, served)
+    return True
+
+
+def check_start(agent: str, input: str, idempotency_key: str | None, cap: int) -> None:
+    """What every surface checks before starting a run.
+
+    Raises:
+        InvalidStart: a malformed agent name, an empty input, a malformed idempotency key.
+        MessageTooLarge: ``input`` is over ``cap`` bytes.
+    """
+    if not isinstance(agent, str) or not AGENT_NAME.fullmatch(agent):
+        raise InvalidStart("agent", "an agent name: 1 to 100 letters, digits, _ . -")
+    if not isinstance(input, str) or not input:
+        raise InvalidStart("input", "a non-empty text")
+    if idempotency_key is not None and (
+        not isinstance(idempotency_key, str)
+        or not 1 <= len(idempotency_key) <= 200
+        or "\x00" in idempotency_key
+    ):
+        raise InvalidStart("idempotency_key", "1 to 200 characters, no NUL")
+    check_message(input, cap, "input")
+
 
 class IdempotencyConflict(TorenError):
     """A run was started with a key that an earlier run with another input used."""
@@ -52,6 +114,21 @@ class IdempotencyConflict(TorenError):
             f"idempotency key {key!r} already started {run_id} with a different agent or input; "
             "use a new key for a new run"
         )
+
+
+class RunNotInState(TorenError):
+    """A cancel or a retry for a run in a state where it does nothing (a cancel of an ended
+    run, a retry of one that has not failed); nothing was sent."""
+
+    def __init__(self, run_id: str, detail: str) -> None:
+        self.run_id = run_id
+        self.detail = detail
+        super().__init__(f"{run_id} {detail}")
+
+
+def _caller(by: Principal | None) -> Principal:
+    """``by``, or this process's OS user when a Python program calls without saying."""
+    return by if by is not None else Principal.os_user("python")
 
 
 class MessageTooLarge(TorenError):
@@ -83,19 +160,22 @@ async def start_run(
     *,
     idempotency_key: str | None = None,
     cap: int = MESSAGE_CAP,
+    by: Principal | None = None,
 ) -> str:
     """Start a run of ``agent`` on ``input``; returns its id (``run/<uuid>``).
 
     With an ``idempotency_key``, starting again with the same key and input returns the same
     run; the same key with another agent or input raises :class:`IdempotencyConflict`, also when
     the two starts race (the run and its start message are created in one transaction, and the
-    run's row records a digest of what it was started with).
+    run's row records a digest of what it was started with). ``by`` is recorded on
+    ``run.started`` (this process's OS user if not given).
 
     Raises:
+        InvalidStart: see :func:`check_start`.
         MessageTooLarge: ``input`` is over ``cap`` bytes.
         IdempotencyConflict: as above.
     """
-    check_message(input, cap, "input")
+    check_start(agent, input, idempotency_key, cap)
     run_uuid = uuid.uuid5(_KEY_NAMESPACE, idempotency_key) if idempotency_key else uuid.uuid4()
     run_id = f"run/{run_uuid}"
     started = _start_digest(agent, input)
@@ -115,7 +195,12 @@ async def start_run(
                 existing = await _started(conn, run_id)
                 if existing is not None and (existing.agent, existing.input) != (agent, input):
                     raise IdempotencyConflict(idempotency_key, run_id)
-        await client.send(run_id, StartRun(agent=agent, input=input), dedupe_key="start", conn=conn)
+        await client.send(
+            run_id,
+            StartRun(agent=agent, input=input, by=_caller(by)),
+            dedupe_key="start",
+            conn=conn,
+        )
     return run_id
 
 
@@ -136,13 +221,12 @@ async def decide(
     *,
     call_id: str,
     approved: bool,
-    who: str,
+    by: Principal | None = None,
     reason: str = "",
-    channel: str = "cli",
     wait: float | None = DECISION_WAIT,
 ) -> DecisionOutcome | None:
-    """Approve or deny tool call ``call_id`` of a run (recorded with who and why), and wait up
-    to ``wait`` seconds for what the run did with it.
+    """Approve or deny tool call ``call_id`` of a run (recorded with who, ``by``, and why), and
+    wait up to ``wait`` seconds for what the run did with it.
 
     Returns:
         The run's answer; ``None`` if it gave none in time (no worker took the run: the
@@ -158,7 +242,8 @@ async def decide(
         raise MessageTooLarge(len(reason), REASON_CAP, "reason", "characters")
     if len(call_id) > CALL_ID_CAP:
         raise MessageTooLarge(len(call_id), CALL_ID_CAP, "call id", "characters")
-    msg = Decide(call_id=call_id, approved=approved, who=who, reason=reason, channel=channel)
+    by = _caller(by)
+    msg = Decide(call_id=call_id, approved=approved, by=by, who=by.name, reason=reason)
     if wait is None:
         await client.send(run_id, msg, system=True)
         return None
@@ -191,8 +276,7 @@ async def say(
     run_id: str,
     text: str,
     *,
-    who: str,
-    channel: str = "cli",
+    by: Principal | None = None,
     cap: int = MESSAGE_CAP,
 ) -> None:
     """A human message to the run (applied at the next step boundary).
@@ -201,20 +285,62 @@ async def say(
         MessageTooLarge: ``text`` is over ``cap`` bytes (never truncated).
     """
     check_message(text, cap)
-    await client.send(run_id, Say(text=text, who=who, channel=channel), system=True)
+    by = _caller(by)
+    await client.send(run_id, Say(text=text, by=by, who=by.name), system=True)
 
 
-async def cancel(client: Client, run_id: str, *, who: str, reason: str = "") -> None:
-    """Cancel the run: it fails with class ``cancelled`` at its next step boundary."""
-    await client.send(run_id, Cancel(who=who, reason=reason), system=True)
+async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
+    """The run's status and error class as its last step recorded them.
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    row = await client.pool.fetchrow(
+        "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
+        "FROM toren.actors WHERE actor_id = $1 AND kind = $2",
+        run_id,
+        RUN_KIND,
+    )
+    if row is None:
+        raise UnknownActor(run_id)
+    return row["status"], row["error_class"]
 
 
-async def retry(client: Client, run_id: str, *, who: str) -> None:
+async def cancel(
+    client: Client, run_id: str, *, by: Principal | None = None, reason: str = ""
+) -> None:
+    """Cancel the run: it fails with class ``cancelled`` at its next step boundary.
+
+    Raises:
+        UnknownActor: no such run.
+        RunNotInState: the run has already ended (completed or failed).
+        MessageTooLarge: the reason is over 2,000 characters.
+    """
+    if len(reason) > REASON_CAP:
+        raise MessageTooLarge(len(reason), REASON_CAP, "reason", "characters")
+    status, _ = await _status(client, run_id)
+    if status in ("completed", "failed"):
+        raise RunNotInState(run_id, f"has already {status}; there is nothing to cancel")
+    by = _caller(by)
+    await client.send(run_id, Cancel(by=by, who=by.name, reason=reason), system=True)
+
+
+async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> None:
     """Resume a failed run from its last good step (completed calls are not paid again).
 
     A run the kernel gave up on (class ``crashloop``) is made runnable again first, with a
     fresh restart window; if its cause is not fixed it will fail the same way.
+
+    Raises:
+        UnknownActor: no such run.
+        RunNotInState: the run has not failed, or was cancelled (a cancelled run stays so).
     """
+    status, error_class = await _status(client, run_id)
+    if status != "failed":
+        raise RunNotInState(run_id, f"is {status or 'not started'}; only a failed run is retried")
+    if error_class == "cancelled":
+        raise RunNotInState(run_id, "was cancelled; a cancelled run is not retried")
+    by = _caller(by)
     async with client.pool.acquire() as conn, conn.transaction():
         await conn.execute(
             "UPDATE toren.actors SET status = 'live', failure = NULL "
@@ -223,4 +349,4 @@ async def retry(client: Client, run_id: str, *, who: str) -> None:
             RUN_KIND,
         )
         await conn.execute("DELETE FROM toren.restart_windows WHERE key = $1", f"actors/{run_id}")
-        await client.send(run_id, Retry(who=who), system=True, conn=conn)
+        await client.send(run_id, Retry(by=by, who=by.name), system=True, conn=conn)

@@ -12,6 +12,7 @@ import attrs
 
 from toren._codec import message
 from toren._model import ModelResponse
+from toren._principal import Principal
 
 RUN_KIND = "toren.run"
 FORMAT = 1
@@ -31,6 +32,7 @@ class StartRun:
 
     agent: str
     input: str
+    by: Principal | None = None  # None only in a message queued by an earlier version
 
 
 @message("run.continue")
@@ -51,8 +53,9 @@ class Decide:
 
     call_id: str = ""  # empty only in a message queued by a version that did not name calls
     approved: bool
-    who: str
+    by: Principal | None = None  # None only in a message queued by an earlier version
     reason: str = ""
+    who: str = ""  # what an earlier version recorded instead of ``by``
     channel: str = "cli"
 
 
@@ -95,14 +98,16 @@ class Say:
     continues the conversation."""
 
     text: str
-    who: str
+    by: Principal | None = None  # None only in a message queued by an earlier version
+    who: str = ""
     channel: str = "cli"
 
 
 @message("run.cancel")
 @attrs.frozen(kw_only=True)
 class Cancel:
-    who: str
+    by: Principal | None = None  # None only in a message queued by an earlier version
+    who: str = ""
     reason: str = ""
 
 
@@ -111,7 +116,16 @@ class Cancel:
 class Retry:
     """Resume a failed run from its last good step; completed calls are not paid again."""
 
-    who: str
+    by: Principal | None = None  # None only in a message queued by an earlier version
+    who: str = ""
+
+
+def author(msg: Say | Decide | Cancel | Retry) -> tuple[str, str]:
+    """The name and surface a human message came from (a message queued by an earlier version
+    carries only a free-text name)."""
+    if msg.by is not None:
+        return msg.by.name, msg.by.via
+    return msg.who, getattr(msg, "channel", "cli")
 
 
 # --- events a run records -------------------------------------------------------------------
@@ -123,6 +137,7 @@ class RunStarted:
     agent: str
     input: str
     at: float = 0.0  # when (unix seconds, the worker's clock)
+    by: Principal | None = None  # who started it (None in journals of earlier versions)
     v: int = FORMAT
 
 
@@ -210,10 +225,11 @@ class ApprovalRequested:
 class ApprovalDecided:
     call_id: str
     approved: bool
-    who: str
+    who: str  # ``by.name`` (kept for readers of earlier journals)
     reason: str
-    channel: str
+    channel: str  # ``by.via``
     at: float = 0.0
+    by: Principal | None = None
     v: int = FORMAT
 
 
@@ -230,6 +246,7 @@ class DecisionRefused:
     channel: str
     outcome: str
     at: float = 0.0
+    by: Principal | None = None
     v: int = FORMAT
 
 
@@ -237,8 +254,9 @@ class DecisionRefused:
 @attrs.frozen(kw_only=True)
 class MessageReceived:
     text: str
-    who: str
-    channel: str
+    who: str  # ``by.name``
+    channel: str  # ``by.via``
+    by: Principal | None = None
     v: int = FORMAT
 
 
@@ -261,6 +279,7 @@ class RunRetried:
 
     who: str
     at: float = 0.0
+    by: Principal | None = None
     v: int = FORMAT
 
 
@@ -304,4 +323,5 @@ class RunCompleted:
 class RunFailed:
     error_class: str
     message: str
+    by: Principal | None = None  # who cancelled it (class ``cancelled``)
     v: int = FORMAT

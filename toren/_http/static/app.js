@@ -4,6 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 let csrf = null;
+let me = null; // who is signed in: { name, principal, scopes, agents, csrf }
 let stream = null;
 let listTimer = null;
 
@@ -32,9 +33,9 @@ function show(section) {
 async function start() {
   $("denied").hidden = !location.search.includes("denied");
   try {
-    const me = await api("/session");
+    me = await api("/session");
     csrf = me.csrf;
-    $("who").textContent = `signed in as ${me.name}`;
+    $("who").textContent = `signed in as ${me.name} (${me.scopes.join(", ")})`;
     $("signout").hidden = false;
   } catch (e) {
     show("signin");
@@ -108,7 +109,11 @@ async function refreshRun(uuid) {
   $("run-output").hidden = !(run.output || run.error);
   $("run-output").textContent = run.output || `${run.error_class}: ${run.error}`;
   const waiting = run.waiting_on[0];
+  // Only what this session may do is offered (the server refuses the rest anyway).
+  const mayDecide = me.scopes.includes("approve") && (me.agents === null || me.agents.includes(run.agent));
   $("decision").hidden = !waiting;
+  $("decision-controls").hidden = !mayDecide;
+  $("decision-not-allowed").hidden = mayDecide;
   if (waiting) {
     $("decision-what").innerHTML = `<code>${esc(waiting.tool)}</code>
       <code>${esc(JSON.stringify(waiting.arguments))}</code>`;
