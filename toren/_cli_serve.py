@@ -89,11 +89,11 @@ def tokens() -> None:
 @click.argument("name")
 @click.option(
     "--scope",
-    "scopes",
+    "scope_args",
     multiple=True,
-    type=click.Choice(SCOPES),
-    help="read; operate (start, send, cancel, retry); approve (decide). Repeat for several. "
-    "Default: read only.",
+    metavar="SCOPE[,SCOPE]",
+    help="read; operate (start, send, cancel, retry); approve (decide). Repeat or separate "
+    "with commas for several. Default: read only.",
 )
 @click.option("--agent", "agents", multiple=True, help="Write only to runs of this agent.")
 @click.option("--expires", help="Lifetime, for example 12h or 30d (default: until revoked).")
@@ -102,12 +102,19 @@ def tokens() -> None:
 async def create(
     ctx: click.Context,
     name: str,
-    scopes: tuple[str, ...],
+    scope_args: tuple[str, ...],
     agents: tuple[str, ...],
     expires: str | None,
 ) -> None:
     """Create a token named NAME (unique among live tokens; events record its id). It is
     printed once, here; only its hash is stored."""
+    scopes = tuple(s.strip() for arg in scope_args for s in arg.split(",") if s.strip())
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown:
+        raise click.BadParameter(
+            f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}",
+            param_hint="--scope",
+        )
     lifetime = None
     if expires is not None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 
@@ -30,6 +31,10 @@ async def run_dev(
     """Start (or reuse) the embedded server, migrate, run a worker (and the demo) until Ctrl-C."""
     from toren.supervisors.worker import run_worker  # the entry point that boots a worker
 
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # The console polls the API every two seconds: its access log would drown the rest
+        # (`toren serve` logs every request; `toren --log-level DEBUG dev` shows them here).
+        logging.getLogger("toren.http.access").setLevel(logging.WARNING)
     url = settings.database_url
     server = None
     if url is None:
@@ -70,7 +75,7 @@ async def _start_api(
         console.print(plain("no API or console:", style="yellow"), plain(str(exc)))
         return
     console.print(
-        f"API and console on {base} (sign in with a token: `toren tokens create NAME`)",
+        f"API and console on {base} (sign in with a token: `toren tokens create NAME --scope read,approve`)",
         highlight=False,
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError as SDKToolError
 
 from toren._client import AskError, Client
 from toren._errors import ActorNotLive, UnknownActor
@@ -48,8 +49,9 @@ from toren.runs import (
 log = logging.getLogger("toren.mcp")
 
 
-class ToolError(Exception):
-    """Reported to the MCP client as a tool error, with this message."""
+class ToolError(SDKToolError):
+    """Reported to the MCP client as a tool error, with this message (the SDK reports any
+    other exception as a crash, without its message)."""
 
 
 def build(

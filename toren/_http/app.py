@@ -126,6 +126,9 @@ async def observed(request: web.Request, handler: Handler) -> web.StreamResponse
         response = await handler(request)
         status = response.status
         return response
+    except web.HTTPException as exc:  # a redirect raised by a handler (sign-in)
+        status = exc.status
+        raise
     finally:
         seconds = time.perf_counter() - started
         route = request.match_info.route.resource

@@ -51,7 +51,7 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
     else:
         detail = "send Authorization: Bearer <token> (see `toren tokens create`)"
     if caller is None:
-        if header or cookie:
+        if (header or cookie) and retry_after is None:
             failed.failed(address)
         if optional:
             return None

@@ -1,0 +1,802 @@
+"""Authorization (issue 12): scopes, agent limits, expiry, who is recorded, unique token names,
+what the access log keeps out, failed sign-ins limited, what anonymous callers see, no-store,
+malformed cursors, MCP decisions off by default, and what the CLI refuses. One regression test
+per finding; each asserts what used to be wrong."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import os
+import pwd
+import secrets
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import anyio
+import asyncpg
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from yarl import URL
+
+import toren._tokens
+from tests.conftest import ROOT, person, running_worker, wait_for
+from tests.test_api import refund_agent
+from toren import Client
+from toren._http import ServerOptions
+from toren._mcp import serving_http
+from toren._migrate import available, migrate
+from toren._serve import serving
+from toren._tokens import SCOPES, TokenNameTaken, create_token, revoke_token
+from toren.runs import decide, read_run, start_run
+
+pytestmark = pytest.mark.anyio
+
+RUN_KIND = "toren.run"
+DECISION = {"call_id": "r1", "approved": True, "reason": "fine"}
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def api(db_url: str, **options: Any) -> AsyncIterator[str]:
+    """The HTTP API on a free port, with these ``ServerOptions``."""
+    async with serving(db_url, port=0, options=ServerOptions(**options)) as base:
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def bearer(token: str | None = None) -> AsyncIterator[aiohttp.ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(headers=headers) as http:
+        yield http
+
+
+def sign_in(http: aiohttp.ClientSession, base: str, token: str) -> Any:
+    """``POST /session`` as the console's sign-in form sends it (the redirect not followed)."""
+    return http.post(f"{base}/session", data={"token": token}, allow_redirects=False)
+
+
+@contextlib.asynccontextmanager
+async def console(base: str, token: str) -> AsyncIterator[tuple[aiohttp.ClientSession, str]]:
+    """A browser-like session signed in to the console with ``token`` (through the sign-in
+    form); yields it and the session cookie's value."""
+    jar = aiohttp.CookieJar(unsafe=True)  # unsafe: accept cookies from an IP address
+    async with aiohttp.ClientSession(cookie_jar=jar) as http:
+        async with sign_in(http, base, token) as r:
+            assert r.status == 303, await r.text()
+            assert r.headers["Location"] == "/"
+        cookie = jar.filter_cookies(URL(base))["toren_session"].value
+        yield http, cookie
+
+
+async def _token(
+    client: Client,
+    name: str,
+    scopes: Iterable[str] = SCOPES,
+    *,
+    agents: Iterable[str] | None = None,
+    expires_in: float | None = None,
+) -> tuple[str, str]:
+    return await create_token(
+        client.pool, name, scopes=scopes, agents=agents, expires_in=expires_in
+    )
+
+
+def _uuid(run_id: str) -> str:
+    return run_id.removeprefix("run/")
+
+
+async def _problem(response: aiohttp.ClientResponse, status: int) -> dict[str, Any]:
+    """The response's problem document, after checking it is one with ``status``."""
+    assert response.status == status, await response.text()
+    assert response.content_type == "application/problem+json"
+    body: dict[str, Any] = await response.json()
+    assert body["status"] == status
+    return body
+
+
+async def _status(client: Client, run_id: str, status: str) -> bool:
+    return (await read_run(client, run_id)).status == status
+
+
+async def _parked_run(client: Client, text: str = "Refund me") -> str:
+    """A run of ``support`` parked on the approval of call r1 (inside ``refund_agent``)."""
+    run_id = await start_run(client, "support", text)
+    await wait_for(lambda: _status(client, run_id, "parked"), what=f"{run_id} parked")
+    return run_id
+
+
+async def _events(client: Client, run_id: str, event_type: str) -> list[dict[str, Any]]:
+    return [e.data for e in await client.journal(run_id) if e.type == event_type]
+
+
+async def _runs(client: Client) -> int:
+    count: int = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.actors WHERE kind = $1", RUN_KIND
+    )
+    return count
+
+
+async def _mail(client: Client) -> list[str]:
+    rows = await client.pool.fetch("SELECT kind FROM toren.mailbox ORDER BY id")
+    return [r["kind"] for r in rows]
+
+
+@contextlib.asynccontextmanager
+async def mcp_http(url: str, token: str) -> AsyncIterator[ClientSession]:
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with (
+        http,
+        streamable_http_client(url, http_client=http) as (read, write, *_),
+        ClientSession(read, write) as mcp,
+    ):
+        await mcp.initialize()
+        yield mcp
+
+
+@contextlib.asynccontextmanager
+async def mcp_stdio(db_url: str, *flags: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "toren", "mcp", *flags],
+        env={**os.environ, "TOREN_DATABASE_URL": db_url, "PYTHONPATH": str(ROOT)},
+        cwd=str(ROOT),
+    )
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as mcp:
+        await mcp.initialize()
+        yield mcp
+
+
+def toren_cli(*args: str, db_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``toren ARGS`` as a process, with ``env`` on top of a clean Toren environment."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    full_env.update(
+        {"PYTHONPATH": str(ROOT), "TOREN_DATABASE_URL": db_url, "COLUMNS": "250", **env}
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "toren", *args],
+        env=full_env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+async def cli(*args: str, db_url: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return await anyio.to_thread.run_sync(lambda: toren_cli(*args, db_url=db_url, **env))
+
+
+def _cursor(text: str | bytes) -> str:
+    raw = text.encode() if isinstance(text, str) else text
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+# --- 1. scopes ----------------------------------------------------------------------------------
+
+
+async def test_a_read_only_token_cannot_start_send_cancel_or_decide_over_http(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    run = _uuid(run_id)
+    writes = [
+        ("/runs", {"agent": "support", "input": "another"}, "operate"),
+        (f"/runs/{run}/messages", {"text": "hi"}, "operate"),
+        (f"/runs/{run}/cancel", {}, "operate"),
+        (f"/runs/{run}/approvals", DECISION, "approve"),
+    ]
+    async with api(db_url) as base, bearer(token) as http:
+        async with http.get(f"{base}/runs/{run}") as r:
+            assert r.status == 200  # it may read
+        for path, body, scope in writes:
+            async with http.post(f"{base}{path}", json=body) as r:
+                problem = await _problem(r, 403)
+            assert f"lacks the {scope!r} scope" in problem["detail"], path
+    assert await _runs(client) == 1
+    assert await _mail(client) == ["run.start"]  # nothing reached the run
+
+
+async def test_a_read_only_console_session_cannot_decide(client: Client, db_url: str) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    async with api(db_url) as base, console(base, token) as (http, _):
+        async with http.get(f"{base}/session") as r:
+            assert r.status == 200
+            me = await r.json()
+        assert me["scopes"] == ["read"]
+        assert me["principal"]["via"] == "console"
+        headers = {"X-CSRF-Token": me["csrf"]}  # a well-formed console write: only scope lacks
+        async with http.post(
+            f"{base}/runs/{_uuid(run_id)}/approvals", json=DECISION, headers=headers
+        ) as r:
+            problem = await _problem(r, 403)
+        assert "lacks the 'approve' scope" in problem["detail"]
+        async with http.post(f"{base}/runs", json={"agent": "support", "input": "x"}) as r:
+            await _problem(r, 403)
+    assert await _mail(client) == ["run.start"]
+
+
+async def test_a_read_only_token_over_mcp_http_cannot_start_send_or_decide(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    async with (
+        serving_http(db_url, host="127.0.0.1", port=0, allow_decisions=True) as url,
+        mcp_http(url, token) as mcp,
+    ):
+        listed = await mcp.call_tool("list_runs", {})
+        assert not listed.is_error, listed
+        calls = [
+            ("start_run", {"agent": "support", "input": "another"}),
+            ("send_message", {"run_id": run_id, "text": "hi"}),
+            ("approve", {"run_id": run_id, "call_id": "r1"}),
+            ("deny", {"run_id": run_id, "call_id": "r1"}),
+        ]
+        for tool, arguments in calls:
+            result = await mcp.call_tool(tool, arguments)
+            assert result.is_error, tool
+    assert await _runs(client) == 1
+    assert await _mail(client) == ["run.start"]
+
+
+# --- 2. agent limits ----------------------------------------------------------------------------
+
+
+async def test_an_approve_token_limited_to_one_agent_decides_only_its_runs(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, other = await _token(client, "strict-approver", ["read", "approve"], agents=["strict"])
+    _, own = await _token(client, "support-approver", ["read", "approve"], agents=["support"])
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base:
+        run_id = await _parked_run(client)
+        url = f"{base}/runs/{_uuid(run_id)}/approvals"
+        async with bearer(other) as http, http.post(url, json=DECISION) as r:
+            problem = await _problem(r, 403)
+        assert "may not act on runs of agent 'support'" in problem["detail"]
+        assert (await read_run(client, run_id)).decisions == {}
+        async with bearer(other) as http, http.post(f"{base}/runs/{_uuid(run_id)}/cancel") as r:
+            await _problem(r, 403)  # no operate scope either
+        async with bearer(own) as http, http.post(url, json=DECISION) as r:
+            assert r.status == 200, await r.text()
+            assert (await r.json())["outcome"] == "applied"
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+
+
+async def test_an_operate_token_limited_to_one_agent_starts_and_steers_only_its_runs(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "strict-operator", ["read", "operate"], agents=["strict"])
+    support_run = await start_run(client, "support", "hello")
+    async with api(db_url) as base, bearer(token) as http:
+        async with http.post(f"{base}/runs", json={"agent": "support", "input": "x"}) as r:
+            await _problem(r, 403)
+        for action, body in (("messages", {"text": "hi"}), ("cancel", {})):
+            async with http.post(f"{base}/runs/{_uuid(support_run)}/{action}", json=body) as r:
+                await _problem(r, 403)
+        async with http.post(f"{base}/runs", json={"agent": "strict", "input": "x"}) as r:
+            assert r.status == 201, await r.text()
+        async with http.get(f"{base}/runs/{_uuid(support_run)}") as r:
+            assert r.status == 200  # reading is not limited to the agents
+    assert await _runs(client) == 2
+    assert await _mail(client) == ["run.start", "run.start"]
+
+
+# --- 3. expiry ----------------------------------------------------------------------------------
+
+
+async def test_an_expired_token_is_refused(client: Client, db_url: str) -> None:
+    _, token = await _token(client, "brief", ["read"], expires_in=3)
+    seen: list[int] = []
+    async with api(db_url) as base, bearer(token) as http:
+
+        async def refused() -> bool:
+            async with http.get(f"{base}/runs") as r:
+                seen.append(r.status)
+                return r.status == 401
+
+        await wait_for(refused, timeout=15, what="the expired token refused")
+        assert seen[0] == 200  # it worked until it expired
+        assert set(seen) == {200, 401}
+        async with http.get(f"{base}/runs") as r:
+            problem = await _problem(r, 401)
+        assert "expired" in problem["detail"]
+    assert await toren._tokens.authenticate(client.pool, token) is None
+
+
+# --- 4. who is recorded -------------------------------------------------------------------------
+
+
+async def test_events_caused_over_http_record_the_token_as_principal(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_id, token = await _token(client, "alice")
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base, bearer(token) as http:
+        async with http.post(f"{base}/runs", json={"agent": "support", "input": "Refund"}) as r:
+            assert r.status == 201, await r.text()
+            run_id = (await r.json())["id"]
+        await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+        run = _uuid(run_id)
+        async with http.post(f"{base}/runs/{run}/messages", json={"text": "quickly"}) as r:
+            assert r.status == 202
+        await wait_for(lambda: _events(client, run_id, "message.received"), what="message")
+        async with http.post(f"{base}/runs/{run}/approvals", json=DECISION) as r:
+            assert r.status == 200
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+    principal = {"kind": "token", "id": token_id, "name": "alice", "via": "http"}
+    for event_type in ("run.started", "message.received", "approval.decided"):
+        [data] = await _events(client, run_id, event_type)
+        assert data["by"] == principal, event_type
+
+
+# --- 5. token names -----------------------------------------------------------------------------
+
+
+async def test_two_live_tokens_cannot_share_a_name_but_a_revoked_name_is_free(
+    client: Client, db_url: str
+) -> None:
+    first_id, _ = await _token(client, "ci", ["read"])
+    with pytest.raises(TokenNameTaken, match="'ci'"):
+        await _token(client, "ci", ["read"])
+    again = await cli("tokens", "create", "ci", db_url=db_url)
+    assert again.returncode == 1, again
+    assert "a live token is already named 'ci'" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert not again.stdout.strip()  # no token printed
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.tokens") == 1
+    assert await revoke_token(client.pool, first_id)
+    second_id, _ = await _token(client, "ci", ["read"])
+    assert second_id != first_id
+
+
+# --- 6. the access log --------------------------------------------------------------------------
+
+
+async def test_the_access_log_names_the_token_id_never_a_secret_or_cookie(
+    client: Client, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toren.http.access")
+    token_id, token = await _token(client, "logged", ["read"])
+    secret = token.split("_", 2)[2]
+    run_id = await start_run(client, "support", "hello")
+    async with api(db_url) as base:
+        async with bearer(token) as http:
+            async with http.get(f"{base}/runs?agent=support&limit=5") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/runs/{_uuid(run_id)}") as r:
+                assert r.status == 200
+        async with bearer(token[:-3] + "xyz") as http, http.get(f"{base}/runs") as r:
+            assert r.status == 401
+        async with console(base, token) as (http, cookie):
+            async with http.get(f"{base}/session") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/runs?cursor={cookie}") as r:
+                assert r.status == 422  # the cookie's value in a query: not logged either
+    lines = [r.getMessage() for r in caplog.records if r.name == "toren.http.access"]
+    assert any(
+        line.startswith("GET /runs 200 127.0.0.1 token:" + token_id + " ") for line in lines
+    ), lines
+    assert any(
+        line.startswith(f"GET /runs/{_uuid(run_id)} 200 127.0.0.1 token:{token_id} ")
+        for line in lines
+    ), lines
+    assert any(line.startswith("GET /runs 401 127.0.0.1 - ") for line in lines), lines
+    assert any(line.startswith("POST /session ") for line in lines), lines
+    assert any(
+        line.startswith(f"GET /session 200 127.0.0.1 token:{token_id} ") for line in lines
+    ), lines
+    everything = caplog.text + "\n".join(lines)
+    for leaked in (token, secret, cookie, "limit=5", "agent=support"):
+        assert leaked not in everything, leaked
+
+
+# --- 7. failed sign-ins -------------------------------------------------------------------------
+
+
+async def test_failed_bearer_tokens_are_limited_per_address(client: Client, db_url: str) -> None:
+    _, good = await _token(client, "good", ["read"])
+    async with api(db_url, failed_auth_per_minute=3) as base:
+        for n in range(3):
+            async with bearer(f"trn_bad{n}_guess{n}") as http, http.get(f"{base}/runs") as r:
+                await _problem(r, 401)
+        async with bearer("trn_bad3_guess3") as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 429)
+            assert 1 <= int(r.headers["Retry-After"]) <= 60
+        async with bearer(good) as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 429)  # the address is refused, whatever it sends now
+            assert int(r.headers["Retry-After"]) >= 1
+        async with aiohttp.ClientSession() as http, sign_in(http, base, good) as r:
+            await _problem(r, 429)
+
+
+async def test_failed_console_sign_ins_are_limited_per_address(client: Client, db_url: str) -> None:
+    _, good = await _token(client, "good", ["read"])
+    async with api(db_url, failed_auth_per_minute=3) as base, aiohttp.ClientSession() as http:
+        for n in range(3):
+            async with sign_in(http, base, f"trn_bad{n}_x") as r:
+                assert r.status == 303
+                assert r.headers["Location"] == "/?denied=1"
+        async with sign_in(http, base, good) as r:
+            await _problem(r, 429)
+            assert int(r.headers["Retry-After"]) >= 1
+        async with bearer(good) as api_http, api_http.get(f"{base}/runs") as r:
+            await _problem(r, 429)  # one count per address, whichever way it signs in
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.sessions") == 0
+
+
+async def test_a_failed_token_is_checked_against_the_database_once(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    looked_up: list[str] = []
+    real = toren._tokens.authenticate
+
+    async def counting(pool: asyncpg.Pool, token: str, *, via: str = "http") -> Any:
+        looked_up.append(token)
+        return await real(pool, token, via=via)
+
+    monkeypatch.setattr(toren._tokens, "authenticate", counting)
+    _, good = await _token(client, "good", ["read"])
+    wrong = good[:-4] + "nope"
+    async with api(db_url) as base, bearer(wrong) as http:
+        for _ in range(3):
+            async with http.get(f"{base}/runs") as r:
+                await _problem(r, 401)
+    assert looked_up == [wrong]
+
+
+# --- 8. healthz ---------------------------------------------------------------------------------
+
+
+async def test_healthz_shows_workers_and_versions_only_to_an_authenticated_caller(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "monitor", ["read"])
+    async with running_worker(db_url), api(db_url) as base:
+        async with bearer(token) as http:
+
+            async def shown() -> dict[str, Any] | None:
+                async with http.get(f"{base}/healthz") as r:
+                    body: dict[str, Any] = await r.json()
+                return body if body["workers"] else None
+
+            health = await wait_for(shown, what="the worker shown")
+        async with bearer() as anonymous, anonymous.get(f"{base}/healthz") as r:
+            assert r.status == 200
+            text = await r.text()
+            seen = await r.json()
+    [worker] = health["workers"]
+    assert health["versions"] == [worker["version"]]
+    assert (seen["status"], seen["workers_live"]) == ("ok", 1)
+    assert (seen["workers"], seen["versions"]) == (None, None)
+    for detail in (worker["name"], worker["version"], worker["worker_id"], socket.gethostname()):
+        assert detail not in text, detail
+
+
+# --- 9. no-store --------------------------------------------------------------------------------
+
+
+async def test_api_responses_are_never_cached(client: Client, db_url: str) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    async with api(db_url) as base:
+        async with bearer(token) as http:
+            for path, status in (
+                ("/runs", 200),
+                ("/openapi.json", 200),
+                (f"/runs/{uuid.uuid4().hex}", 404),
+                ("/metrics", 200),
+            ):
+                async with http.get(f"{base}{path}") as r:
+                    assert r.status == status, path
+                    assert r.headers["Cache-Control"] == "no-store", path
+        async with bearer() as anonymous, anonymous.get(f"{base}/runs") as r:
+            await _problem(r, 401)
+            assert r.headers["Cache-Control"] == "no-store"
+
+
+# --- 10. malformed query values -----------------------------------------------------------------
+
+
+async def test_malformed_after_limit_and_cursor_values_are_422_never_500(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    some_run = f"run/{uuid.uuid4()}"
+    cursors = {
+        "nul": _cursor("2024-01-01T00:00:00+00:00|run/\x00"),
+        "before year 1 in UTC": _cursor(f"0001-01-01T00:00:00+01:00|{some_run}"),
+        "after year 9999 in UTC": _cursor(f"9999-12-31T23:59:59-01:00|{some_run}"),
+        "naive": _cursor(f"2024-01-01T00:00:00|{some_run}"),
+        "random": _cursor(secrets.token_bytes(24)),
+        "not a run": _cursor(f"2024-01-01T00:00:00+00:00|{uuid.uuid4()}"),
+        "no separator": _cursor("2024-01-01T00:00:00+00:00"),
+    }
+    paths = {
+        "after 2**66": f"/runs/{_uuid(run_id)}/events?after=99999999999999999999",
+        "after -1": f"/runs/{_uuid(run_id)}/events?after=-1",
+        "after abc": f"/runs/{_uuid(run_id)}/events?after=abc",
+        "limit huge": "/runs?limit=99999999999999999999999",
+        **{f"cursor {name}": f"/runs?cursor={value}" for name, value in cursors.items()},
+    }
+    async with api(db_url) as base, bearer(token) as http:
+        for name, path in paths.items():
+            async with http.get(f"{base}{path}") as r:
+                assert r.status == 422, (name, r.status, await r.text())
+                assert r.content_type == "application/problem+json", name
+        huge = {"Last-Event-ID": "99999999999999999999"}
+        async with http.get(f"{base}/runs/{_uuid(run_id)}/events", headers=huge) as r:
+            await _problem(r, 422)
+        # The first and last instants there are: positions before every run, or after.
+        for at, shown in (
+            ("0001-01-01T00:00:00+00:00", []),
+            ("9999-12-31T23:59:59+00:00", [run_id]),
+        ):
+            async with http.get(f"{base}/runs?cursor={_cursor(f'{at}|{some_run}')}") as r:
+                assert r.status == 200, (at, await r.text())
+                assert [x["id"] for x in (await r.json())["runs"]] == shown, at
+
+
+# --- 11. MCP start_run validates ----------------------------------------------------------------
+
+
+async def test_mcp_start_run_refuses_a_malformed_agent_and_creates_no_run(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "claude")
+    async with (
+        serving_http(db_url, host="127.0.0.1", port=0) as url,
+        mcp_http(url, token) as mcp,
+    ):
+        for agent in ("../../x", "has space", ""):
+            result = await mcp.call_tool("start_run", {"agent": agent, "input": "hi"})
+            assert result.is_error, agent
+        empty = await mcp.call_tool("start_run", {"agent": "support", "input": ""})
+        assert empty.is_error
+    assert await _runs(client) == 0
+    assert await _mail(client) == []
+
+
+# --- 12. acting on an ended run -----------------------------------------------------------------
+
+
+async def test_deciding_or_cancelling_a_completed_run_is_refused(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await _token(client, "ops")
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base:
+        run_id = await _parked_run(client)
+        await decide(client, run_id, call_id="r1", approved=True, by=person("alice"))
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+        approve = await cli("jobs", "approve", run_id, db_url=db_url)
+        assert approve.returncode == 1, approve
+        assert "not waiting for a decision (it is completed)" in approve.stderr
+        named = await cli("jobs", "approve", run_id, "--call", "r9", db_url=db_url)
+        assert named.returncode == 1, named
+        assert "not applied" in named.stderr
+        assert "status completed" in named.stderr
+        deny = await cli("jobs", "deny", run_id, "--call", "r1", db_url=db_url)
+        assert deny.returncode == 1, deny
+        assert "already approved by alice" in deny.stderr
+        stop = await cli("jobs", "cancel", run_id, db_url=db_url)
+        assert stop.returncode == 1, stop
+        assert "has already completed; there is nothing to cancel" in stop.stderr
+        async with bearer(token) as http, http.post(f"{base}/runs/{_uuid(run_id)}/cancel") as r:
+            problem = await _problem(r, 409)
+        assert "has already completed" in problem["detail"]
+    assert (await read_run(client, run_id)).status == "completed"
+    assert await _events(client, run_id, "run.failed") == []
+
+
+# --- 13. the CLI's user -------------------------------------------------------------------------
+
+
+async def test_the_cli_records_the_uid_user_not_logname(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with refund_agent(monkeypatch, db_url):
+        run_id = await _parked_run(client)
+        sent = await cli(
+            "jobs", "send", run_id, "hi", db_url=db_url, LOGNAME="someone", USER="someone"
+        )
+        assert sent.returncode == 0, sent.stderr
+        [received] = await wait_for(
+            lambda: _events(client, run_id, "message.received"), what="message.received"
+        )
+    uid = os.getuid()
+    me = {"kind": "os_user", "id": str(uid), "name": pwd.getpwuid(uid).pw_name, "via": "cli"}
+    assert received["by"] == me
+    assert "someone" not in str(received)
+
+
+# --- 14. MCP decisions are opt-in ---------------------------------------------------------------
+
+
+async def test_mcp_over_stdio_offers_decisions_only_when_allowed(db_url: str) -> None:
+    async with mcp_stdio(db_url) as mcp:
+        tools = {t.name for t in (await mcp.list_tools()).tools}
+        refused = await mcp.call_tool("approve", {"run_id": "run/x", "call_id": "r1"})
+        assert refused.is_error
+    assert tools == {"list_runs", "read_run", "start_run", "send_message"}
+    async with mcp_stdio(db_url, "--allow-decisions") as mcp:
+        allowed = {t.name for t in (await mcp.list_tools()).tools}
+    assert allowed == tools | {"approve", "deny"}
+
+
+# --- 15. tokens from the CLI --------------------------------------------------------------------
+
+
+async def test_cli_tokens_are_read_only_unless_scopes_are_given(
+    client: Client, db_url: str
+) -> None:
+    plain = await cli("tokens", "create", "reader", db_url=db_url)
+    assert plain.returncode == 0, plain.stderr
+    assert "no --scope given: the token may only read" in plain.stderr
+    reader_id = plain.stdout.strip().split("_")[1]
+    full = await cli(
+        "tokens",
+        "create",
+        "deployer",
+        "--scope",
+        "operate",
+        "--scope",
+        "approve",
+        "--agent",
+        "support",
+        "--expires",
+        "30d",
+        db_url=db_url,
+    )
+    assert full.returncode == 0, full.stderr
+    assert "no --scope" not in full.stderr
+    deployer_id = full.stdout.strip().split("_")[1]
+    rows = {
+        r["id"]: r
+        for r in await client.pool.fetch(
+            "SELECT id, scopes, agents, expires_at, now() AS now FROM toren.tokens"
+        )
+    }
+    assert (rows[reader_id]["scopes"], rows[reader_id]["agents"]) == (["read"], None)
+    assert rows[reader_id]["expires_at"] is None
+    deployer = rows[deployer_id]
+    assert (deployer["scopes"], deployer["agents"]) == (["operate", "approve"], ["support"])
+    lifetime = deployer["expires_at"] - deployer["now"]
+    assert timedelta(days=30) - timedelta(minutes=2) < lifetime <= timedelta(days=30)
+    listed = await cli("tokens", "list", db_url=db_url)
+    assert listed.returncode == 0, listed.stderr
+    [reader_line] = [line for line in listed.stdout.splitlines() if reader_id in line]
+    [deployer_line] = [line for line in listed.stdout.splitlines() if deployer_id in line]
+    assert "read" in reader_line
+    assert "all" in reader_line
+    assert "operate approve" in deployer_line
+    assert "support" in deployer_line
+    assert deployer["expires_at"].date().isoformat() in deployer_line
+
+
+# --- 16. secure cookies -------------------------------------------------------------------------
+
+
+async def test_secure_cookies_marks_the_session_cookie_secure_on_plain_http(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "reader", ["read"])
+
+    async def set_cookie(**options: Any) -> str:
+        async with (
+            api(db_url, **options) as base,
+            aiohttp.ClientSession() as http,
+            sign_in(http, base, token) as r,
+        ):
+            assert r.status == 303
+            [cookie] = r.headers.getall("Set-Cookie")
+        return cookie
+
+    secure = await set_cookie(secure_cookies=True)
+    default = await set_cookie()
+    assert secure.startswith("toren_session=")
+    assert "secure" in [part.strip().lower() for part in secure.split(";")]
+    assert "secure" not in [part.strip().lower() for part in default.split(";")]
+    assert "httponly" in [part.strip().lower() for part in default.split(";")]
+
+
+# --- 17. migration 0003 -------------------------------------------------------------------------
+
+
+async def test_migration_0003_keeps_old_tokens_working_and_makes_names_unique(
+    empty_db_url: str,
+) -> None:
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        for version, name, sql in available():
+            if version >= 3:
+                continue
+            async with conn.transaction():
+                await conn.execute(
+                    "CREATE SCHEMA IF NOT EXISTS toren; "
+                    "CREATE TABLE IF NOT EXISTS toren.schema_migrations ("
+                    " version integer PRIMARY KEY, name text NOT NULL,"
+                    " applied_at timestamptz NOT NULL DEFAULT now())"
+                )
+                await conn.execute(sql)
+                await conn.execute(
+                    "INSERT INTO toren.schema_migrations (version, name) VALUES ($1, $2)",
+                    version,
+                    name,
+                )
+        secrets_by_id = {"aaa111": "first-secret", "bbb222": "second-secret", "ccc333": "gone"}
+        created = datetime(2024, 1, 1, tzinfo=UTC)
+        for n, (token_id, secret) in enumerate(secrets_by_id.items()):
+            await conn.execute(
+                "INSERT INTO toren.tokens (id, name, secret_sha256, created_at, revoked_at) "
+                "VALUES ($1, 'ci', $2, $3, $4)",
+                token_id,
+                hashlib.sha256(secret.encode()).digest(),
+                created + timedelta(hours=n),
+                created if token_id == "ccc333" else None,
+            )
+        assert await migrate(conn) == [3]
+        rows = await conn.fetch("SELECT id, name, scopes, agents, expires_at FROM toren.tokens")
+        tokens = {r["id"]: r for r in rows}
+        assert {i: r["name"] for i, r in tokens.items()} == {
+            "aaa111": "ci",
+            "bbb222": "ci-bbb222",
+            "ccc333": "ci",  # revoked: its name is free anyway
+        }
+        for row in rows:
+            assert row["scopes"] == ["read", "operate", "approve"]
+            assert (row["agents"], row["expires_at"]) == (None, None)
+        for token_id in ("aaa111", "bbb222"):
+            token = f"trn_{token_id}_{secrets_by_id[token_id]}"
+            access = await toren._tokens.authenticate(conn, token)  # type: ignore[arg-type]
+            assert access is not None
+            assert access.scopes == frozenset(SCOPES)
+        with pytest.raises(TokenNameTaken):
+            await create_token(conn, "ci")
+        _, fresh = await create_token(conn, "new")
+        fresh_scopes = await conn.fetchval(
+            "SELECT scopes FROM toren.tokens WHERE id = $1", fresh.split("_")[1]
+        )
+        assert fresh_scopes == ["read"]  # a token made after the migration: read by default
+    finally:
+        await conn.close()
+
+
+async def test_mcp_tool_errors_tell_the_client_why(client: Client, db_url: str) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    async with (
+        serving_http(db_url, host="127.0.0.1", port=0) as url,
+        mcp_http(url, token) as mcp,
+    ):
+        result = await mcp.call_tool("start_run", {"agent": "support", "input": "hi"})
+    assert result.is_error
+    assert "forbidden: this token lacks the 'operate' scope" in result.content[0].text
+
+
+async def test_a_console_sign_in_is_logged_and_counted_as_the_redirect_it_is(
+    client: Client, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="toren.http.access")
+    _, token = await _token(client, "reader", ["read"])
+    async with api(db_url) as base:
+        async with console(base, token):
+            pass
+        async with bearer(token) as http, http.get(f"{base}/metrics") as r:
+            metrics = await r.text()
+    lines = [r.getMessage() for r in caplog.records if r.name == "toren.http.access"]
+    assert any(line.startswith("POST /session 303 127.0.0.1 - ") for line in lines), lines
+    assert 'method="POST",route="/session",status="303"' in metrics
