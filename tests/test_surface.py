@@ -24,8 +24,8 @@ def test_public_api_is_pinned() -> None:
         "AskFailed", "AskTimeout", "ChildFailed", "Client", "ConfigError", "Context",
         "DatabaseUnavailable", "DeadLetter", "EffectOutsideHandler", "Envelope", "FencedOut",
         "InternalError", "JournalEntry", "LeaseExpired", "MailboxFull", "MemoryRestartStore",
-        "MigrationError", "PoisonMessage", "PostgresRestartStore", "RestartStore", "Settings",
-        "SupervisorEscalation", "Tool", "ToolContext", "TorenError", "UnknownActor",
+        "MigrationError", "PoisonMessage", "PostgresRestartStore", "Principal", "RestartStore",
+        "Settings", "SupervisorEscalation", "Tool", "ToolContext", "TorenError", "UnknownActor",
         "UnknownActorKind", "UnknownMessageType", "__version__", "durable_sleep", "event",
         "message", "tool",
     ]  # fmt: skip

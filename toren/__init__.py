@@ -36,6 +36,7 @@ from toren._errors import (
     UnknownMessageType,
 )
 from toren._journal import JournalEntry
+from toren._principal import Principal
 from toren._restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
 from toren._version import __version__
 
@@ -65,6 +66,7 @@ __all__ = [
     "MigrationError",
     "PoisonMessage",
     "PostgresRestartStore",
+    "Principal",
     "RestartStore",
     "Settings",
     "SupervisorEscalation",

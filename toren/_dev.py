@@ -75,7 +75,8 @@ async def _start_api(
         console.print(plain("no API or console:", style="yellow"), plain(str(exc)))
         return
     console.print(
-        f"API and console on {base} (sign in with a token: `toren tokens create NAME --scope read,approve`)",
+        f"API and console on {base} (sign in with a token: "
+        "`toren tokens create NAME --scope read,approve`)",
         highlight=False,
     )
 
