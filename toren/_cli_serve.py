@@ -14,6 +14,7 @@ from toren._http import ServerOptions
 from toren._serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
 from toren._terminal import plain
 from toren._tokens import SCOPES, create_token, list_tokens, revoke_token
+from toren.runs import AGENT_NAME
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -56,7 +57,12 @@ async def mcp(
         await serve_stdio(url, message_cap=cap, allow_decisions=allow_decisions)
         return
     async with serving_http(
-        url, host=host, port=port, message_cap=cap, allow_decisions=allow_decisions
+        url,
+        host=host,
+        port=port,
+        message_cap=cap,
+        allow_decisions=allow_decisions,
+        failed_auth_per_minute=settings.failed_auth_per_minute,
     ) as where:
         err.print(f"MCP over streamable HTTP at {where} (Authorization: Bearer <token>)")
         await anyio.sleep_forever()
@@ -95,7 +101,13 @@ def tokens() -> None:
     help="read; operate (start, send, cancel, retry); approve (decide). Repeat or separate "
     "with commas for several. Default: read only.",
 )
-@click.option("--agent", "agents", multiple=True, help="Write only to runs of this agent.")
+@click.option(
+    "--agent",
+    "agent_args",
+    multiple=True,
+    metavar="NAME[,NAME]",
+    help="Start, steer and decide only runs of this agent (repeat, or separate with commas).",
+)
 @click.option("--expires", help="Lifetime, for example 12h or 30d (default: until revoked).")
 @click.pass_context
 @run_async
@@ -103,7 +115,7 @@ async def create(
     ctx: click.Context,
     name: str,
     scope_args: tuple[str, ...],
-    agents: tuple[str, ...],
+    agent_args: tuple[str, ...],
     expires: str | None,
 ) -> None:
     """Create a token named NAME (unique among live tokens; events record its id). It is
@@ -114,6 +126,14 @@ async def create(
         raise click.BadParameter(
             f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}",
             param_hint="--scope",
+        )
+    agents = tuple(a.strip() for arg in agent_args for a in arg.split(","))
+    bad = [a for a in agents if not AGENT_NAME.fullmatch(a)]
+    if bad:
+        raise click.BadParameter(
+            f"not an agent name: {', '.join(repr(a) for a in bad)} "
+            "(1 to 100 letters, digits, _ . -)",
+            param_hint="--agent",
         )
     lifetime = None
     if expires is not None:

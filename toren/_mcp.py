@@ -41,6 +41,7 @@ from toren.runs import (
     decide,
     read_run,
     receipt,
+    run_agent,
     say,
     start_run,
     waiting_on,
@@ -160,18 +161,18 @@ def build(
     async def send_message(run_id: str, text: str, ctx: Context) -> str:
         """Send the run a message (applied at its next step)."""
         rid = _run_id(run_id)
-        state = await _state(client, rid)
-        access = await caller(ctx, "operate", state.agent)
+        await _state(client, rid)
+        access = await caller(ctx, "operate", await run_agent(client, rid))
         try:
             await say(client, rid, text, by=access.principal, cap=message_cap)
-        except MessageTooLarge as exc:
+        except (MessageTooLarge, RunNotInState) as exc:
             raise ToolError(str(exc)) from exc
         return f"sent to {rid}"
 
     async def _decide(run_id: str, call_id: str, approved: bool, reason: str, ctx: Context) -> str:
         rid = _run_id(run_id)
-        state = await _state(client, rid)
-        access = await caller(ctx, "approve", state.agent)
+        await _state(client, rid)
+        access = await caller(ctx, "approve", await run_agent(client, rid))
         name = access.principal.name
         try:
             outcome = await decide(
@@ -264,8 +265,11 @@ def require_token(
     ) -> None:
         if scope["type"] == "http":
             address = str((scope.get("client") or ("?",))[0])
-            headers = dict(scope.get("headers") or [])
-            header = headers.get(b"authorization", b"").decode(errors="replace")
+            given = [v for k, v in scope.get("headers") or [] if k.lower() == b"authorization"]
+            if len(given) > 1:  # which one counts would depend on who reads it
+                await _refuse(send, 401, b"send one Authorization header")
+                return
+            header = given[0].decode(errors="replace") if given else ""
             scheme, _, token = header.partition(" ")
             retry_after = failed.blocked(address)
             if retry_after is not None:
@@ -306,6 +310,7 @@ async def serving_http(
     port: int,
     message_cap: int = MESSAGE_CAP,
     allow_decisions: bool = False,
+    failed_auth_per_minute: int = 20,
 ) -> AsyncIterator[str]:
     """Serve MCP over streamable HTTP at ``http://host:port/mcp`` while inside."""
     import uvicorn
@@ -315,7 +320,8 @@ async def serving_http(
     mcp_server = build(
         client, message_cap=message_cap, allow_decisions=allow_decisions, tokens=tokens
     )
-    app = require_token(mcp_server.streamable_http_app(host=host), client, tokens)
+    failed = FailedAuth(failed_auth_per_minute)
+    app = require_token(mcp_server.streamable_http_app(host=host), client, tokens, failed)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -104,6 +105,12 @@ async def create_token(
         raise ValueError("a token expires in a positive time of at most ten years")
     token_id = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
+    # An expired token holding the name is revoked first: its name is free again.
+    await conn.execute(
+        "UPDATE toren.tokens SET revoked_at = now() "
+        "WHERE name = $1 AND revoked_at IS NULL AND expires_at <= now()",
+        name,
+    )
     try:
         await conn.execute(
             "INSERT INTO toren.tokens (id, name, secret_sha256, scopes, agents, expires_at) "
@@ -168,8 +175,9 @@ SELECT live.*, (SELECT count(*) FROM touched) AS touched FROM live
 
 
 def _access(row: asyncpg.Record, token_id: str, via: str, csrf: str | None = None) -> Access:
+    name = row["name"] if 0 < len(row["name"]) <= NAME_CAP else f"token {token_id}"
     return Access(
-        principal=Principal(kind="token", id=token_id, name=row["name"], via=via),
+        principal=Principal(kind="token", id=token_id, name=name, via=via),
         scopes=frozenset(row["scopes"]),
         agents=frozenset(row["agents"]) if row["agents"] is not None else None,
         expires_at=row["expires_at"],
@@ -177,12 +185,15 @@ def _access(row: asyncpg.Record, token_id: str, via: str, csrf: str | None = Non
     )
 
 
+_TOKEN = re.compile(rf"{PREFIX}_([0-9a-f]{{1,32}})_([A-Za-z0-9_-]{{1,100}})")
+_COOKIE = re.compile(r"[A-Za-z0-9_-]{1,100}")
+
+
 def _parts(token: str) -> tuple[str, str] | None:
-    prefix, _, rest = token.partition("_")
-    token_id, _, secret = rest.partition("_")
-    if prefix != PREFIX or not token_id or not secret or len(token) > 200:
-        return None
-    return token_id, secret
+    """A token's id and secret, or None if it is not shaped like one this server gave out
+    (then it is refused without a query)."""
+    match = _TOKEN.fullmatch(token)
+    return (match[1], match[2]) if match else None
 
 
 async def authenticate(pool: asyncpg.Pool, token: str, *, via: str = "http") -> Access | None:
@@ -218,7 +229,7 @@ async def open_session(pool: asyncpg.Pool, access: Access) -> tuple[str, str, fl
 
 async def session_access(pool: asyncpg.Pool, cookie: str) -> Access | None:
     """What a live session cookie may do, or None."""
-    if len(cookie) > 200:
+    if not _COOKIE.fullmatch(cookie):
         return None
     row = await pool.fetchrow(
         "SELECT s.token_id, s.csrf, t.name, t.scopes, t.agents, t.expires_at "
@@ -250,6 +261,13 @@ class TokenCache:
         self.failed_ttl = failed_ttl
         self.size = size
         self._held: OrderedDict[tuple[bytes, str], tuple[float, Access | None]] = OrderedDict()
+        self._known: OrderedDict[bytes, float] = OrderedDict()  # passed lately: until when
+
+    def known(self, token: str) -> bool:
+        """Whether ``token`` passed a check in the last ten minutes (it is still checked: this
+        only tells a client that held a good token from one guessing)."""
+        until = self._known.get(_sha256(token))
+        return until is not None and until > time.monotonic()
 
     async def authenticate(
         self, pool: asyncpg.Pool, token: str, *, via: str = "http"
@@ -270,4 +288,9 @@ class TokenCache:
         self._held.move_to_end(key)
         while len(self._held) > self.size:
             self._held.popitem(last=False)
+        if access is not None:
+            self._known[key[0]] = now + 600
+            self._known.move_to_end(key[0])
+            while len(self._known) > self.size:
+                self._known.popitem(last=False)
         return access

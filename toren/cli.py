@@ -152,7 +152,7 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
         for r in rows
     ]
     if as_json:
-        out.print_json(json.dumps(items))
+        click.echo(json.dumps(items, indent=2, ensure_ascii=True))  # escaped: inert
         return
     versions = {i["version"] for i in items}
     table = Table(title=f"{len(items)} live worker(s)")
@@ -192,7 +192,7 @@ async def _list_deadletters(
     async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
         items = await client.deadletters(actor_id=actor, limit=limit)
     if as_json:
-        out.print_json(
+        click.echo(  # escaped JSON (rich's print_json would write controls back raw)
             json.dumps(
                 [
                     {
@@ -207,7 +207,10 @@ async def _list_deadletters(
                         "dead_at": d.dead_at.isoformat(),
                     }
                     for d in items
-                ]
+                ],
+                indent=2,
+                ensure_ascii=True,
+                default=str,
             )
         )
         return

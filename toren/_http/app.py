@@ -32,6 +32,7 @@ from toren._http.common import (
     problem_response,
     require,
 )
+from toren._http.console import page_headers
 from toren._http.guard import FAILED_AUTH, FailedAuth
 from toren._http.models import FieldError, Problem
 from toren._http.openapi import document
@@ -147,10 +148,15 @@ async def observed(request: web.Request, handler: Handler) -> web.StreamResponse
         )
 
 
-async def _no_store(request: web.Request, response: web.StreamResponse) -> None:
-    """API answers hold run data and credentials' effects: never cached."""
+async def _headers(request: web.Request, response: web.StreamResponse) -> None:
+    """API answers hold run data: never cached. The console's files carry the page's own
+    protections however they are reached (``/static/index.html`` is the page too)."""
     if not request.path.startswith("/static/"):
         response.headers.setdefault("Cache-Control", "no-store")
+        return
+    for name, value in page_headers().items():
+        if name != "Cache-Control":
+            response.headers.setdefault(name, value)
 
 
 def create_app(client: Client, options: ServerOptions | None = None) -> web.Application:
@@ -164,7 +170,7 @@ def create_app(client: Client, options: ServerOptions | None = None) -> web.Appl
     app[OPTIONS] = options
     app[TOKENS] = TokenCache()
     app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
-    app.on_response_prepare.append(_no_store)
+    app.on_response_prepare.append(_headers)
     metrics.install(app)
     runs.install(app)
     console.install(app)

@@ -26,33 +26,35 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
             without its CSRF token or from another origin), 429 (too many failures).
     """
     failed = request.app[FAILED_AUTH]
+    tokens = request.app[TOKENS]
     address = client_address(request)
     retry_after = failed.blocked(address)
-    if retry_after is not None and not optional:
-        raise ProblemError(
-            429,
-            "Too many failed sign-ins",
-            f"too many failed authentications from {address}; try again in {retry_after}s",
-            headers={"Retry-After": str(retry_after)},
-        )
     pool = request.app[CLIENT].pool
-    header = request.headers.get("Authorization", "")
+    token = bearer(request)
     cookie = request.cookies.get(SESSION_COOKIE)
     caller: Access | None = None
-    if header:
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() == "bearer" and token.strip() and retry_after is None:
-            caller = await request.app[TOKENS].authenticate(pool, token.strip(), via="http")
+    # While an address is blocked, only a token this server saw pass lately, or a session
+    # cookie (256 random bits: nobody guesses one), is still checked; anything else waits.
+    if token is not None:
+        if retry_after is None or tokens.known(token):
+            caller = await tokens.authenticate(pool, token, via="http")
         detail = "the bearer token is malformed, unknown, revoked or expired"
     elif cookie:
-        if retry_after is None:
-            caller = await session_access(pool, cookie)
+        caller = await session_access(pool, cookie)
         detail = "the console session has ended; sign in again"
     else:
         detail = "send Authorization: Bearer <token> (see `toren tokens create`)"
     if caller is None:
-        if (header or cookie) and retry_after is None:
-            failed.failed(address)
+        if token is not None or cookie:
+            if retry_after is None:
+                failed.failed(address)
+            elif not optional:
+                raise ProblemError(
+                    429,
+                    "Too many failed sign-ins",
+                    f"too many failed authentications from {address}; try again in {retry_after}s",
+                    headers={"Retry-After": str(retry_after)},
+                )
         if optional:
             return None
         raise _unauthorized(detail)
@@ -69,7 +71,12 @@ def same_origin(request: web.Request) -> bool:
     """Whether the browser's ``Origin`` (if it sent one) is this server. The host is compared,
     not the scheme: behind a proxy that terminates TLS the server itself sees plain HTTP."""
     origin = request.headers.get("Origin")
-    return origin is None or urlsplit(origin).netloc == request.host
+    if origin is None:
+        return True
+    try:
+        return urlsplit(origin).netloc == request.host
+    except ValueError:  # not a URL at all
+        return False
 
 
 def _check_csrf(request: web.Request, caller: Access) -> None:
@@ -81,13 +88,19 @@ def _check_csrf(request: web.Request, caller: Access) -> None:
         raise ProblemError(403, "Forbidden", "a write from the console needs its CSRF token")
 
 
+def bearer(request: web.Request) -> str | None:
+    """The bearer token the request carries, if any (other schemes, such as the Basic of a
+    proxy in front, are not ours: then the session cookie, if any, counts)."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
 async def recheck(request: web.Request) -> Access | None:
     """The caller's access checked again now (through the token cache: at most ``ttl`` stale),
     for a long-lived response such as an event stream; None once revoked or expired."""
     pool = request.app[CLIENT].pool
-    header = request.headers.get("Authorization", "")
-    if header:
-        token = header.partition(" ")[2].strip()
+    token = bearer(request)
+    if token is not None:
         return await request.app[TOKENS].authenticate(pool, token, via="http")
     cookie = request.cookies.get(SESSION_COOKIE)
     return await session_access(pool, cookie) if cookie else None

@@ -8,12 +8,11 @@ CSRF token its writes must carry; ``DELETE /session`` signs out.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import attrs
 from aiohttp import web
 
-from toren._http.auth import SESSION_COOKIE
+from toren._http.auth import SESSION_COOKIE, same_origin
 from toren._http.common import CLIENT, OPTIONS, ProblemError, access, client_address
 from toren._http.guard import FAILED_AUTH
 from toren._tokens import authenticate, close_session, open_session
@@ -35,10 +34,10 @@ async def favicon(request: web.Request) -> web.Response:
 
 
 async def index(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(STATIC / "index.html", headers=_page_headers())
+    return web.FileResponse(STATIC / "index.html", headers=page_headers())
 
 
-def _page_headers() -> dict[str, str]:
+def page_headers() -> dict[str, str]:
     return {
         "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
         "frame-ancestors 'none'; form-action 'self'",
@@ -49,9 +48,9 @@ def _page_headers() -> dict[str, str]:
 
 
 async def sign_in(request: web.Request) -> web.StreamResponse:
-    origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
-        raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin} refused")
+    if not same_origin(request):
+        origin = request.headers.get("Origin", "")
+        raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin!r} refused")
     failed, address = request.app[FAILED_AUTH], client_address(request)
     retry_after = failed.blocked(address)
     if retry_after is not None:

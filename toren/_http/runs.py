@@ -20,6 +20,7 @@ from toren._http.common import (
     CLIENT,
     OPTIONS,
     ProblemError,
+    access,
     json,
     principal,
     read_body,
@@ -109,10 +110,40 @@ async def start(request: web.Request) -> web.Response:
         raise ProblemError(422, "Invalid request", str(exc), [error]) from exc
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
+    if not access(request).allows("read"):
+        # A caller that may not read gets back what it sent, not the run (a repeated key would
+        # otherwise show it the run's output and what it waits for).
+        created = await _created(client.pool, rid)
+        return json(_as_sent(rid, body, created), status=201)
     run = await _run(request.app, rid)
     if not run.agent:  # not started by a worker yet: its start message is queued
         run.agent, run.input = body.agent, body.input
     return json(run, status=201)
+
+
+def _as_sent(rid: str, body: StartRunBody, created: datetime) -> Run:
+    """The run as its starter knows it: id, agent, input; nothing it has done."""
+    nothing = Receipt(
+        calls_made=0,
+        calls_replayed=0,
+        input_tokens=0,
+        output_tokens=0,
+        usd_paid="0",
+        usd_not_repaid="0",
+        unpriced_calls=0,
+    )
+    return Run(
+        id=rid,
+        agent=body.agent,
+        status="running",
+        input=body.input,
+        output=None,
+        error_class=None,
+        error=None,
+        created_at=created.isoformat(),
+        waiting_on=[],
+        receipt=nothing,
+    )
 
 
 async def listing(request: web.Request) -> web.Response:

@@ -46,6 +46,8 @@ POLL = 0.2
 BATCH = 500
 """Events read at a time; a full batch is followed by the next without waiting."""
 PING = 15.0
+WRITE_TIMEOUT = 10.0
+"""Seconds one write may wait on a client that does not read; then it is taken to have left."""
 RETRY_AFTER = 5
 CLOSED = "toren.closed"
 
@@ -129,8 +131,12 @@ async def stream(request: web.Request, after: int, page: Page) -> web.StreamResp
             reason = await _follow(request, sse, after, page, caller)
             if reason is not None:
                 # The client may have left meanwhile: then there is no one to tell.
-                with contextlib.suppress(ConnectionResetError, TimeoutError):
-                    await sse.send(orjson.dumps({"reason": reason}).decode(), event=CLOSED)
+                try:
+                    with anyio.fail_after(WRITE_TIMEOUT):
+                        await sse.send(orjson.dumps({"reason": reason}).decode(), event=CLOSED)
+                except (ConnectionResetError, TimeoutError):
+                    if request.transport is not None:
+                        request.transport.abort()
     return sse
 
 
@@ -156,7 +162,9 @@ async def _follow(
                 next_check = anyio.current_time() + options.stream_recheck_seconds
             events = await page(after)
             for event in events:
-                await sse.send(to_json(event), id=str(event.seq), event=event.type)
+                # A client that stops reading would hold the write, and with it every bound.
+                with anyio.fail_after(WRITE_TIMEOUT):
+                    await sse.send(to_json(event), id=str(event.seq), event=event.type)
                 after = event.seq
             if events:
                 last_sent = anyio.current_time()
@@ -165,6 +173,8 @@ async def _follow(
             if len(events) < BATCH:
                 await anyio.sleep(POLL)
     except (ConnectionResetError, TimeoutError):  # the client left, or stopped reading
+        if request.transport is not None:
+            request.transport.abort()  # nothing more is written to a client that is not there
         return None
     except Exception:
         log.exception("the event stream of %s failed", request.path)

@@ -24,6 +24,7 @@ from toren._model import (
     Usage,
 )
 from toren.runs.client import (
+    AGENT_NAME,
     DECISION_WAIT,
     MESSAGE_CAP,
     AgentNotServed,
@@ -38,6 +39,7 @@ from toren.runs.client import (
     decide,
     read_run,
     retry,
+    run_agent,
     say,
     start_run,
 )
@@ -83,6 +85,7 @@ from toren.runs.state import (
 )
 
 __all__ = [
+    "AGENT_NAME",
     "DECISION_WAIT",
     "FORMAT",
     "GENESIS",
@@ -145,6 +148,7 @@ __all__ = [
     "read_run",
     "receipt",
     "retry",
+    "run_agent",
     "say",
     "served_routes",
     "start_run",

@@ -279,14 +279,36 @@ async def say(
     by: Principal | None = None,
     cap: int = MESSAGE_CAP,
 ) -> None:
-    """A human message to the run (applied at the next step boundary).
+    """A human message to the run (applied at the next step boundary; to a completed run, it
+    continues the conversation).
 
     Raises:
         MessageTooLarge: ``text`` is over ``cap`` bytes (never truncated).
+        UnknownActor: no such run.
+        RunNotInState: the run has failed (retry it first: a failed run takes no messages).
     """
     check_message(text, cap)
+    status, _ = await _status(client, run_id)
+    if status == "failed":
+        raise RunNotInState(run_id, "has failed and takes no messages; retry it first")
     by = _caller(by)
     await client.send(run_id, Say(text=text, by=by, who=by.name), system=True)
+
+
+async def run_agent(client: Client, run_id: str) -> str:
+    """The agent a run was started for (known before a worker has started the run).
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    row = await client.pool.fetchrow(
+        "SELECT args->>'agent' AS agent FROM toren.actors WHERE actor_id = $1 AND kind = $2",
+        run_id,
+        RUN_KIND,
+    )
+    if row is None:
+        raise UnknownActor(run_id)
+    return str(row["agent"] or "")
 
 
 async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:

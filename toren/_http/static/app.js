@@ -20,7 +20,14 @@ async function api(path, options = {}) {
     headers["X-CSRF-Token"] = csrf;
   }
   const response = await fetch(path, { credentials: "same-origin", ...options, headers });
-  if (response.status === 401) { show("signin"); throw new Error("signed out"); }
+  if (response.status === 401) {
+    // Signed out (the token was revoked, or the session ended): stop polling, or every poll
+    // would count as a failed sign-in from this address.
+    if (listTimer) { clearInterval(listTimer); listTimer = null; }
+    if (stream) { stream.close(); stream = null; }
+    show("signin");
+    throw new Error("signed out");
+  }
   const body = await response.json();
   if (!response.ok) throw new Error(body.detail || response.statusText);
   return body;
