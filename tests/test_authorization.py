@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import pwd
@@ -39,7 +40,7 @@ from toren._mcp import serving_http
 from toren._migrate import available, migrate
 from toren._serve import serving
 from toren._tokens import SCOPES, TokenNameTaken, create_token, revoke_token
-from toren.runs import decide, read_run, start_run
+from toren.runs import cancel, decide, read_run, start_run
 
 pytestmark = pytest.mark.anyio
 
@@ -722,22 +723,7 @@ async def test_migration_0003_keeps_old_tokens_working_and_makes_names_unique(
 ) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        for version, name, sql in available():
-            if version >= 3:
-                continue
-            async with conn.transaction():
-                await conn.execute(
-                    "CREATE SCHEMA IF NOT EXISTS toren; "
-                    "CREATE TABLE IF NOT EXISTS toren.schema_migrations ("
-                    " version integer PRIMARY KEY, name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                )
-                await conn.execute(sql)
-                await conn.execute(
-                    "INSERT INTO toren.schema_migrations (version, name) VALUES ($1, $2)",
-                    version,
-                    name,
-                )
+        await _migrated_to_0002(conn)
         secrets_by_id = {"aaa111": "first-secret", "bbb222": "second-secret", "ccc333": "gone"}
         created = datetime(2024, 1, 1, tzinfo=UTC)
         for n, (token_id, secret) in enumerate(secrets_by_id.items()):
@@ -800,3 +786,397 @@ async def test_a_console_sign_in_is_logged_and_counted_as_the_redirect_it_is(
     lines = [r.getMessage() for r in caplog.records if r.name == "toren.http.access"]
     assert any(line.startswith("POST /session 303 127.0.0.1 - ") for line in lines), lines
     assert 'method="POST",route="/session",status="303"' in metrics
+
+
+# --- 18. the security review's findings ---------------------------------------------------------
+
+
+async def _raw_http(base: str, *lines: bytes) -> tuple[int, dict[str, str], bytes]:
+    """A request written byte for byte to a socket (what HTTP client libraries refuse to send:
+    raw bytes in a header), with ``Connection: close``; the response read to its end."""
+    url = URL(base)
+    assert url.host is not None
+    assert url.port is not None
+    request = b"\r\n".join([*lines, b"Connection: close", b"", b""])
+    got = b""
+    with anyio.fail_after(15):
+        async with await anyio.connect_tcp(url.host, url.port) as stream:
+            await stream.send(request)
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                while True:
+                    got += await stream.receive()
+    head, _, body = got.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(status_line.split()[1]), headers, body
+
+
+def _raw_problem(answer: tuple[int, dict[str, str], bytes], status: int) -> dict[str, Any]:
+    code, headers, body = answer
+    assert code == status, (code, body)
+    assert headers["content-type"].startswith("application/problem+json"), headers
+    problem: dict[str, Any] = json.loads(body)
+    assert problem["status"] == status
+    return problem
+
+
+RAW_BEARER = b"Authorization: Bearer trn_ab_\xff"  # a byte that is not UTF-8
+RAW_COOKIE = b"Cookie: toren_session=a\xffb"
+
+
+async def test_raw_bytes_in_a_bearer_token_are_refused_never_a_500(
+    client: Client, db_url: str
+) -> None:
+    async with api(db_url, failed_auth_per_minute=3) as base:
+        runs = await _raw_http(base, b"GET /runs HTTP/1.1", b"Host: 127.0.0.1", RAW_BEARER)
+        _raw_problem(runs, 401)
+        health = await _raw_http(base, b"GET /healthz HTTP/1.1", b"Host: 127.0.0.1", RAW_BEARER)
+        assert health[0] == 200, health
+        assert json.loads(health[2])["workers"] is None  # answered as to anyone
+        for n in range(3):
+            async with bearer(f"trn_bad{n}_guess{n}") as http, http.get(f"{base}/runs") as r:
+                assert r.status in (401, 429)
+        blocked = await _raw_http(base, b"GET /runs HTTP/1.1", b"Host: 127.0.0.1", RAW_BEARER)
+        _raw_problem(blocked, 429)
+
+
+async def test_signing_out_with_raw_bytes_in_the_cookie_is_not_a_500(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "reader", ["read"])
+    async with api(db_url) as base:
+        signed_out = await _raw_http(
+            base,
+            b"DELETE /session HTTP/1.1",
+            b"Host: 127.0.0.1",
+            f"Authorization: Bearer {token}".encode(),
+            RAW_COOKIE,
+        )
+    assert signed_out[0] == 200, signed_out
+
+
+async def test_crafted_cookies_forms_origins_and_names_are_never_a_500(
+    client: Client, db_url: str
+) -> None:
+    token_id, token = await _token(client, "ops")
+    _, unnamed = await _token(client, "to-be-unnamed", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    # A row from before names were checked: an empty name (no principal may be nameless).
+    await client.pool.execute(
+        "UPDATE toren.tokens SET name = '' WHERE id = $1", unnamed.split("_")[1]
+    )
+    async with api(db_url) as base:
+        # A byte that is not UTF-8 in the session cookie.
+        raw_cookie = RAW_COOKIE
+        _raw_problem(
+            await _raw_http(base, b"GET /runs HTTP/1.1", b"Host: 127.0.0.1", raw_cookie), 401
+        )
+        # A NUL in a token sent through the sign-in form.
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{base}/session",
+                data=b"token=trn_a%00_b",
+                headers={"Content-Type": "application/x-www-form-urlencoded"},
+                allow_redirects=False,
+            ) as r,
+        ):
+            assert r.status == 303, await r.text()
+            assert r.headers["Location"] == "/?denied=1"
+        # An Origin that is not a URL: refused, on the sign-in form and on a console write.
+        bad_origin = {"Origin": "http://[bad"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{base}/session", data={"token": token}, headers=bad_origin, allow_redirects=False
+            ) as r,
+        ):
+            await _problem(r, 403)
+        async with console(base, token) as (http, _):
+            async with http.get(f"{base}/session") as r:
+                csrf = (await r.json())["csrf"]
+            async with http.post(
+                f"{base}/runs/{_uuid(run_id)}/approvals",
+                json=DECISION,
+                headers={**bad_origin, "X-CSRF-Token": csrf},
+            ) as r:
+                problem = await _problem(r, 403)
+            assert "cross-origin" in problem["detail"]
+        # The token whose name is empty still works, shown by its id.
+        async with bearer(unnamed) as http:
+            async with http.get(f"{base}/runs") as r:
+                assert r.status == 200, await r.text()
+            async with http.get(f"{base}/session") as r:
+                assert r.status == 200, await r.text()
+                me = await r.json()
+    unnamed_id = unnamed.split("_")[1]
+    assert me["principal"] == {
+        "kind": "token",
+        "id": unnamed_id,
+        "name": f"token {unnamed_id}",
+        "via": "http",
+    }
+    assert me["name"] == f"token {unnamed_id}"
+    assert token_id != unnamed_id
+    assert await _mail(client) == ["run.start"]  # the refused write reached nothing
+
+
+async def test_another_authorization_scheme_lets_the_session_cookie_count_and_is_not_a_failure(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "browser", ["read"])
+    basic = {"Authorization": "Basic " + base64.b64encode(b"proxy-user:proxy-pass").decode()}
+    async with api(db_url, failed_auth_per_minute=3) as base:
+        async with console(base, token) as (http, _):
+            for n in range(25):  # a proxy in front adds its own Basic credentials
+                async with http.get(f"{base}/runs", headers=basic) as r:
+                    assert r.status == 200, (n, await r.text())
+        async with bearer("trn_bad0_guess0") as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 401)  # the first failure from this address: not yet limited
+
+
+async def test_a_blocked_address_keeps_the_token_it_used_but_cannot_try_a_new_one(
+    client: Client, db_url: str
+) -> None:
+    _, known = await _token(client, "known", ["read"])
+    _, fresh = await _token(client, "fresh", ["read"])
+    async with api(db_url, failed_auth_per_minute=3) as base:
+        async with bearer(known) as http, http.get(f"{base}/runs") as r:
+            assert r.status == 200
+        for n in range(3):
+            async with bearer(f"trn_bad{n}_guess{n}") as http, http.get(f"{base}/runs") as r:
+                await _problem(r, 401)
+        async with bearer("trn_bad3_guess3") as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 429)
+        async with bearer(known) as http, http.get(f"{base}/runs") as r:
+            assert r.status == 200, await r.text()  # not locked out by someone else's guesses
+        async with bearer(fresh) as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 429)  # a token never seen pass is a guess like any other
+
+
+async def test_the_console_page_as_a_static_file_carries_the_pages_protections(
+    client: Client, db_url: str
+) -> None:
+    async with api(db_url) as base, aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/") as r:
+            assert r.status == 200
+            page_policy = r.headers["Content-Security-Policy"]
+        async with http.get(f"{base}/static/index.html") as r:
+            assert r.status == 200
+            assert r.content_type == "text/html"
+            policy = r.headers.get("Content-Security-Policy", "")
+            assert "frame-ancestors 'none'" in policy
+            assert policy == page_policy
+            assert r.headers.get("X-Content-Type-Options") == "nosniff"
+
+
+MCP_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+
+
+async def test_mcp_over_http_refuses_two_authorization_headers(client: Client, db_url: str) -> None:
+    _, one = await _token(client, "one")
+    _, two = await _token(client, "two", ["read"])
+    accept = [("Accept", "application/json, text/event-stream")]
+    async with (
+        serving_http(db_url, host="127.0.0.1", port=0) as url,
+        create_mcp_http_client() as http,
+    ):
+        single = await http.post(
+            url, json=MCP_INITIALIZE, headers=[("Authorization", f"Bearer {one}"), *accept]
+        )
+        assert single.status_code == 200, single.text  # the request itself is fine
+        double = await http.post(
+            url,
+            json=MCP_INITIALIZE,
+            headers=[
+                ("Authorization", f"Bearer {two}"),
+                ("Authorization", f"Bearer {one}"),
+                *accept,
+            ],
+        )
+    assert double.status_code == 401, double.text
+    assert "one Authorization header" in double.text
+
+
+async def test_mcp_send_message_to_a_run_no_worker_has_started_checks_its_agent(
+    client: Client, db_url: str
+) -> None:
+    _, token = await _token(client, "support-operator", ["read", "operate"], agents=["support"])
+    run_id = await start_run(client, "support", "hello")  # no worker: only its start is queued
+    async with (
+        serving_http(db_url, host="127.0.0.1", port=0) as url,
+        mcp_http(url, token) as mcp,
+    ):
+        result = await mcp.call_tool("send_message", {"run_id": run_id, "text": "hi"})
+    assert not result.is_error, result.content
+    assert f"sent to {run_id}" in getattr(result.content[0], "text", "")
+    assert await _mail(client) == ["run.start", "run.say"]
+
+
+async def test_cli_tokens_create_refuses_malformed_agents_and_splits_commas(
+    client: Client, db_url: str
+) -> None:
+    for agent in ("", "../x"):
+        refused = await cli("tokens", "create", "x", "--agent", agent, db_url=db_url)
+        assert refused.returncode == 2, (agent, refused)
+        assert "--agent" in refused.stderr, agent
+        assert f"not an agent name: {agent!r}" in refused.stderr, agent
+        assert "Traceback" not in refused.stderr
+        assert not refused.stdout.strip()  # no token printed
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.tokens") == 0
+    made = await cli("tokens", "create", "x", "--agent", "a,b", db_url=db_url)
+    assert made.returncode == 0, made.stderr
+    token_id = made.stdout.strip().split("_")[1]
+    agents = await client.pool.fetchval("SELECT agents FROM toren.tokens WHERE id = $1", token_id)
+    assert agents == ["a", "b"]
+
+
+async def _migrated_to_0002(conn: asyncpg.Connection) -> None:
+    """The schema as migrations 0001 and 0002 left it (before tokens had rules for names)."""
+    for version, name, sql in available():
+        if version >= 3:
+            continue
+        async with conn.transaction():
+            await conn.execute(
+                "CREATE SCHEMA IF NOT EXISTS toren; "
+                "CREATE TABLE IF NOT EXISTS toren.schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO toren.schema_migrations (version, name) VALUES ($1, $2)",
+                version,
+                name,
+            )
+
+
+async def test_migration_0003_renames_until_free_and_repairs_empty_and_long_names(
+    empty_db_url: str,
+) -> None:
+    long_name = "n" * 150
+    tokens = [  # id, name, in order of creation; all live
+        ("aaa111", "ci"),
+        ("bbb222", "ci"),
+        ("ccc333", "ci-bbb222"),  # the name the second "ci" would be given
+        ("ddd444", ""),
+        ("eee555", long_name),
+    ]
+    conn = await asyncpg.connect(empty_db_url)
+    try:
+        await _migrated_to_0002(conn)
+        created = datetime(2024, 1, 1, tzinfo=UTC)
+        for n, (token_id, name) in enumerate(tokens):
+            await conn.execute(
+                "INSERT INTO toren.tokens (id, name, secret_sha256, created_at) "
+                "VALUES ($1, $2, $3, $4)",
+                token_id,
+                name,
+                hashlib.sha256(f"secret-{token_id}".encode()).digest(),
+                created + timedelta(hours=n),
+            )
+        assert await migrate(conn) == [3]
+        names = {r["id"]: r["name"] for r in await conn.fetch("SELECT id, name FROM toren.tokens")}
+        assert names == {
+            "aaa111": "ci",
+            "bbb222": "ci-bbb222",
+            "ccc333": "ci-bbb222-ccc333",
+            "ddd444": "token ddd444",
+            "eee555": long_name[:100],
+        }
+        for token_id, _ in tokens:  # each still works
+            token = f"trn_{token_id}_secret-{token_id}"
+            access = await toren._tokens.authenticate(conn, token)  # type: ignore[arg-type]
+            assert access is not None, token_id
+            assert access.principal.name == names[token_id]
+    finally:
+        await conn.close()
+
+
+async def test_an_expired_token_frees_its_name(client: Client, db_url: str) -> None:
+    old_id, old = await _token(client, "brief", ["read"], expires_in=1)
+
+    async def refused() -> bool:
+        return await toren._tokens.authenticate(client.pool, old) is None
+
+    await wait_for(refused, timeout=15, what="the token to expire")
+    new_id, new = await create_token(client.pool, "brief")
+    assert new_id != old_id
+    rows = {
+        r["id"]: r for r in await client.pool.fetch("SELECT id, name, revoked_at FROM toren.tokens")
+    }
+    assert rows[old_id]["revoked_at"] is not None  # the expired row gave its name up
+    assert (rows[new_id]["name"], rows[new_id]["revoked_at"]) == ("brief", None)
+    assert await toren._tokens.authenticate(client.pool, new) is not None
+
+
+async def test_a_token_that_may_not_read_gets_back_only_what_it_sent(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await _token(client, "starter", ["operate"])
+    body = {"agent": "support", "input": "Refund me", "idempotency_key": "order-17"}
+    nothing = {
+        "calls_made": 0,
+        "calls_replayed": 0,
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "usd_paid": "0",
+        "usd_not_repaid": "0",
+        "unpriced_calls": 0,
+    }
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base, bearer(token) as http:
+        async with http.post(f"{base}/runs", json=body) as r:
+            assert r.status == 201, await r.text()
+            run_id = (await r.json())["id"]
+        await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
+        async with http.post(f"{base}/runs", json=body) as r:
+            assert r.status == 201, await r.text()
+            parked = await r.json()
+        assert (parked["id"], parked["waiting_on"]) == (run_id, [])  # not the call it waits on
+        await decide(client, run_id, call_id="r1", approved=True, by=person("alice"))
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+        async with http.post(f"{base}/runs", json=body) as r:
+            assert r.status == 201, await r.text()
+            repeated = await r.json()
+        async with http.get(f"{base}/runs/{_uuid(run_id)}") as r:
+            await _problem(r, 403)  # it may not read the run the other way either
+    assert (await read_run(client, run_id)).output == "Refunded."  # there was output to leak
+    assert repeated["id"] == run_id
+    assert (repeated["agent"], repeated["input"]) == ("support", "Refund me")
+    assert (repeated["output"], repeated["waiting_on"]) == (None, [])
+    assert repeated["receipt"] == nothing
+    assert await _runs(client) == 1
+
+
+async def test_a_message_to_a_failed_run_is_refused(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await _token(client, "ops")
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base:
+        run_id = await _parked_run(client)
+        await cancel(client, run_id, by=person("alice"))
+        await wait_for(lambda: _status(client, run_id, "failed"), what="failed")
+        async with (
+            bearer(token) as http,
+            http.post(f"{base}/runs/{_uuid(run_id)}/messages", json={"text": "hi"}) as r,
+        ):
+            problem = await _problem(r, 409)
+        assert "has failed" in problem["detail"]
+        sent = await cli("jobs", "send", run_id, "hi", db_url=db_url)
+        assert sent.returncode == 1, sent
+        assert "has failed" in sent.stderr
+        assert "Traceback" not in sent.stderr
+    assert await _events(client, run_id, "message.received") == []
+    assert "run.say" not in await _mail(client)

@@ -3,8 +3,10 @@ when the server stops, saying why; streams are capped per token and per server p
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +14,9 @@ import aiohttp
 import anyio
 import attrs
 import pytest
+from yarl import URL
 
+import toren._http.streams
 from tests.conftest import wait_for
 from toren import Client
 from toren._http import ServerOptions
@@ -246,3 +250,48 @@ async def test_streams_are_told_when_the_server_stops(client: Client, db_url: st
             got = await read_all(r)
     assert got[-1].event == "toren.closed"
     assert got[-1].reason == "stopping"
+
+
+async def test_a_stream_whose_client_stops_reading_gives_its_slot_back(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_timeout = 3.0
+    # raising=False: before the fix there was no such bound to shorten (the test then fails on
+    # the slot never coming back, not on this line).
+    monkeypatch.setattr(toren._http.streams, "WRITE_TIMEOUT", write_timeout, raising=False)
+    _, stuck = await create_token(client.pool, "stuck")
+    _, other = await create_token(client.pool, "other")
+    path = await _run(client)
+    run_id = f"run/{path.split('/')[2]}"
+    text = "x" * 200_000
+    await client.pool.executemany(  # ~60 MB: far more than the socket buffers between them
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) VALUES ($1, $2, 1, $3, $4)",
+        [(run_id, seq, f"test.{seq}", {"text": text}) for seq in range(1, 301)],
+    )
+    async with api(db_url, streams_max=1) as base, http(other) as session:
+        url = URL(base)
+        assert url.host is not None
+        assert url.port is not None
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.setblocking(False)
+            await loop.sock_connect(sock, (url.host, url.port))
+            await loop.sock_sendall(
+                sock,
+                f"GET {path} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+                f"Authorization: Bearer {stuck}\r\nAccept: text/event-stream\r\n\r\n".encode(),
+            )
+            with anyio.fail_after(MARGIN + 10):  # the first page is read, then sent
+                head = await loop.sock_recv(sock, 1024)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            # From here on the client reads nothing: the server's writes back up, then block.
+            async with session.get(base + path, headers=SSE) as refused:
+                problem = await _refused(refused)
+                assert "streams_max" in problem["detail"]  # the stuck stream holds the slot
+
+            async def opens() -> bool:
+                async with session.get(base + path, headers=SSE) as r:
+                    return r.status == 200
+
+            await wait_for(opens, timeout=20, interval=0.2, what="the stuck stream's slot back")

@@ -311,3 +311,39 @@ async def test_deadletters_print_a_hostile_error_inert(
     assert as_json.returncode == 0, as_json.stderr
     [item] = json.loads(as_json.stdout)
     assert item["error"].endswith(f"cannot handle {CLOSE}{SGR}x")
+
+
+# The JSON forms: escaped (inert), and the exact text once parsed.
+
+RAW_CONTROLS = ("\x1b", "\x07", "\x9b", RLO)
+
+
+async def test_workers_json_escapes_a_hostile_worker_name(
+    client: Client, db_url: str, workers: WorkerFactory
+) -> None:
+    name = f"{CLOSE}{SGR}{CSI_C1}{RLO}w"
+    w = workers(worker_name=name)
+    await wait_for(lambda: worker_registered(client, w.pid), what="the worker")
+    as_json = await anyio.to_thread.run_sync(lambda: toren("workers", "--json", db_url=db_url))
+    assert as_json.returncode == 0, as_json.stderr
+    for raw in RAW_CONTROLS:
+        assert raw not in as_json.stdout, (raw, as_json.stdout)
+    [item] = [i for i in json.loads(as_json.stdout) if i["pid"] == w.pid]
+    assert item["name"] == name
+
+
+async def test_deadletters_json_escapes_a_hostile_error(
+    client: Client, db_url: str, workers: WorkerFactory
+) -> None:
+    tag = f"{CLOSE}{SGR}{CSI_C1}{RLO}{OSC0}x"
+    await client.spawn(app.Fragile, "fragile/hostile")
+    await client.send("fragile/hostile", app.Boom(tag=tag))
+    workers()
+    await wait_for(lambda: client.deadletters(), what="the dead letter")
+    as_json = await anyio.to_thread.run_sync(lambda: toren("deadletters", "--json", db_url=db_url))
+    assert as_json.returncode == 0, as_json.stderr
+    for raw in RAW_CONTROLS:
+        assert raw not in as_json.stdout, (raw, as_json.stdout)
+    [item] = json.loads(as_json.stdout)
+    assert item["error"].endswith(f"cannot handle {tag}")
+    assert item["body"]["tag"] == tag

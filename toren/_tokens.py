@@ -78,7 +78,8 @@ class TokenRow:
 
 
 def _sha256(value: str) -> bytes:
-    return hashlib.sha256(value.encode()).digest()
+    # A header can carry any bytes (aiohttp decodes them with surrogateescape): hash them all.
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).digest()
 
 
 async def create_token(
@@ -244,6 +245,8 @@ async def session_access(pool: asyncpg.Pool, cookie: str) -> Access | None:
 
 
 async def close_session(pool: asyncpg.Pool, cookie: str) -> None:
+    if not _COOKIE.fullmatch(cookie):
+        return
     await pool.execute("DELETE FROM toren.sessions WHERE id_sha256 = $1", _sha256(cookie))
 
 
@@ -273,6 +276,8 @@ class TokenCache:
         self, pool: asyncpg.Pool, token: str, *, via: str = "http"
     ) -> Access | None:
         """As :func:`authenticate`, answered from the cache while the token's check is fresh."""
+        if _parts(token) is None:
+            return None  # not shaped like a token: refused without a query or a cache entry
         key = (_sha256(token), via)
         now = time.monotonic()
         held = self._held.get(key)
