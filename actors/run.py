@@ -28,6 +28,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -516,13 +517,13 @@ def _validated(tool: Tool, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
     return arguments, ""
 
 
-def build_request(agent: Agent, messages: tuple[Message, ...]) -> ModelRequest:
+def build_request(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
     """The request this code makes for ``messages``: what digests are computed from."""
     _, model_id = parse_model(agent.model)
     return ModelRequest(
         model=model_id,
         system=agent.system,
-        messages=messages,
+        messages=tuple(messages),
         tools=tuple(
             ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
             for t in agent.tools
@@ -535,9 +536,11 @@ def verify(ctx: Context[RunState], agent: Agent, *, go_on: bool) -> None:
     """Check each recorded call against the request this code would send now (one pass over the
     journal); at the first difference, void that call and every later one."""
     digest, since = DIGEST_GENESIS, 0
+    messages = ctx.state.messages
     for call in ctx.state.calls:
-        request = build_request(agent, ctx.state.messages[: call.messages_len])
-        digest = chain(digest, request, since=since)
+        # Only the messages added since the previous call: the chain covers the rest.
+        added = (messages[i] for i in range(since, call.messages_len))
+        digest = chain(digest, build_request(agent, added))
         if digest != call.digest:
             log.warning(
                 "%s: step %d would now be asked differently (code or config changed); "

@@ -3,12 +3,15 @@ calls, what a decision would do)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
+from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
 
 from toren._actor import ActorFailed
+from toren._codec import converter
 from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
     ApprovalDecided,
@@ -32,24 +35,77 @@ from toren.runs.events import (
     ToolResulted,
 )
 
+V = TypeVar("V")
+
+
+def _register_snapshot_hooks() -> None:
+    """Teach the payload converter the persistent types and decimals a run's state holds, so
+    that the state can be written as a snapshot and read back."""
+
+    def origin_is(kind: type) -> Callable[[Any], bool]:
+        return lambda t: t is kind or get_origin(t) is kind
+
+    def vector_out(t: Any) -> Callable[[Any], Any]:
+        (item,) = get_args(t) or (Any,)
+        return lambda v: [converter.unstructure(x, item) for x in v]
+
+    def vector_in(t: Any) -> Callable[[Any, Any], Any]:
+        (item,) = get_args(t) or (Any,)
+        return lambda v, _: pvector(converter.structure(x, item) for x in v)
+
+    def map_out(t: Any) -> Callable[[Any], Any]:
+        _, item = get_args(t) or (str, Any)
+        return lambda v: {k: converter.unstructure(x, item) for k, x in v.items()}
+
+    def map_in(t: Any) -> Callable[[Any, Any], Any]:
+        _, item = get_args(t) or (str, Any)
+        return lambda v, _: pmap({k: converter.structure(x, item) for k, x in v.items()})
+
+    converter.register_unstructure_hook_factory(origin_is(PVector), vector_out)
+    converter.register_structure_hook_factory(origin_is(PVector), vector_in)
+    converter.register_unstructure_hook_factory(origin_is(PMap), map_out)
+    converter.register_structure_hook_factory(origin_is(PMap), map_in)
+    converter.register_unstructure_hook_factory(origin_is(PSet), lambda t: lambda v: sorted(v))
+    converter.register_structure_hook_factory(origin_is(PSet), lambda t: lambda v, _: pset(v))
+    converter.register_unstructure_hook(Decimal, str)
+    converter.register_structure_hook(Decimal, lambda v, _: Decimal(v))
+
+
+_register_snapshot_hooks()
+
 
 @attrs.frozen(kw_only=True)
 class RunState:
-    """A run as its events make it."""
+    """A run as its events make it.
+
+    Its sequences and maps are persistent (``pyrsistent``): each event adds to them without
+    copying, so folding a journal costs time linear in its length, and a state can be kept
+    while later ones are made from it. Totals for the receipt are kept as events arrive.
+    """
 
     agent: str = ""
     input: str = ""
     status: Status = "running"
-    messages: tuple[Message, ...] = ()
-    calls: tuple[ModelCalled, ...] = ()
-    voided: tuple[ModelCalled, ...] = ()  # calls paid for, then invalidated
-    heard: tuple[tuple[int, str], ...] = ()  # human messages: (calls recorded before it, text)
-    intents: dict[str, ToolIntended] = attrs.field(factory=dict)
-    results: dict[str, ToolResulted] = attrs.field(factory=dict)
-    decisions: dict[str, ApprovalDecided] = attrs.field(factory=dict)
-    asked: frozenset[str] = frozenset()
+    messages: PVector[Message] = attrs.field(factory=pvector)
+    calls: PVector[ModelCalled] = attrs.field(factory=pvector)
+    # calls paid for, then invalidated
+    voided: PVector[ModelCalled] = attrs.field(factory=pvector)
+    # human messages: (calls recorded before it, text)
+    heard: PVector[tuple[int, str]] = attrs.field(factory=pvector)
+    intents: PMap[str, ToolIntended] = attrs.field(factory=pmap)
+    results: PMap[str, ToolResulted] = attrs.field(factory=pmap)
+    decisions: PMap[str, ApprovalDecided] = attrs.field(factory=pmap)
+    asked: PSet[str] = attrs.field(factory=pset)
     replayed: int = 0
-    inbox: tuple[str, ...] = ()  # human messages waiting for pending tool results
+    # human messages waiting for pending tool results
+    inbox: PVector[str] = attrs.field(factory=pvector)
+    # running totals over every call made (kept and voided), and the cost of the kept calls
+    # so far, call by call (for what replaying the first N of them saved)
+    usd_paid: Decimal = Decimal(0)
+    unpriced: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    kept_cost: PVector[Decimal] = attrs.field(factory=pvector)
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
@@ -89,21 +145,33 @@ def fold(state: RunState, event: Any) -> RunState:
     if isinstance(event, RunStarted):
         first = Message(role="user", content=(Text(text=event.input),))
         return attrs.evolve(
-            state, agent=event.agent, input=event.input, messages=(first,), started_at=event.at
+            state,
+            agent=event.agent,
+            input=event.input,
+            messages=pvector([first]),
+            started_at=event.at,
         )
     if isinstance(event, ModelCalled):
         turn = Message(role="assistant", content=tuple(event.response.content))
+        cost = Decimal(event.cost_usd) if event.cost_usd is not None else Decimal(0)
+        before = state.kept_cost[-1] if state.kept_cost else Decimal(0)
+        usage = event.response.usage
         return attrs.evolve(
             state,
-            calls=(*state.calls, event),
-            messages=(*state.messages, turn),
+            calls=state.calls.append(event),
+            messages=state.messages.append(turn),
             status="running",
             failed_attempts=0,
+            usd_paid=state.usd_paid + cost,
+            unpriced=state.unpriced + (event.cost_usd is None),
+            input_tokens=state.input_tokens + usage.input_tokens,
+            output_tokens=state.output_tokens + usage.output_tokens,
+            kept_cost=state.kept_cost.append(before + cost),
         )
     if isinstance(event, MessageReceived):
-        state = attrs.evolve(state, heard=(*state.heard, (len(state.calls), event.text)))
+        state = attrs.evolve(state, heard=state.heard.append((len(state.calls), event.text)))
         if state.pending_calls:
-            return attrs.evolve(state, inbox=(*state.inbox, event.text))
+            return attrs.evolve(state, inbox=state.inbox.append(event.text))
         status: Status = "running" if state.status in ("completed", "running") else state.status
         return attrs.evolve(
             state,
@@ -129,14 +197,14 @@ def fold(state: RunState, event: Any) -> RunState:
             tool_failures=0,
         )
     if isinstance(event, ToolIntended):
-        return attrs.evolve(state, intents={**state.intents, event.call_id: event})
+        return attrs.evolve(state, intents=state.intents.set(event.call_id, event))
     if isinstance(event, ToolResulted):
         result = ToolResult(
             tool_call_id=event.call_id, content=event.content, is_error=event.is_error
         )
         after = attrs.evolve(
             state,
-            results={**state.results, event.call_id: event},
+            results=state.results.set(event.call_id, event),
             messages=_append_user(state.messages, result),
             status="running",
         )
@@ -147,7 +215,7 @@ def fold(state: RunState, event: Any) -> RunState:
             messages = after.messages
             for text in after.inbox:
                 messages = _append_user(messages, Text(text=text))
-            after = attrs.evolve(after, messages=messages, inbox=())
+            after = attrs.evolve(after, messages=messages, inbox=pvector())
         return after
     if isinstance(event, TimerSet):
         return attrs.evolve(state, status="parked", parked_since=event.at)
@@ -161,13 +229,13 @@ def fold(state: RunState, event: Any) -> RunState:
         )
     if isinstance(event, ApprovalRequested):
         return attrs.evolve(
-            state, asked=state.asked | {event.call_id}, status="parked", parked_since=event.at
+            state, asked=state.asked.add(event.call_id), status="parked", parked_since=event.at
         )
     if isinstance(event, ApprovalDecided):
         waited = event.at - state.parked_since if state.parked_since is not None else 0.0
         return attrs.evolve(
             state,
-            decisions={**state.decisions, event.call_id: event},
+            decisions=state.decisions.set(event.call_id, event),
             status="running",
             parked_since=None,
             parked_seconds=state.parked_seconds + max(0.0, waited),
@@ -210,25 +278,33 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
     return attrs.evolve(
         state,
         calls=kept,
-        voided=(*state.voided, *void),
+        voided=state.voided.extend(void),
         messages=messages,
-        intents={k: v for k, v in state.intents.items() if k not in void_ids},
-        results={k: v for k, v in state.results.items() if k not in void_ids},
-        decisions={k: v for k, v in state.decisions.items() if k not in void_ids},
-        asked=frozenset(a for a in state.asked if a not in void_ids),
-        inbox=(),
+        intents=_without(state.intents, void_ids),
+        results=_without(state.results, void_ids),
+        decisions=_without(state.decisions, void_ids),
+        asked=state.asked.difference(void_ids),
+        inbox=pvector(),
+        kept_cost=state.kept_cost[: len(kept)],
         replayed=min(state.replayed, len(kept)),
         status="running",
     )
 
 
-def _append_user(messages: tuple[Message, ...], block: Text | ToolResult) -> tuple[Message, ...]:
+def _without(items: PMap[str, V], keys: set[str]) -> PMap[str, V]:
+    drop = items.evolver()
+    for key in keys & set(items.keys()):
+        del drop[key]
+    return drop.persistent()
+
+
+def _append_user(messages: PVector[Message], block: Text | ToolResult) -> PVector[Message]:
     """Add to the trailing user turn (tool results of one assistant turn travel together, and
     turns alternate), or start one."""
     if messages and messages[-1].role == "user":
         last = messages[-1]
-        return (*messages[:-1], Message(role="user", content=(*last.content, block)))
-    return (*messages, Message(role="user", content=(block,)))
+        return messages.set(-1, Message(role="user", content=(*last.content, block)))
+    return messages.append(Message(role="user", content=(block,)))
 
 
 @attrs.frozen(kw_only=True)
@@ -245,32 +321,22 @@ class Receipt:
 
 
 def receipt(state: RunState) -> Receipt:
-    """The receipt of a run as recorded so far."""
-    paid = Decimal(0)
-    unpriced = 0
-    every = (*state.voided, *state.calls)
-    for call in every:
-        if call.cost_usd is None:
-            unpriced += 1
-        else:
-            paid += Decimal(call.cost_usd)
-    not_repaid = sum(
-        (Decimal(c.cost_usd) for c in state.calls[: state.replayed] if c.cost_usd is not None),
-        Decimal(0),
-    )
+    """The receipt of a run as recorded so far (from totals the fold keeps: no walk over its
+    calls)."""
+    replayed = min(state.replayed, len(state.kept_cost))
     return Receipt(
-        calls_made=len(every) + state.unreadable,
+        calls_made=len(state.voided) + len(state.calls) + state.unreadable,
         calls_replayed=state.replayed,
-        input_tokens=sum(c.response.usage.input_tokens for c in every),
-        output_tokens=sum(c.response.usage.output_tokens for c in every),
-        usd_paid=paid,
-        usd_not_repaid=not_repaid,
-        unpriced_calls=unpriced + state.unreadable,
+        input_tokens=state.input_tokens,
+        output_tokens=state.output_tokens,
+        usd_paid=state.usd_paid,
+        usd_not_repaid=state.kept_cost[replayed - 1] if replayed else Decimal(0),
+        unpriced_calls=state.unpriced + state.unreadable,
     )
 
 
 def _waiting_ids(state: RunState) -> set[str]:
-    return set(state.asked - state.decisions.keys())
+    return {a for a in state.asked if a not in state.decisions}
 
 
 def waiting_on(state: RunState) -> list[ToolCall]:
@@ -279,12 +345,13 @@ def waiting_on(state: RunState) -> list[ToolCall]:
     if state.status in ("completed", "failed"):
         return []
     waiting = _waiting_ids(state)
-    return [
-        block
-        for call in state.calls
-        for block in call.response.content
-        if isinstance(block, ToolCall) and block.id in waiting
-    ]
+    found: list[ToolCall] = []
+    for call in reversed(state.calls):  # they wait in the latest turns: stop once all are seen
+        if len(found) == len(waiting):
+            break
+        blocks = call.response.content
+        found.extend(b for b in reversed(blocks) if isinstance(b, ToolCall) and b.id in waiting)
+    return found[::-1]
 
 
 def judge_decision(state: RunState, decision: Decide) -> DecisionOutcome:
