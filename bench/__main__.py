@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench import agent, api, dbos_peer, floor, fold, kernel, parked, replay, takeover
+from bench import agent, api, claim, dbos_peer, floor, fold, kernel, parked, replay, takeover
 from bench._common import Bench
 from toren import __version__
 from toren.kernel import EmbeddedPostgres, connect, migrate
@@ -40,6 +40,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "takeover": takeover.run,
     "replay": replay.run,
     "fold": fold.run,
+    "claim": claim.run,
     "parked": parked.run,
     "api": api.run,
 }

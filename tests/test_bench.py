@@ -37,6 +37,8 @@ KEYS = {
     "fold_1k_ms",
     "fold_16k_ms",
     "fold_16k_vs_1k",
+    "claim_sweep_ms_empty",
+    "claim_sweep_ms_100k_sleeping",
     "parked_10k_leases",
     "parked_10k_actors_in_memory",
     "parked_10k_rss_delta_mb",

@@ -222,23 +222,38 @@ _LIVE_WORKERS = f"""
         AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
 """
 
-# Actors with mail are found by skipping through the mailbox's (actor_id, ...) index one distinct
-# actor at a time (a loose index scan), so a sweep costs per actor with mail, not per message:
-# a backlog of many messages for a few busy actors stays cheap.
+# Actors with mail are found in two ways, so that a sweep costs per actor that can run now, not
+# per actor with any mail nor per message:
+# - mail sent to be handled at once (``visible_at <= created_at``) by skipping through the
+#   partial index ``mailbox_immediate`` one distinct actor at a time (a loose index scan): a
+#   backlog of many messages for a few busy actors stays cheap;
+# - mail sent for later (durable timers, delayed sends, retry backoffs) through the partial index
+#   ``mailbox_delayed`` on its due time: only what is due now is read, so runs asleep on timers
+#   far in the future cost nothing.
 _CLAIMABLE = f"""
-WITH RECURSIVE with_mail(actor_id) AS (
+WITH RECURSIVE immediate(actor_id) AS (
     (SELECT actor_id FROM toren.mailbox
-     WHERE $3::text[] IS NULL OR actor_id = ANY($3::text[])
+     WHERE visible_at <= created_at AND ($3::text[] IS NULL OR actor_id = ANY($3::text[]))
      ORDER BY actor_id LIMIT 1)
     UNION ALL
     SELECT (SELECT m.actor_id FROM toren.mailbox m
-            WHERE m.actor_id > w.actor_id AND ($3::text[] IS NULL OR m.actor_id = ANY($3::text[]))
+            WHERE m.visible_at <= m.created_at AND m.actor_id > w.actor_id
+              AND ($3::text[] IS NULL OR m.actor_id = ANY($3::text[]))
             ORDER BY m.actor_id LIMIT 1)
-    FROM with_mail w WHERE w.actor_id IS NOT NULL
+    FROM immediate w WHERE w.actor_id IS NOT NULL
+), with_mail(actor_id) AS (
+    SELECT actor_id FROM immediate WHERE actor_id IS NOT NULL
+    UNION
+    SELECT actor_id FROM toren.mailbox
+    WHERE visible_at > created_at AND visible_at <= now()
+      AND ($3::text[] IS NULL OR actor_id = ANY($3::text[]))
 ), live AS ({_LIVE_WORKERS}
 ), cand AS (
-    SELECT a.actor_id FROM with_mail JOIN toren.actors a USING (actor_id)
-    WHERE a.status = 'live'
+    -- An array, not a join: the planner then looks each actor up by its key, however many
+    -- rows it guesses the mailbox scans will find.
+    SELECT a.actor_id FROM toren.actors a
+    WHERE a.actor_id = ANY(ARRAY(SELECT actor_id FROM with_mail))
+      AND a.status = 'live'
       AND a.kind = ANY($4::text[])
       AND (a.route IS NULL OR a.route = ANY($6::text[]))
       -- Never an actor this worker hosts now (its renewal extends that lease), but one it owns
