@@ -26,7 +26,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench import agent, api, claim, dbos_peer, floor, fold, kernel, parked, replay, takeover
+from bench import (
+    agent,
+    api,
+    claim,
+    dbos_peer,
+    floor,
+    fold,
+    kernel,
+    listing,
+    parked,
+    replay,
+    takeover,
+)
 from bench._common import Bench
 from toren import __version__
 from toren.kernel import EmbeddedPostgres, connect, migrate
@@ -43,6 +55,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "claim": claim.run,
     "parked": parked.run,
     "api": api.run,
+    "listing": listing.run,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 console = Console()

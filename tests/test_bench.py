@@ -39,6 +39,7 @@ KEYS = {
     "fold_16k_vs_1k",
     "claim_sweep_ms_empty",
     "claim_sweep_ms_100k_sleeping",
+    "api_list_by_status_ms_100k",
     "parked_10k_leases",
     "parked_10k_actors_in_memory",
     "parked_10k_rss_delta_mb",

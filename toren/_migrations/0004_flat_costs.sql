@@ -1,5 +1,14 @@
+-- Costs that stay flat as data grows (claims, lists).
+
 -- Claiming whose cost does not grow with sleeping actors: mail to be handled at once and mail
 -- for later are indexed apart (see toren/_leases.py, _CLAIMABLE). A message is for later when
 -- it was made visible after it was created (a durable timer, a delayed send).
 CREATE INDEX mailbox_immediate ON toren.mailbox (actor_id) WHERE visible_at <= created_at;
 CREATE INDEX mailbox_delayed ON toren.mailbox (visible_at) WHERE visible_at > created_at;
+
+-- Listing runs by status or by agent, newest first (toren/_listing.py), without a scan.
+CREATE INDEX actors_runs_by_status ON toren.actors
+    ((coalesce(summary->>'status', 'running')), created_at DESC, actor_id DESC)
+    WHERE kind = 'toren.run';
+CREATE INDEX actors_runs_by_route ON toren.actors (route, created_at DESC, actor_id DESC)
+    WHERE kind = 'toren.run';

@@ -1,0 +1,80 @@
+"""Listing runs by status: ``GET /runs?status=parked`` with 100,000 runs, 0.1% of them parked and
+the rest completed (their summaries written straight into the actors table, as the runs' steps
+leave them), through the HTTP API served in this process with a bearer token; the median of 50
+requests for the first page and of 50 for the page after it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+
+import aiohttp
+
+from bench._common import Bench
+from toren import Client
+from toren._serve import serving
+from toren._tokens import create_token
+from toren.runs import RUN_KIND
+
+REQUESTS = 50
+
+
+async def run(b: Bench) -> None:
+    runs = b.count(100_000, 100_000 // 10)
+    tag = uuid.uuid4().hex[:8]
+    async with await Client.connect(b.url) as client:
+        with b.task(f"listing: {runs:,} runs written", 1):
+            await client.pool.execute(
+                "INSERT INTO toren.actors (actor_id, kind, args, status, route, summary, "
+                "created_at) "
+                "SELECT 'run/' || gen_random_uuid(), $3, jsonb_build_object('bench', $2::text), "
+                "'live', 'agent:bench', "
+                "jsonb_build_object('agent', 'bench', 'status', "
+                "  CASE WHEN g % 1000 = 0 THEN 'parked' ELSE 'completed' END, "
+                "  'input', 'x', 'calls_made', 1, 'usd_paid', '0'), "
+                "now() - make_interval(secs => g) FROM generate_series(1, $1) g",
+                runs,
+                tag,
+                RUN_KIND,
+            )
+            await client.pool.execute("ANALYZE toren.actors")
+        _, token = await create_token(client.pool, f"bench-list-{tag}")
+        try:
+            first, second = await _timed(b.url, token)
+        finally:
+            await client.pool.execute("DELETE FROM toren.actors WHERE args->>'bench' = $1", tag)
+    b.record(
+        "api_list_by_status_ms_100k",
+        round(first, 2),
+        f"GET /runs?status=parked, {runs:,} runs (0.1% parked)",
+        f"{first:.1f} ms (next page {second:.1f} ms)",
+        "target < 20 ms",
+    )
+
+
+async def _timed(url: str, token: str) -> tuple[float, float]:
+    headers = {"Authorization": f"Bearer {token}"}
+    async with serving(url, port=0) as base, aiohttp.ClientSession(headers=headers) as http:
+        medians = []
+        cursor = None
+        for page in range(2):
+            times = []
+            for _ in range(REQUESTS + 5):  # the first five warm up
+                query = {
+                    "status": "parked",
+                    "limit": "50",
+                    **({"cursor": cursor} if cursor else {}),
+                }
+                started = time.perf_counter()
+                async with http.get(f"{base}/runs", params=query) as r:
+                    body = await r.json()
+                    if r.status != 200 or len(body["runs"]) != 50:
+                        raise RuntimeError(f"GET /runs answered {r.status}: {body}")
+                times.append((time.perf_counter() - started) * 1000)
+            medians.append(statistics.median(times[5:]))
+            cursor = body["next_cursor"]
+            if page == 0 and not cursor:
+                raise RuntimeError("no second page")
+    return medians[0], medians[1]
