@@ -42,7 +42,7 @@ def _statement(
         return f"${len(args)}"
 
     if status is not None:
-        where.append(f"coalesce(summary->>'status', 'running') = {arg(status)}")
+        where.append(f"run_status = {arg(status)}")
     if agent is not None:
         where.append(f"route = 'agent:' || {arg(agent)}")
     if before is not None:
