@@ -1,11 +1,12 @@
-"""Listing runs by status: ``GET /runs?status=parked`` with 100,000 runs, 0.1% of them parked and
-the rest completed (their summaries written straight into the actors table, as the runs' steps
-leave them), through the HTTP API served in this process with a bearer token; the median of 50
-requests for the first page and of 50 for the page after it.
+"""Listing runs by status: ``GET /runs?status=parked`` with 100,000 runs, 100 of them (0.1%)
+parked and the rest completed (their summaries written straight into the actors table, as the
+runs' steps leave them), through the HTTP API served in this process with a bearer token; the
+median of 50 requests for the first page and of 50 for the page after it.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 import uuid
@@ -32,12 +33,13 @@ async def run(b: Bench) -> None:
                 "SELECT 'run/' || gen_random_uuid(), $3, jsonb_build_object('bench', $2::text), "
                 "'live', 'agent:bench', "
                 "jsonb_build_object('agent', 'bench', 'status', "
-                "  CASE WHEN g % 1000 = 0 THEN 'parked' ELSE 'completed' END, "
+                "  CASE WHEN g % $4 = 0 THEN 'parked' ELSE 'completed' END, "
                 "  'input', 'x', 'calls_made', 1, 'usd_paid', '0'), "
                 "now() - make_interval(secs => g) FROM generate_series(1, $1) g",
                 runs,
                 tag,
                 RUN_KIND,
+                runs // 100,  # 100 parked runs: two full pages however many runs there are
             )
             await client.pool.execute("ANALYZE toren.actors")
         _, token = await create_token(client.pool, f"bench-list-{tag}")
@@ -48,13 +50,16 @@ async def run(b: Bench) -> None:
     b.record(
         "api_list_by_status_ms_100k",
         round(first, 2),
-        f"GET /runs?status=parked, {runs:,} runs (0.1% parked)",
+        f"GET /runs?status=parked, {runs:,} runs ({100 / (runs // 100):g}% parked)",
         f"{first:.1f} ms (next page {second:.1f} ms)",
         "target < 20 ms",
     )
 
 
 async def _timed(url: str, token: str) -> tuple[float, float]:
+    # The server runs in this process: its access log would flood the suite's output (and
+    # `toren serve`'s own logging is not what is measured here).
+    logging.getLogger("toren.http.access").setLevel(logging.WARNING)
     headers = {"Authorization": f"Bearer {token}"}
     async with serving(url, port=0) as base, aiohttp.ClientSession(headers=headers) as http:
         medians = []
