@@ -514,14 +514,21 @@ def _record_fixture(journal: list[Any], name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in FIXTURES.glob("*.json")))
 def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: str) -> None:
-    """Journals recorded by earlier versions stay readable: an upgrade never strands a run."""
-    from toren._codec import decode
+    """Journals recorded by earlier versions stay readable: an upgrade never strands a run.
+    ``run_v1_every_event.json`` holds every event type today's code records (principals,
+    refused decisions, unreadable answers, invalidations, timers, crashloops...)."""
+    from toren._codec import decode, encode
+    from toren._json import dumps, loads
     from toren.runs import RunState, fold
 
     entries = json.loads((FIXTURES / name).read_text())
     state = RunState()
     for entry in entries:
-        state = fold(state, decode(entry["type"], entry["data"]))
+        event = decode(entry["type"], entry["data"])
+        # Every recorded field is read, none dropped: written again, the event holds it still.
+        again = loads(dumps(encode(event)[1]))
+        assert {k: again.get(k) for k in entry["data"]} == entry["data"], entry
+        state = fold(state, event)
     expected = json.loads((FIXTURES / name).with_suffix(".expected").read_text())
     r = receipt(state)
     assert {
