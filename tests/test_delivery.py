@@ -191,11 +191,13 @@ async def test_dropped_database_connections_lose_nothing_and_charge_no_restart(
         for r in range(rounds):
             for i in range(r * per_round, (r + 1) * per_round):
                 await client.send("c/db", app.Add(n=1, tag=f"t{i}"))
-            while True:
+
+            async def handled(r: int = r) -> bool:
+                nonlocal cuts
                 cuts += await cut()
-                if len(await client.journal("c/db")) >= (r + 1) * per_round:
-                    break
-                await anyio.sleep(0.1)
+                return len(await client.journal("c/db")) >= (r + 1) * per_round
+
+            await wait_for(handled, timeout=60, interval=0.1, what=f"round {r} handled")
     assert cuts >= rounds
     journal = await client.journal("c/db")
     assert [e.seq for e in journal] == list(range(1, total + 1))

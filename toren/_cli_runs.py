@@ -19,8 +19,10 @@ from toren._principal import Principal
 from toren._terminal import plain, printable
 from toren.runs import (
     DECISION_WAIT,
+    AgentNotServed,
     RunState,
     cancel,
+    check_served,
     decide,
     read_run,
     receipt,
@@ -363,19 +365,19 @@ async def _decide(
 
 async def _check_served(client: Client, agent: str) -> None:
     """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
-    from toren._leases import served_agents
-
-    served = await served_agents(client.pool)
-    if served is None:
-        err.print(
-            plain(f"note: no worker is running; the run starts when one with agent {agent!r} does")
-        )
-    elif agent not in served:
+    try:
+        if not await check_served(client, agent):
+            err.print(
+                plain(
+                    f"note: no worker is running; the run starts when one with agent {agent!r} does"
+                )
+            )
+    except AgentNotServed as exc:
         raise ConfigError(
             f"no live worker runs agent {agent!r} "
-            f"(they run: {', '.join(sorted(served)) or 'no agents'})",
+            f"(they run: {', '.join(sorted(exc.served)) or 'no agents'})",
             hint="Start a worker with --app naming the module that defines it.",
-        )
+        ) from None
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:

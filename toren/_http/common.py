@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import json as stdjson
 import uuid
@@ -142,11 +143,25 @@ def require(request: web.Request, scope: str, agent: str | None = None) -> None:
         raise ProblemError(403, "Forbidden", f"this token may not act on runs of agent {agent!r}")
 
 
+ADDRESS: web.RequestKey[str] = web.RequestKey("address", str)
+
+
+@functools.cache
+def _networks(proxies: tuple[str, ...]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    return [ipaddress.ip_network(n) for n in proxies]
+
+
 def client_address(request: web.Request) -> str:
-    """The client's address: the peer's, or, when the peer is a trusted proxy, the nearest
-    address in ``X-Forwarded-For`` that is not a trusted proxy."""
+    """The client's address (worked out once per request): the peer's, or, when the peer is a
+    trusted proxy, the nearest address in ``X-Forwarded-For`` that is not a trusted proxy."""
+    if ADDRESS not in request:
+        request[ADDRESS] = _client_address(request)
+    return request[ADDRESS]
+
+
+def _client_address(request: web.Request) -> str:
     peer = request.remote or "?"
-    trusted = [ipaddress.ip_network(n) for n in request.app[OPTIONS].trusted_proxies]
+    trusted = _networks(request.app[OPTIONS].trusted_proxies)
 
     def is_proxy(address: str) -> bool:
         try:

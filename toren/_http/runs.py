@@ -60,6 +60,7 @@ from toren.runs import (
     check_served,
     decide,
     receipt,
+    run_agent,
     say,
     start_run,
     waiting_on,
@@ -203,29 +204,20 @@ async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
     Raises:
         ProblemError: 404, no such run.
     """
-    return (await _row(pool, rid))[0]
-
-
-async def _row(pool: asyncpg.Pool, rid: str) -> tuple[datetime, str]:
-    """When run ``rid`` was created, and its agent.
-
-    Raises:
-        ProblemError: 404, no such run.
-    """
-    row = await pool.fetchrow(
-        "SELECT created_at, args->>'agent' AS agent FROM toren.actors "
-        "WHERE actor_id = $1 AND kind = $2",
-        rid,
-        RUN_KIND,
+    created: datetime | None = await pool.fetchval(
+        "SELECT created_at FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
     )
-    if row is None:
+    if created is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
-    return row["created_at"], row["agent"] or ""
+    return created
 
 
 async def _writable(request: web.Request, rid: str, scope: str) -> None:
     """404 if there is no run ``rid``; 403 if the caller may not act on its agent's runs."""
-    _, agent = await _row(request.app[CLIENT].pool, rid)
+    try:
+        agent = await run_agent(request.app[CLIENT], rid)
+    except UnknownActor as exc:
+        raise ProblemError(404, "Not found", f"no run {rid}") from exc
     require(request, scope, agent)
 
 
