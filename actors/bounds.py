@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Container
 from typing import Any
 
 import attrs
@@ -104,14 +104,14 @@ def _size(block: Text | ToolCall) -> int | None:
     return utf8_size(block.name) + utf8_size(block.raw_arguments or "") + arguments
 
 
-def _fine(response: ModelResponse, cap: int, earlier: set[str]) -> bool:
+def _fine(response: ModelResponse, cap: int, earlier: Container[str]) -> bool:
     sizes = [_size(block) for block in response.content]
     if None in sizes or sum(s or 0 for s in sizes) > cap:
         return False
     ids = [b.id for b in response.content if isinstance(b, ToolCall)]
     return (
         len(set(ids)) == len(ids)
-        and not earlier.intersection(ids)
+        and not any(i in earlier for i in ids)
         and all(
             _PLAIN_ID.fullmatch(b.id) and utf8_size(b.name) <= _NAME_CAP
             for b in response.content
@@ -181,15 +181,19 @@ def _count(value: object) -> int:
 
 
 def bounded_response(
-    response: ModelResponse, *, cap: int, step: int, earlier_ids: Iterable[str]
+    response: ModelResponse, *, cap: int, step: int, earlier_ids: Container[str]
 ) -> ModelResponse:
     """``response`` as it can be recorded: every field of its declared type, within ``cap``
-    bytes, with unique plain call ids and arguments JSON can hold. The same object when it
-    already is."""
+    bytes, with unique plain call ids (none of ``earlier_ids``) and arguments JSON can hold.
+    The same object when it already is."""
     response = _typed(response)
-    taken = set(earlier_ids)
-    if _fine(response, cap, taken):
+    if _fine(response, cap, earlier_ids):
         return response
+    given: set[str] = set()  # ids this response's calls keep or are given
+
+    def taken(call_id: str) -> bool:
+        return call_id in given or call_id in earlier_ids
+
     total = sum(s or 0 for s in (_size(b) for b in response.content))
     over = f"the response was {total} bytes, over the {cap}-byte cap"
     budget = cap
@@ -201,9 +205,9 @@ def bounded_response(
             content.append(Text(text=text))
             continue
         call_id = block.id
-        if call_id in taken or not _PLAIN_ID.fullmatch(call_id):
+        if taken(call_id) or not _PLAIN_ID.fullmatch(call_id):
             call_id = _fresh_id(step, index, taken)
-        taken.add(call_id)
+        given.add(call_id)
         name, _ = cut(block.name, _NAME_CAP, "...")
         arguments, raw = block.arguments, block.raw_arguments
         try:
@@ -219,10 +223,10 @@ def bounded_response(
     return attrs.evolve(response, content=tuple(content))
 
 
-def _fresh_id(step: int, index: int, taken: set[str]) -> str:
+def _fresh_id(step: int, index: int, taken: Callable[[str], bool]) -> str:
     candidate = f"toren_{step}_{index}"
     n = 0
-    while candidate in taken:
+    while taken(candidate):
         n += 1
         candidate = f"toren_{step}_{index}_{n}"
     return candidate

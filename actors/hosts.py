@@ -71,6 +71,7 @@ class HostRegistry:
                 claim,
                 poll_seconds=self.settings.poll_seconds,
                 lease=clock,
+                snapshot_every=self.settings.snapshot_every,
             )
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host

@@ -36,9 +36,9 @@ import anyio
 import attrs
 import pydantic
 
-from toren import Actor, ConfigError, Context, LeaseExpired, durable_sleep
+from toren import Actor, ConfigError, Context, LeaseExpired, __version__, durable_sleep
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
-from toren.kernel import json_text, kill_point
+from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
     ProviderError,
@@ -50,6 +50,7 @@ from toren.providers import (
 from toren.runs import GENESIS as DIGEST_GENESIS
 from toren.runs import (
     RUN_KIND,
+    SNAPSHOT_VERSION,
     Agent,
     ApprovalDecided,
     ApprovalRequested,
@@ -86,10 +87,12 @@ from toren.runs import (
     Wake,
     agent_named,
     author,
+    canonical,
     chain,
     final_text,
     fold,
     judge_decision,
+    occurrences_of,
     receipt,
     summary,
 )
@@ -134,11 +137,6 @@ async def close_providers() -> None:
         await provider.aclose()
 
 
-def canonical(arguments: dict[str, Any]) -> str:
-    """Recorded (JSON-form) arguments as canonical JSON: what keys and counts compare."""
-    return json_text(arguments, sort_keys=True)
-
-
 def idempotency_key(run_id: str, name: str, arguments: dict[str, Any], occurrence: int) -> str:
     """Same run, same tool, same arguments, same count of identical calls before: same key."""
     h = hashlib.sha256(f"{run_id}\0{name}\0{occurrence}\0".encode("utf-8", "surrogatepass"))
@@ -151,6 +149,10 @@ class RunActor(Actor[RunState]):
 
     kind = RUN_KIND
     idle_seconds = 0.5  # parked runs leave the worker quickly
+    # A long run is activated from its snapshot and the events since (at most this many).
+    snapshot_every = 1000
+    state_type = RunState
+    snapshot_version = SNAPSHOT_VERSION
 
     def __init__(self, actor_id: str, args: Any) -> None:
         super().__init__(actor_id, args)
@@ -225,13 +227,18 @@ class RunActor(Actor[RunState]):
         if self._verified_seq is not None and ctx.seq >= self._verified_seq:
             return
         agent = agent_named(ctx.state.agent)
+        checked_as = ""
         if agent is not None:
-            verify(ctx, agent, go_on=go_on)
+            checked_as = parameters(agent)
+            verify(ctx, agent, go_on=go_on, checked_as=checked_as)
         state = ctx.state
-        if len(state.calls) > state.replayed:
+        unchecked = checked_as and (
+            state.checked_as != checked_as or state.checked_calls < len(state.calls)
+        )
+        if len(state.calls) > state.replayed or (state.calls and unchecked):
             # This activation goes on from the journal: the calls recorded so far are served
-            # from it, not sent again.
-            ctx.emit(RunResumed(replayed=len(state.calls)))
+            # from it, not sent again (and were checked against this code's parameters).
+            ctx.emit(RunResumed(replayed=len(state.calls), checked_as=checked_as))
         self._verified_seq = ctx.seq
 
     def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
@@ -353,12 +360,7 @@ class RunActor(Actor[RunState]):
                     denial = f"denied by {decision.who}{reason}"
                     self._result(ctx, agent, call.id, denial, is_error=True, denied=True)
                     return
-            same = canonical(arguments)
-            occurrence = sum(
-                1
-                for i in state.intents.values()
-                if i.name == call.name and canonical(i.arguments) == same
-            )
+            occurrence = occurrences_of(state, call.name, arguments)
             key = idempotency_key(ctx.actor_id, call.name, arguments, occurrence)
             intent = ToolIntended(
                 call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
@@ -428,9 +430,7 @@ class RunActor(Actor[RunState]):
             cap=agent.max_response_bytes,
             step=step,
             # Voided calls' ids too: a decision sent for one must not fit a new call.
-            earlier_ids=(
-                c.id for call in (*state.voided, *state.calls) for c in call.response.tool_calls
-            ),
+            earlier_ids=state.tool_ids,
         )
         cost = _price(provider_name, model_id, response)
         called = ModelCalled(
@@ -441,6 +441,7 @@ class RunActor(Actor[RunState]):
             cost_usd=str(cost) if cost is not None else None,
             latency_ms=latency,
             messages_len=len(request.messages),
+            checked_as=parameters(agent),
         )
         try:
             ctx.emit(called)
@@ -532,12 +533,29 @@ def build_request(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
     )
 
 
-def verify(ctx: Context[RunState], agent: Agent, *, go_on: bool) -> None:
+def parameters(agent: Agent) -> str:
+    """What a request depends on besides the conversation (Toren's version, the model, the
+    system prompt, the tools, the limits), as a digest: calls checked against one set of
+    parameters need not be checked again while it stays the same."""
+    return chain(f"toren {__version__}", build_request(agent, ()))[:32]
+
+
+def verify(
+    ctx: Context[RunState], agent: Agent, *, go_on: bool, checked_as: str | None = None
+) -> None:
     """Check each recorded call against the request this code would send now (one pass over the
-    journal); at the first difference, void that call and every later one."""
-    digest, since = DIGEST_GENESIS, 0
-    messages = ctx.state.messages
-    for call in ctx.state.calls:
+    journal); at the first difference, void that call and every later one.
+
+    With ``checked_as`` (this code's :func:`parameters`), the calls the state says were already
+    checked against the same parameters are skipped: only those recorded since are checked."""
+    state = ctx.state
+    digest, since, first = DIGEST_GENESIS, 0, 0
+    if checked_as and state.checked_as == checked_as and state.checked_calls:
+        first = min(state.checked_calls, len(state.calls))
+        digest, since = state.calls[first - 1].digest, state.calls[first - 1].messages_len
+    messages = state.messages
+    for i in range(first, len(state.calls)):
+        call = state.calls[i]
         # Only the messages added since the previous call: the chain covers the rest.
         added = (messages[i] for i in range(since, call.messages_len))
         digest = chain(digest, build_request(agent, added))

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bench import (
+    activate,
     agent,
     api,
     claim,
@@ -52,6 +53,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "takeover": takeover.run,
     "replay": replay.run,
     "fold": fold.run,
+    "activate": activate.run,
     "claim": claim.run,
     "parked": parked.run,
     "api": api.run,

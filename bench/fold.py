@@ -29,30 +29,39 @@ from toren.runs import (
 )
 
 
+def step_events(
+    i: int, *, digest: str, model: str = "bench", messages_len: int, checked_as: str = ""
+) -> tuple[Any, ...]:
+    """Step ``i`` of a tool loop: a model call whose answer holds text and a tool call, the
+    tool's intent and its result."""
+    call = ToolCall(id=f"c{i}", name="lookup", arguments={"step": i})
+    response = ModelResponse(
+        content=(Text(text=f"step {i}: looking it up"), call),
+        stop_reason="tool_use",
+        usage=Usage(input_tokens=100 + i, output_tokens=20),
+        model="bench",
+    )
+    return (
+        ModelCalled(
+            step=i,
+            digest=digest,
+            model=model,
+            response=response,
+            cost_usd="0.00012",
+            latency_ms=5,
+            messages_len=messages_len,
+            checked_as=checked_as,
+        ),
+        ToolIntended(call_id=call.id, name="lookup", arguments={"step": i}, idempotency_key=str(i)),
+        ToolResulted(call_id=call.id, content=f"result {i}"),
+    )
+
+
 def journal(steps: int) -> Iterator[Any]:
     """The events of a ``steps``-step tool loop."""
     yield RunStarted(agent="bench", input="fold", at=1.0)
     for i in range(1, steps + 1):
-        call = ToolCall(id=f"c{i}", name="lookup", arguments={"step": i})
-        response = ModelResponse(
-            content=(Text(text=f"step {i}: looking it up"), call),
-            stop_reason="tool_use",
-            usage=Usage(input_tokens=100 + i, output_tokens=20),
-            model="bench",
-        )
-        yield ModelCalled(
-            step=i,
-            digest=f"{i:064x}",
-            model="bench",
-            response=response,
-            cost_usd="0.00012",
-            latency_ms=5,
-            messages_len=2 * i - 1,
-        )
-        yield ToolIntended(
-            call_id=call.id, name="lookup", arguments={"step": i}, idempotency_key=str(i)
-        )
-        yield ToolResulted(call_id=call.id, content=f"result {i}")
+        yield from step_events(i, digest=f"{i:064x}", messages_len=2 * i - 1)
 
 
 def best_fold_seconds(steps: int, passes: int) -> float:

@@ -81,6 +81,9 @@ SETTINGS = {
     "TOREN_RENEW_SECONDS": "0.5",
     "TOREN_POLL_SECONDS": "0.2",
     "TOREN_GRACE_SECONDS": "3",
+    # Runs snapshot every few events, so activations read a snapshot and a tail, and the
+    # snapshot writes are faulted too.
+    "TOREN_SNAPSHOT_EVERY": "4",
     "TOREN_MODEL_RETRY_BASE_SECONDS": "0.1",
 }
 

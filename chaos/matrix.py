@@ -18,6 +18,8 @@ POINTS: tuple[tuple[str, int], ...] = (
     ("actor.claiming", 1),
     ("actor.claimed", 2),  # re-activation when the approval arrives
     ("actor.rebuilt", 3),  # re-activation when the timer fires
+    ("snapshot.writing", 2),
+    ("snapshot.written", 2),
     ("message.claimed", 5),
     ("step.committing", 3),
     ("step.committed", 2),
@@ -51,6 +53,7 @@ POINTS: tuple[tuple[str, int], ...] = (
 SIGSTOP_AT = frozenset(
     {
         "message.claimed",
+        "snapshot.writing",
         "step.committing",
         "model.in_flight",
         "model.received",

@@ -69,6 +69,7 @@ class Worker:
         self.session: WorkerSession | None = None
         self._tree: Supervisor | None = None
         self._pool: asyncpg.Pool | None = None
+        self._lease_pool: asyncpg.Pool | None = None
 
     async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the tree until :meth:`stop`.
@@ -80,6 +81,10 @@ class Worker:
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
         try:
+            # Lease renewals have connections of their own: a burst of activations (each folding
+            # a journal) or slow steps holding the main pool can never delay a renewal past the
+            # lease's deadline.
+            self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
             self._tree = Supervisor(
                 "worker",
@@ -101,6 +106,8 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
+                if self._lease_pool is not None:
+                    await self._lease_pool.close()
                 await pool.close()
 
     async def stop(self) -> None:
@@ -109,8 +116,8 @@ class Worker:
             await self._tree.stop()
 
     async def _incarnation(self, ctx: ChildContext) -> None:
-        pool = self._pool
-        if pool is None:
+        pool, lease_pool = self._pool, self._lease_pool
+        if pool is None or lease_pool is None:
             raise ConfigError("worker pool is not open")
         settings = self.settings
         session = await WorkerSession.open(self.url, settings)
@@ -154,7 +161,7 @@ class Worker:
             await hosts.abandon(claim)
             log.warning("%s: previous host did not leave in time; claim given back", claim.actor_id)
 
-        keeper = LeaseKeeper(pool, session.worker_id, hosts, settings)
+        keeper = LeaseKeeper(lease_pool, session.worker_id, hosts, settings)
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
         watch = DeathWatch(
             self.url, session.worker_id, session.lock_key, settings, dispatcher.sweep_now

@@ -1,12 +1,14 @@
 """A run's fold: linear structures that a snapshot carries exactly.
 
-The property: for any journal (valid or not: the fold is total) and any point in it, the state
-written as a snapshot at that point (JSON through Postgres' text form), read back and folded with
-the rest equals the fold of the whole journal, receipt included.
+The property: for any journal (valid or not: the fold is total) and any points in it, the state
+written as snapshots at those points (each storing what was added since as a chunk, as a worker
+writes them), read back from the last one and folded with the rest equals the fold of the whole
+journal, receipt included; so does the state the writing worker goes on with.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from hypothesis import given, settings
@@ -15,6 +17,8 @@ from hypothesis import strategies as st
 from toren._actor import ActorFailed
 from toren._codec import converter
 from toren._json import dumps, loads
+from toren._snapshots import _state as read_state
+from toren._snapshots import encode
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,
@@ -38,12 +42,15 @@ from toren.runs import (
     ToolResulted,
     Usage,
     fold,
+    occurrence_key,
     receipt,
     summary,
     waiting_on,
 )
 
 CALL_IDS = st.sampled_from(["c1", "c2", "c3", "c4"])
+CHECKED_AS = st.sampled_from(["", "p1", "p2"])
+ARGUMENTS = st.sampled_from([{}, {"x": 1}, {"x": "\x00"}])
 TEXT = st.text(max_size=8)
 AT = st.floats(min_value=0, max_value=1e6)
 
@@ -66,6 +73,7 @@ def model_called(draw: st.DrawFn) -> ModelCalled:
         cost_usd=cost,
         latency_ms=1,
         messages_len=draw(st.integers(0, 12)),
+        checked_as=draw(CHECKED_AS),
     )
 
 
@@ -88,8 +96,8 @@ EVENT = st.one_of(
     st.builds(
         ToolIntended,
         call_id=CALL_IDS,
-        name=st.just("t"),
-        arguments=st.just({}),
+        name=st.sampled_from(["t", "u"]),
+        arguments=ARGUMENTS,
         idempotency_key=st.just("k"),
     ),
     st.builds(
@@ -107,7 +115,7 @@ EVENT = st.one_of(
         channel=st.just("cli"),
         at=AT,
     ),
-    st.builds(RunResumed, replayed=st.integers(0, 9)),
+    st.builds(RunResumed, replayed=st.integers(0, 9), checked_as=CHECKED_AS),
     st.builds(RunCompleted, output=TEXT),
     st.builds(RunFailed, error_class=st.just("tool"), message=TEXT),
     st.builds(ActorFailed, error_class=st.just("crashloop"), error=TEXT),
@@ -121,23 +129,51 @@ def fold_all(state: RunState, events: list[Any]) -> RunState:
 
 
 def through_snapshot(state: RunState) -> RunState:
-    """``state`` written as a snapshot is (JSON text, as Postgres keeps it) and read back."""
+    """``state`` written as JSON (as the API and tests see it) and read back."""
     back: RunState = converter.structure(loads(dumps(converter.unstructure(state))), RunState)
     return back
 
 
+def through_snapshots(events: list[Any], cuts: list[int]) -> tuple[RunState, RunState]:
+    """The journal folded as a worker hosting the run folds it, writing a snapshot at each cut
+    (its chunks kept; it goes on with the state that names them), and as a worker activating it
+    later folds it: from the last snapshot, read back from the bytes and JSON text stored, and
+    the events after it. ``(the host's state, the activated state)``."""
+    chunks: dict[str, bytes] = {}
+    state, row, snapshot_at = RunState(), None, 0
+    for seq, event in enumerate(events, start=1):
+        state = fold(state, event)
+        if seq in cuts:
+            snap = encode(state, seq)
+            chunks.update(snap.chunks)
+            assert set(snap.keys) <= set(chunks)  # it names only chunks stored
+            state, row, snapshot_at = snap.state, loads(dumps(snap.row)), seq
+    activated = RunState() if row is None else read_state(chunks, row, RunState)
+    return state, fold_all(activated, events[snapshot_at:])
+
+
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(events=st.lists(EVENT, max_size=40), cut=st.integers(0, 40))
+@given(events=st.lists(EVENT, max_size=40), cuts=st.lists(st.integers(1, 40), max_size=4))
 def test_a_snapshot_and_the_tail_fold_to_the_whole_journals_state(
-    events: list[Any], cut: int
+    events: list[Any], cuts: list[int]
 ) -> None:
-    cut = min(cut, len(events))
     whole = fold_all(RunState(), events)
-    resumed = fold_all(through_snapshot(fold_all(RunState(), events[:cut])), events[cut:])
-    assert resumed == whole
-    assert receipt(resumed) == receipt(whole)
-    assert summary(resumed) == summary(whole)
-    assert waiting_on(resumed) == waiting_on(whole)
+    hosted, activated = through_snapshots(events, cuts)
+    for resumed in (hosted, activated, through_snapshot(whole)):
+        assert resumed == whole
+        assert receipt(resumed) == receipt(whole)
+        assert summary(resumed) == summary(whole)
+        assert waiting_on(resumed) == waiting_on(whole)
+        assert (resumed.occurrences, resumed.checked_calls) == (
+            whole.occurrences,
+            whole.checked_calls,
+        )
+    # What the fold keeps as it goes is what a walk over the run would find.
+    recount = Counter(occurrence_key(i.name, i.arguments) for i in whole.intents.values())
+    assert dict(whole.occurrences) == dict(recount)
+    used = {c.id for call in (*whole.voided, *whole.calls) for c in call.response.tool_calls}
+    assert used <= set(whole.tool_ids)
+    assert whole.checked_calls <= len(whole.calls)
 
 
 def test_an_earlier_state_is_untouched_by_the_events_after_it() -> None:

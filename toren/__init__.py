@@ -35,6 +35,7 @@ from toren._errors import (
     UnknownActorKind,
     UnknownMessageType,
 )
+from toren._history import History
 from toren._journal import JournalEntry
 from toren._principal import Principal
 from toren._restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
@@ -58,6 +59,7 @@ __all__ = [
     "EffectOutsideHandler",
     "Envelope",
     "FencedOut",
+    "History",
     "InternalError",
     "JournalEntry",
     "LeaseExpired",

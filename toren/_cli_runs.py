@@ -27,6 +27,7 @@ from toren.runs import (
     read_run,
     receipt,
     retry,
+    run_status,
     say,
     start_run,
     waiting_on,
@@ -381,8 +382,12 @@ async def _check_served(client: Client, agent: str) -> None:
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:
+    """The run's state once it has completed, failed or parked: its status is polled from its
+    row (nothing folded meanwhile), the state read once at the end."""
+    settled = ("completed", "failed", "parked")
     while True:
-        state = await read_run(client, run_id)
-        if state.status in ("completed", "failed", "parked"):
-            return state
+        if await run_status(client, run_id) in settled:
+            state = await read_run(client, run_id)
+            if state.status in settled:  # not gone on meanwhile
+                return state
         await anyio.sleep(0.25)

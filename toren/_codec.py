@@ -10,14 +10,41 @@ Python class at hand (the CLI, other services).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
 from cattrs.preconf.json import make_converter
 
 from toren._errors import InternalError, UnknownMessageType
+from toren._history import History
 
 converter = make_converter()
+
+
+def _register_history() -> None:
+    """A :class:`~toren._history.History` is written as a list of its items and read back as
+    one with no stored chunks (snapshots store its chunks themselves: :mod:`toren._snapshots`)."""
+
+    def item_of(t: Any) -> Any:
+        args = get_args(t)
+        return args[0] if args else Any
+
+    def is_history(t: Any) -> bool:
+        return t is History or get_origin(t) is History
+
+    def unstructure(t: Any) -> Callable[[Any], Any]:
+        item = item_of(t)
+        return lambda v: [converter.unstructure(x, item) for x in v]
+
+    def structure(t: Any) -> Callable[[Any, Any], Any]:
+        item = item_of(t)
+        return lambda v, _: History([converter.structure(x, item) for x in v])
+
+    converter.register_unstructure_hook_factory(is_history, unstructure)
+    converter.register_structure_hook_factory(is_history, structure)
+
+
+_register_history()
 
 JSON = "json"
 _by_name: dict[str, type] = {}

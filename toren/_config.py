@@ -39,6 +39,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "streams_max": ("TOREN_STREAMS_MAX", int),
     "streams_per_token": ("TOREN_STREAMS_PER_TOKEN", int),
     "stream_idle_seconds": ("TOREN_STREAM_IDLE_SECONDS", float),
+    "snapshot_every": ("TOREN_SNAPSHOT_EVERY", int),
     "failed_auth_per_minute": ("TOREN_FAILED_AUTH_PER_MINUTE", int),
 }
 
@@ -102,6 +103,9 @@ class Settings:
             client reconnects with ``Last-Event-ID``).
         failed_auth_per_minute: Failed sign-ins (bad bearer tokens, console sign-ins) one
             client address may make per minute before it gets 429s.
+        snapshot_every: Events between two snapshots of an actor that keeps them (a run: its
+            state, so activating it reads that and the events since); unset, each kind's own
+            (runs: 1,000).
     """
 
     database_url: str | None = None
@@ -124,6 +128,9 @@ class Settings:
     streams_per_token: int = attrs.field(default=10, validator=_positive)
     stream_idle_seconds: float = attrs.field(default=300.0, validator=_positive)
     failed_auth_per_minute: int = attrs.field(default=20, validator=_positive)
+    snapshot_every: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.renew_seconds >= self.lease_seconds:

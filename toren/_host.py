@@ -34,7 +34,7 @@ from toren._errors import (
     UnknownActor,
     UnknownActorKind,
 )
-from toren._journal import rebuild, save_snapshot
+from toren._journal import rebuild, save_snapshot, snapshot_spec
 from toren._killpoints import kill_point, kill_points_for
 from toren._leases import Claim, LeaseClock, release_claim, release_if_idle
 from toren._mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
@@ -80,6 +80,7 @@ class ActorHost:
         poll_seconds: float,
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         lease: LeaseClock | None = None,
+        snapshot_every: int | None = None,
     ) -> None:
         cls = actor_class(claim.kind)
         if cls is None:
@@ -90,6 +91,9 @@ class ActorHost:
         self.actor_id = claim.actor_id
         self.epoch = claim.epoch
         self._cls = cls
+        # Events between two snapshots: the worker's setting if given, else the class's own;
+        # never for a class that keeps none.
+        self._snapshot_every = (snapshot_every or cls.snapshot_every) if snapshot_spec(cls) else 0
         self._poll = poll_seconds
         self._sleep = sleep
         self._lease = lease
@@ -180,9 +184,9 @@ class ActorHost:
                     return False
 
     async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
-        state, seq = await rebuild(self.pool, actor)
+        rebuilt = await rebuild(self.pool, actor)
         kill_point("actor.rebuilt")
-        snapshot_seq = seq
+        state, seq, snapshot_seq = rebuilt.state, rebuilt.seq, rebuilt.snapshot_seq
         try:
             await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
         except Exception as exc:
@@ -211,9 +215,8 @@ class ActorHost:
             state, seq = await self._step(actor, envelope, state, seq)
             self.steps += 1
             idle_since = anyio.current_time()
-            every = self._cls.snapshot_every
-            if every and self._cls.state_type is not None and seq - snapshot_seq >= every:
-                await save_snapshot(self.pool, actor, state, seq)
+            if self._snapshot_every and seq - snapshot_seq >= self._snapshot_every:
+                state = await save_snapshot(self.pool, actor, state, seq)
                 snapshot_seq = seq
         # Graceful stop: hand the actor back so another worker can claim it without waiting.
         if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):

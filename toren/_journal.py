@@ -3,19 +3,26 @@
 Appends happen inside the fenced step statement (``toren._mailbox``); this module reads. State is
 ``initial_state()`` folded with ``apply`` over the events in ``seq`` order. A snapshot, when the
 actor class asks for them, stores the fold at some ``seq`` so that a long journal need not be
-replayed from the start; snapshots are derived data and may be deleted at any time.
+replayed from the start (:mod:`toren._snapshots`); snapshots are derived data and may be deleted
+at any time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import anyio
 import asyncpg
 import attrs
 
 from toren._actor import Actor
-from toren._codec import converter, decode
+from toren._codec import decode
 from toren._errors import InternalError, TorenError
+from toren._killpoints import kill_point
+from toren._snapshots import encode as encode_snapshot
+from toren._snapshots import read as read_snapshot
+from toren._snapshots import write as write_snapshot
 
 _BATCH = 5000
 
@@ -57,53 +64,84 @@ async def read_journal(
     ]
 
 
-async def rebuild(pool: asyncpg.Pool, actor: Actor[Any]) -> tuple[Any, int]:
-    """The actor's state and last seq: its snapshot (if usable) plus the events after it.
+@attrs.frozen(kw_only=True)
+class Rebuilt:
+    """An actor's state folded from its snapshot (if any) and its journal."""
+
+    state: Any
+    seq: int  # the last event folded
+    snapshot_seq: int  # where the snapshot it started from ended (0: none)
+
+
+async def replay(
+    pool: asyncpg.Pool,
+    actor_id: str,
+    initial: Any,
+    apply: Callable[[Any, Any], Any],
+    *,
+    snapshots: tuple[type, int] | None = None,
+) -> Rebuilt:
+    """``initial`` folded with ``apply`` over the journal of ``actor_id``, starting from its
+    snapshot when ``snapshots`` (state type, version) says it keeps them.
 
     Raises:
         InternalError: the journal has a gap (a sequence number is missing).
-        UnknownMessageType: an event names a type no loaded module registered.
+        ReplayFailed: ``apply`` raised, or an event names a type no loaded module registered.
     """
-    cls = type(actor)
-    state: Any = actor.initial_state()
-    seq = 0
-    if cls.snapshot_every and cls.state_type is not None:
-        snap = await pool.fetchrow(
-            "SELECT seq, version, state FROM toren.snapshots WHERE actor_id = $1", actor.actor_id
-        )
-        if snap is not None and snap["version"] == cls.snapshot_version:
-            state = converter.structure(snap["state"], cls.state_type)
-            seq = snap["seq"]
-    async with pool.acquire() as conn, conn.transaction(readonly=True):
+    state, seq = initial, 0
+    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+        if snapshots is not None:
+            found = await read_snapshot(conn, actor_id, *snapshots)
+            if found is not None:
+                state, seq = found
+        snapshot_seq = seq
         cursor = conn.cursor(
             "SELECT seq, type, data FROM toren.journal WHERE actor_id = $1 AND seq > $2 "
             "ORDER BY seq",
-            actor.actor_id,
+            actor_id,
             seq,
             prefetch=_BATCH,
         )
         async for row in cursor:
             if row["seq"] != seq + 1:
-                raise InternalError(
-                    f"journal of {actor.actor_id!r} jumps from seq {seq} to {row['seq']}"
-                )
+                raise InternalError(f"journal of {actor_id!r} jumps from seq {seq} to {row['seq']}")
             try:
-                state = actor.apply(state, decode(row["type"], row["data"]))
+                state = apply(state, decode(row["type"], row["data"]))
             except Exception as exc:
                 # User code (or an unknown payload type): a failed start, whatever it raised.
-                raise ReplayFailed(actor.actor_id, row["seq"], exc) from exc
+                raise ReplayFailed(actor_id, row["seq"], exc) from exc
             seq = row["seq"]
-    return state, seq
+    return Rebuilt(state=state, seq=seq, snapshot_seq=snapshot_seq)
 
 
-async def save_snapshot(pool: asyncpg.Pool, actor: Actor[Any], state: Any, seq: int) -> None:
-    """Store the fold at ``seq``; an older snapshot is replaced, a newer one kept."""
-    await pool.execute(
-        "INSERT INTO toren.snapshots (actor_id, seq, version, state) VALUES ($1, $2, $3, $4) "
-        "ON CONFLICT (actor_id) DO UPDATE SET seq = EXCLUDED.seq, version = EXCLUDED.version, "
-        "state = EXCLUDED.state, created_at = now() WHERE toren.snapshots.seq < EXCLUDED.seq",
+def snapshot_spec(cls: type[Actor[Any]]) -> tuple[type, int] | None:
+    """``(state type, version)`` if actors of ``cls`` keep snapshots."""
+    if cls.snapshot_every and cls.state_type is not None:
+        return cls.state_type, cls.snapshot_version
+    return None
+
+
+async def rebuild(pool: asyncpg.Pool, actor: Actor[Any]) -> Rebuilt:
+    """The actor's state: its snapshot (if usable) plus the events after it."""
+    return await replay(
+        pool,
         actor.actor_id,
-        seq,
-        type(actor).snapshot_version,
-        converter.unstructure(state),
+        actor.initial_state(),
+        actor.apply,
+        snapshots=snapshot_spec(type(actor)),
     )
+
+
+async def save_snapshot(pool: asyncpg.Pool, actor: Actor[Any], state: Any, seq: int) -> Any:
+    """Store the fold at ``seq`` (an older snapshot is replaced, a newer one kept); the state to
+    go on with, which names the chunks now stored (equal to ``state``).
+
+    The encoding runs in a thread: a long run's state takes a while to write, and the worker's
+    event loop (its lease renewals) must not wait for it.
+    """
+    kill_point("snapshot.writing")
+    snap = await anyio.to_thread.run_sync(encode_snapshot, state, seq)
+    if await write_snapshot(pool, actor.actor_id, type(actor).snapshot_version, seq, snap):
+        kill_point("snapshot.written")
+        return snap.state
+    return state

@@ -34,6 +34,8 @@ POINTS: dict[str, str] = {
     "actor.claiming": "a worker is about to run its claim statement (every poll and wake-up)",
     "actor.claimed": "a claim statement returned at least one actor, not yet hosted",
     "actor.rebuilt": "a host rebuilt an actor's state from its journal, before on_start",
+    "snapshot.writing": "a host is about to write an actor's snapshot (its step committed)",
+    "snapshot.written": "a host wrote an actor's snapshot, before its next message",
     "message.claimed": "a host claimed a message (delivery count raised), before handling it",
     "timer.fired": "the message claimed is a due durable timer, before handling it",
     "step.committing": "a message was handled; its step is about to commit",

@@ -2,8 +2,8 @@
 committed since, in one statement per read.
 
 A journal only grows, so a state folded up to ``seq`` plus the events after ``seq`` is the
-state folded from the start. States are kept for the most recently read runs (an LRU of
-``size``); a run that is gone is forgotten.
+state folded from the start; the first read of a run starts from its snapshot. States are kept
+for the most recently read runs (an LRU of ``size``); a run that is gone is forgotten.
 """
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from aiohttp import web
 
 from toren._codec import decode
 from toren._http.common import ProblemError
-from toren.runs import RUN_KIND, RunState, fold
+from toren._journal import replay
+from toren.runs import RUN_KIND, SNAPSHOT_VERSION, RunState, fold
+
+SNAPSHOTS = (RunState, SNAPSHOT_VERSION)
 
 _READ = """
 SELECT a.kind, a.created_at, j.seq, j.type, j.data
@@ -43,7 +46,15 @@ class RunStates:
         Raises:
             ProblemError: 404, no such run.
         """
-        seq, state = self._states.get(rid, (0, RunState()))
+        held = self._states.get(rid)
+        if held is None:
+            # First read: from the run's snapshot, if it keeps one, then the events since.
+            kind = await pool.fetchval("SELECT kind FROM toren.actors WHERE actor_id = $1", rid)
+            if kind != RUN_KIND:
+                raise ProblemError(404, "Not found", f"no run {rid}")
+            rebuilt = await replay(pool, rid, RunState(), fold, snapshots=SNAPSHOTS)
+            held = (rebuilt.seq, rebuilt.state)
+        seq, state = held
         rows = await pool.fetch(_READ, rid, seq)
         if not rows or rows[0]["kind"] != RUN_KIND:
             self._states.pop(rid, None)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from toren._agents import agent_route
 from toren._codec import decode
 from toren._errors import AskTimeout, InternalError, TorenError, UnknownActor
+from toren._journal import replay
 from toren._json import dumps, utf8_size
 from toren._principal import Principal
 from toren.runs.events import (
@@ -23,7 +24,7 @@ from toren.runs.events import (
     Say,
     StartRun,
 )
-from toren.runs.state import RunState, fold
+from toren.runs.state import SNAPSHOT_VERSION, RunState, fold
 
 if TYPE_CHECKING:
     from toren._client import Client, Connection
@@ -257,7 +258,8 @@ async def decide(
 
 
 async def read_run(client: Client, run_id: str) -> RunState:
-    """The run's state, folded from its journal here (no worker involved).
+    """The run's state, read here (no worker involved): its latest snapshot and the events
+    recorded since, folded.
 
     Raises:
         UnknownActor: no such run.
@@ -265,9 +267,10 @@ async def read_run(client: Client, run_id: str) -> RunState:
     row = await client.actor(run_id)
     if row["kind"] != RUN_KIND:
         raise UnknownActor(run_id)
-    state = RunState()
-    for entry in await client.journal(run_id):
-        state = fold(state, decode(entry.type, entry.data))
+    rebuilt = await replay(
+        client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+    )
+    state: RunState = rebuilt.state
     return state
 
 
@@ -309,6 +312,16 @@ async def run_agent(client: Client, run_id: str) -> str:
     if row is None:
         raise UnknownActor(run_id)
     return str(row["agent"] or "")
+
+
+async def run_status(client: Client, run_id: str) -> str:
+    """The run's status as its last step recorded it (from its row: nothing is folded).
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    status, _ = await _status(client, run_id)
+    return status or "running"
 
 
 async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:

@@ -153,6 +153,7 @@ class ModelCalled:
     cost_usd: str | None  # decimal as text; None: the model has no known price
     latency_ms: int
     messages_len: int = 0  # how many conversation messages the request carried
+    checked_as: str = ""  # the request parameters it was made with (see RunResumed)
     v: int = FORMAT
 
 
@@ -305,9 +306,14 @@ class TimerFired:
 @message("run.resumed")
 @attrs.frozen(kw_only=True)
 class RunResumed:
-    """The run went on from its journal; ``replayed`` calls were served from it, not re-sent."""
+    """The run went on from its journal; ``replayed`` calls were served from it, not re-sent.
+
+    ``checked_as`` names the request parameters (model, system prompt, tools, Toren's version)
+    the recorded calls were checked against: while they stay the same, a later activation
+    checks only the calls recorded since."""
 
     replayed: int
+    checked_as: str = ""
     v: int = FORMAT
 
 

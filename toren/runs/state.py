@@ -3,6 +3,7 @@ calls, what a decision would do)."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, TypeVar, get_args, get_origin
@@ -12,6 +13,8 @@ from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
 
 from toren._actor import ActorFailed
 from toren._codec import converter
+from toren._history import History
+from toren._json import dumps
 from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
     ApprovalDecided,
@@ -51,7 +54,8 @@ def _register_snapshot_hooks() -> None:
 
     def vector_in(t: Any) -> Callable[[Any, Any], Any]:
         (item,) = get_args(t) or (Any,)
-        return lambda v, _: pvector(converter.structure(x, item) for x in v)
+        hook = converter.get_structure_hook(item)
+        return lambda v, _: pvector([hook(x, item) for x in v])
 
     def map_out(t: Any) -> Callable[[Any], Any]:
         _, item = get_args(t) or (str, Any)
@@ -59,14 +63,18 @@ def _register_snapshot_hooks() -> None:
 
     def map_in(t: Any) -> Callable[[Any, Any], Any]:
         _, item = get_args(t) or (str, Any)
-        return lambda v, _: pmap({k: converter.structure(x, item) for k, x in v.items()})
+        hook = converter.get_structure_hook(item)
+        # Sized for twice as many: a map that grows past its size is copied whole.
+        return lambda v, _: pmap({k: hook(x, item) for k, x in v.items()}, pre_size=2 * len(v))
 
     converter.register_unstructure_hook_factory(origin_is(PVector), vector_out)
     converter.register_structure_hook_factory(origin_is(PVector), vector_in)
     converter.register_unstructure_hook_factory(origin_is(PMap), map_out)
     converter.register_structure_hook_factory(origin_is(PMap), map_in)
     converter.register_unstructure_hook_factory(origin_is(PSet), lambda t: lambda v: sorted(v))
-    converter.register_structure_hook_factory(origin_is(PSet), lambda t: lambda v, _: pset(v))
+    converter.register_structure_hook_factory(
+        origin_is(PSet), lambda t: lambda v, _: pset(v, pre_size=2 * len(v))
+    )
     converter.register_unstructure_hook(Decimal, str)
     converter.register_structure_hook(Decimal, lambda v, _: Decimal(v))
 
@@ -74,24 +82,32 @@ def _register_snapshot_hooks() -> None:
 _register_snapshot_hooks()
 
 
+# The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
+# meaning, so that older snapshots are set aside (folded from the journal instead).
+SNAPSHOT_VERSION = 1
+
+
 @attrs.frozen(kw_only=True)
 class RunState:
     """A run as its events make it.
 
-    Its sequences and maps are persistent (``pyrsistent``): each event adds to them without
-    copying, so folding a journal costs time linear in its length, and a state can be kept
-    while later ones are made from it. Totals for the receipt are kept as events arrive.
+    Its sequences and maps are persistent: each event adds to them without copying, so folding
+    a journal costs time linear in its length, and a state can be kept while later ones are
+    made from it. The long sequences (calls, conversation) are :class:`~toren._history.History`
+    values, which a snapshot stores in chunks read back only when something reads into them.
+    Totals for the receipt, the tool-call ids used and the count of each distinct tool call
+    are kept as events arrive, so that no step walks the whole run.
     """
 
     agent: str = ""
     input: str = ""
     status: Status = "running"
-    messages: PVector[Message] = attrs.field(factory=pvector)
-    calls: PVector[ModelCalled] = attrs.field(factory=pvector)
+    messages: History[Message] = attrs.field(factory=History)
+    calls: History[ModelCalled] = attrs.field(factory=History)
     # calls paid for, then invalidated
-    voided: PVector[ModelCalled] = attrs.field(factory=pvector)
+    voided: History[ModelCalled] = attrs.field(factory=History)
     # human messages: (calls recorded before it, text)
-    heard: PVector[tuple[int, str]] = attrs.field(factory=pvector)
+    heard: History[tuple[int, str]] = attrs.field(factory=History)
     intents: PMap[str, ToolIntended] = attrs.field(factory=pmap)
     results: PMap[str, ToolResulted] = attrs.field(factory=pmap)
     decisions: PMap[str, ApprovalDecided] = attrs.field(factory=pmap)
@@ -105,7 +121,15 @@ class RunState:
     unpriced: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
-    kept_cost: PVector[Decimal] = attrs.field(factory=pvector)
+    kept_cost: History[Decimal] = attrs.field(factory=History)
+    # every tool-call id the run's calls carried, kept and voided (a new call's must differ)
+    tool_ids: PSet[str] = attrs.field(factory=pset)
+    # tool intents recorded, by tool and canonical arguments (see occurrence_key)
+    occurrences: PMap[str, int] = attrs.field(factory=pmap)
+    # the first ``checked_calls`` calls were checked against the request parameters
+    # ``checked_as`` (see RunResumed): an activation with the same parameters checks the rest
+    checked_as: str = ""
+    checked_calls: int = 0
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
@@ -148,7 +172,7 @@ def fold(state: RunState, event: Any) -> RunState:
             state,
             agent=event.agent,
             input=event.input,
-            messages=pvector([first]),
+            messages=History([first]),
             started_at=event.at,
         )
     if isinstance(event, ModelCalled):
@@ -156,9 +180,18 @@ def fold(state: RunState, event: Any) -> RunState:
         cost = Decimal(event.cost_usd) if event.cost_usd is not None else Decimal(0)
         before = state.kept_cost[-1] if state.kept_cost else Decimal(0)
         usage = event.response.usage
+        checked = state.checked_calls
+        if (
+            event.checked_as
+            and event.checked_as == state.checked_as
+            and checked == len(state.calls)
+        ):
+            checked += 1  # made by code with the parameters the calls before it were checked for
         return attrs.evolve(
             state,
             calls=state.calls.append(event),
+            tool_ids=state.tool_ids.update(c.id for c in event.response.tool_calls),
+            checked_calls=checked,
             messages=state.messages.append(turn),
             status="running",
             failed_attempts=0,
@@ -197,7 +230,14 @@ def fold(state: RunState, event: Any) -> RunState:
             tool_failures=0,
         )
     if isinstance(event, ToolIntended):
-        return attrs.evolve(state, intents=state.intents.set(event.call_id, event))
+        occurrences = state.occurrences
+        earlier = state.intents.get(event.call_id)
+        if earlier is not None:  # not recorded by Toren, but a fold must not miscount
+            occurrences = _count(occurrences, occurrence_key(earlier.name, earlier.arguments), -1)
+        occurrences = _count(occurrences, occurrence_key(event.name, event.arguments), 1)
+        return attrs.evolve(
+            state, intents=state.intents.set(event.call_id, event), occurrences=occurrences
+        )
     if isinstance(event, ToolResulted):
         result = ToolResult(
             tool_call_id=event.call_id, content=event.content, is_error=event.is_error
@@ -241,7 +281,10 @@ def fold(state: RunState, event: Any) -> RunState:
             parked_seconds=state.parked_seconds + max(0.0, waited),
         )
     if isinstance(event, RunResumed):
-        return attrs.evolve(state, replayed=max(state.replayed, event.replayed))
+        state = attrs.evolve(state, replayed=max(state.replayed, event.replayed))
+        if event.checked_as:
+            state = attrs.evolve(state, checked_as=event.checked_as, checked_calls=len(state.calls))
+        return state
     if isinstance(event, RunCompleted):
         return attrs.evolve(state, status="completed", output=event.output)
     if isinstance(event, RunFailed):
@@ -271,6 +314,11 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
     if not void:
         return state
     void_ids = {c.id for call in void for c in call.response.tool_calls}
+    occurrences = state.occurrences
+    for call_id in void_ids:
+        intent = state.intents.get(call_id)
+        if intent is not None:
+            occurrences = _count(occurrences, occurrence_key(intent.name, intent.arguments), -1)
     messages = state.messages[: void[0].messages_len]
     for before, text in state.heard:
         if before >= from_step:  # heard after the first void call: not in its request
@@ -281,6 +329,8 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
         voided=state.voided.extend(void),
         messages=messages,
         intents=_without(state.intents, void_ids),
+        occurrences=occurrences,
+        checked_calls=min(state.checked_calls, len(kept)),
         results=_without(state.results, void_ids),
         decisions=_without(state.decisions, void_ids),
         asked=state.asked.difference(void_ids),
@@ -291,6 +341,28 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
     )
 
 
+def canonical(arguments: Any) -> str:
+    """Recorded (JSON-form) arguments as canonical JSON: what keys and counts compare."""
+    return dumps(arguments, sort_keys=True)
+
+
+def occurrence_key(name: str, arguments: Any) -> str:
+    """What identical tool calls share: the tool and its canonical arguments (hashed)."""
+    h = hashlib.sha256(f"{name}\0".encode("utf-8", "surrogatepass"))
+    h.update(canonical(arguments).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
+
+
+def occurrences_of(state: RunState, name: str, arguments: Any) -> int:
+    """How many intents the run has recorded for ``name`` with these arguments."""
+    return state.occurrences.get(occurrence_key(name, arguments), 0)
+
+
+def _count(counts: PMap[str, int], key: str, by: int) -> PMap[str, int]:
+    n = counts.get(key, 0) + by
+    return counts.set(key, n) if n > 0 else counts.discard(key)
+
+
 def _without(items: PMap[str, V], keys: set[str]) -> PMap[str, V]:
     drop = items.evolver()
     for key in keys & set(items.keys()):
@@ -298,7 +370,7 @@ def _without(items: PMap[str, V], keys: set[str]) -> PMap[str, V]:
     return drop.persistent()
 
 
-def _append_user(messages: PVector[Message], block: Text | ToolResult) -> PVector[Message]:
+def _append_user(messages: History[Message], block: Text | ToolResult) -> History[Message]:
     """Add to the trailing user turn (tool results of one assistant turn travel together, and
     turns alternate), or start one."""
     if messages and messages[-1].role == "user":

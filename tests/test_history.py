@@ -1,0 +1,115 @@
+"""History: the persistent sequence whose stored chunks are decoded on first read.
+
+The property: any sequence of operations (append, extend, set, slices, storing the tail as a
+chunk) gives the same items as the same operations on a list, whatever has been stored and
+whether or not a chunk has been read yet; and earlier values never change.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from toren._history import Chunk, History
+
+counter = itertools.count()
+
+
+def stored(h: History[int]) -> History[int]:
+    """``h`` with its tail stored as a chunk, as a snapshot stores it (read back lazily)."""
+    tail = list(h.tail)
+    if not tail:
+        return h
+    raw = orjson.dumps(tail)
+    return History(chunks=(*h.chunks, Chunk(f"k{next(counter)}", len(tail), raw, orjson.loads)))
+
+
+OPS = st.one_of(
+    st.tuples(st.just("append"), st.integers(-(2**31), 2**31)),
+    st.tuples(st.just("extend"), st.lists(st.integers(0, 99), max_size=5)),
+    st.tuples(st.just("set"), st.integers(-30, 30), st.integers(0, 99)),
+    st.tuples(st.just("prefix"), st.integers(0, 30)),
+    st.tuples(st.just("slice"), st.integers(0, 30), st.integers(0, 30)),
+    st.tuples(st.just("store")),
+)
+
+
+def apply(h: History[int], model: list[int], op: tuple[Any, ...]) -> tuple[History[int], list[int]]:
+    name = op[0]
+    if name == "append":
+        return h.append(op[1]), [*model, op[1]]
+    if name == "extend":
+        return h.extend(op[1]), [*model, *op[1]]
+    if name == "set":
+        i = op[1]
+        if not -len(model) <= i < len(model):
+            with pytest.raises(IndexError):
+                h.set(i, op[2])
+            return h, model
+        changed = list(model)
+        changed[i] = op[2]
+        return h.set(i, op[2]), changed
+    if name == "prefix":
+        return h[: op[1]], model[: op[1]]
+    if name == "slice":
+        return h[op[1] : op[2]], model[op[1] : op[2]]
+    return stored(h), model
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(ops=st.lists(OPS, max_size=25), probes=st.lists(st.integers(-40, 40), max_size=5))
+def test_history_behaves_as_a_list(ops: list[tuple[Any, ...]], probes: list[int]) -> None:
+    h: History[int] = History()
+    model: list[int] = []
+    kept: list[tuple[History[int], list[int]]] = []
+    for op in ops:
+        h, model = apply(h, model, op)
+        kept.append((h, list(model)))
+        for i in probes:  # reads into stored chunks decode them, or not: the same items
+            if -len(model) <= i < len(model):
+                assert h[i] == model[i]
+            else:
+                with pytest.raises(IndexError):
+                    h[i]
+    assert len(h) == len(model)
+    assert list(h) == model
+    assert list(reversed(h)) == model[::-1]
+    assert h == model
+    assert h == History(model)
+    for earlier, items in kept:  # persistent: nothing made later changed an earlier value
+        assert list(earlier) == items
+
+
+def test_a_stored_chunk_is_decoded_once_and_only_when_read() -> None:
+    decoded: list[bytes] = []
+
+    def decode(raw: bytes) -> list[int]:
+        decoded.append(raw)
+        return list(orjson.loads(raw))
+
+    h = History(chunks=[Chunk("a", 3, b"[1,2,3]", decode), Chunk("b", 2, b"[4,5]", decode)])
+    assert (len(h), decoded) == (5, [])
+    h = h.append(6)
+    assert (h[-1], decoded) == (6, [])  # the tail: nothing decoded
+    assert (h[3], decoded) == (4, [b"[4,5]"])
+    assert (h[4], list(h)) == (5, [1, 2, 3, 4, 5, 6])
+    assert decoded == [b"[4,5]", b"[1,2,3]"]
+
+
+def test_a_damaged_chunk_says_so() -> None:
+    h = History(chunks=[Chunk("a", 3, b"[1,2]", orjson.loads)])
+    with pytest.raises(ValueError, match="holds 2 items, not 3"):
+        list(h)
+
+
+def test_a_prefix_keeps_whole_chunks_stored() -> None:
+    a, b = Chunk("a", 3, b"[1,2,3]", orjson.loads), Chunk("b", 3, b"[4,5,6]", orjson.loads)
+    h = History(chunks=[a, b], tail=History([7]).tail)
+    cut = h[:4]
+    assert (cut.chunks, list(cut.tail)) == ((a,), [4])
+    assert list(cut) == [1, 2, 3, 4]

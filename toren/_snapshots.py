@@ -1,0 +1,228 @@
+"""Snapshots: an actor's state at some ``seq``, so that activating it reads that and a tail.
+
+A snapshot is derived data: the fold of the journal up to ``seq``, written after the step that
+reached it committed, by whichever worker hosts the actor (every owner folds the same journal to
+the same state, so no fencing is needed). It may be deleted at any time; an actor whose snapshot
+is missing, of another ``snapshot_version``, or unreadable is folded from its journal instead.
+
+The state must be an attrs class. Its fields typed :class:`~toren._history.History` are stored in
+chunks (``toren.snapshot_chunks``), each written once: a snapshot writes the items added since
+the previous one as a new chunk and names the chunks it keeps, so it costs what was added, and
+reading one costs the chunks' bytes (decoded when something reads into them). Every other field
+goes into the snapshot's row (``toren.snapshots.state``) as JSON.
+
+Writers race safely: the row of a newer snapshot is never replaced by an older one, a writer
+that loses inserts nothing (its transaction rolls back), and the winner deletes the chunks its
+snapshot does not name. Readers read the row and its chunks in one repeatable-read transaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import hashlib
+import logging
+import secrets
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, get_args, get_origin
+
+import asyncpg
+import attrs
+
+from toren._codec import converter
+from toren._history import Chunk, History
+from toren._json import dumps, loads
+
+log = logging.getLogger("toren.snapshots")
+
+
+KEEP = 8  # items of a History kept in the snapshot's row rather than in a chunk
+
+
+class _Lost(Exception):
+    """A newer snapshot is stored: this one is not written."""
+
+
+@functools.cache
+def _fields(state_type: Any) -> tuple[tuple[str, str, Any, Any], ...]:
+    """``(name, argument, type, History item type or None)`` for each field of ``state_type``
+    (``argument``: its name as ``__init__`` takes it, a private field's without underscore)."""
+    attrs.resolve_types(state_type)
+    found = []
+    for f in attrs.fields(state_type):
+        item = None
+        if get_origin(f.type) is History or f.type is History:
+            (item,) = get_args(f.type) or (Any,)
+        found.append((f.name, f.alias or f.name, f.type, item))
+    return tuple(found)
+
+
+def _decoder(item: Any) -> Callable[[bytes], Sequence[Any]]:
+    hook = converter.get_structure_hook(item)
+
+    def decode(raw: bytes) -> list[Any]:
+        return [hook(x, item) for x in loads(raw)]
+
+    return decode
+
+
+def _checksum(raw: bytes) -> str:
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+
+
+def _encode(items: Sequence[Any], item: Any) -> bytes:
+    return dumps([converter.unstructure(x, item) for x in items]).encode()
+
+
+@attrs.frozen
+class Encoded:
+    """A snapshot ready to be written, and the state that names its chunks once it is."""
+
+    row: dict[str, Any]
+    chunks: list[tuple[str, bytes]]  # new chunks: (key, data)
+    keys: list[str]  # every chunk the snapshot names
+    state: Any
+
+
+def encode(state: Any, seq: int) -> Encoded:
+    """The snapshot of ``state`` at ``seq`` (pure: may run in a thread)."""
+    row: dict[str, Any] = {}
+    chunks: list[tuple[str, bytes]] = []
+    keys: list[str] = []
+    stored: dict[str, History[Any]] = {}
+    tag = secrets.token_hex(4)  # two writers at one seq never share a key
+    kind_of_state: Any = type(state)
+    for name, argument, kind, item in _fields(kind_of_state):
+        value = getattr(state, name)
+        if item is None:
+            row[name] = converter.unstructure(value, kind)
+            continue
+        history: History[Any] = value if isinstance(value, History) else History(value)
+        if len(history.tail) > KEEP:
+            # The last few items stay in the row: what the next steps read (the last turn, the
+            # last call) is then at hand without decoding a chunk.
+            tail = tuple(history.tail[:-KEEP])
+            key = f"{name}.{seq}.{tag}"
+            raw = _encode(tail, item)
+            chunks.append((key, raw))
+            history = history.stored(Chunk(key, len(tail), raw, _decoder(item), items=tail), KEEP)
+            stored[argument] = history
+        row[name] = {
+            "chunks": [[c.key, c.count, _checksum(c.raw)] for c in history.chunks],
+            "tail": [converter.unstructure(x, item) for x in history.tail],
+        }
+        keys.extend(c.key for c in history.chunks)
+    return Encoded(row=row, chunks=chunks, keys=keys, state=attrs.evolve(state, **stored))
+
+
+_UPSERT = """
+INSERT INTO toren.snapshots (actor_id, seq, version, state) VALUES ($1, $2, $3, $4)
+ON CONFLICT (actor_id) DO UPDATE SET seq = EXCLUDED.seq, version = EXCLUDED.version,
+    state = EXCLUDED.state, created_at = now()
+WHERE toren.snapshots.seq < EXCLUDED.seq
+RETURNING 1
+"""
+
+
+async def write(pool: asyncpg.Pool, actor_id: str, version: int, seq: int, snap: Encoded) -> bool:
+    """Store ``snap`` as the snapshot of ``actor_id`` at ``seq``; False if a newer one is kept."""
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            await _write(conn, actor_id, version, seq, snap)
+    except _Lost:
+        return False
+    return True
+
+
+async def _write(conn: Any, actor_id: str, version: int, seq: int, snap: Encoded) -> None:
+    """Raises: _Lost, a newer snapshot is stored (the transaction is then rolled back)."""
+    if snap.chunks:
+        await conn.executemany(
+            "INSERT INTO toren.snapshot_chunks (actor_id, key, data) VALUES ($1, $2, $3)",
+            [(actor_id, key, data) for key, data in snap.chunks],
+        )
+    if await conn.fetchval(_UPSERT, actor_id, seq, version, snap.row) is None:
+        raise _Lost
+    await conn.execute(
+        "DELETE FROM toren.snapshot_chunks WHERE actor_id = $1 AND NOT (key = ANY($2))",
+        actor_id,
+        snap.keys,
+    )
+
+
+async def read(conn: Any, actor_id: str, state_type: type, version: int) -> tuple[Any, int] | None:
+    """The stored snapshot of ``actor_id`` as ``(state, seq)``, or None if there is none that
+    this code can read (then the journal is folded from its start).
+
+    Call it inside a repeatable-read transaction, so that the row and its chunks match.
+    """
+    row = await conn.fetchrow(
+        "SELECT seq, version, state FROM toren.snapshots WHERE actor_id = $1", actor_id
+    )
+    if row is None or row["version"] != version:
+        return None
+    try:
+        chunks = await _chunks(conn, actor_id, row["state"])
+        with _collector_paused():
+            return _state(chunks, row["state"], state_type), row["seq"]
+    except Exception as exc:  # noqa: BLE001  (derived data: any damage means fold instead)
+        log.warning(
+            "%s: the snapshot at seq %d cannot be read (%s: %s); folding the journal instead",
+            actor_id,
+            row["seq"],
+            type(exc).__name__,
+            exc,
+        )
+        return None
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a state is built: building one makes tens of
+    thousands of objects, none of them garbage, and each full collection meanwhile would walk
+    the whole heap (it doubled the time to read a long run's snapshot). Nothing else runs on
+    the event loop meanwhile: the build does not await."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+async def _chunks(conn: Any, actor_id: str, row: Any) -> dict[str, bytes]:
+    keys = [
+        key
+        for value in (row.values() if isinstance(row, Mapping) else ())
+        if isinstance(value, Mapping) and isinstance(value.get("chunks"), list)
+        for key, *_ in value["chunks"]
+    ]
+    if not keys:
+        return {}
+    rows = await conn.fetch(
+        "SELECT key, data FROM toren.snapshot_chunks WHERE actor_id = $1 AND key = ANY($2)",
+        actor_id,
+        keys,
+    )
+    return {r["key"]: r["data"] for r in rows}
+
+
+def _state(chunks: Mapping[str, bytes], row: Mapping[str, Any], state_type: type) -> Any:
+    values: dict[str, Any] = {}
+    for name, argument, kind, item in _fields(state_type):
+        value = row[name]
+        if item is None:
+            values[argument] = converter.structure(value, kind)
+            continue
+        decode = _decoder(item)
+        tail = [converter.structure(x, item) for x in value["tail"]]
+        stored = []
+        for key, count, checksum in value["chunks"]:
+            raw = chunks[key]
+            if _checksum(raw) != checksum:  # a chunk is checked here, decoded when first read
+                raise ValueError(f"chunk {key!r} is not the one the snapshot names")
+            stored.append(Chunk(key, int(count), raw, decode))
+        values[argument] = History(tail, chunks=stored)
+    return state_type(**values)
