@@ -32,11 +32,12 @@ T = TypeVar("T")
 class Chunk(Generic[T]):
     """Items a snapshot stored under ``key``: ``count`` of them, decoded on first use.
 
-    Immutable in meaning: the decoded items are cached, and decoding twice (two threads at once)
-    gives equal items.
+    Immutable in meaning: the decoded items are cached (and the stored bytes then let go), and
+    decoding twice (two threads at once) gives equal items. ``checksum`` is what the snapshot
+    that names the chunk recorded for its bytes.
     """
 
-    __slots__ = ("_decode", "_items", "_lock", "count", "key", "raw")
+    __slots__ = ("_decode", "_items", "_lock", "checksum", "count", "key", "raw")
 
     def __init__(
         self,
@@ -44,11 +45,14 @@ class Chunk(Generic[T]):
         count: int,
         raw: bytes,
         decode: Callable[[bytes], Sequence[T]],
+        *,
+        checksum: str = "",
         items: tuple[T, ...] | None = None,
     ) -> None:
         self.key = key
         self.count = count
-        self.raw = raw
+        self.raw = raw if items is None else b""
+        self.checksum = checksum
         self._decode = decode
         self._items = items
         self._lock = threading.Lock()
@@ -80,6 +84,7 @@ class Chunk(Generic[T]):
                             f"not {self.count}"
                         )
                     self._items = items
+                    self.raw = b""
         return items
 
     def __repr__(self) -> str:

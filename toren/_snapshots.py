@@ -106,10 +106,11 @@ def encode(state: Any, seq: int) -> Encoded:
             key = f"{name}.{seq}.{tag}"
             raw = _encode(tail, item)
             chunks.append((key, raw))
-            history = history.stored(Chunk(key, len(tail), raw, _decoder(item), items=tail), KEEP)
+            chunk = Chunk(key, len(tail), raw, _decoder(item), checksum=_checksum(raw), items=tail)
+            history = history.stored(chunk, KEEP)
             stored[argument] = history
         row[name] = {
-            "chunks": [[c.key, c.count, _checksum(c.raw)] for c in history.chunks],
+            "chunks": [[c.key, c.count, c.checksum] for c in history.chunks],
             "tail": [converter.unstructure(x, item) for x in history.tail],
         }
         keys.extend(c.key for c in history.chunks)
@@ -223,6 +224,6 @@ def _state(chunks: Mapping[str, bytes], row: Mapping[str, Any], state_type: type
             raw = chunks[key]
             if _checksum(raw) != checksum:  # a chunk is checked here, decoded when first read
                 raise ValueError(f"chunk {key!r} is not the one the snapshot names")
-            stored.append(Chunk(key, int(count), raw, decode))
+            stored.append(Chunk(key, int(count), raw, decode, checksum=checksum))
         values[argument] = History(tail, chunks=stored)
     return state_type(**values)
