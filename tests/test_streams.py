@@ -1,5 +1,6 @@
 """Bounded event streams: a stream closes when its caller's credentials end, when it idles and
-when the server stops, saying why; streams are capped per token and per server process."""
+when the server stops, saying why; streams are capped per token and per server process. An idle
+stream reads nothing until a notification says its run's journal grew."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,12 +19,18 @@ import pytest
 from yarl import URL
 
 import toren._http.streams
-from tests.conftest import wait_for
+from tests import app
+from tests.conftest import decide_waiting, person, running_worker, wait_for
+from tests.test_api import refund_agent
 from toren import Client
+from toren._db import connect
 from toren._http import ServerOptions
+from toren._http.streams import Page
+from toren._leases import mark_failed
+from toren._mailbox import claim_next, dead_letter
 from toren._serve import serving
 from toren._tokens import authenticate, close_session, create_token, open_session, revoke_token
-from toren.runs import start_run
+from toren.runs import read_run, start_run, waiting_on
 
 pytestmark = pytest.mark.anyio
 
@@ -60,10 +68,10 @@ async def _run(client: Client) -> str:
     return f"/runs/{run_id.removeprefix('run/')}/events"
 
 
-async def _append(client: Client, path: str, *seqs: int) -> None:
+async def _append(client: Client, path: str, *seqs: int, conn: Any = None) -> None:
     run_id = f"run/{path.split('/')[2]}"
     for seq in seqs:
-        await client.pool.execute(
+        await (conn or client.pool).execute(
             "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
             "VALUES ($1, $2, 1, $3, $4)",
             run_id,
@@ -73,11 +81,10 @@ async def _append(client: Client, path: str, *seqs: int) -> None:
         )
 
 
-async def read_all(response: aiohttp.ClientResponse) -> list[Sse]:
-    """Every event of the stream, until the server ends it (pings skipped)."""
+async def events_of(response: aiohttp.ClientResponse) -> AsyncIterator[Sse]:
+    """The stream's events as they come (pings skipped), until the server ends it."""
     assert response.status == 200, await response.text()
     assert response.content_type == "text/event-stream"
-    got: list[Sse] = []
     event_id, event, data = None, "message", ""
     async for raw in response.content:
         line = raw.decode().rstrip("\r\n")
@@ -88,9 +95,67 @@ async def read_all(response: aiohttp.ClientResponse) -> list[Sse]:
         elif line.startswith("data: "):
             data = line[6:]
         elif line == "" and data:
-            got.append(Sse(event_id, event, data))
+            yield Sse(event_id, event, data)
             event_id, event, data = None, "message", ""
-    return got
+
+
+async def read_all(response: aiohttp.ClientResponse) -> list[Sse]:
+    """Every event of the stream, until the server ends it (pings skipped)."""
+    return [e async for e in events_of(response)]
+
+
+async def read_until(events: AsyncIterator[Sse], event_type: str) -> list[Sse]:
+    """The stream's events up to and including the first of type ``event_type``."""
+    got: list[Sse] = []
+    async for e in events:
+        got.append(e)
+        if e.event == event_type:
+            return got
+    raise AssertionError(f"the stream ended without {event_type}: {got}")
+
+
+@attrs.define
+class Reads:
+    """How many journal pages the server's streams have read (each counted once it returns)."""
+
+    count: int = 0
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
+    reads = Reads()
+    stream = toren._http.streams.stream
+
+    async def counted(request: Any, actor_id: str, after: int, page: Page) -> Any:
+        async def counted_page(after: int) -> Any:
+            events = await page(after)
+            reads.count += 1
+            return events
+
+        return await stream(request, actor_id, after, counted_page)
+
+    monkeypatch.setattr(toren._http.streams, "stream", counted)
+    return reads
+
+
+async def _owned(client: Client, path: str) -> tuple[str, uuid.UUID, int]:
+    """Take the run (that no worker runs) as a worker would: its id, our owner id, the epoch."""
+    run_id = f"run/{path.split('/')[2]}"
+    owner = uuid.uuid4()
+    epoch = await client.pool.fetchval(
+        "UPDATE toren.actors SET owner = $2, epoch = epoch + 1, "
+        "lease_expires_at = now() + interval '1 hour' WHERE actor_id = $1 RETURNING epoch",
+        run_id,
+        owner,
+    )
+    return run_id, owner, epoch
+
+
+async def _listener_pid(client: Client) -> int | None:
+    pid: int | None = await client.pool.fetchval(
+        "SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = 'toren-listener'"
+    )
+    return pid
 
 
 async def _refused(response: aiohttp.ClientResponse) -> dict[str, Any]:
@@ -295,3 +360,165 @@ async def test_a_stream_whose_client_stops_reading_gives_its_slot_back(
                     return r.status == 200
 
             await wait_for(opens, timeout=20, interval=0.2, what="the stuck stream's slot back")
+
+
+async def test_an_event_a_worker_appends_wakes_an_idle_stream_through_its_notification(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No safety re-read within the test: what arrives was announced by a notification.
+    monkeypatch.setattr(toren._http.streams, "SAFETY", 60.0)
+    reads = count_reads(monkeypatch)
+    _, token = await create_token(client.pool, "reader")
+    async with refund_agent(monkeypatch, db_url), api(db_url) as base, http(token) as session:
+        run_id = await start_run(client, "support", "Refund me")
+
+        async def parked() -> bool:
+            return bool(waiting_on(await read_run(client, run_id)))
+
+        await wait_for(parked, timeout=20, what="the run to park on its approval")
+        path = f"/runs/{run_id.removeprefix('run/')}/events"
+        async with session.get(base + path, headers=SSE) as r:
+            events = events_of(r)
+            with anyio.fail_after(MARGIN):
+                await read_until(events, "approval.requested")
+            # Idle: nothing is appended, and the stream reads nothing (it polled 5 times a
+            # second before).
+            idle_from = reads.count
+            await anyio.sleep(2.0)
+            assert reads.count == idle_from
+            await decide_waiting(client, run_id, approved=True, by=person("alice"), wait=None)
+            with anyio.fail_after(MARGIN + 3):
+                got = await read_until(events, "run.completed")
+    assert "approval.decided" in [e.event for e in got]
+    # At most one read per notification (each announces a step with one event or more).
+    assert reads.count - idle_from <= len(got)
+
+
+@contextlib.asynccontextmanager
+async def idle_stream(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, path: str, *, safety: float
+) -> AsyncIterator[AsyncIterator[Sse]]:
+    """The events of an open stream of ``path`` that has made its first read, and whose safety
+    re-read is ``safety`` seconds away: an event arriving sooner was announced to it."""
+    monkeypatch.setattr(toren._http.streams, "SAFETY", safety)
+    reads = count_reads(monkeypatch)
+    _, token = await create_token(client.pool, "reader")
+    async with (
+        api(db_url) as base,
+        http(token) as session,
+        session.get(base + path, headers=SSE) as r,
+    ):
+        await wait_for(lambda: _true(reads.count), timeout=MARGIN, what="the first read")
+        yield events_of(r)
+
+
+async def test_a_dead_letters_events_wake_an_idle_stream(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = await _run(client)
+    run_id, owner, epoch = await _owned(client, path)
+    envelope = await claim_next(client.pool, run_id, owner, epoch)
+    assert envelope is not None
+    async with idle_stream(client, db_url, monkeypatch, path, safety=60) as events:
+        dead = [(1, "test.dead_lettered", '{"n": 1}', None)]
+        await dead_letter(client.pool, run_id, owner, epoch, envelope, "failing", events=dead)
+        with anyio.fail_after(MARGIN):
+            got = await read_until(events, "test.dead_lettered")
+    assert [(e.id, e.event) for e in got] == [(1, "test.dead_lettered")]
+
+
+async def test_the_kernel_marking_a_run_failed_wakes_an_idle_stream(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = await _run(client)
+    run_id, owner, epoch = await _owned(client, path)
+    async with idle_stream(client, db_url, monkeypatch, path, safety=60) as events:
+        assert await mark_failed(client.pool, run_id, "toren.run", owner, epoch, "crash loop")
+        with anyio.fail_after(MARGIN):
+            got = await read_until(events, "toren.failed")
+    assert json.loads(got[-1].data)["data"]["error"] == "crash loop"
+
+
+async def test_a_stream_hears_again_after_its_listening_connection_is_dropped(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = await _run(client)
+    run_id, owner, epoch = await _owned(client, path)
+    async with idle_stream(client, db_url, monkeypatch, path, safety=60) as events:
+        dropped = await _listener_pid(client)
+        assert dropped is not None
+        assert await client.pool.fetchval("SELECT pg_terminate_backend($1)", dropped)
+        # Whether the event lands before or after the server reconnects, it arrives: a
+        # notification on the new connection, or the read made on reconnecting.
+        assert await mark_failed(client.pool, run_id, "toren.run", owner, epoch, "after drop")
+        with anyio.fail_after(MARGIN):
+            got = await read_until(events, "toren.failed")
+
+        async def reconnected() -> bool:
+            return (await _listener_pid(client)) not in (None, dropped)
+
+        await wait_for(reconnected, timeout=MARGIN, what="a new listening connection")
+        # And the new connection hears what comes next.
+        async with client.pool.acquire() as conn, conn.transaction():
+            await _append(client, path, 2, conn=conn)
+            await conn.execute("SELECT pg_notify('toren_journal', $1)", run_id)
+        with anyio.fail_after(MARGIN):
+            got += await read_until(events, "test.2")
+    assert json.loads(got[0].data)["data"]["error"] == "after drop"
+    assert [e.id for e in got] == [1, 2]
+
+
+async def test_an_event_whose_notification_is_lost_arrives_by_the_safety_read(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    safety = 1.0
+    path = await _run(client)
+    async with idle_stream(client, db_url, monkeypatch, path, safety=safety) as events:
+        await _append(client, path, 1)  # written behind the kernel's back: nothing notifies
+        with anyio.fail_after(safety + MARGIN):
+            got = await read_until(events, "test.1")
+    assert [e.id for e in got] == [1]
+
+
+async def test_a_journal_watch_wakes_on_its_actors_notification_only(client: Client) -> None:
+    async with client.watch_journal("run/a") as a, client.watch_journal("run/b") as b:
+        await a.arm()
+        await b.arm()
+        await client.pool.execute("SELECT pg_notify('toren_journal', 'run/a')")
+        with anyio.fail_after(MARGIN):
+            await a.wait()
+        assert not b.woken
+        await a.arm()
+        assert not a.woken
+    # Both forgotten once closed: a notification for them finds no one.
+    assert not client._watches
+
+
+async def _true(value: int) -> bool:
+    return bool(value)
+
+
+async def test_steps_of_an_actor_that_keeps_no_summary_notify_no_one(
+    client: Client, db_url: str
+) -> None:
+    # A notification costs a global lock at commit: the kernel's own actors (and any that no
+    # stream follows) must not pay it on every step.
+    heard: list[str] = []
+    listener = await connect(db_url, name="test-listener")
+    try:
+        await listener.add_listener("toren_journal", lambda *n: heard.append(str(n[3])))
+        await client.spawn(app.Counter, "c/quiet")
+        for i in range(3):
+            await client.send("c/quiet", app.Add(n=1, tag=f"t{i}"))
+        async with running_worker(db_url):
+
+            async def journaled() -> bool:
+                return len(await client.journal("c/quiet")) == 3
+
+            await wait_for(journaled, timeout=20, what="three steps")
+        # Notifications arrive in commit order: any the steps sent come before this one.
+        await client.pool.execute("SELECT pg_notify('toren_journal', 'marker')")
+        await wait_for(lambda: _true(len(heard)), timeout=MARGIN, what="the marker")
+    finally:
+        await listener.close()
+    assert heard == ["marker"]

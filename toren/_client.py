@@ -3,13 +3,16 @@
 A :class:`Client` is what a program (a web handler, a script, the CLI, a test) uses to talk to
 actors from outside. Everything it does is a row in Postgres: a send is a mailbox insert (which can
 join the caller's own transaction), a spawn is an actor row, an ask is a send whose reply comes
-back through ``toren.replies`` and a notification.
+back through ``toren.replies`` and a notification. A reader can also wait for an actor's journal to
+grow (:meth:`Client.watch_journal`) instead of polling it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -25,6 +28,11 @@ from toren._errors import ActorAlreadyExists, AskTimeout, TorenError, UnknownAct
 from toren._journal import JournalEntry, read_journal
 
 _ASK_POLL = 0.5
+JOURNAL_CHANNEL = "toren_journal"
+"""Notified, with the actor id as payload, in the transaction that appends to the journal of an
+actor that keeps a summary (runs), and whenever the kernel records a dead letter or a failure."""
+
+log = logging.getLogger("toren.client")
 
 if TYPE_CHECKING:
     from asyncpg.pool import PoolConnectionProxy
@@ -57,6 +65,44 @@ class DeadLetter:
     dead_at: Any
 
 
+class JournalWatch:
+    """Wakes whoever follows an actor's journal when the journal may have grown.
+
+    It is woken by a ``toren_journal`` notification naming the actor, and also when the
+    client's listening connection drops (notifications sent while it is down are lost, so a
+    follower should read again). Use it as: :meth:`arm`, read the journal, :meth:`wait`; an
+    append committed after :meth:`arm` returned always wakes it while the connection holds.
+    """
+
+    def __init__(self, client: Client, actor_id: str) -> None:
+        self.actor_id = actor_id
+        self._client = client
+        self._event = anyio.Event()
+
+    @property
+    def woken(self) -> bool:
+        """Whether something happened since :meth:`arm` that calls for reading again."""
+        return self._event.is_set()
+
+    def wake(self) -> None:
+        self._event.set()
+
+    async def arm(self) -> None:
+        """Forget earlier wake-ups and make sure the client listens for notifications,
+        reopening its listening connection if it dropped. Call it before reading the journal.
+
+        Raises:
+            DatabaseUnavailable: the listening connection cannot be reopened.
+        """
+        if self._event.is_set():
+            self._event = anyio.Event()
+        await self._client._ensure_listener(journals=True)
+
+    async def wait(self) -> None:
+        """Until woken (at once if woken since :meth:`arm`). Bound it with a cancel scope."""
+        await self._event.wait()
+
+
 class Client:
     """A connection pool plus the public actor API.
 
@@ -68,7 +114,10 @@ class Client:
         self.url = url
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, anyio.Event] = {}
+        self._watches: dict[str, set[JournalWatch]] = {}
+        self._listening_journals = False
         self._listener_lock = anyio.Lock()
+        self._closing = False
 
     @classmethod
     async def connect(cls, url: str, *, pool_size: int = 5) -> Client:
@@ -80,7 +129,8 @@ class Client:
         return cls(await create_pool(url, size=pool_size), url)
 
     async def close(self) -> None:
-        """Close the pool and the reply listener."""
+        """Close the pool and the listening connection."""
+        self._closing = True
         if self._listener is not None:
             await self._listener.close()
             self._listener = None
@@ -202,15 +252,64 @@ class Client:
             self._waiters.pop(key, None)
         raise AskTimeout(to, timeout)
 
-    async def _ensure_listener(self) -> None:
+    @contextlib.asynccontextmanager
+    async def watch_journal(self, actor_id: str) -> AsyncIterator[JournalWatch]:
+        """A :class:`JournalWatch` on ``actor_id``'s journal while inside.
+
+        Appends are notified for actors that keep a summary (:meth:`Actor.summarize`; runs do)
+        and for the dead letters and failures the kernel records; other actors' steps notify
+        nothing (a notification takes a lock at commit that a busy actor nobody follows should
+        not pay for), so their watches wake only when the listening connection drops. A
+        follower should still read again now and then: a notification is lost if the
+        connection fails in a way the client does not see.
+        """
+        watch = JournalWatch(self, actor_id)
+        self._watches.setdefault(actor_id, set()).add(watch)
+        try:
+            yield watch
+        finally:
+            watches = self._watches.get(actor_id)
+            if watches is not None:
+                watches.discard(watch)
+                if not watches:
+                    del self._watches[actor_id]
+
+    async def _ensure_listener(self, *, journals: bool = False) -> None:
         async with self._listener_lock:
-            if self._listener is None or self._listener.is_closed():
-                self._listener = await connect(self.url)
-                await self._listener.add_listener("toren_reply", self._on_reply)
+            conn = self._listener
+            if conn is None or conn.is_closed():
+                conn = await connect(self.url, name="toren-listener")
+                try:
+                    await conn.add_listener("toren_reply", self._on_reply)
+                except BaseException:
+                    conn.terminate()
+                    raise
+                conn.add_termination_listener(self._on_listener_lost)
+                self._listener = conn
+                self._listening_journals = False
+            if journals and not self._listening_journals:
+                await conn.add_listener(JOURNAL_CHANNEL, self._on_journal)
+                self._listening_journals = True
 
     def _on_reply(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         event = self._waiters.get(str(payload))
         if event is not None:
+            event.set()
+
+    def _on_journal(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        for watch in self._watches.get(str(payload), ()):
+            watch.wake()
+
+    def _on_listener_lost(self, _conn: object) -> None:
+        if self._closing:
+            return
+        # Whatever was notified while the connection was down is lost: everyone waiting reads
+        # again (reopening the connection first), rather than at their next safety re-read.
+        log.warning("the client's listening connection closed; reopening it")
+        for watches in self._watches.values():
+            for watch in watches:
+                watch.wake()
+        for event in self._waiters.values():
             event.set()
 
     async def journal(self, actor_id: str, *, after: int = 0) -> list[JournalEntry]:

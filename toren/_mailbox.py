@@ -4,8 +4,8 @@ Every statement an owner issues is fenced: it checks ``owner = me AND epoch = mi
 actor's row in the same statement, and the step commit takes a share lock on that row so a
 concurrent claim (which raises the epoch) either waits for the step or fences it out. A step is
 one statement, hence one transaction and one round trip: consume the message, append the events,
-spawn children, insert the outgoing messages and timers, store the reply, notify recipients, and
-claim the actor's next message.
+spawn children, insert the outgoing messages and timers, store the reply, notify recipients (and
+followers of the journal, for actors that keep a summary), and claim the actor's next message.
 """
 
 from __future__ import annotations
@@ -223,6 +223,9 @@ WITH fence AS (
     FROM (SELECT DISTINCT actor_id FROM sent WHERE due AND actor_id <> $1) AS r
     UNION ALL
     SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
+    UNION ALL
+    -- Streams follow actors that keep a summary (runs); other actors' steps notify nothing.
+    SELECT pg_notify('toren_journal', $1) FROM summed
 ), next AS (
     SELECT * FROM claimed
     UNION ALL
@@ -404,6 +407,9 @@ WITH fence AS (
     SELECT pg_notify('toren_mail', actor_id) FROM told
     UNION ALL
     SELECT pg_notify('toren_reply', correlation_id::text) FROM rep
+    UNION ALL
+    -- Any actor's: a dead letter is rare, and its events are what a follower must see.
+    SELECT pg_notify('toren_journal', $1) WHERE EXISTS (SELECT 1 FROM ev)
 )
 SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken,
        (SELECT count(*) FROM ev) AS events, (SELECT count(*) FROM summed) AS summed

@@ -302,7 +302,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     async def page(after: int) -> list[Event]:
         return [_event(r) for r in await pool.fetch(_EVENTS, rid, after, streams.BATCH)]
 
-    return await streams.stream(request, after, page)
+    return await streams.stream(request, rid, after, page)
 
 
 def _check_size(request: web.Request, text: str, field: str) -> None:

@@ -2,7 +2,13 @@
 
 A stream sends every event in order with its sequence number as the SSE ``id``, so a client
 that reconnects with ``Last-Event-ID`` resumes without gaps or repeats, and a ``: ping`` comment
-every 15 s keeps proxies from closing a quiet connection. Its bounds:
+every 15 s keeps proxies from closing a quiet connection.
+
+A stream that has sent everything there is reads the journal again only when woken: by the
+``toren_journal`` notification the run's new events commit with (through the server's one
+listening connection, :meth:`Client.watch_journal`), or when that connection drops. So an idle
+stream runs no query, except a safety re-read every :data:`SAFETY` seconds in case a
+notification was lost unseen. Its bounds:
 
 - At most ``streams_max`` streams open at once in a server process, and at most
   ``streams_per_token`` per principal (a token and the console sessions opened with it count
@@ -34,15 +40,21 @@ import orjson
 from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
 
+from toren._client import JournalWatch
 from toren._http.auth import recheck
-from toren._http.common import OPTIONS, ProblemError, access, to_json
+from toren._http.common import CLIENT, OPTIONS, ProblemError, access, to_json
 from toren._http.models import Event
 from toren._tokens import Access
 
 log = logging.getLogger("toren.http")
 
-POLL = 0.2
-"""Seconds between reads of the journal once a stream has sent everything there is."""
+SAFETY = 5.0
+"""Seconds between reads of the journal of a stream that nothing woke: the bound on how late an
+event is if its notification was lost (the listening connection died without the server
+seeing it)."""
+GONE = 0.25
+"""Seconds between checks that the client is still there while a stream waits (no query: the
+connection's own state), so a client that left gives its slot back promptly."""
 BATCH = 500
 """Events read at a time; a full batch is followed by the next without waiting."""
 PING = 15.0
@@ -65,6 +77,7 @@ class Streams:
         self.per_principal = per_principal
         self.stopping = False
         self._open: Counter[str] = Counter()
+        self._watches: set[JournalWatch] = set()
 
     def open(self, who: str | None = None) -> int:
         """Streams open, in all or held by principal ``who``."""
@@ -97,6 +110,21 @@ class Streams:
             if not self._open[who]:
                 del self._open[who]
 
+    @contextlib.contextmanager
+    def waking(self, watch: JournalWatch) -> Iterator[None]:
+        """Wake ``watch`` when the server starts stopping, while inside."""
+        self._watches.add(watch)
+        try:
+            yield
+        finally:
+            self._watches.discard(watch)
+
+    def stop(self) -> None:
+        """Close every open stream (each sends ``toren.closed`` with ``stopping``)."""
+        self.stopping = True
+        for watch in self._watches:
+            watch.wake()
+
 
 def _too_many(detail: str) -> ProblemError:
     return ProblemError(429, "Too many streams", detail, headers={"Retry-After": str(RETRY_AFTER)})
@@ -115,20 +143,25 @@ def install(app: web.Application) -> None:
 async def _stopping(app: web.Application) -> None:
     # aiohttp runs this before it waits for handlers to finish, so open streams can say why
     # they end instead of being cut off.
-    app[STREAMS].stopping = True
+    app[STREAMS].stop()
 
 
-async def stream(request: web.Request, after: int, page: Page) -> web.StreamResponse:
-    """Stream the events after ``after`` (read with ``page``) to the caller until it leaves or
-    a bound closes the stream (then with a ``toren.closed`` event saying why).
+async def stream(request: web.Request, actor_id: str, after: int, page: Page) -> web.StreamResponse:
+    """Stream the events of ``actor_id`` after ``after`` (read with ``page``) to the caller
+    until it leaves or a bound closes the stream (then with a ``toren.closed`` event saying why).
 
     Raises:
         ProblemError: 429, too many streams open (nothing has been sent yet).
     """
     caller = access(request)
-    with request.app[STREAMS].slot(f"{caller.principal.kind}:{caller.principal.id}"):
-        async with sse_response(request, ping_interval=PING) as sse:
-            reason = await _follow(request, sse, after, page, caller)
+    streams = request.app[STREAMS]
+    with streams.slot(f"{caller.principal.kind}:{caller.principal.id}"):
+        async with (
+            request.app[CLIENT].watch_journal(actor_id) as watch,
+            sse_response(request, ping_interval=PING) as sse,
+        ):
+            with streams.waking(watch):
+                reason = await _follow(request, sse, after, page, caller, watch)
             if reason is not None:
                 # The client may have left meanwhile: then there is no one to tell.
                 try:
@@ -141,13 +174,19 @@ async def stream(request: web.Request, after: int, page: Page) -> web.StreamResp
 
 
 async def _follow(
-    request: web.Request, sse: EventSourceResponse, after: int, page: Page, caller: Access
+    request: web.Request,
+    sse: EventSourceResponse,
+    after: int,
+    page: Page,
+    caller: Access,
+    watch: JournalWatch,
 ) -> Reason | None:
     """Send events until a bound says to stop (returns which) or the client leaves (None)."""
     options = request.app[OPTIONS]
     streams = request.app[STREAMS]
     last_sent = anyio.current_time()
     next_check = last_sent + options.stream_recheck_seconds
+    next_read = last_sent  # at once
     try:
         while _connected(request, sse):
             if streams.stopping:
@@ -160,18 +199,27 @@ async def _follow(
                     return "expired" if caller.expired() else "revoked"
                 caller = rechecked
                 next_check = anyio.current_time() + options.stream_recheck_seconds
-            events = await page(after)
-            for event in events:
-                # A client that stops reading would hold the write, and with it every bound.
-                with anyio.fail_after(WRITE_TIMEOUT):
-                    await sse.send(to_json(event), id=str(event.seq), event=event.type)
-                after = event.seq
-            if events:
-                last_sent = anyio.current_time()
-            elif anyio.current_time() - last_sent >= options.stream_idle_seconds:
+            if watch.woken or anyio.current_time() >= next_read:
+                # Armed before the read: an event committed after it wakes the stream.
+                await watch.arm()
+                events = await page(after)
+                for event in events:
+                    # A client that stops reading would hold the write, and with it every bound.
+                    with anyio.fail_after(WRITE_TIMEOUT):
+                        await sse.send(to_json(event), id=str(event.seq), event=event.type)
+                    after = event.seq
+                now = anyio.current_time()
+                if events:
+                    last_sent = now
+                next_read = now if len(events) == BATCH else now + SAFETY
+            now = anyio.current_time()
+            if now - last_sent >= options.stream_idle_seconds:
                 return "idle"
-            if len(events) < BATCH:
-                await anyio.sleep(POLL)
+            # Every bound keeps its time while the stream waits for a notification.
+            until = min(next_read, next_check, last_sent + options.stream_idle_seconds, now + GONE)
+            if until > now:
+                with anyio.move_on_after(until - now):
+                    await watch.wait()
     except (ConnectionResetError, TimeoutError):  # the client left, or stopped reading
         if request.transport is not None:
             request.transport.abort()  # nothing more is written to a client that is not there
