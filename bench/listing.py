@@ -1,7 +1,8 @@
 """Listing runs by status: ``GET /runs?status=parked`` with 100,000 runs, 100 of them (0.1%)
 parked and the rest completed (their summaries written straight into the actors table, as the
 runs' steps leave them), through the HTTP API served in this process with a bearer token; the
-median of 50 requests for the first page and of 50 for the page after it.
+median of 50 requests for the first page and of 50 for the page after it. Then ``GET /metrics``
+over the same runs (median of 50), beside the count of every run it used to make.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 import uuid
 
 import aiohttp
+import asyncpg
 
 from bench._common import Bench
 from toren import Client
@@ -44,7 +46,8 @@ async def run(b: Bench) -> None:
             await client.pool.execute("ANALYZE toren.actors")
         _, token = await create_token(client.pool, f"bench-list-{tag}")
         try:
-            first, second = await _timed(b.url, token)
+            first, second, scrape = await _timed(b.url, token)
+            scan = await _counted_by_scan(client.pool)
         finally:
             await client.pool.execute("DELETE FROM toren.actors WHERE args->>'bench' = $1", tag)
     b.record(
@@ -54,9 +57,16 @@ async def run(b: Bench) -> None:
         f"{first:.1f} ms (next page {second:.1f} ms)",
         "target < 20 ms",
     )
+    b.record(
+        "metrics_scrape_ms_100k",
+        round(scrape, 2),
+        f"GET /metrics, {runs:,} runs",
+        f"{scrape:.1f} ms",
+        f"counting every run instead: {scan:.1f} ms",
+    )
 
 
-async def _timed(url: str, token: str) -> tuple[float, float]:
+async def _timed(url: str, token: str) -> tuple[float, float, float]:
     # The server runs in this process: its access log would flood the suite's output (and
     # `toren serve`'s own logging is not what is measured here).
     logging.getLogger("toren.http.access").setLevel(logging.WARNING)
@@ -82,4 +92,26 @@ async def _timed(url: str, token: str) -> tuple[float, float]:
             cursor = body["next_cursor"]
             if page == 0 and not cursor:
                 raise RuntimeError("no second page")
-    return medians[0], medians[1]
+        times = []
+        for _ in range(REQUESTS + 5):
+            started = time.perf_counter()
+            async with http.get(f"{base}/metrics") as r:
+                text = await r.text()
+                if r.status != 200 or 'toren_runs{status="parked"}' not in text:
+                    raise RuntimeError(f"GET /metrics answered {r.status}: {text[:200]}")
+            times.append((time.perf_counter() - started) * 1000)
+        medians.append(statistics.median(times[5:]))
+    return medians[0], medians[1], medians[2]
+
+
+async def _counted_by_scan(pool: asyncpg.Pool) -> float:
+    """The median time of the statement ``/metrics`` ran before migration 0006, for comparison."""
+    times = []
+    for _ in range(REQUESTS + 5):
+        started = time.perf_counter()
+        await pool.fetch(
+            "SELECT coalesce(summary->>'status', 'running') AS status, count(*) AS n "
+            "FROM toren.actors WHERE kind = 'toren.run' GROUP BY 1"
+        )
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times[5:])

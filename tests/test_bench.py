@@ -40,6 +40,7 @@ KEYS = {
     "claim_sweep_ms_empty",
     "claim_sweep_ms_100k_sleeping",
     "api_list_by_status_ms_100k",
+    "metrics_scrape_ms_100k",
     "parked_10k_leases",
     "parked_10k_actors_in_memory",
     "parked_10k_rss_delta_mb",

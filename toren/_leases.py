@@ -475,7 +475,7 @@ WITH failed AS (
            coalesce((SELECT max(seq) FROM toren.journal WHERE actor_id = f.actor_id), 0) + 1,
            $3, $7, $8
     FROM failed f
-    RETURNING actor_id
+    RETURNING 1
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT f.parent, 0, f.actor_id, $5, $6
@@ -484,9 +484,7 @@ WITH failed AS (
 )
 SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(*) FROM recorded) AS recorded,
-       (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told,
-       -- Followers of its journal (event streams) see the failure at once; a failure is rare.
-       (SELECT count(pg_notify('toren_journal', actor_id)) FROM recorded) AS followers
+       (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told
 """
 
 
@@ -563,6 +561,13 @@ async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.
         """
     )
     return rows
+
+
+async def live_worker_count(conn: asyncpg.Connection | asyncpg.Pool) -> int:
+    """How many registered workers hold their advisory lock (without :func:`live_workers`'s
+    count of each one's leases)."""
+    count: int = await conn.fetchval(f"SELECT count(*) FROM ({_LIVE_WORKERS}) AS live")
+    return count
 
 
 async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | None:
