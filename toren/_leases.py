@@ -475,7 +475,7 @@ WITH failed AS (
            coalesce((SELECT max(seq) FROM toren.journal WHERE actor_id = f.actor_id), 0) + 1,
            $3, $7, $8
     FROM failed f
-    RETURNING 1
+    RETURNING actor_id
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT f.parent, 0, f.actor_id, $5, $6
@@ -484,7 +484,9 @@ WITH failed AS (
 )
 SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(*) FROM recorded) AS recorded,
-       (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told
+       (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told,
+       -- Followers of its journal (event streams) see the failure at once; a failure is rare.
+       (SELECT count(pg_notify('toren_journal', actor_id)) FROM recorded) AS followers
 """
 
 
