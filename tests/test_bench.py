@@ -37,6 +37,8 @@ KEYS = {
     "fold_1k_ms",
     "fold_16k_ms",
     "fold_16k_vs_1k",
+    "activate_16k_step_run_ms",
+    "activate_16k_from_journal_ms",
     "claim_sweep_ms_empty",
     "claim_sweep_ms_100k_sleeping",
     "api_list_by_status_ms_100k",

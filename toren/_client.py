@@ -25,7 +25,7 @@ from toren._actor import Actor, AskFailed, actor_class
 from toren._codec import decode
 from toren._db import connect, create_pool
 from toren._errors import ActorAlreadyExists, AskTimeout, TorenError, UnknownActor, UnknownActorKind
-from toren._journal import JournalEntry, read_journal
+from toren._journal import JournalEntry, read_journal, rebuild
 
 _ASK_POLL = 0.5
 JOURNAL_CHANNEL = "toren_journal"
@@ -317,7 +317,8 @@ class Client:
         return await read_journal(self.pool, actor_id, after=after)
 
     async def state(self, actor_id: str) -> tuple[Any, int]:
-        """The actor's current state, folded from its journal here, and its last seq.
+        """The actor's current state, read here (its snapshot, if it keeps them, and the events
+        since, folded), and its last seq.
 
         Raises:
             UnknownActor: no such actor.
@@ -331,13 +332,8 @@ class Client:
         cls = actor_class(row["kind"])
         if cls is None:
             raise UnknownActorKind(row["kind"], [])
-        actor = cls(actor_id, row["args"])
-        state = actor.initial_state()
-        seq = 0
-        for entry in await read_journal(self.pool, actor_id):
-            state = actor.apply(state, decode(entry.type, entry.data))
-            seq = entry.seq
-        return state, seq
+        rebuilt = await rebuild(self.pool, cls(actor_id, row["args"]))
+        return rebuilt.state, rebuilt.seq
 
     async def actor(self, actor_id: str) -> asyncpg.Record:
         """The actor's row: kind, status, failure, owner, epoch, lease.
