@@ -18,6 +18,7 @@ import attrs
 
 from toren._actor import Actor
 from toren._codec import decode
+from toren._collector import paused as collector_paused
 from toren._errors import InternalError, TorenError
 from toren._killpoints import kill_point
 from toren._snapshots import encode as encode_snapshot
@@ -88,29 +89,44 @@ async def replay(
         InternalError: the journal has a gap (a sequence number is missing).
         ReplayFailed: ``apply`` raised, or an event names a type no loaded module registered.
     """
+    # The collector is paused while the state is built (see toren._collector): a long journal
+    # would otherwise cost more than its length.
+    async with (
+        pool.acquire() as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
+        with collector_paused():
+            return await _fold(conn, actor_id, initial, apply, snapshots)
+
+
+async def _fold(
+    conn: Any,
+    actor_id: str,
+    initial: Any,
+    apply: Callable[[Any, Any], Any],
+    snapshots: tuple[type, int] | None,
+) -> Rebuilt:
     state, seq = initial, 0
-    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
-        if snapshots is not None:
-            found = await read_snapshot(conn, actor_id, *snapshots)
-            if found is not None:
-                state, seq = found
-        snapshot_seq = seq
-        cursor = conn.cursor(
-            "SELECT seq, type, data FROM toren.journal WHERE actor_id = $1 AND seq > $2 "
-            "ORDER BY seq",
-            actor_id,
-            seq,
-            prefetch=_BATCH,
-        )
-        async for row in cursor:
-            if row["seq"] != seq + 1:
-                raise InternalError(f"journal of {actor_id!r} jumps from seq {seq} to {row['seq']}")
-            try:
-                state = apply(state, decode(row["type"], row["data"]))
-            except Exception as exc:
-                # User code (or an unknown payload type): a failed start, whatever it raised.
-                raise ReplayFailed(actor_id, row["seq"], exc) from exc
-            seq = row["seq"]
+    if snapshots is not None:
+        found = await read_snapshot(conn, actor_id, *snapshots)
+        if found is not None:
+            state, seq = found
+    snapshot_seq = seq
+    cursor = conn.cursor(
+        "SELECT seq, type, data FROM toren.journal WHERE actor_id = $1 AND seq > $2 ORDER BY seq",
+        actor_id,
+        seq,
+        prefetch=_BATCH,
+    )
+    async for row in cursor:
+        if row["seq"] != seq + 1:
+            raise InternalError(f"journal of {actor_id!r} jumps from seq {seq} to {row['seq']}")
+        try:
+            state = apply(state, decode(row["type"], row["data"]))
+        except Exception as exc:
+            # User code (or an unknown payload type): a failed start, whatever it raised.
+            raise ReplayFailed(actor_id, row["seq"], exc) from exc
+        seq = row["seq"]
     return Rebuilt(state=state, seq=seq, snapshot_seq=snapshot_seq)
 
 
