@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from toren._actor import ActorFailed
 from toren._codec import converter
+from toren._codec import decode as decode_payload
+from toren._codec import encode as encode_payload
 from toren._json import dumps, loads
 from toren._snapshots import _state as read_state
 from toren._snapshots import encode
@@ -200,3 +202,108 @@ def test_an_earlier_state_is_untouched_by_the_events_after_it() -> None:
     assert (len(started.calls), len(started.messages), dict(started.intents)) == (0, 1, {})
     assert (len(later.calls), len(later.messages), set(later.intents)) == (1, 3, {"c1"})
     assert str(receipt(later).usd_paid) == "0.5"
+
+
+# --- Review (issue 13): what the fold counts as checked, and intent counts, against their meaning
+
+
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(events=st.lists(EVENT, max_size=50))
+def test_a_call_counted_as_checked_was_checked_or_made_under_the_same_parameters(
+    events: list[Any],
+) -> None:
+    """``checked_calls`` never exceeds the calls that code with the parameters ``checked_as``
+    checked (a ``run.resumed`` naming them: the activation checked every call recorded then)
+    or made (a ``model.called`` naming them), call by call, through invalidations."""
+    state = RunState()
+    under: list[set[str]] = []  # for each call in force: the parameters it was checked under
+    for event in events:
+        state = fold(state, event)
+        if isinstance(event, ModelCalled):
+            under.append({event.checked_as} - {""})
+        elif isinstance(event, RunResumed) and event.checked_as:
+            for seen in under:
+                seen.add(event.checked_as)
+        del under[len(state.calls) :]  # an invalidation cut them
+        assert len(under) == len(state.calls)
+        if state.checked_calls:
+            assert state.checked_as
+            assert all(state.checked_as in seen for seen in under[: state.checked_calls])
+
+
+JSON_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**80), max_value=2**80),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(alphabet=st.sampled_from(["a", "\x00", "\ud800", "\udfff", "\ue000", "s", "\\", "é"])),
+)
+HOSTILE_ARGUMENTS = st.dictionaries(
+    st.sampled_from(["a", "\x00", "\ue000s", "\ud83d"]),
+    st.recursive(
+        JSON_LEAF,
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(st.sampled_from(["k", "\x00", "\ue000i1"]), inner, max_size=3)
+        ),
+        max_leaves=6,
+    ),
+    max_size=3,
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    steps=st.lists(
+        st.one_of(
+            st.tuples(st.just("intent"), CALL_IDS, st.sampled_from(["t", "u"]), HOSTILE_ARGUMENTS),
+            st.tuples(st.just("call"), st.lists(CALL_IDS, max_size=2, unique=True)),
+            st.tuples(st.just("void"), st.integers(1, 4)),
+        ),
+        max_size=25,
+    ),
+    probe=HOSTILE_ARGUMENTS,
+)
+def test_intent_counts_equal_a_walk_over_the_recorded_intents(
+    steps: list[tuple[Any, ...]], probe: dict[str, Any]
+) -> None:
+    """The count an idempotency key is made from (``occurrences_of``) is what the run counted
+    before the fold kept it: recorded intents with the same tool and canonical arguments,
+    after invalidations, for any arguments (NUL, lone surrogates, the tag mark, huge numbers,
+    NaN) as the journal gives them back."""
+    from toren.runs import canonical, occurrences_of
+
+    def recorded(event: Any) -> Any:
+        name, body = encode_payload(event)
+        return decode_payload(name, loads(dumps(body)))
+
+    state = RunState()
+    for step in steps:
+        if step[0] == "intent":
+            _, call_id, name, arguments = step
+            event: Any = ToolIntended(
+                call_id=call_id, name=name, arguments=arguments, idempotency_key="k"
+            )
+        elif step[0] == "call":
+            content = tuple(ToolCall(id=c, name="t", arguments={}) for c in step[1])
+            response = ModelResponse(
+                content=(Text(text="x"), *content),
+                stop_reason="tool_use",
+                usage=Usage(input_tokens=1, output_tokens=1),
+                model="m",
+            )
+            event = ModelCalled(
+                step=1, digest="d", model="m", response=response, cost_usd=None, latency_ms=1
+            )
+        else:
+            event = StepsInvalidated(from_step=step[1], reason="changed")
+        state = fold(state, recorded(event))
+        for name in ("t", "u"):
+            for arguments in [probe, *(i.arguments for i in state.intents.values())]:
+                same = canonical(arguments)
+                walked = sum(
+                    1
+                    for i in state.intents.values()
+                    if i.name == name and canonical(i.arguments) == same
+                )
+                assert occurrences_of(state, name, arguments) == walked

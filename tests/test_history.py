@@ -113,3 +113,50 @@ def test_a_prefix_keeps_whole_chunks_stored() -> None:
     cut = h[:4]
     assert (cut.chunks, list(cut.tail)) == ((a,), [4])
     assert list(cut) == [1, 2, 3, 4]
+
+
+def test_a_chunk_read_from_threads_at_once_is_decoded_once_and_lets_its_bytes_go() -> None:
+    """The snapshot encoder runs in a worker thread while the event loop reads: a chunk read
+    from several threads at once is decoded once, every reader gets the same items, and the
+    stored bytes are let go once decoded."""
+    import threading
+
+    started = threading.Barrier(8)
+    decoded: list[bytes] = []
+
+    def slow(raw: bytes) -> list[int]:
+        decoded.append(raw)
+        return list(orjson.loads(raw))
+
+    chunk = Chunk("a", 3, b"[1,2,3]", slow)
+    h = History(chunks=[chunk]).append(4)
+    seen: list[list[int]] = []
+
+    def read() -> None:
+        started.wait(timeout=10)
+        seen.append(list(h))
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert seen == [[1, 2, 3, 4]] * 8
+    assert decoded == [b"[1,2,3]"]
+    assert (chunk.decoded, chunk.raw) == (True, b"")
+    # Slices, negative indexes and a set into the stored chunk: as on a list, the chunk untouched.
+    assert (h[-4], list(h[-3:-1]), list(h[::-2])) == (1, [2, 3], [4, 2])
+    changed = h.set(-4, 9)
+    assert (list(changed), list(h), changed.chunks) == ([9, 2, 3, 4], [1, 2, 3, 4], ())
+
+
+def test_a_history_pickles_and_copies_by_its_items() -> None:
+    """As a tuple does: a state holding one can be deep-copied or pickled (the stored chunk's
+    decoder and lock are not)."""
+    import copy
+    import pickle
+
+    h = History(chunks=[Chunk("a", 2, b"[1,[2]]", orjson.loads)]).append(3)
+    for again in (copy.deepcopy(h), pickle.loads(pickle.dumps(h)), copy.copy(h)):
+        assert isinstance(again, History)
+        assert list(again) == [1, [2], 3]

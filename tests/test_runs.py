@@ -421,6 +421,46 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
     assert [d.who for d in state.decisions.values()] == ["later"]
 
 
+async def test_calls_checked_under_one_system_prompt_are_checked_again_under_another(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An activation skips the calls already checked under the same request parameters; a
+    changed system prompt changes the parameters, so every call is checked again (and, the
+    prompt being in every request, invalidated from step 1)."""
+    import toren._agents
+
+    load_app("tests.run_app")
+    script = [Reply("Hello."), Reply("Again."), Reply("Fresh."), Reply("Still fresh.")]
+    async with anthropic(script, monkeypatch) as server:  # type: ignore[arg-type]
+        async with running_worker(db_url):
+            run_id = await start_run(client, "support", "hi")
+            await wait_for(lambda: _output(client, run_id, "Hello."), what="first answer")
+        async with running_worker(db_url):  # a new activation, the same code
+            await say(client, run_id, "again", by=person("dave"))
+            await wait_for(lambda: _output(client, run_id, "Again."), what="second answer")
+        state = await read_run(client, run_id)
+        # Both calls count as checked under this code's parameters: the first by the check of
+        # this activation, the second as made by it.
+        assert (state.checked_calls, len(state.calls), bool(state.checked_as)) == (2, 2, True)
+        support = toren._agents.agent_named("support")
+        assert support is not None
+        changed = attrs.evolve(support, system="You are terse.")
+        monkeypatch.setitem(toren._agents._registry, "support", changed)
+        async with running_worker(db_url):  # the new prompt
+            await say(client, run_id, "third", by=person("dave"))
+            await wait_for(lambda: _output(client, run_id, "Fresh."), what="third answer")
+        async with running_worker(db_url):  # the new prompt still: nothing voided again
+            await say(client, run_id, "fourth", by=person("dave"))
+            await wait_for(lambda: _output(client, run_id, "Still fresh."), what="fourth answer")
+        requests = server.requests
+    journal = await client.journal(run_id)
+    assert [e.data["from_step"] for e in journal if e.type == "steps.invalidated"] == [1]
+    assert len(requests) == 4  # steps 1 and 2, step 1 again, step 2: none paid twice
+    assert [r["system"] for r in requests[2:]] == ["You are terse."] * 2
+    state = await read_run(client, run_id)
+    assert (len(state.voided), len(state.calls), state.checked_calls) == (2, 2, 2)
+
+
 async def test_the_wall_clock_budget_counts_work_not_time_parked_on_a_human(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -175,6 +175,11 @@ class History(Sequence[T]):
     def __repr__(self) -> str:
         return f"History({len(self)} items, {len(self._chunks)} stored chunks)"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled and copied (``copy.deepcopy``) by its items, as a tuple is: a stored chunk's
+        # decoder and lock stay behind.
+        return (History, (tuple(self),))
+
     # Persistent updates: each returns a new History; this one is unchanged.
 
     def append(self, item: T) -> History[T]:

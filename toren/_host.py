@@ -216,13 +216,32 @@ class ActorHost:
             self.steps += 1
             idle_since = anyio.current_time()
             if self._snapshot_every and seq - snapshot_seq >= self._snapshot_every:
-                state = await save_snapshot(self.pool, actor, state, seq)
-                snapshot_seq = seq
+                state = await self._snapshot(actor, state, seq)
+                snapshot_seq = seq  # written or not: tried again after as many events
         # Graceful stop: hand the actor back so another worker can claim it without waiting.
         if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
             log.info("%s: stopping; lease released", self.actor_id)
         else:
             raise FencedOut(self.actor_id, self.epoch)
+
+    async def _snapshot(self, actor: Actor[Any], state: Any, seq: int) -> Any:
+        """Store a snapshot of ``state``; the state to go on with.
+
+        A snapshot is derived data: one that cannot be written (a state the converter cannot
+        write, a database error) is logged, and the actor goes on without it; its step is
+        committed already, so nothing is charged or done again."""
+        try:
+            return await save_snapshot(self.pool, actor, state, seq)
+        except Exception as exc:
+            log.warning(
+                "%s: no snapshot at seq %d (%s: %s); the actor goes on without it",
+                self.actor_id,
+                seq,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, TRANSIENT_DB_ERRORS),
+            )
+            return state
 
     async def _idle(self, idle_since: float) -> bool:
         """Wait for mail; True once the actor has passivated."""

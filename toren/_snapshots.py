@@ -5,11 +5,12 @@ reached it committed, by whichever worker hosts the actor (every owner folds the
 the same state, so no fencing is needed). It may be deleted at any time; an actor whose snapshot
 is missing, of another ``snapshot_version``, or unreadable is folded from its journal instead.
 
-The state must be an attrs class. Its fields typed :class:`~toren._history.History` are stored in
-chunks (``toren.snapshot_chunks``), each written once: a snapshot writes the items added since
-the previous one as a new chunk and names the chunks it keeps, so it costs what was added, and
-reading one costs the chunks' bytes (decoded when something reads into them). Every other field
-goes into the snapshot's row (``toren.snapshots.state``) as JSON.
+In a state that is an attrs class, the fields typed :class:`~toren._history.History` are
+stored in chunks (``toren.snapshot_chunks``), each written once: a snapshot writes the items
+added since the previous one as a new chunk and names the chunks it keeps, so it costs what was
+added, and reading one costs the chunks' bytes (decoded when something reads into them). Every
+other field goes into the snapshot's row (``toren.snapshots.state``) as JSON; so does a whole
+state of any other type (a list, a dict), as the cattrs converter writes it.
 
 Writers race safely: the row of a newer snapshot is never replaced by an older one, a writer
 that loses inserts nothing (its transaction rolls back), and the winner deletes the chunks its
@@ -67,8 +68,14 @@ def _decoder(item: Any) -> Callable[[bytes], Sequence[Any]]:
     return decode
 
 
-def _checksum(raw: bytes) -> str:
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
+def _checksum(raw: bytes, count: int) -> str:
+    """What a snapshot records for a chunk of ``count`` items stored as ``raw``: the count is
+    covered too, so a row that names a chunk with another count is refused when it is read,
+    not when the chunk is first decoded (a state of the wrong length meanwhile)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(b"%d\n" % count)
+    h.update(raw)
+    return h.hexdigest()
 
 
 def _encode(items: Sequence[Any], item: Any) -> bytes:
@@ -79,14 +86,21 @@ def _encode(items: Sequence[Any], item: Any) -> bytes:
 class Encoded:
     """A snapshot ready to be written, and the state that names its chunks once it is."""
 
-    row: dict[str, Any]
+    row: Any  # the snapshot's row (``toren.snapshots.state``)
     chunks: list[tuple[str, bytes]]  # new chunks: (key, data)
     keys: list[str]  # every chunk the snapshot names
     state: Any
 
 
 def encode(state: Any, seq: int) -> Encoded:
-    """The snapshot of ``state`` at ``seq`` (pure: may run in a thread)."""
+    """The snapshot of ``state`` at ``seq`` (pure: may run in a thread).
+
+    Raises:
+        Exception: whatever the converter raises for a state it cannot write.
+    """
+    if not attrs.has(type(state)):
+        # Not an attrs class (a list, a dict...): stored whole, as the converter writes it.
+        return Encoded(row=converter.unstructure(state), chunks=[], keys=[], state=state)
     row: dict[str, Any] = {}
     chunks: list[tuple[str, bytes]] = []
     keys: list[str] = []
@@ -106,7 +120,9 @@ def encode(state: Any, seq: int) -> Encoded:
             key = f"{name}.{seq}.{tag}"
             raw = _encode(tail, item)
             chunks.append((key, raw))
-            chunk = Chunk(key, len(tail), raw, _decoder(item), checksum=_checksum(raw), items=tail)
+            chunk = Chunk(
+                key, len(tail), raw, _decoder(item), checksum=_checksum(raw, len(tail)), items=tail
+            )
             history = history.stored(chunk, KEEP)
             stored[argument] = history
         row[name] = {
@@ -210,7 +226,9 @@ async def _chunks(conn: Any, actor_id: str, row: Any) -> dict[str, bytes]:
     return {r["key"]: r["data"] for r in rows}
 
 
-def _state(chunks: Mapping[str, bytes], row: Mapping[str, Any], state_type: type) -> Any:
+def _state(chunks: Mapping[str, bytes], row: Any, state_type: type) -> Any:
+    if not attrs.has(state_type):
+        return converter.structure(row, state_type)
     values: dict[str, Any] = {}
     for name, argument, kind, item in _fields(state_type):
         value = row[name]
@@ -221,9 +239,10 @@ def _state(chunks: Mapping[str, bytes], row: Mapping[str, Any], state_type: type
         tail = [converter.structure(x, item) for x in value["tail"]]
         stored = []
         for key, count, checksum in value["chunks"]:
-            raw = chunks[key]
-            if _checksum(raw) != checksum:  # a chunk is checked here, decoded when first read
+            raw, count = chunks[key], int(count)
+            # A chunk is checked here (its bytes and count), decoded when first read.
+            if _checksum(raw, count) != checksum:
                 raise ValueError(f"chunk {key!r} is not the one the snapshot names")
-            stored.append(Chunk(key, int(count), raw, decode, checksum=checksum))
+            stored.append(Chunk(key, count, raw, decode, checksum=checksum))
         values[argument] = History(tail, chunks=stored)
     return state_type(**values)
