@@ -160,3 +160,37 @@ def test_a_history_pickles_and_copies_by_its_items() -> None:
     for again in (copy.deepcopy(h), pickle.loads(pickle.dumps(h)), copy.copy(h)):
         assert isinstance(again, History)
         assert list(again) == [1, [2], 3]
+
+
+LEDGER_OPS = st.one_of(
+    st.tuples(st.just("set"), st.sampled_from("abcdef"), st.integers(0, 99)),
+    st.tuples(st.just("without"), st.sets(st.sampled_from("abcdefg"), max_size=3)),
+    st.tuples(st.just("store")),
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(ops=st.lists(LEDGER_OPS, max_size=30))
+def test_a_ledger_behaves_as_a_dict(ops: list[tuple[Any, ...]]) -> None:
+    """Set, drop, and the values stored as a snapshot stores them: the same map as a dict's."""
+    from toren._history import Ledger
+
+    ledger: Ledger[int] = Ledger()
+    model: dict[str, int] = {}
+    kept = []
+    for op in ops:
+        if op[0] == "set":
+            ledger, model = ledger.set(op[1], op[2]), {**model, op[1]: op[2]}
+        elif op[0] == "without":
+            ledger = ledger.without(op[1])
+            model = {k: v for k, v in model.items() if k not in op[1]}
+        else:
+            ledger = ledger.with_values(stored(ledger.values_kept))
+        kept.append((ledger, dict(model)))
+        assert dict(ledger.items()) == model
+        assert ledger == model
+        assert len(ledger) == len(model)
+        assert all((k in ledger) == (k in model) for k in "abcdefg")
+    for earlier, items in kept:
+        assert dict(earlier) == items
+    assert Ledger(model) == ledger

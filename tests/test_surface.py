@@ -23,7 +23,7 @@ def test_public_api_is_pinned() -> None:
         "Actor", "ActorAlreadyExists", "ActorFailed", "ActorNotLive", "Agent", "AskError",
         "AskFailed", "AskTimeout", "ChildFailed", "Client", "ConfigError", "Context",
         "DatabaseUnavailable", "DeadLetter", "EffectOutsideHandler", "Envelope", "FencedOut",
-        "History", "InternalError", "JournalEntry", "LeaseExpired", "MailboxFull",
+        "History", "InternalError", "JournalEntry", "LeaseExpired", "Ledger", "MailboxFull",
         "MemoryRestartStore", "MigrationError", "PoisonMessage", "PostgresRestartStore",
         "Principal", "RestartStore",
         "Settings", "SupervisorEscalation", "Tool", "ToolContext", "TorenError", "UnknownActor",

@@ -35,7 +35,7 @@ from toren._errors import (
     UnknownActorKind,
     UnknownMessageType,
 )
-from toren._history import History
+from toren._history import History, Ledger
 from toren._journal import JournalEntry
 from toren._principal import Principal
 from toren._restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
@@ -63,6 +63,7 @@ __all__ = [
     "InternalError",
     "JournalEntry",
     "LeaseExpired",
+    "Ledger",
     "MailboxFull",
     "MemoryRestartStore",
     "MigrationError",

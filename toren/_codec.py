@@ -16,14 +16,15 @@ import attrs
 from cattrs.preconf.json import make_converter
 
 from toren._errors import InternalError, UnknownMessageType
-from toren._history import History
+from toren._history import History, Ledger
 
 converter = make_converter()
 
 
 def _register_history() -> None:
     """A :class:`~toren._history.History` is written as a list of its items and read back as
-    one with no stored chunks (snapshots store its chunks themselves: :mod:`toren._snapshots`)."""
+    one with no stored chunks, a :class:`~toren._history.Ledger` as a dict (snapshots store
+    their chunks themselves: :mod:`toren._snapshots`)."""
 
     def item_of(t: Any) -> Any:
         args = get_args(t)
@@ -42,6 +43,20 @@ def _register_history() -> None:
 
     converter.register_unstructure_hook_factory(is_history, unstructure)
     converter.register_structure_hook_factory(is_history, structure)
+
+    def is_ledger(t: Any) -> bool:
+        return t is Ledger or get_origin(t) is Ledger
+
+    def unstructure_ledger(t: Any) -> Callable[[Any], Any]:
+        item = item_of(t)
+        return lambda v: {k: converter.unstructure(x, item) for k, x in v.items()}
+
+    def structure_ledger(t: Any) -> Callable[[Any, Any], Any]:
+        item = item_of(t)
+        return lambda v, _: Ledger({k: converter.structure(x, item) for k, x in v.items()})
+
+    converter.register_unstructure_hook_factory(is_ledger, unstructure_ledger)
+    converter.register_structure_hook_factory(is_ledger, structure_ledger)
 
 
 _register_history()

@@ -21,10 +21,10 @@ from __future__ import annotations
 import bisect
 import itertools
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
-from pyrsistent import PVector, pvector
+from pyrsistent import PMap, PVector, pmap, pvector
 
 T = TypeVar("T")
 
@@ -230,3 +230,72 @@ class History(Sequence[T]):
             (x for chunk in self._chunks[c:] for x in chunk.items()), self._tail
         )
         return list(itertools.islice(items, start - self._starts[c], stop - self._starts[c]))
+
+
+class Ledger(Mapping[str, T]):
+    """An immutable map whose values are kept in a :class:`History`, found through an index of
+    positions: a snapshot stores the values in chunks like any History (read when looked up),
+    and only the index (keys and positions) in its row. For the large maps of a state whose
+    values are only ever added (a run's tool intents and results by call id).
+
+    A value replaced or dropped stays in the History, out of the index (both are rare for the
+    maps it is made for)."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(
+        self,
+        items: Mapping[str, T] | Iterable[tuple[str, T]] = (),
+        *,
+        index: PMap[str, int] | None = None,
+        values: History[T] | None = None,
+    ) -> None:
+        if index is not None and values is not None:
+            self._index, self._values = index, values
+            return
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        self._values = History([v for _, v in pairs])
+        self._index = pmap({k: i for i, (k, _) in enumerate(pairs)})
+
+    @property
+    def index(self) -> PMap[str, int]:
+        """Each key's position in :attr:`values`."""
+        return self._index
+
+    @property
+    def values_kept(self) -> History[T]:
+        """Every value added, those replaced or dropped included."""
+        return self._values
+
+    def with_values(self, values: History[T]) -> Ledger[T]:
+        """The same map over ``values`` (which holds the same items, stored otherwise)."""
+        return Ledger(index=self._index, values=values)
+
+    def __getitem__(self, key: str) -> T:
+        return self._values[self._index[key]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"Ledger({len(self)} keys)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ledger, (dict(self.items()),))
+
+    def set(self, key: str, value: T) -> Ledger[T]:
+        return Ledger(
+            index=self._index.set(key, len(self._values)), values=self._values.append(value)
+        )
+
+    def without(self, keys: Iterable[str]) -> Ledger[T]:
+        drop = self._index.evolver()
+        for key in set(keys) & set(self._index.keys()):
+            del drop[key]
+        return Ledger(index=drop.persistent(), values=self._values)

@@ -30,9 +30,10 @@ from typing import Any, get_args, get_origin
 
 import asyncpg
 import attrs
+from pyrsistent import pmap
 
 from toren._codec import converter
-from toren._history import Chunk, History
+from toren._history import Chunk, History, Ledger
 from toren._json import dumps, loads
 
 log = logging.getLogger("toren.snapshots")
@@ -46,16 +47,18 @@ class _Lost(Exception):
 
 
 @functools.cache
-def _fields(state_type: Any) -> tuple[tuple[str, str, Any, Any], ...]:
-    """``(name, argument, type, History item type or None)`` for each field of ``state_type``
-    (``argument``: its name as ``__init__`` takes it, a private field's without underscore)."""
+def _fields(state_type: Any) -> tuple[tuple[str, str, Any, Any, str], ...]:
+    """``(name, argument, type, item type, shape)`` for each field of ``state_type``
+    (``argument``: its name as ``__init__`` takes it, a private field's without underscore;
+    ``shape``: ``history`` or ``ledger`` for the fields stored in chunks, else empty)."""
     attrs.resolve_types(state_type)
     found = []
     for f in attrs.fields(state_type):
-        item = None
-        if get_origin(f.type) is History or f.type is History:
-            (item,) = get_args(f.type) or (Any,)
-        found.append((f.name, f.alias or f.name, f.type, item))
+        item, shape = None, ""
+        for kind, name in ((History, "history"), (Ledger, "ledger")):
+            if get_origin(f.type) is kind or f.type is kind:
+                (item,), shape = get_args(f.type) or (Any,), name
+        found.append((f.name, f.alias or f.name, f.type, item, shape))
     return tuple(found)
 
 
@@ -107,30 +110,49 @@ def encode(state: Any, seq: int) -> Encoded:
     stored: dict[str, History[Any]] = {}
     tag = secrets.token_hex(4)  # two writers at one seq never share a key
     kind_of_state: Any = type(state)
-    for name, argument, kind, item in _fields(kind_of_state):
+    for name, argument, kind, item, shape in _fields(kind_of_state):
         value = getattr(state, name)
-        if item is None:
+        if not shape:
             row[name] = converter.unstructure(value, kind)
             continue
-        history: History[Any] = value if isinstance(value, History) else History(value)
-        if len(history.tail) > KEEP:
-            # The last few items stay in the row: what the next steps read (the last turn, the
-            # last call) is then at hand without decoding a chunk.
-            tail = tuple(history.tail[:-KEEP])
-            key = f"{name}.{seq}.{tag}"
-            raw = _encode(tail, item)
-            chunks.append((key, raw))
-            chunk = Chunk(
-                key, len(tail), raw, _decoder(item), checksum=_checksum(raw, len(tail)), items=tail
-            )
-            history = history.stored(chunk, KEEP)
-            stored[argument] = history
-        row[name] = {
-            "chunks": [[c.key, c.count, c.checksum] for c in history.chunks],
-            "tail": [converter.unstructure(x, item) for x in history.tail],
-        }
+        ledger = value if shape == "ledger" else None
+        history = ledger.values_kept if ledger is not None else value
+        if not isinstance(history, History):
+            history = History(history)
+        stored_row, history, new = _store(f"{name}.{seq}.{tag}", history, item)
+        chunks.extend(new)
         keys.extend(c.key for c in history.chunks)
+        if ledger is not None:
+            row[name] = {"index": dict(ledger.index), "values": stored_row}
+            if new:
+                stored[argument] = ledger.with_values(history)
+        else:
+            row[name] = stored_row
+            if new:
+                stored[argument] = history
     return Encoded(row=row, chunks=chunks, keys=keys, state=attrs.evolve(state, **stored))
+
+
+def _store(
+    key: str, history: History[Any], item: Any
+) -> tuple[dict[str, Any], History[Any], list[tuple[str, bytes]]]:
+    """What a snapshot's row holds for ``history`` (its chunks, its last items), the History
+    that names the chunks, and the new chunk to write, if any."""
+    new: list[tuple[str, bytes]] = []
+    if len(history.tail) > KEEP:
+        # The last few items stay in the row: what the next steps read (the last turn, the
+        # last call) is then at hand without decoding a chunk.
+        tail = tuple(history.tail[:-KEEP])
+        raw = _encode(tail, item)
+        new.append((key, raw))
+        checksum = _checksum(raw, len(tail))
+        chunk = Chunk(key, len(tail), raw, _decoder(item), checksum=checksum, items=tail)
+        history = history.stored(chunk, KEEP)
+    row = {
+        "chunks": [[c.key, c.count, c.checksum] for c in history.chunks],
+        "tail": [converter.unstructure(x, item) for x in history.tail],
+    }
+    return row, history, new
 
 
 _UPSERT = """
@@ -210,12 +232,13 @@ def _collector_paused() -> Iterator[None]:
 
 
 async def _chunks(conn: Any, actor_id: str, row: Any) -> dict[str, bytes]:
-    keys = [
-        key
-        for value in (row.values() if isinstance(row, Mapping) else ())
-        if isinstance(value, Mapping) and isinstance(value.get("chunks"), list)
-        for key, *_ in value["chunks"]
-    ]
+    stored = []  # what the row says is stored in chunks: each History, a Ledger's values
+    for value in row.values() if isinstance(row, Mapping) else ():
+        if isinstance(value, Mapping) and isinstance(value.get("values"), Mapping):
+            value = value["values"]
+        if isinstance(value, Mapping) and isinstance(value.get("chunks"), list):
+            stored.append(value)
+    keys = [key for value in stored for key, *_ in value["chunks"]]
     if not keys:
         return {}
     rows = await conn.fetch(
@@ -226,23 +249,33 @@ async def _chunks(conn: Any, actor_id: str, row: Any) -> dict[str, bytes]:
     return {r["key"]: r["data"] for r in rows}
 
 
+def _history(chunks: Mapping[str, bytes], value: Any, item: Any) -> History[Any]:
+    decode = _decoder(item)
+    tail = [converter.structure(x, item) for x in value["tail"]]
+    stored = []
+    for key, count, checksum in value["chunks"]:
+        raw, count = chunks[key], int(count)
+        # A chunk is checked here (its bytes and count), decoded when first read.
+        if _checksum(raw, count) != checksum:
+            raise ValueError(f"chunk {key!r} is not the one the snapshot names")
+        stored.append(Chunk(key, count, raw, decode, checksum=checksum))
+    return History(tail, chunks=stored)
+
+
 def _state(chunks: Mapping[str, bytes], row: Any, state_type: type) -> Any:
     if not attrs.has(state_type):
         return converter.structure(row, state_type)
     values: dict[str, Any] = {}
-    for name, argument, kind, item in _fields(state_type):
+    for name, argument, kind, item, shape in _fields(state_type):
         value = row[name]
-        if item is None:
+        if not shape:
             values[argument] = converter.structure(value, kind)
-            continue
-        decode = _decoder(item)
-        tail = [converter.structure(x, item) for x in value["tail"]]
-        stored = []
-        for key, count, checksum in value["chunks"]:
-            raw, count = chunks[key], int(count)
-            # A chunk is checked here (its bytes and count), decoded when first read.
-            if _checksum(raw, count) != checksum:
-                raise ValueError(f"chunk {key!r} is not the one the snapshot names")
-            stored.append(Chunk(key, count, raw, decode, checksum=checksum))
-        values[argument] = History(tail, chunks=stored)
+        elif shape == "history":
+            values[argument] = _history(chunks, value, item)
+        else:
+            index = value["index"]
+            values[argument] = Ledger(
+                index=pmap(index, pre_size=2 * len(index)),
+                values=_history(chunks, value["values"], item),
+            )
     return state_type(**values)

@@ -13,7 +13,7 @@ from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
 
 from toren._actor import ActorFailed
 from toren._codec import converter
-from toren._history import History
+from toren._history import History, Ledger
 from toren._json import dumps
 from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
@@ -108,8 +108,8 @@ class RunState:
     voided: History[ModelCalled] = attrs.field(factory=History)
     # human messages: (calls recorded before it, text)
     heard: History[tuple[int, str]] = attrs.field(factory=History)
-    intents: PMap[str, ToolIntended] = attrs.field(factory=pmap)
-    results: PMap[str, ToolResulted] = attrs.field(factory=pmap)
+    intents: Ledger[ToolIntended] = attrs.field(factory=Ledger)
+    results: Ledger[ToolResulted] = attrs.field(factory=Ledger)
     decisions: PMap[str, ApprovalDecided] = attrs.field(factory=pmap)
     asked: PSet[str] = attrs.field(factory=pset)
     replayed: int = 0
@@ -363,7 +363,10 @@ def _count(counts: PMap[str, int], key: str, by: int) -> PMap[str, int]:
     return counts.set(key, n) if n > 0 else counts.discard(key)
 
 
-def _without(items: PMap[str, V], keys: set[str]) -> PMap[str, V]:
+def _without(items: Any, keys: set[str]) -> Any:
+    """``items`` (a map, a Ledger) without ``keys``."""
+    if isinstance(items, Ledger):
+        return items.without(keys)
     drop = items.evolver()
     for key in keys & set(items.keys()):
         del drop[key]
