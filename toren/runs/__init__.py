@@ -74,9 +74,9 @@ from toren.runs.events import (
     Wake,
     author,
 )
+from toren.runs.receipt import Receipt, receipt
 from toren.runs.state import (
     SNAPSHOT_VERSION,
-    Receipt,
     RunState,
     canonical,
     final_text,
@@ -84,7 +84,6 @@ from toren.runs.state import (
     judge_decision,
     occurrence_key,
     occurrences_of,
-    receipt,
     summary,
     waiting_on,
 )

@@ -1,5 +1,5 @@
-"""A run's state: the fold of its events, and what is read from it (receipt, summary, waiting
-calls, what a decision would do)."""
+"""A run's state: the fold of its events, and what is read from it (summary, waiting calls, what
+a decision would do; the receipt is in :mod:`toren.runs.receipt`)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.receipt import receipt
 
 V = TypeVar("V")
 
@@ -380,34 +381,6 @@ def _append_user(messages: History[Message], block: Text | ToolResult) -> Histor
         last = messages[-1]
         return messages.set(-1, Message(role="user", content=(*last.content, block)))
     return messages.append(Message(role="user", content=(block,)))
-
-
-@attrs.frozen(kw_only=True)
-class Receipt:
-    """What a run cost: calls made and replayed, tokens, dollars paid and not re-paid."""
-
-    calls_made: int
-    calls_replayed: int
-    input_tokens: int
-    output_tokens: int
-    usd_paid: Decimal
-    usd_not_repaid: Decimal
-    unpriced_calls: int
-
-
-def receipt(state: RunState) -> Receipt:
-    """The receipt of a run as recorded so far (from totals the fold keeps: no walk over its
-    calls)."""
-    replayed = min(state.replayed, len(state.kept_cost))
-    return Receipt(
-        calls_made=len(state.voided) + len(state.calls) + state.unreadable,
-        calls_replayed=state.replayed,
-        input_tokens=state.input_tokens,
-        output_tokens=state.output_tokens,
-        usd_paid=state.usd_paid,
-        usd_not_repaid=state.kept_cost[replayed - 1] if replayed else Decimal(0),
-        unpriced_calls=state.unpriced + state.unreadable,
-    )
 
 
 def _waiting_ids(state: RunState) -> set[str]:
