@@ -63,7 +63,8 @@ def nul_handling() -> Iterator[None]:
             "toren.runs.client",
             "toren.kernel",
             "toren.actors.bounds",
-            "toren.actors.run",
+            "toren.runs.state",
+            "toren._snapshots",
         )
     }
     patches: list[tuple[object, str, Any]] = [
@@ -76,7 +77,9 @@ def nul_handling() -> Iterator[None]:
         (modules["toren.runs.client"], "dumps", _plain_dumps),
         (modules["toren.kernel"], "json_text", _plain_dumps),
         (modules["toren.actors.bounds"], "json_text", _plain_dumps),
-        (modules["toren.actors.run"], "json_text", _plain_dumps),
+        (modules["toren.runs.state"], "dumps", _plain_dumps),  # canonical arguments
+        (modules["toren._snapshots"], "dumps", _plain_dumps),
+        (modules["toren._snapshots"], "loads", _plain_loads),
     ]
     with _patched(patches):
         yield
