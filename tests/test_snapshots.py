@@ -421,3 +421,24 @@ def test_a_snapshot_of_a_long_run_costs_what_was_added_not_the_run() -> None:
                 state = snap.state
     assert len(costs) == 6
     assert costs[-1] < 2 * costs[0], costs
+
+
+async def test_a_snapshot_past_the_journals_end_is_set_aside(
+    client: Client, long_run: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Journal rows deleted by hand behind a snapshot: the snapshot is not this journal's (a
+    state from it would leave a gap at the next commit); the journal that is there decides."""
+    snapshot_seq = await client.pool.fetchval(
+        "SELECT seq FROM toren.snapshots WHERE actor_id = $1", long_run
+    )
+    await client.pool.execute(
+        "DELETE FROM toren.journal WHERE actor_id = $1 AND seq >= $2", long_run, snapshot_seq
+    )
+    with caplog.at_level(logging.WARNING, logger="toren.snapshots"):
+        rebuilt = await replay(
+            client.pool, long_run, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+        )
+    assert rebuilt.seq == snapshot_seq - 1
+    assert rebuilt.snapshot_seq == 0
+    assert rebuilt.state == await _whole(client, long_run)
+    assert "past the journal's end" in caplog.text

@@ -9,6 +9,7 @@ at any time.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,8 @@ from toren._snapshots import read as read_snapshot
 from toren._snapshots import write as write_snapshot
 
 _BATCH = 5000
+
+log = logging.getLogger("toren.snapshots")
 
 
 class ReplayFailed(TorenError):
@@ -109,8 +112,15 @@ async def _fold(
     state, seq = initial, 0
     if snapshots is not None:
         found = await read_snapshot(conn, actor_id, *snapshots)
-        if found is not None:
+        if found is not None and await _has_event(conn, actor_id, found[1]):
             state, seq = found
+        elif found is not None:
+            # Past the journal's end (journal rows deleted by hand): it is not this journal's.
+            log.warning(
+                "%s: the snapshot at seq %d is past the journal's end; folding the journal",
+                actor_id,
+                found[1],
+            )
     snapshot_seq = seq
     cursor = conn.cursor(
         "SELECT seq, type, data FROM toren.journal WHERE actor_id = $1 AND seq > $2 ORDER BY seq",
@@ -128,6 +138,15 @@ async def _fold(
             raise ReplayFailed(actor_id, row["seq"], exc) from exc
         seq = row["seq"]
     return Rebuilt(state=state, seq=seq, snapshot_seq=snapshot_seq)
+
+
+async def _has_event(conn: Any, actor_id: str, seq: int) -> bool:
+    found: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM toren.journal WHERE actor_id = $1 AND seq = $2)",
+        actor_id,
+        seq,
+    )
+    return found
 
 
 def snapshot_spec(cls: type[Actor[Any]]) -> tuple[type, int] | None:

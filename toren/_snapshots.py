@@ -19,13 +19,11 @@ snapshot does not name. Readers read the row and its chunks in one repeatable-re
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, get_args, get_origin
 
 import asyncpg
@@ -33,6 +31,7 @@ import attrs
 from pyrsistent import pmap
 
 from toren._codec import converter
+from toren._collector import paused as collector_paused
 from toren._history import Chunk, History, Ledger
 from toren._json import dumps, loads
 
@@ -203,7 +202,7 @@ async def read(conn: Any, actor_id: str, state_type: type, version: int) -> tupl
         return None
     try:
         chunks = await _chunks(conn, actor_id, row["state"])
-        with _collector_paused():
+        with collector_paused():
             return _state(chunks, row["state"], state_type), row["seq"]
     except Exception as exc:  # noqa: BLE001  (derived data: any damage means fold instead)
         log.warning(
@@ -214,21 +213,6 @@ async def read(conn: Any, actor_id: str, state_type: type, version: int) -> tupl
             exc,
         )
         return None
-
-
-@contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a state is built: building one makes tens of
-    thousands of objects, none of them garbage, and each full collection meanwhile would walk
-    the whole heap (it doubled the time to read a long run's snapshot). Nothing else runs on
-    the event loop meanwhile: the build does not await."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 async def _chunks(conn: Any, actor_id: str, row: Any) -> dict[str, bytes]:
