@@ -116,9 +116,11 @@ async def read_until(events: AsyncIterator[Sse], event_type: str) -> list[Sse]:
 
 @attrs.define
 class Reads:
-    """How many journal pages the server's streams have read (each counted once it returns)."""
+    """How many journal pages the server's streams have read (each counted once it returns),
+    and how many turns their loops have taken (a turn checks the client is there)."""
 
     count: int = 0
+    turns: int = 0
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
@@ -133,7 +135,14 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
 
         return await stream(request, actor_id, after, counted_page)
 
+    connected = toren._http.streams._connected
+
+    def counted_turn(request: Any, sse: Any) -> bool:
+        reads.turns += 1
+        return connected(request, sse)
+
     monkeypatch.setattr(toren._http.streams, "stream", counted)
+    monkeypatch.setattr(toren._http.streams, "_connected", counted_turn)
     return reads
 
 
@@ -381,10 +390,14 @@ async def test_an_event_a_worker_appends_wakes_an_idle_stream_through_its_notifi
             events = events_of(r)
             with anyio.fail_after(MARGIN):
                 await read_until(events, "approval.requested")
-            # Idle: nothing is appended, and the stream reads nothing (it polled 5 times a
-            # second before).
-            idle_from = reads.count
-            await anyio.sleep(2.0)
+            # Idle: nothing is appended, and the stream reads nothing while its loop turns
+            # (at least a quarter second apart) eight times: it polled at every turn before.
+            idle_from, turns_from = reads.count, reads.turns
+
+            async def turned() -> bool:
+                return reads.turns >= turns_from + 8
+
+            await wait_for(turned, timeout=30, what="the idle stream's loop to turn")
             assert reads.count == idle_from
             await decide_waiting(client, run_id, approved=True, by=person("alice"), wait=None)
             with anyio.fail_after(MARGIN + 3):

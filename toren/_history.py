@@ -111,6 +111,14 @@ class History(Sequence[T]):
         else:
             self._tail = pvector(items)
 
+    def _with_tail(self, tail: PVector[T]) -> History[T]:
+        """The same stored chunks with ``tail``: what every append makes, so nothing about the
+        chunks is worked out again."""
+        made: History[T] = History.__new__(History)
+        made._chunks, made._starts, made._stored = self._chunks, self._starts, self._stored
+        made._tail = tail
+        return made
+
     # What snapshots need.
 
     @property
@@ -183,10 +191,10 @@ class History(Sequence[T]):
     # Persistent updates: each returns a new History; this one is unchanged.
 
     def append(self, item: T) -> History[T]:
-        return History(chunks=self._chunks, tail=self._tail.append(item))
+        return self._with_tail(self._tail.append(item))
 
     def extend(self, items: Iterable[T]) -> History[T]:
-        return History(chunks=self._chunks, tail=self._tail.extend(items))
+        return self._with_tail(self._tail.extend(items))
 
     def set(self, index: int, item: T) -> History[T]:
         n = len(self)
@@ -194,7 +202,7 @@ class History(Sequence[T]):
         if not 0 <= i < n:
             raise IndexError("History index out of range")
         if i >= self._stored:
-            return History(chunks=self._chunks, tail=self._tail.set(i - self._stored, item))
+            return self._with_tail(self._tail.set(i - self._stored, item))
         # Into a stored chunk: that chunk and the ones after it become tail again.
         c = bisect.bisect_right(self._starts, i) - 1
         return self._opened(c).set(i, item)
@@ -296,6 +304,7 @@ class Ledger(Mapping[str, T]):
 
     def without(self, keys: Iterable[str]) -> Ledger[T]:
         drop = self._index.evolver()
-        for key in set(keys) & set(self._index.keys()):
-            del drop[key]
+        for key in set(keys):
+            if key in self._index:
+                del drop[key]
         return Ledger(index=drop.persistent(), values=self._values)

@@ -369,8 +369,9 @@ def _without(items: Any, keys: set[str]) -> Any:
     if isinstance(items, Ledger):
         return items.without(keys)
     drop = items.evolver()
-    for key in keys & set(items.keys()):
-        del drop[key]
+    for key in keys:
+        if key in items:
+            del drop[key]
     return drop.persistent()
 
 
