@@ -283,8 +283,19 @@ class Agent:
         max_tool_result_bytes: A tool result longer than this (UTF-8) is cut, with a marker the
             model sees, before it is recorded and sent (default 256 KiB).
         max_response_bytes: A model response longer than this is cut likewise (default 4 MiB).
-        calls: Agents this one may call (they must accept it too).
+        calls: Agents this one may call (they must accept it too). The model sees one tool
+            per callee, ``call_<name>(input)``, described by the callee's ``description``.
         accepts: Agents allowed to call this one.
+        description: What this agent does, as callers' models see it (required when
+            ``accepts`` names anyone). The system prompt is never shown to a caller.
+        max_call_depth: How deep a chain of cross-agent calls below a run of this agent may
+            go (a child of a child ...); a call past it is refused with an error result.
+        context_window: The model's context window in tokens; unset, it comes from the price
+            library's model data. Unknown either way: only a provider's "request too large"
+            answer makes the run compact.
+        compact_soft: Past this fraction of the context window (the input tokens the provider
+            reported, plus what was added since), old tool results are elided (no model call).
+        compact_hard: Past this fraction, older turns are summarised by a recorded model call.
     """
 
     name: str
@@ -299,6 +310,11 @@ class Agent:
     max_response_bytes: int = 4 * 1024 * 1024
     calls: tuple[str, ...] = attrs.field(default=(), converter=_names)
     accepts: tuple[str, ...] = attrs.field(default=(), converter=_names)
+    description: str = ""
+    max_call_depth: int = 4
+    context_window: int | None = None
+    compact_soft: float = 0.5
+    compact_hard: float = 0.75
 
     def __attrs_post_init__(self) -> None:
         if "/" not in self.model:
@@ -317,10 +333,39 @@ class Agent:
         for cap in ("max_tool_result_bytes", "max_response_bytes"):
             if getattr(self, cap) < 1024:
                 raise ConfigError(f"agent {self.name!r}: {cap} must be at least 1024")
+        if self.accepts and not self.description.strip():
+            raise ConfigError(
+                f"agent {self.name!r} accepts callers and has no description",
+                hint="Callers' models see the description (never the system prompt): "
+                "say what the agent does and what input it wants.",
+            )
+        if self.max_call_depth < 1:
+            raise ConfigError(f"agent {self.name!r}: max_call_depth must be at least 1")
+        if self.context_window is not None and self.context_window < 1024:
+            raise ConfigError(f"agent {self.name!r}: context_window must be at least 1024")
+        if not 0 < self.compact_soft < self.compact_hard < 1:
+            raise ConfigError(
+                f"agent {self.name!r}: compaction thresholds must satisfy "
+                f"0 < compact_soft < compact_hard < 1, got {self.compact_soft:g} and "
+                f"{self.compact_hard:g}"
+            )
+        callees = [call_tool_name(n) for n in self.calls]
+        clash = sorted({n for n in callees if callees.count(n) > 1} | (set(callees) & set(names)))
+        if clash:
+            raise ConfigError(
+                f"agent {self.name!r}: the tool name(s) {clash} stand for two callees, or for "
+                "a callee and a tool"
+            )
 
     def tool_named(self, name: str) -> Tool | None:
         """The agent's tool called ``name``, if any."""
         return next((t for t in self.tools if t.name == name), None)
+
+
+def call_tool_name(agent: str) -> str:
+    """The tool a caller's model sees for calling ``agent``: ``call_<agent>``, with characters
+    tool names may not hold (``.``) made ``_``, at most 64 characters."""
+    return ("call_" + re.sub(r"[^A-Za-z0-9_-]", "_", agent))[:64]
 
 
 _registry: dict[str, Agent] = {}
