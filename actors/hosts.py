@@ -16,7 +16,14 @@ import anyio
 import asyncpg
 
 from toren import Settings
-from toren.kernel import ActorHost, Claim, LeaseClock, mark_failed, release_claim
+from toren.kernel import (
+    ActorHost,
+    Claim,
+    LeaseClock,
+    attach_directory,
+    mark_failed,
+    release_claim,
+)
 
 log = logging.getLogger("toren.worker")
 
@@ -28,6 +35,7 @@ class HostRegistry:
         self.pool = pool
         self.worker_id = worker_id
         self.settings = settings
+        attach_directory(pool)  # cross-agent calls check consent against live workers' cards
         self.hosts: dict[str, ActorHost] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._claims: dict[str, Claim] = {}

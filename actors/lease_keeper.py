@@ -25,7 +25,7 @@ import psutil
 
 from toren import Settings, TorenError
 from toren.actors.hosts import HostRegistry
-from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
+from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, local_cards, renew
 from toren.runs import served_routes
 
 log = logging.getLogger("toren.worker")
@@ -83,6 +83,7 @@ class LeaseKeeper:
             "leases_held": leases,
             "rss_bytes": self._process.memory_info().rss,
             "routes": served_routes(),
+            "agents": local_cards(),
         }
 
     async def renew_once(self) -> int:

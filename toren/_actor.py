@@ -152,6 +152,7 @@ class SpawnRequest:
     kind: str
     args: Mapping[str, Any]
     parent: str | None
+    route: str | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -314,17 +315,29 @@ class Context(Generic[S]):
         self.cancelled_timers = [k for k in self.cancelled_timers if k != key]
 
     def spawn(
-        self, kind: str | type[Actor[Any]], actor_id: str, args: Mapping[str, Any] | None = None
+        self,
+        kind: str | type[Actor[Any]],
+        actor_id: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        route: str | None = None,
     ) -> None:
         """Create a child actor when this step commits; this actor becomes its parent.
 
-        If ``actor_id`` exists with the same kind this is a no-op; with another kind the step
-        fails with :class:`~toren.ActorAlreadyExists` (charged to the message).
+        With a ``route``, only workers serving that route claim the child. If ``actor_id``
+        exists with the same kind this is a no-op; with another kind the step fails with
+        :class:`~toren.ActorAlreadyExists` (charged to the message).
         """
         self._writable()
         kind_name = kind if isinstance(kind, str) else kind.kind
         self.spawns.append(
-            SpawnRequest(actor_id=actor_id, kind=kind_name, args=args or {}, parent=self.actor_id)
+            SpawnRequest(
+                actor_id=actor_id,
+                kind=kind_name,
+                args=args or {},
+                parent=self.actor_id,
+                route=route,
+            )
         )
 
     def reply(self, msg: Any) -> None:

@@ -583,6 +583,16 @@ async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | N
     return {r.removeprefix("agent:") for routes in published for r in routes}
 
 
+async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> list[Any]:
+    """What each live worker publishes about agent ``name`` (see :mod:`toren._directory`)."""
+    rows = await conn.fetch(
+        f"SELECT w.stats->'agents'->$1 AS card FROM toren.workers w "
+        f"WHERE w.worker_id IN ({_LIVE_WORKERS}) AND w.stats->'agents' ? $1",
+        name,
+    )
+    return [r["card"] for r in rows]
+
+
 _HOUSEKEEP = f"""
 WITH gone AS (
     DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) RETURNING 1

@@ -171,9 +171,10 @@ WITH fence AS (
     FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, type, data), consumed
     RETURNING 1
 ), sp AS (
-    INSERT INTO toren.actors (actor_id, kind, args, parent)
-    SELECT s.id, s.kind, s.args, $1
-    FROM unnest($8::text[], $9::text[], $10::jsonb[]) AS s(id, kind, args), consumed
+    INSERT INTO toren.actors (actor_id, kind, args, parent, route)
+    SELECT s.id, s.kind, s.args, $1, s.route
+    FROM unnest($8::text[], $9::text[], $10::jsonb[], $24::text[]) AS s(id, kind, args, route),
+         consumed
     ON CONFLICT (actor_id) DO NOTHING
     RETURNING 1
 ), cancelled AS (
@@ -296,6 +297,7 @@ async def commit_step(
             reply[1] if reply else None,
             dict(summary) if summary is not None else None,
             claim,
+            [s.route for s in ctx.spawns],
         )
     except asyncpg.UniqueViolationError as exc:
         # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.

@@ -14,6 +14,8 @@ from toren._db import (
     record_dev_url,
     recorded_dev_url,
 )
+from toren._directory import Card, local_cards, published
+from toren._directory import attach as attach_directory
 from toren._host import ActorHost, MessageDeadLettered
 from toren._json import dumps as json_text
 from toren._json import safe_text, utf8_size
@@ -39,12 +41,14 @@ from toren._migrate import migrate, schema_status
 __all__ = [
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
+    "Card",
     "Claim",
     "EmbeddedPostgres",
     "LeaseClock",
     "MessageDeadLettered",
     "WorkerSession",
     "actor_kinds",
+    "attach_directory",
     "claim",
     "code_version",
     "connect",
@@ -53,9 +57,11 @@ __all__ = [
     "json_text",
     "kill_point",
     "live_workers",
+    "local_cards",
     "mark_failed",
     "migrate",
     "open_death_watch",
+    "published",
     "record_dev_url",
     "recorded_dev_url",
     "release",
