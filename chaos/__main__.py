@@ -15,16 +15,27 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from chaos.calls import CallExpected
 from chaos.harness import Cell, CellResult, Harness
-from chaos.matrix import MUTATION_CELLS, caught, cells, clean_run, summary, table
+from chaos.matrix import (
+    MUTATION_CELLS,
+    call_cells,
+    caught,
+    cells,
+    clean_call_run,
+    clean_run,
+    summary,
+    table,
+)
 from chaos.mutations import MUTATIONS
+from chaos.oracle import Expected
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 
 console = Console()
 
 
 async def _cells(
-    harness: Harness, todo: list[Cell], expected: object, label: str
+    harness: Harness, todo: list[Cell], expected: Expected, call: CallExpected, label: str
 ) -> list[CellResult]:
     results = []
     columns = (
@@ -39,7 +50,7 @@ async def _cells(
             progress.update(
                 task, description=f"{label}: {cell.point}#{cell.occurrence} {cell.fault}"
             )
-            result, _ = await harness.run_cell(cell, expected)  # type: ignore[arg-type]
+            result, _ = await harness.run_cell(cell, call if cell.shape == "call" else expected)
             if not result.passed and label == "matrix":
                 console.print(f"[red]FAIL[/red] {cell.slug}: {'; '.join(result.problems)}")
             results.append(result)
@@ -62,11 +73,20 @@ async def main(
     try:
         async with Harness(server.url, workdir / "cells") as harness:
             expected = await clean_run(harness)
-            todo = [c for c in cells() if only is None or only in c.point]
-            results = await _cells(harness, todo, expected, "matrix")
-            console.print(table(results, "Kill matrix: kill point x fault"))
-            console.print(summary(results))
-            ok = all(r.passed for r in results)
+            call = await clean_call_run(harness)
+            for title, todo in (
+                ("Kill matrix", [c for c in cells() if only is None or only in c.point]),
+                (
+                    "Kill matrix: cross-agent calls",
+                    [c for c in call_cells() if only is None or only in c.point],
+                ),
+            ):
+                if not todo:
+                    continue
+                results = await _cells(harness, todo, expected, call, "matrix")
+                console.print(table(results, f"{title}: kill point x fault"))
+                console.print(summary(results))
+                ok = ok and all(r.passed for r in results)
             if scenarios:
                 with console.status("Postgres restarted mid-run..."):
                     restart = await postgres_restart(harness, restarter(server.data_dir), expected)
@@ -82,7 +102,7 @@ async def main(
                 async with Harness(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
-                    red = await _cells(mutated, list(MUTATION_CELLS[name]), expected, name)
+                    red = await _cells(mutated, list(MUTATION_CELLS[name]), expected, call, name)
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))
                 for r in red:

@@ -1,10 +1,12 @@
-"""The app the chaos matrix runs: one agent whose run touches every kind of step.
+"""The app the chaos matrix runs: one agent whose run touches every kind of step, and two that
+make a cross-agent call.
 
 The scripted model (see :func:`chaos.servers.script`) has the ``chaos`` agent open a ticket (a
 keyed external effect), refund the customer (a keyed external effect that needs an approval),
-sleep on a durable timer, and answer. Both effects go to the harness's
-:class:`chaos.servers.EffectServer`, which applies each idempotency key once and counts every
-request.
+sleep on a durable timer, and answer. The ``caller`` agent calls the ``callee`` agent (its child
+run opens a ticket and answers) and answers with what the callee said: the call cells' run.
+The effects go to the harness's :class:`chaos.servers.EffectServer`, which applies each
+idempotency key once and counts every request.
 
 If ``CHAOS_MUTATION`` names a mutation, importing this module loads it into the worker process
 (see :mod:`chaos.mutations`): the harness's way to remove one protection and watch cells turn
@@ -51,6 +53,22 @@ chaos = Agent(
     model="anthropic/claude-sonnet-4-6",
     system="You resolve support cases.",
     tools=[open_ticket, refund, durable_sleep],
+)
+
+# The call cells' agents: the script answers by the name their system prompts start with.
+caller = Agent(
+    name="caller",
+    model="anthropic/claude-sonnet-4-6",
+    system="caller: You hand support cases to a colleague.",
+    calls=["callee"],
+)
+callee = Agent(
+    name="callee",
+    model="anthropic/claude-sonnet-4-6",
+    system="callee: You open tickets.",
+    description="Opens a ticket for a case and says so.",
+    accepts=["caller"],
+    tools=[open_ticket],
 )
 
 _mutation = os.environ.get("CHAOS_MUTATION")

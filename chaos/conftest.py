@@ -17,13 +17,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from chaos.calls import CallExpected
 from chaos.harness import CellResult, Harness
-from chaos.matrix import clean_run, summary, table
+from chaos.matrix import clean_call_run, clean_run, summary, table
 from chaos.oracle import Expected
 from chaos.scenarios import ScenarioResult
 from toren._db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
+# The titles under which the matrices' cells are recorded (the rest are mutations' cells).
+MATRICES = ("Kill matrix", "Kill matrix: cross-agent calls")
 SCENARIOS: list[ScenarioResult] = []
 
 
@@ -40,7 +43,7 @@ def anyio_backend() -> str:
 def chaos_workdir() -> Iterator[Path]:
     workdir = Path(tempfile.mkdtemp(prefix="toren-chaos-"))
     yield workdir
-    failed = any(not r.passed for r in RESULTS.get("Kill matrix", ())) or any(
+    failed = any(not r.passed for title in MATRICES for r in RESULTS.get(title, ())) or any(
         not s.passed for s in SCENARIOS
     )
     if not failed and not os.environ.get("CHAOS_KEEP"):
@@ -65,14 +68,19 @@ async def expected(harness: Harness) -> Expected:
     return await clean_run(harness)
 
 
+@pytest.fixture(scope="session")
+async def call_expected(harness: Harness) -> CallExpected:
+    return await clean_call_run(harness)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not RESULTS and not SCENARIOS:
         return
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
     for title, results in RESULTS.items():
-        if title == "Kill matrix":
-            console.print(table(results, "Kill matrix: kill point x fault"))
+        if title in MATRICES:
+            console.print(table(results, f"{title}: kill point x fault"))
             console.print(summary(results))
         else:
             red = sum(not r.passed for r in results)

@@ -19,6 +19,11 @@ Every cell checks that its fault landed (the point was reached; the process died
 sessions were terminated and the worker logged that it lost its lock; the process was seen
 stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
 
+A cell runs one of two shapes: the ``chaos`` agent's run (below), or a cross-agent call (``call``
+cells: the ``caller`` agent calls the ``callee`` agent, whose child run makes two model calls and
+one keyed effect, and answers with its output; judged by :mod:`chaos.calls`). The points'
+occurrences count in the victim process, which runs caller and child alike.
+
 Cells at a decision's points (``DECISION_POINTS``) also send decisions that must not be applied,
 each naming in its ``reason`` the call its sender meant (the oracle compares):
 
@@ -49,9 +54,10 @@ import asyncpg
 import attrs
 import orjson
 
+from chaos.calls import CallExpected, CallObserved, judge_call, observe_call
 from chaos.oracle import Expected, Observed, Sent, Takeover, judge, meant_for, observe
 from chaos.processes import Launchers, Worker
-from chaos.servers import EffectServer, case, position, script
+from chaos.servers import EffectServer, case, child_input, position, script
 from toren import Client, TorenError
 from toren._db import with_database
 from toren._migrate import migrate
@@ -62,6 +68,7 @@ from toren.testing import AnthropicServer, Hold
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
+Shape = Literal["chaos", "call"]
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
 HARNESS_POINTS = ("model.in_flight", "tool.in_flight")
 # Where a decision is in flight: cells here send stale, repeated and concurrent decisions too.
@@ -95,6 +102,8 @@ class Cell:
     fault: Fault | None  # None: the clean run
     decisions: bool = attrs.field()  # also send stale, repeated and concurrent decisions
 
+    shape: Shape = "chaos"  # the chaos agent's run, or a cross-agent call
+
     @decisions.default
     def _at_a_decision(self) -> bool:
         return self.point in DECISION_POINTS
@@ -103,7 +112,13 @@ class Cell:
     def slug(self) -> str:
         fault = self.fault or "clean"
         extra = "-decisions" if self.decisions and self.point not in DECISION_POINTS else ""
-        return f"{self.point.replace(':', '-')}-{self.occurrence}-{fault}{extra}"
+        prefix = "call-" if self.shape == "call" else ""
+        return f"{prefix}{self.point.replace(':', '-')}-{self.occurrence}-{fault}{extra}"
+
+    @property
+    def label(self) -> str:
+        """The cell's row in the tables: its point and occurrence (and shape)."""
+        return f"{'call ' if self.shape == 'call' else ''}{self.point}#{self.occurrence}"
 
 
 @attrs.frozen
@@ -184,8 +199,11 @@ class Harness:
             env["CHAOS_MUTATION"] = self.mutation
         return env
 
-    async def run_cell(self, cell: Cell, expected: Expected | None) -> tuple[CellResult, Observed]:
-        """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced)."""
+    async def run_cell(
+        self, cell: Cell, expected: Expected | CallExpected | None
+    ) -> tuple[CellResult, Observed | CallObserved]:
+        """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
+        what the clean run of the cell's shape did."""
         prefix = f"{self.mutation}/" if self.mutation else ""
         folder = self.workdir / f"{prefix}{cell.slug}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -201,23 +219,40 @@ class Harness:
             try:
                 with anyio.fail_after(self.bound + 90):
                     evidence = await execution.run()
-                state = await read_run(client, execution.run_id)
-                observed = await observe(
-                    client.pool,
-                    execution.run_id,
-                    state,
-                    recorder.arrivals,
-                    list(effects.effects.values()),
-                    allowed_repeats=execution.allowed_repeats,
-                    takeover=execution.takeover,
-                    sent=tuple(execution.sent),
-                )
+                observed: Observed | CallObserved
+                if cell.shape == "call":
+                    observed = await observe_call(
+                        client,
+                        execution.run_id,
+                        recorder.arrivals,
+                        list(effects.effects.values()),
+                        allowed_repeats=execution.allowed_repeats,
+                        takeover=execution.takeover,
+                    )
+                else:
+                    state = await read_run(client, execution.run_id)
+                    observed = await observe(
+                        client.pool,
+                        execution.run_id,
+                        state,
+                        recorder.arrivals,
+                        list(effects.effects.values()),
+                        allowed_repeats=execution.allowed_repeats,
+                        takeover=execution.takeover,
+                        sent=tuple(execution.sent),
+                    )
             finally:
                 for w in execution.workers:
                     w.close()
                 await client.close()
         problems = list(execution.problems)
-        verdict = judge(observed, expected) if expected is not None else None
+        verdict = None
+        if isinstance(observed, CallObserved) and isinstance(expected, CallExpected):
+            verdict = judge_call(observed, expected)
+        elif isinstance(observed, Observed) and isinstance(expected, Expected):
+            verdict = judge(observed, expected)
+        elif expected is not None:
+            raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")
         if verdict is not None:
             problems.extend(verdict.problems)
         return (
@@ -307,7 +342,8 @@ class _Execution:
 
     async def run(self) -> str:
         cell = self.cell
-        self.run_id = await start_run(self.client, "chaos", f"case {uuid.uuid4().hex[:8]}")
+        agent = "caller" if cell.shape == "call" else "chaos"
+        self.run_id = await start_run(self.client, agent, f"case {uuid.uuid4().hex[:8]}")
         victim_env = dict(self.env)
         hold: Hold | None = None
         if cell.fault is None:
@@ -369,12 +405,16 @@ class _Execution:
                 raise CellFailed(f"the point was reached by pid {hit['pid']}, not the victim")
 
     async def _count_in_flight(self) -> None:
-        """A call the server has seen but the journal has not recorded may be paid again."""
+        """A call the server has seen but the journal has not recorded may be paid again (in a
+        call cell, a call of the caller or of its child)."""
         inputs = (await read_run(self.client, self.run_id)).input
-        seen = {position(r) for _, r in self.recorder.arrivals if case(r) == inputs}
+        cases = {inputs, child_input(inputs)} if self.cell.shape == "call" else {inputs}
+        seen = {(case(r), position(r)) for _, r in self.recorder.arrivals if case(r) in cases}
         recorded = await self.client.pool.fetchval(
-            "SELECT count(*) FROM toren.journal WHERE actor_id = $1 AND type = 'model.called'",
+            "SELECT count(*) FROM toren.journal WHERE type = 'model.called' AND (actor_id = $1 "
+            "OR actor_id IN (SELECT actor_id FROM toren.actors WHERE parent = $1 AND $2))",
             self.run_id,
+            self.cell.shape == "call",
         )
         self.allowed_repeats = max(0, len(seen) - recorded)
         if self.cell.fault != "sigkill":

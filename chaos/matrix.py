@@ -7,8 +7,17 @@ from collections.abc import Iterable
 
 from rich.table import Table
 
-from chaos.harness import DECISION_POINTS, FAULTS, HARNESS_POINTS, Cell, CellResult, Harness
-from chaos.oracle import Expected, judge
+from chaos.calls import CallExpected, CallObserved
+from chaos.harness import (
+    DECISION_POINTS,
+    FAULTS,
+    HARNESS_POINTS,
+    Cell,
+    CellResult,
+    Fault,
+    Harness,
+)
+from chaos.oracle import Expected, Observed, judge
 
 # (point, occurrence): the occurrence picks a moment in the middle of the scripted run (see
 # docs/chaos.md for the run's steps). A clean run is traced first (and one that sends the decision
@@ -81,6 +90,26 @@ def cells() -> list[Cell]:
     return out
 
 
+# The cross-agent call cells: (point, occurrence, faults). The victim runs the caller and its
+# child; its model requests come in this order: the caller's first (1), the child's two (2, 3),
+# the caller's answer (4); the first run.completed is the child's. Each phase of the call: the
+# caller before its child starts, the child started and not yet running, the child mid-run, the
+# child done and its caller not yet resumed, the caller recording the child's end.
+CALL_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("child.starting", 1, ("sigkill",)),
+    ("committed:child.started", 1, ("sigkill", "pg_terminate")),
+    ("model.in_flight", 2, ("sigkill",)),  # the child's first call, at the server
+    ("model.received", 3, ("sigkill",)),  # the child's answer, in hand, not recorded
+    ("committed:run.completed", 1, ("sigkill", "pg_terminate")),  # the child's end
+    ("child.finished", 1, ("sigkill", "pg_terminate", "sigstop")),
+    ("committed:child.finished", 1, ("sigkill",)),
+)
+
+
+def call_cells() -> list[Cell]:
+    return [Cell(p, k, f, shape="call") for p, k, faults in CALL_POINTS for f in faults]
+
+
 # Each mutation runs where the protection it removes is what saves the run.
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
@@ -107,6 +136,9 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
         Cell("committing:approval.decided", 1, "sigstop"),
         Cell("decision.received", 1, "pg_terminate"),
     ),
+    # The child's end sent after its run.completed committed, not with it: a crash between the
+    # two leaves the caller parked for ever.
+    "child-end-after-commit": (Cell("committed:run.completed", 1, "sigkill", shape="call"),),
 }
 
 
@@ -117,6 +149,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "effect-before-intent": "applied before its tool.intent was recorded",
     "consume-on-claim": "stuck: the run is still running",
     "unbound-decisions": "was applied to call",
+    "child-end-after-commit": "its caller never recorded its end",
 }
 
 
@@ -136,19 +169,19 @@ def verdict(result: CellResult) -> str:
 def table(results: Iterable[CellResult], title: str) -> Table:
     """Kill point by fault: pass or FAIL, and the duplicate spend of each cell."""
     results = list(results)
-    by_cell = {(r.cell.point, r.cell.occurrence, r.cell.fault): r for r in results}
+    by_cell = {(r.cell.label, r.cell.fault): r for r in results}
     grid = Table(title=title, title_justify="left")
     grid.add_column("kill point")
     for fault in FAULTS:
         grid.add_column(fault)
-    seen: list[tuple[str, int]] = []
+    seen: list[str] = []
     for r in results:
-        if (r.cell.point, r.cell.occurrence) not in seen:
-            seen.append((r.cell.point, r.cell.occurrence))
-    for point, k in seen:
-        row = [f"{point}#{k}"]
+        if r.cell.label not in seen:
+            seen.append(r.cell.label)
+    for label in seen:
+        row = [label]
         for fault in FAULTS:
-            found = by_cell.get((point, k, fault))
+            found = by_cell.get((label, fault))
             row.append(verdict(found) if found else "[dim]-[/dim]")
         grid.add_row(*row)
     return grid
@@ -178,6 +211,8 @@ async def clean_run(harness: Harness) -> Expected:
     """
     plain = Cell("clean", 0, None)
     result, seen = await harness.run_cell(plain, None)
+    if not isinstance(seen, Observed):
+        raise TypeError("the clean run observed as a call")
     if not result.passed or seen.state.status != "completed":
         raise RuntimeError(f"the clean run failed: {result.problems} {seen.state.error}")
     expected = Expected(
@@ -187,6 +222,8 @@ async def clean_run(harness: Harness) -> Expected:
     )
     deciding = Cell("clean", 0, None, decisions=True)
     result, seen = await harness.run_cell(deciding, None)
+    if not isinstance(seen, Observed):
+        raise TypeError("the clean run observed as a call")
     verdict = judge(seen, expected)
     if not result.passed or verdict.problems:
         raise RuntimeError(
@@ -204,4 +241,39 @@ async def clean_run(harness: Harness) -> Expected:
             short.append(f"{p}#{k} (reached {trace[p]} times)")
     if short:
         raise RuntimeError(f"the clean run does not reach: {', '.join(short)}")
+    return expected
+
+
+async def clean_call_run(harness: Harness) -> CallExpected:
+    """Run the cross-agent call without a fault (the expected result) and check that it reaches
+    every point of the call cells as often as they need.
+
+    Raises:
+        RuntimeError: the clean run failed, or misses a point (the cells are out of date).
+    """
+    cell = Cell("clean", 0, None, shape="call")
+    result, seen = await harness.run_cell(cell, None)
+    if not isinstance(seen, CallObserved):
+        raise TypeError("the clean call run observed as a plain run")
+    if not result.passed or seen.state.status != "completed" or len(seen.children) != 1:
+        raise RuntimeError(
+            f"the clean call run failed: {result.problems} {seen.state.error} "
+            f"({len(seen.children)} child runs)"
+        )
+    child = seen.children[0]
+    expected = CallExpected(
+        output=seen.state.output or "",
+        steps=len(seen.state.calls),
+        child_output=child.state.output or "",
+        child_steps=len(child.state.calls),
+        effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
+    )
+    trace = Counter((harness.workdir / cell.slug / "trace").read_text().split())
+    short = [
+        f"{p}#{k} (reached {trace[p]} times)"
+        for p, k, _ in CALL_POINTS
+        if p not in HARNESS_POINTS and trace[p] < k
+    ]
+    if short:
+        raise RuntimeError(f"the clean call run does not reach: {', '.join(short)}")
     return expected

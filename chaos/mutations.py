@@ -13,13 +13,22 @@ switch for them.
   of in the step that records what it caused: a crash in between loses the message.
 - ``unbound-decisions``: a decision is applied to the first call waiting for one, whatever call
   it names (as before decisions named their call): a stale approval approves the wrong call.
+- ``child-end-after-commit``: a child run tells its parent that it ended in a send of its own,
+  after the step that records its end committed, instead of in that step (its outbox): a crash
+  in between leaves the parent waiting for ever.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-MUTATIONS = ("no-fencing", "effect-before-intent", "consume-on-claim", "unbound-decisions")
+MUTATIONS = (
+    "no-fencing",
+    "effect-before-intent",
+    "consume-on-claim",
+    "unbound-decisions",
+    "child-end-after-commit",
+)
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
 _NO_FENCE = (
@@ -110,6 +119,38 @@ def _unbound_decisions() -> None:
     run.RunActor._decide = decide  # type: ignore[method-assign]
 
 
+def _child_end_after_commit() -> None:
+    import orjson
+
+    from toren import _host, _mailbox
+    from toren._codec import decode, type_name
+    from toren.actors import calls
+    from toren.runs import ChildEnded
+
+    ended = type_name(ChildEnded(call_id="", run_id="", agent="", status=""))
+    held: dict[str, list[Any]] = {}  # by the child's run id: the ends it has not sent yet
+    after_step = calls.after_step
+
+    def after_step_holding_ends(ctx: Any, was_running: Any) -> None:
+        before = len(ctx.outgoing)
+        after_step(ctx, was_running)
+        added = ctx.outgoing[before:]
+        held[ctx.actor_id] = [o for o in added if o.kind == ended]
+        ctx.outgoing[before:] = [o for o in added if o.kind != ended]
+
+    step = _host.ActorHost._step
+
+    async def step_then_send(self: Any, actor: Any, envelope: Any, state: Any, seq: int) -> Any:
+        out = await step(self, actor, envelope, state, seq)  # committed (kill points inside)
+        for o in held.pop(self.actor_id, ()):
+            msg = decode(o.kind, orjson.loads(o.body))
+            await _mailbox.send(self.pool, o.to, msg, sender=self.actor_id)
+        return out
+
+    calls.after_step = after_step_holding_ends
+    _host.ActorHost._step = step_then_send  # type: ignore[method-assign]
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -121,6 +162,7 @@ def load(name: str) -> None:
         "effect-before-intent": _effect_before_intent,
         "consume-on-claim": _consume_on_claim,
         "unbound-decisions": _unbound_decisions,
+        "child-end-after-commit": _child_end_after_commit,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -145,48 +145,13 @@ def judge(seen: Observed, expected: Expected) -> Verdict:
             f"{repeats} model calls paid again, {seen.allowed_repeats} allowed: "
             f"{dict(sorted(counts.items()))}"
         )
-    recorded = {r.data["step"]: r for r in seen.journal if r.type == "model.called"}
-    for when, step in seen.arrivals:
-        record = recorded.get(step + 1)
-        if record is not None and when > record.at:
-            problems.append(f"step {step + 1} was sent again after it was recorded")
+    problems.extend(sent_again(seen.arrivals, seen.journal))
     r = receipt(state)
     if r.calls_made != expected.steps and not problems:
         problems.append(f"receipt: {r.calls_made} calls made, expected {expected.steps}")
-    resumed = [row.data["replayed"] for row in seen.journal if row.type == "run.resumed"]
-    if r.calls_replayed != max(resumed, default=0):
-        problems.append(f"receipt: {r.calls_replayed} replayed, the journal says {resumed}")
-
-    # Keyed effects: one key per effect, applied once, announced by an intent first.
-    kinds = Counter(e.kind for e in seen.effects)
-    if sorted(kinds) != sorted(expected.effect_kinds) or any(n != 1 for n in kinds.values()):
-        problems.append(f"effects applied {dict(kinds)}, expected each of {expected.effect_kinds}")
-    intents = {r.data["idempotency_key"]: r for r in seen.journal if r.type == "tool.intent"}
-    for effect in seen.effects:
-        intent = intents.get(effect.key)
-        if intent is None:
-            problems.append(f"{effect.kind} applied under a key no intent recorded")
-        elif intent.at > effect.applied_at:
-            problems.append(f"{effect.kind} applied before its tool.intent was recorded")
-
-    # The journal: contiguous, epochs never going back, nothing stale after a takeover.
-    seqs = [row.seq for row in seen.journal]
-    if seqs != list(range(1, len(seqs) + 1)):
-        problems.append(f"journal sequence not contiguous: {seqs}")
-    epochs = [row.epoch for row in seen.journal]
-    if epochs != sorted(epochs):
-        problems.append(f"journal epochs go back: {epochs}")
-    if seen.takeover is not None:
-        stale = [
-            row.seq
-            for row in seen.journal
-            if row.seq > seen.takeover.seq and row.epoch < seen.takeover.epoch
-        ]
-        if stale:
-            problems.append(
-                f"stale write: seq {stale} written at an epoch below {seen.takeover.epoch} "
-                "after the takeover"
-            )
+    problems.extend(replay_problems(state, seen.journal))
+    problems.extend(effect_problems(seen.effects, seen.journal, expected.effect_kinds))
+    problems.extend(journal_problems(seen.journal, seen.takeover))
     if seen.deadletters:
         problems.append(f"{seen.deadletters} messages dead-lettered")
     problems.extend(decision_problems(seen))
@@ -196,6 +161,66 @@ def judge(seen: Observed, expected: Expected) -> Verdict:
         (cost.get(step + 1, Decimal(0)) * (n - 1) for step, n in counts.items()), Decimal(0)
     )
     return Verdict(tuple(problems), repeats, duplicate_usd)
+
+
+def sent_again(arrivals: tuple[tuple[float, int], ...], journal: tuple[Row, ...]) -> list[str]:
+    """Model requests of one run that reached the server after their step was recorded."""
+    problems = []
+    recorded = {r.data["step"]: r for r in journal if r.type == "model.called"}
+    for when, step in arrivals:
+        record = recorded.get(step + 1)
+        if record is not None and when > record.at:
+            problems.append(f"step {step + 1} was sent again after it was recorded")
+    return problems
+
+
+def replay_problems(state: RunState, journal: tuple[Row, ...]) -> list[str]:
+    """The receipt's replayed count is the one the journal's ``run.resumed`` events give."""
+    resumed = [row.data["replayed"] for row in journal if row.type == "run.resumed"]
+    replayed = receipt(state).calls_replayed
+    if replayed != max(resumed, default=0):
+        return [f"receipt: {replayed} replayed, the journal says {resumed}"]
+    return []
+
+
+def effect_problems(
+    effects: tuple[Effect, ...], journal: tuple[Row, ...], kinds_expected: tuple[str, ...]
+) -> list[str]:
+    """Keyed effects: one key per effect, applied once, announced by an intent first."""
+    problems = []
+    kinds = Counter(e.kind for e in effects)
+    if sorted(kinds) != sorted(kinds_expected) or any(n != 1 for n in kinds.values()):
+        problems.append(f"effects applied {dict(kinds)}, expected each of {kinds_expected}")
+    intents = {r.data["idempotency_key"]: r for r in journal if r.type == "tool.intent"}
+    for effect in effects:
+        intent = intents.get(effect.key)
+        if intent is None:
+            problems.append(f"{effect.kind} applied under a key no intent recorded")
+        elif intent.at > effect.applied_at:
+            problems.append(f"{effect.kind} applied before its tool.intent was recorded")
+    return problems
+
+
+def journal_problems(journal: tuple[Row, ...], takeover: Takeover | None) -> list[str]:
+    """A journal's sequence contiguous, its epochs never going back, nothing stale after a
+    takeover."""
+    problems = []
+    seqs = [row.seq for row in journal]
+    if seqs != list(range(1, len(seqs) + 1)):
+        problems.append(f"journal sequence not contiguous: {seqs}")
+    epochs = [row.epoch for row in journal]
+    if epochs != sorted(epochs):
+        problems.append(f"journal epochs go back: {epochs}")
+    if takeover is not None:
+        stale = [
+            row.seq for row in journal if row.seq > takeover.seq and row.epoch < takeover.epoch
+        ]
+        if stale:
+            problems.append(
+                f"stale write: seq {stale} written at an epoch below {takeover.epoch} "
+                "after the takeover"
+            )
+    return problems
 
 
 def decision_problems(seen: Observed) -> list[str]:

@@ -14,6 +14,8 @@ from aiohttp import web
 from toren.testing import Hold, Reply, Text, ToolCall
 
 FINAL = "Ticket opened, refund made, and I waited for the courier."
+CALLEE_FINAL = "Ticket opened for the caller."
+CALLER_SAYS = "The callee says: "
 MODEL_LATENCY = 0.1  # seconds of "thinking" per model call: runs overlap lease renewals
 SLEEP_SECONDS = 1.5  # the run passivates (after 0.5 s idle) well before its timer fires
 
@@ -29,8 +31,55 @@ def case(request: dict[str, Any]) -> str:
     return first if isinstance(first, str) else first[0]["text"]
 
 
+def agent_of(request: dict[str, Any]) -> str:
+    """The agent a request comes from, for the call script (its system prompt starts with its
+    name and a colon); ``""`` for the ``chaos`` agent."""
+    system = request.get("system") or ""
+    if isinstance(system, list):
+        system = "".join(b.get("text", "") for b in system)
+    name, colon, _ = str(system).partition(":")
+    return name if colon and name in ("caller", "callee") else ""
+
+
+def child_input(parent_input: str) -> str:
+    """What the caller asks the callee, for a run whose input is ``parent_input``."""
+    return f"look into {parent_input}"
+
+
+def _tool_results(request: dict[str, Any]) -> list[str]:
+    """The tool results the request's last turn carries."""
+    content = request["messages"][-1].get("content")
+    out = []
+    for block in content if isinstance(content, list) else ():
+        if block.get("type") == "tool_result":
+            inner = block.get("content")
+            if isinstance(inner, list):
+                inner = "".join(c.get("text", "") for c in inner)
+            out.append(str(inner))
+    return out
+
+
+def call_script(request: dict[str, Any]) -> Reply:
+    """The cross-agent call: the caller calls the callee once and answers with what it said;
+    the callee opens a ticket (a keyed external effect), then answers."""
+    step = position(request)
+    if agent_of(request) == "caller":
+        if step == 0:
+            ask = ToolCall(
+                id="c0", name="call_callee", arguments={"input": child_input(case(request))}
+            )
+            return Reply([Text(text="Asking the callee."), ask], latency=MODEL_LATENCY)
+        return Reply(f"{CALLER_SAYS}{' | '.join(_tool_results(request))}", latency=MODEL_LATENCY)
+    if step == 0:
+        ticket = ToolCall(id="t0", name="open_ticket", arguments={"title": case(request)})
+        return Reply([Text(text="Opening a ticket."), ticket], latency=MODEL_LATENCY)
+    return Reply(CALLEE_FINAL, latency=MODEL_LATENCY)
+
+
 def script(request: dict[str, Any], _n: int) -> Reply:
     """Answer by conversation position, so a call repeated after a crash gets the same answer."""
+    if agent_of(request):
+        return call_script(request)
     step = position(request)
     calls = {
         0: ToolCall(id="t0", name="open_ticket", arguments={"title": case(request)}),

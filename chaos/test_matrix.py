@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.conftest import SCENARIOS, record
+from chaos.calls import CallExpected
+from chaos.conftest import MATRICES, SCENARIOS, record
 from chaos.harness import Cell, Harness
-from chaos.matrix import MUTATION_CELLS, MUTATION_EVIDENCE, caught, cells
+from chaos.matrix import MUTATION_CELLS, MUTATION_EVIDENCE, call_cells, caught, cells
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.scenarios import postgres_restart, restarter, soak
@@ -21,7 +22,17 @@ pytestmark = pytest.mark.anyio
 @pytest.mark.parametrize("cell", cells(), ids=lambda c: f"{c.point}#{c.occurrence}-{c.fault}")
 async def test_cell(cell: Cell, harness: Harness, expected: Expected) -> None:
     result, _ = await harness.run_cell(cell, expected)
-    record("Kill matrix", result)
+    record(MATRICES[0], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
+@pytest.mark.parametrize(
+    "cell", call_cells(), ids=lambda c: f"call-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_call_cell(cell: Cell, harness: Harness, call_expected: CallExpected) -> None:
+    result, _ = await harness.run_cell(cell, call_expected)
+    record(MATRICES[1], result)
     logs = harness.workdir / cell.slug
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
@@ -32,10 +43,17 @@ def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
 
 @pytest.mark.parametrize("name", MUTATIONS)
 async def test_mutation_turns_cells_red(
-    name: str, chaos_server: EmbeddedPostgres, chaos_workdir: Path, expected: Expected
+    name: str,
+    chaos_server: EmbeddedPostgres,
+    chaos_workdir: Path,
+    expected: Expected,
+    call_expected: CallExpected,
 ) -> None:
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
-        results = [(await h.run_cell(cell, expected))[0] for cell in MUTATION_CELLS[name]]
+        results = [
+            (await h.run_cell(cell, call_expected if cell.shape == "call" else expected))[0]
+            for cell in MUTATION_CELLS[name]
+        ]
     record(f"Mutation {name}", *results)
     red = {r.cell.slug: r.problems for r in results if not r.passed}
     assert red, f"{name}: no cell turned red"

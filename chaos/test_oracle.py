@@ -1,9 +1,13 @@
-"""The oracle's decision checks against hand-made journals: each can fail (no worker needed)."""
+"""The oracle's decision checks and the call cells' checks against hand-made journals: each can
+fail (no worker needed)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
+
+from chaos.calls import CallExpected, CallObserved, RunSeen, judge_call
 from chaos.oracle import Observed, Row, Sent, decision_problems, meant_for
 from chaos.servers import Effect
 from toren.runs import RunState
@@ -74,3 +78,59 @@ def test_a_repeat_refused_or_a_stale_decision_refused_twice_is_caught() -> None:
         _refused(2, "t0"), _refused(3, "t0"), _decided(4, "t1", "t1"), sent=STALE_THEN_PAIR
     )
     assert any("sent 1, refused 2" in p for p in decision_problems(twice))
+
+
+# The call cells' oracle (chaos/calls.py): one child, its end and result recorded once, no model
+# call paid twice beyond the allowance.
+
+CALL = CallExpected(
+    output="said: done", steps=0, child_output="done", child_steps=0, effect_kinds=()
+)
+
+
+def _run(run_id: str, *rows: Row, output: str, **fields: Any) -> RunSeen:
+    state = RunState(status="completed", input=f"in {run_id}", output=output, **fields)
+    return RunSeen(run_id=run_id, state=state, journal=rows, arrivals=())
+
+
+def _call(
+    *extra: Row,
+    children: tuple[str, ...] = ("run/child",),
+    finished: bool = True,
+    child_arrivals: tuple[tuple[float, int], ...] = (),
+) -> CallObserved:
+    rows = [_row(1, "child.started", call_id="c0", run_id="run/child")]
+    if finished:
+        rows.append(_row(2, "child.finished", call_id="c0", run_id="run/child"))
+        rows.append(_row(3, "tool.result", call_id="c0", content="done"))
+    rows.extend(attrs.evolve(r, seq=len(rows) + i + 1) for i, r in enumerate(extra))
+    caller = _run("run/caller", *rows, output="said: done", child_runs=int(finished))
+    kids = tuple(attrs.evolve(_run(c, output="done"), arrivals=child_arrivals) for c in children)
+    return CallObserved(caller=caller, children=kids, effects=(), deadletters=0, allowed_repeats=0)
+
+
+def test_a_call_with_one_child_and_its_result_once_passes() -> None:
+    assert judge_call(_call(), CALL).problems == ()
+
+
+def test_a_second_child_run_for_the_call_is_caught() -> None:
+    problems = judge_call(_call(children=("run/child", "run/other")), CALL).problems
+    assert any("2 child runs for the call" in p for p in problems)
+
+
+def test_the_result_recorded_twice_is_caught() -> None:
+    again = _row(0, "tool.result", call_id="c0", content="done")
+    problems = judge_call(_call(again), CALL).problems
+    assert any("2 tool.result for the call c0" in p for p in problems)
+
+
+def test_a_child_end_the_caller_never_recorded_is_caught() -> None:
+    problems = judge_call(_call(finished=False), CALL).problems
+    assert any("its caller never recorded its end" in p for p in problems)
+    assert any("0 child.finished" in p for p in problems)
+
+
+def test_a_child_model_call_paid_twice_is_caught() -> None:
+    seen = _call(child_arrivals=((1.0, 0), (2.0, 0)))
+    problems = judge_call(seen, attrs.evolve(CALL, child_steps=1)).problems
+    assert any("1 model calls paid again, 0 allowed" in p for p in problems)
