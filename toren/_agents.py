@@ -369,19 +369,38 @@ def call_tool_name(agent: str) -> str:
 
 
 _registry: dict[str, Agent] = {}
+_declared: dict[str, Agent] = {}  # each registered agent as its code declared it
 
 
-def register_agents(agents: Iterable[Agent]) -> None:
-    """Make agents known to this process (the worker runs them by name).
+def register_agents(
+    agents: Iterable[Agent],
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    source: str = "the settings file",
+) -> list[Agent]:
+    """Make agents known to this process (the worker runs them by name), each with the keys of
+    its ``[agents.NAME]`` table in ``settings`` replacing the values given in code. Registering
+    the same declared agent again replaces its settings.
+
+    Returns:
+        The agents as registered (merged with their settings).
 
     Raises:
-        ConfigError: another agent of the same name is registered already.
+        ConfigError: another agent of the same name is registered already, or an agent merged
+            with its table (read from ``source``) is invalid; then none is registered.
     """
+    from toren._agent_config import configured  # it reads Agent's fields: imports this module
+
+    merged = []
     for agent in agents:
-        known = _registry.get(agent.name)
+        known = _declared.get(agent.name)
         if known is not None and known is not agent:
             raise ConfigError(f"two agents are named {agent.name!r}")
-        _registry[agent.name] = agent
+        merged.append((agent, configured(agent, (settings or {}).get(agent.name), source)))
+    for agent, registered in merged:
+        _declared[agent.name] = agent
+        _registry[agent.name] = registered
+    return [registered for _, registered in merged]
 
 
 def agent_route(name: str) -> str:

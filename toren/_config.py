@@ -2,6 +2,10 @@
 
 Precedence, lowest first: defaults, the TOML file, environment variables, explicit overrides
 (command-line options). Invalid values raise :class:`~toren.ConfigError` naming the setting.
+
+Per-agent settings come from the file only (``[agents.NAME]`` tables, no environment variables):
+they replace values given in ``Agent(...)`` key by key, when the app's agents are registered
+(see :mod:`toren._agent_config`).
 """
 
 from __future__ import annotations
@@ -10,11 +14,14 @@ import ipaddress
 import os
 import socket
 import tomllib
+import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from toren._agent_config import Tables, read_agent_tables
 from toren._errors import ConfigError
 
 # Setting name -> (environment variable, type). The TOML file uses the setting names as keys,
@@ -43,7 +50,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "failed_auth_per_minute": ("TOREN_FAILED_AUTH_PER_MINUTE", int),
 }
 
-_TABLES = {"worker"}
+_TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
 
 
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -67,6 +74,12 @@ def _networks(value: Any) -> tuple[str, ...]:
         except ValueError:
             raise ConfigError(f"trusted_proxies: {item!r} is not an address or network") from None
     return tuple(found)
+
+
+def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
+    return types.MappingProxyType(
+        {name: types.MappingProxyType(dict(table)) for name, table in value.items()}
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +119,9 @@ class Settings:
         snapshot_every: Events between two snapshots of an actor that keeps them (a run: its
             state, so activating it reads that and the events since); unset, each kind's own
             (runs: 1,000).
+        agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
+            those given in ``Agent(...)`` when the app's agents are registered (read-only).
+        config_file: The TOML file these settings were read from, if any.
     """
 
     database_url: str | None = None
@@ -131,6 +147,10 @@ class Settings:
     snapshot_every: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive)
     )
+    agents: Tables = attrs.field(
+        factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
+    )
+    config_file: Path | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.renew_seconds >= self.lease_seconds:
@@ -156,6 +176,7 @@ class Settings:
             path = Path("toren.toml")
         if path is not None:
             values.update(_read_toml(path))
+            values["config_file"] = path
         for name, (var, typ) in _ENV.items():
             if env.get(var):
                 values[name] = _convert(name, var, typ, env[var])
@@ -171,11 +192,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    agents = read_agent_tables(data.pop("agents"), str(path)) if "agents" in data else None
     tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in _TABLES)
     if tables:
         raise ConfigError(
             f"unknown table(s) in {path}: {', '.join(f'[{t}]' for t in tables)}",
-            hint=f"Known tables: {', '.join(f'[{t}]' for t in sorted(_TABLES))}.",
+            hint="Known tables: [worker] and [agents.NAME] (one per agent).",
         )
     flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
     flat.update(data.get("worker", {}))
@@ -185,7 +207,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             f"unknown setting(s) in {path}: {', '.join(unknown)}",
             hint=f"Known settings: {', '.join(sorted(_ENV))}.",
         )
-    return {name: _convert(name, str(path), _ENV[name][1], v) for name, v in flat.items()}
+    values = {name: _convert(name, str(path), _ENV[name][1], v) for name, v in flat.items()}
+    if agents is not None:
+        values["agents"] = agents
+    return values
 
 
 def _convert(name: str, source: str, typ: type, raw: Any) -> Any:

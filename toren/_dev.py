@@ -53,12 +53,12 @@ async def run_dev(
         async with contextlib.AsyncExitStack() as stack:
             await _start_api(stack, url, port, ServerOptions.of(settings))
             if app is None:
-                await _start_demo(stack, url)
+                await _start_demo(stack, url, settings)
             else:
-                from toren.cli import log_tool_flags, preload_providers
+                from toren.cli import log_boot_checks, preload_providers
 
-                module = load_app(app)
-                log_tool_flags(module)
+                module = load_app(app, settings)
+                log_boot_checks(module, settings)
                 preload_providers(module)
             await run_worker(settings, url)
     finally:
@@ -81,11 +81,11 @@ async def _start_api(
     )
 
 
-async def _start_demo(stack: contextlib.AsyncExitStack, url: str) -> None:
+async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Settings) -> None:
     from toren import demo
     from toren.cli import preload_providers
 
-    preload_providers(load_app("toren.demo"))
+    preload_providers(load_app("toren.demo", settings))
     if os.environ.get("ANTHROPIC_API_KEY"):
         model = "Anthropic (ANTHROPIC_API_KEY is set)"
     else:

@@ -20,8 +20,14 @@ from typing import Any
 import click
 from rich.table import Table
 
+from toren._agent_config import (
+    ConsentFinding,
+    consent_findings,
+    log_agent_findings,
+    unloaded_tables,
+)
 from toren._agents import agents_in, check
-from toren._app import load_app
+from toren._app import load_app, loaded_agents
 from toren._cli_common import database_url, out, print_error, run_async, run_reporting
 from toren._cli_runs import register as register_run_commands
 from toren._cli_serve import register as register_serve_commands
@@ -92,8 +98,8 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
         config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
     )
     if app:
-        module = load_app(app)
-        log_tool_flags(module)
+        module = load_app(app, settings)
+        log_boot_checks(module, settings)
         preload_providers(module)
     await run_worker(settings, database_url(settings), migrate=migrate)
 
@@ -108,6 +114,15 @@ def preload_providers(module: ModuleType) -> None:
     for agent in agents_in(module).values():
         provider, _ = parse_model(agent.model)
         importlib.import_module(f"toren.providers.{provider}")
+
+
+def log_boot_checks(module: ModuleType, settings: Settings) -> None:
+    """At boot, what ``toren agents check`` reports: flagged tools, one-sided cross-agent
+    consent (warnings) and ``[agents.NAME]`` tables for agents not loaded here (info)."""
+    log_tool_flags(module)
+    source = str(settings.config_file or "the settings file")
+    agents = loaded_agents(module)
+    log_agent_findings(agents, settings.agents, source, logging.getLogger("toren.worker"))
 
 
 def log_tool_flags(module: ModuleType) -> None:
@@ -255,15 +270,27 @@ def agents() -> None:
 
 @agents.command("check")
 @click.option("--app", envvar="TOREN_APP", required=True, help="Module defining your agents.")
-@click.option("--strict", is_flag=True, help="Exit 1 if any tool is flagged.")
-def agents_check(app: str, strict: bool) -> None:
-    """List every tool with its declarations; flag external + unkeyed + no-approval tools."""
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 on any flagged tool, one-sided or unknown consent, or table for no agent here.",
+)
+@click.pass_context
+def agents_check(ctx: click.Context, app: str, strict: bool) -> None:
+    """List every tool with its declarations (flagging external + unkeyed + no-approval tools),
+    cross-agent consent declared on one side only, and the [agents.NAME] tables of the settings
+    file.
+
+    Exit 0; 1 for a self-call, and with --strict for any finding; 2 for a configuration error.
+    """
+    settings = _settings(ctx)
     try:
-        module = load_app(app)
-        findings = check(agents_in(module).values())
+        module = load_app(app, settings)
     except ConfigError as exc:
         print_error(exc)
         sys.exit(2)
+    loaded = loaded_agents(module)
+    findings = check(loaded)
     table = Table(title=f"{len(findings)} tool(s)")
     for col in ("agent", "tool", "effects", "idempotency", "approval", ""):
         table.add_column(col)
@@ -277,8 +304,38 @@ def agents_check(app: str, strict: bool) -> None:
             f"[yellow]{len(flagged)} flagged:[/yellow] a crash between the effect and its record "
             "repeats it. Make the tool keyed or require approval."
         )
-        if strict:
-            sys.exit(1)
+    consent = consent_findings(loaded)
+    unloaded = unloaded_tables(settings.agents, (a.name for a in loaded))
+    _print_consent(consent)
+    _print_agent_tables(settings, {a.name for a in loaded})
+    if any(f.error for f in consent) or (strict and (flagged or consent or unloaded)):
+        sys.exit(1)
+
+
+def _print_consent(findings: list[ConsentFinding]) -> None:
+    if not findings:
+        out.print("cross-agent consent: no one-sided declaration among the agents loaded here")
+        return
+    out.print(f"cross-agent consent: {len(findings)} finding(s)")
+    for f in findings:
+        label = plain("ERROR", style="red") if f.error else plain("WARN", style="yellow")
+        out.print(label, plain(f.message))
+
+
+def _print_agent_tables(settings: Settings, loaded: set[str]) -> None:
+    source = str(settings.config_file) if settings.config_file else "no settings file"
+    if not settings.agents:
+        out.print(plain(f"settings: no [agents.NAME] table ({source})"))
+        return
+    out.print(plain(f"settings: {len(settings.agents)} [agents.NAME] table(s) in {source}"))
+    for name, keys in sorted(settings.agents.items()):
+        if name in loaded:
+            out.print(plain(f"  [agents.{name}] applied: {', '.join(sorted(keys))}"))
+        else:
+            out.print(
+                plain(f"  [agents.{name}] no such agent loaded here", style="yellow"),
+                plain("(a worker loading another app may use it)"),
+            )
 
 
 @main.command()
