@@ -10,6 +10,7 @@ import openai
 import pytest
 
 import toren.testing
+from toren._estimate import estimate_tokens
 from toren._model import Text, ToolCall, Usage
 from toren.testing import (
     AnthropicServer,
@@ -299,3 +300,123 @@ async def test_servers_listen_on_loopback_with_distinct_ports() -> None:
         assert o.base_url.endswith("/v1")
     with pytest.raises(RuntimeError, match="not running"):
         _ = a.url
+
+
+# -- the estimate and the window -----------------------------------------------------------------
+
+
+async def test_scripted_usage_is_kept_and_an_empty_reply_costs_one_output_token() -> None:
+    scripted = Reply("ok", usage=Usage(input_tokens=7, output_tokens=3))
+    async with OpenAIServer([scripted, Reply("")]) as server:
+        client = _openai(server)
+        answers = [
+            await client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "x"}]
+            )
+            for _ in range(2)
+        ]
+        await client.close()
+    usages = [(a.usage.prompt_tokens, a.usage.completion_tokens) for a in answers if a.usage]
+    assert usages == [(7, 3), (server.received[1].input_tokens, 1)]
+
+
+async def test_the_estimate_grows_by_a_token_per_four_bytes_of_prompt() -> None:
+    async with AnthropicServer([Reply("a"), Reply("b")]) as server:
+        client = _anthropic(server)
+        for text in ("x" * 40, "x" * 4040):
+            await client.messages.create(
+                model=MODEL, max_tokens=10, messages=[{"role": "user", "content": text}]
+            )
+        await client.close()
+    small, large = (r.input_tokens for r in server.received)
+    assert large - small == 1000
+    assert small == estimate_tokens(server.requests[0]["messages"])
+
+
+async def test_anthropic_refuses_a_prompt_over_the_window_with_its_own_body() -> None:
+    async with AnthropicServer([], window=5) as server:
+        client = _anthropic(server)
+        with pytest.raises(anthropic.BadRequestError) as caught:
+            await client.messages.create(
+                model=MODEL,
+                max_tokens=10,
+                messages=[{"role": "user", "content": "a question of forty bytes, more or less"}],
+            )
+        await client.close()
+    tokens = server.received[0].input_tokens
+    assert tokens > 5
+    assert caught.value.body == {
+        "type": "error",
+        "error": {
+            "type": "invalid_request_error",
+            "message": f"prompt is too long: {tokens} tokens > 5 maximum",
+        },
+    }
+
+
+async def test_openai_refuses_a_prompt_over_the_window_with_its_own_body() -> None:
+    async with OpenAIServer([], window=5) as server:
+        client = _openai(server)
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": "a question of forty bytes, more or less"}],
+            )
+        await client.close()
+    tokens = server.received[0].input_tokens
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.body == {
+        "message": (
+            "This model's maximum context length is 5 tokens. However, your messages resulted "
+            f"in {tokens} tokens. Please reduce the length of the messages."
+        ),
+        "type": "invalid_request_error",
+        "param": "messages",
+        "code": "context_length_exceeded",
+    }
+
+
+async def test_a_refused_request_never_reaches_the_script_callable() -> None:
+    seen: list[int] = []
+
+    def script(body: dict[str, Any], n: int) -> Reply:
+        seen.append(n)
+        return Reply(f"answer {n}")
+
+    async with OpenAIServer(script, window=30) as server:
+        client = _openai(server)
+        await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "short"}]
+        )
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(
+                model="gpt-4o", messages=[{"role": "user", "content": "long " * 100}]
+            )
+        third = await client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "short again"}]
+        )
+        await client.close()
+    assert seen == [1, 3]  # numbered over all requests; the refused one was not scripted
+    assert third.choices[0].message.content == "answer 3"
+    assert [r.n for r in server.served] == [1, 3]
+    assert [r.n for r in server.refused] == [2]
+    assert server.max_input_tokens <= 30
+    assert server.received[1].input_tokens > 30
+
+
+async def test_a_prompt_exactly_at_the_window_is_served() -> None:
+    async with AnthropicServer([Reply("a"), Reply("b")]) as server:
+        client = _anthropic(server)
+        for _ in range(2):
+            await client.messages.create(
+                model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "hi"}]
+            )
+            server.window = server.received[0].input_tokens
+        await client.close()
+    assert not server.refused
+    assert server.max_input_tokens == server.window
+
+
+def test_a_window_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        OpenAIServer(window=0)

@@ -2,7 +2,12 @@
 
 A :class:`ScriptedServer` answers each request with the next scripted step, rendered by a subclass
 in its provider's wire format. Everything a test wants to assert is recorded: every request (also
-those beyond the script), in arrival order, and the scripted model time actually served.
+those beyond the script), in arrival order, its estimated input tokens, whether it was refused as
+over the model's window, and the scripted model time actually served.
+
+Input tokens are estimated by :func:`toren._estimate.estimate_tokens` (one token per four UTF-8
+bytes of the string values) over the request's system prompt, messages and tools, in the fields
+the provider's wire format keeps them (:attr:`ScriptedServer.counted_fields`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import anyio
 import attrs
 import orjson
 from aiohttp import web
 
+from toren._estimate import estimate_tokens
 from toren._model import StopReason, Text, ToolCall, Usage
 
 __all__ = [
@@ -46,14 +52,32 @@ class Reply:
 
     ``content`` is a string (one text block) or text blocks and tool calls, in order.
     ``stop_reason`` defaults to ``"tool_use"`` when the content holds a tool call, else ``"end"``.
+    ``usage`` is reported as scripted; ``None`` (the default) reports the estimate: the request's
+    estimated input tokens, and the reply's own estimated tokens (its text, tool names and
+    arguments; at least 1) as output.
     ``latency`` is the model time the server waits before answering; it is added to
     :attr:`ScriptedServer.model_time` once the answer was served.
     """
 
     content: tuple[Text | ToolCall, ...] = attrs.field(converter=_content)
     stop_reason: StopReason | None = attrs.field(default=None, kw_only=True)
-    usage: Usage = attrs.field(default=Usage(input_tokens=10, output_tokens=5), kw_only=True)
+    usage: Usage | None = attrs.field(default=None, kw_only=True)
     latency: float = attrs.field(default=0.0, kw_only=True)
+
+    @property
+    def output_tokens(self) -> int:
+        """The estimated tokens of the reply's content (at least 1)."""
+        generated = [
+            b.text if isinstance(b, Text) else [b.name, b.arguments, b.raw_arguments]
+            for b in self.content
+        ]
+        return max(1, estimate_tokens(generated))
+
+    def usage_for(self, input_tokens: int) -> Usage:
+        """The usage to report for this reply to a request of ``input_tokens`` (estimated)."""
+        if self.usage is not None:
+            return self.usage
+        return Usage(input_tokens=input_tokens, output_tokens=self.output_tokens)
 
     @property
     def effective_stop_reason(self) -> StopReason:
@@ -83,13 +107,20 @@ Script = Sequence[Step] | Callable[[dict[str, Any], int], Step]
 
 @attrs.frozen(kw_only=True)
 class ReceivedRequest:
-    """One request as the server received it. ``n`` counts from 1 over all requests."""
+    """One request as the server received it. ``n`` counts from 1 over all requests.
+
+    ``input_tokens`` is the server's estimate of the request's prompt (system, messages, tools);
+    ``refused`` is true when it was over the server's window and answered with the provider's
+    "too long" error instead of a scripted step.
+    """
 
     n: int
     method: str
     path: str
     headers: dict[str, str] = attrs.field(repr=False)
     body: dict[str, Any]
+    input_tokens: int = 0
+    refused: bool = False
 
 
 class Hold:
@@ -124,11 +155,21 @@ class ScriptedServer:
     ``script`` is a sequence of steps consumed in arrival order, or a callable
     ``(request_json, n) -> step``. A request beyond a scripted sequence is recorded and answered
     with a 500 in the provider's error format whose message says the script ran out.
+
+    ``window`` is the model's context window in (estimated) tokens. A request whose estimated
+    input tokens are over it is refused with the provider's own "prompt is too long" error
+    (status and body as the provider sends them), before the script is consulted: it consumes
+    no step and is not passed to a script callable. It is recorded with ``refused=True``.
     """
 
     provider = "scripted"
+    counted_fields: ClassVar[tuple[str, ...]] = ()
+    """The top-level fields of a request body that hold its prompt (system, messages, tools)."""
 
-    def __init__(self, script: Script = ()) -> None:
+    def __init__(self, script: Script = (), *, window: int | None = None) -> None:
+        if window is not None and window < 1:
+            raise ValueError(f"window must be a positive number of tokens, not {window}")
+        self.window = window
         self._steps: deque[Step] = deque()
         self._script_fn: Callable[[dict[str, Any], int], Step] | None = None
         if callable(script):
@@ -161,6 +202,27 @@ class ScriptedServer:
     def requests(self) -> list[dict[str, Any]]:
         """The parsed JSON bodies of every request received, in arrival order."""
         return [r.body for r in self.received]
+
+    @property
+    def served(self) -> list[ReceivedRequest]:
+        """The requests not refused as over the window (each got its scripted step)."""
+        return [r for r in self.received if not r.refused]
+
+    @property
+    def refused(self) -> list[ReceivedRequest]:
+        """The requests refused as over the window, in arrival order."""
+        return [r for r in self.received if r.refused]
+
+    @property
+    def max_input_tokens(self) -> int:
+        """The largest estimated input of a request served (0 when none was): with a
+        ``window``, never over it."""
+        return max((r.input_tokens for r in self.served), default=0)
+
+    def input_tokens(self, body: dict[str, Any]) -> int:
+        """The estimated input tokens of a request body: :func:`estimate_tokens` over its
+        :attr:`counted_fields`."""
+        return estimate_tokens([body[f] for f in self.counted_fields if f in body])
 
     def hold(self, n: int) -> Hold:
         """Make request ``n`` (1-based, over all requests) wait until released.
@@ -258,7 +320,8 @@ class ScriptedServer:
     # -- request handling ---------------------------------------------------------------------
 
     async def _receive(self, request: web.Request) -> tuple[ReceivedRequest, Step | None]:
-        """Record a request, wait out its hold, and pick its step (``None``: script ran out)."""
+        """Record a request, wait out its hold, and pick its step (``None``: the script ran out,
+        or the request was refused as over the window)."""
         raw = await request.read()
         try:
             body = orjson.loads(raw) if raw else {}
@@ -270,12 +333,22 @@ class ScriptedServer:
         if not isinstance(body, dict):
             body = {"_unparsed": body}
         n = len(self.received) + 1
+        tokens = self.input_tokens(body)
+        refused = self.window is not None and tokens > self.window
         received = ReceivedRequest(
-            n=n, method=request.method, path=request.path, headers=dict(request.headers), body=body
+            n=n,
+            method=request.method,
+            path=request.path,
+            headers=dict(request.headers),
+            body=body,
+            input_tokens=tokens,
+            refused=refused,
         )
         self.received.append(received)
-        step: Step | None
-        if self._script_fn is not None:
+        step: Step | None = None
+        if refused:
+            pass  # answered by render_too_large; no step is consumed
+        elif self._script_fn is not None:
             step = self._script_fn(body, n)
         else:
             step = self._steps.popleft() if self._steps else None
@@ -321,6 +394,8 @@ class ScriptedServer:
         received, step = await self._receive(request)
         if self.stopping:
             return self.render_fail(Fail(status=503, message="the scripted server is stopping"))
+        if received.refused:
+            return self.render_too_large(received)
         if step is None:
             return self.render_fail(self._ran_out(received.n))
         if isinstance(step, Disconnect):
@@ -348,6 +423,11 @@ class ScriptedServer:
 
     def render_fail(self, step: Fail) -> web.Response:
         """The provider's error response for ``step``."""
+        raise NotImplementedError
+
+    def render_too_large(self, received: ReceivedRequest) -> web.Response:
+        """The provider's refusal of a request over the window (status and body as it sends
+        them); ``received.input_tokens`` is over :attr:`window`."""
         raise NotImplementedError
 
     async def render_reply(

@@ -12,10 +12,16 @@ adapters through it) can be pointed at it::
 Every request is counted (:attr:`ScriptedServer.requests`), a request can be held in flight
 (:meth:`ScriptedServer.hold`), and :attr:`ScriptedServer.model_time` sums the scripted latency
 served. The servers bind 127.0.0.1 only.
+
+Each request's input tokens are estimated (:mod:`toren._estimate`: four UTF-8 bytes of text per
+token) and reported as its usage unless the step scripts usage. Given a ``window``, a server
+refuses a request estimated over it with its provider's real error (the bodies are cited at each
+``render_too_large``), so that what a run does on that failure is tested against the real thing.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from toren._model import StopReason, Text, ToolCall
+from toren._model import StopReason, Text, ToolCall, Usage
 from toren.testing._scripted import (
     Disconnect,
     Fail,
@@ -95,6 +101,7 @@ class AnthropicServer(ScriptedServer):
     """Speaks the Anthropic Messages API: ``POST /v1/messages``, plain JSON or SSE stream."""
 
     provider = "anthropic"
+    counted_fields = ("system", "messages", "tools")
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/messages", self._handle)]
@@ -111,6 +118,12 @@ class AnthropicServer(ScriptedServer):
         headers = {"request-id": f"req_{uuid.uuid4().hex[:24]}", **self.error_headers(step)}
         return json_response(body, status=step.status, headers=headers)
 
+    def render_too_large(self, received: ReceivedRequest) -> web.Response:
+        """400 ``invalid_request_error``, "prompt is too long: N tokens > W maximum", as the
+        API sends it (quoted in RipperTs/claude-code-relay#23, boldsoftware/exe.dev#62)."""
+        message = f"prompt is too long: {received.input_tokens} tokens > {self.window} maximum"
+        return self.render_fail(Fail(status=400, message=message))
+
     @staticmethod
     def _block(block: Text | ToolCall) -> dict[str, Any]:
         if isinstance(block, Text):
@@ -121,6 +134,7 @@ class AnthropicServer(ScriptedServer):
     async def render_reply(
         self, request: web.Request, received: ReceivedRequest, step: Reply
     ) -> web.StreamResponse:
+        usage = step.usage_for(received.input_tokens)
         message: dict[str, Any] = {
             "id": f"msg_{uuid.uuid4().hex[:24]}",
             "type": "message",
@@ -129,17 +143,14 @@ class AnthropicServer(ScriptedServer):
             "content": [self._block(b) for b in step.content],
             "stop_reason": _ANTHROPIC_STOP[step.effective_stop_reason],
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": step.usage.input_tokens,
-                "output_tokens": step.usage.output_tokens,
-            },
+            "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens},
         }
         if not received.body.get("stream"):
             return json_response(message)
-        return await self._stream(request, message, step)
+        return await self._stream(request, message, step, usage)
 
     async def _stream(
-        self, request: web.Request, message: dict[str, Any], step: Reply
+        self, request: web.Request, message: dict[str, Any], step: Reply, usage: Usage
     ) -> web.StreamResponse:
         response = await _start_stream(request)
 
@@ -148,7 +159,7 @@ class AnthropicServer(ScriptedServer):
             await response.write(b"\n\n")
 
         start = dict(message, content=[], stop_reason=None)
-        start["usage"] = {"input_tokens": step.usage.input_tokens, "output_tokens": 1}
+        start["usage"] = {"input_tokens": usage.input_tokens, "output_tokens": 1}
         try:
             await send("message_start", {"type": "message_start", "message": start})
             await send("ping", {"type": "ping"})
@@ -177,7 +188,7 @@ class AnthropicServer(ScriptedServer):
                 {
                     "type": "message_delta",
                     "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                    "usage": {"output_tokens": step.usage.output_tokens},
+                    "usage": {"output_tokens": usage.output_tokens},
                 },
             )
             await send("message_stop", {"type": "message_stop"})
@@ -207,6 +218,7 @@ class OpenAIServer(ScriptedServer):
     """Speaks OpenAI Chat Completions: ``POST /v1/chat/completions``, plain JSON or chunks."""
 
     provider = "openai"
+    counted_fields = ("messages", "tools")
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/v1/chat/completions", self._handle)]
@@ -228,12 +240,31 @@ class OpenAIServer(ScriptedServer):
         headers = {"x-request-id": f"req_{uuid.uuid4().hex}", **self.error_headers(step)}
         return json_response(body, status=step.status, headers=headers)
 
+    def render_too_large(self, received: ReceivedRequest) -> web.Response:
+        """400 ``context_length_exceeded`` as the API sends it (the body quoted in
+        chathub-dev/chathub#126 and crewAIInc/crewAI-examples#121)."""
+        message = (
+            f"This model's maximum context length is {self.window} tokens. However, your "
+            f"messages resulted in {received.input_tokens} tokens. Please reduce the length "
+            "of the messages."
+        )
+        body = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        }
+        headers = {"x-request-id": f"req_{uuid.uuid4().hex}"}
+        return json_response(body, status=400, headers=headers)
+
     @staticmethod
-    def _usage(step: Reply) -> dict[str, int]:
+    def _usage(usage: Usage) -> dict[str, int]:
         return {
-            "prompt_tokens": step.usage.input_tokens,
-            "completion_tokens": step.usage.output_tokens,
-            "total_tokens": step.usage.input_tokens + step.usage.output_tokens,
+            "prompt_tokens": usage.input_tokens,
+            "completion_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
         }
 
     async def render_reply(
@@ -269,7 +300,7 @@ class OpenAIServer(ScriptedServer):
                 "choices": [
                     {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
                 ],
-                "usage": self._usage(step),
+                "usage": self._usage(step.usage_for(received.input_tokens)),
             }
             return json_response(body)
         return await self._stream(request, received, head, text, calls, finish, step)
@@ -325,7 +356,7 @@ class OpenAIServer(ScriptedServer):
                     **head,
                     "object": "chat.completion.chunk",
                     "choices": [],
-                    "usage": self._usage(step),
+                    "usage": self._usage(step.usage_for(received.input_tokens)),
                 }
                 await response.write(b"data: " + wire_json(last) + b"\n\n")
             await response.write(b"data: [DONE]\n\n")
@@ -342,6 +373,7 @@ _BEDROCK_STOP: dict[StopReason, str] = {
     "tool_use": "tool_use",
     "max_tokens": "max_tokens",
 }
+_ANTHROPIC_MODEL = re.compile(r"(^|[./])anthropic\.")
 _BEDROCK_ERRORS = {
     400: "ValidationException",
     403: "AccessDeniedException",
@@ -362,6 +394,7 @@ class BedrockServer(ScriptedServer):
     """
 
     provider = "bedrock"
+    counted_fields = ("system", "messages", "toolConfig")
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post(r"/model/{model_id:.+}/converse", self._handle)]
@@ -393,6 +426,21 @@ class BedrockServer(ScriptedServer):
         }
         return json_response({"message": step.message}, status=step.status, headers=headers)
 
+    def render_too_large(self, received: ReceivedRequest) -> web.Response:
+        """400 ``ValidationException``. An Anthropic model's refusal comes in its own words,
+        "The model returned the following errors: prompt is too long: N tokens > W maximum"
+        (quoted in daisuke-awaji/moca#254); other models get Bedrock's "Input is too long for
+        requested model." (aws-samples/bedrock-chat#95)."""
+        model_id = received.path.removeprefix("/model/").removesuffix("/converse")
+        if _ANTHROPIC_MODEL.search(model_id):
+            message = (
+                "The model returned the following errors: prompt is too long: "
+                f"{received.input_tokens} tokens > {self.window} maximum"
+            )
+        else:
+            message = "Input is too long for requested model."
+        return self.render_fail(Fail(status=400, message=message))
+
     async def render_reply(
         self, request: web.Request, received: ReceivedRequest, step: Reply
     ) -> web.StreamResponse:
@@ -404,13 +452,14 @@ class BedrockServer(ScriptedServer):
                 arguments = block.arguments or {}
                 tool_use = {"toolUseId": block.id, "name": block.name, "input": arguments}
                 content.append({"toolUse": tool_use})
+        usage = step.usage_for(received.input_tokens)
         body = {
             "output": {"message": {"role": "assistant", "content": content}},
             "stopReason": _BEDROCK_STOP[step.effective_stop_reason],
             "usage": {
-                "inputTokens": step.usage.input_tokens,
-                "outputTokens": step.usage.output_tokens,
-                "totalTokens": step.usage.input_tokens + step.usage.output_tokens,
+                "inputTokens": usage.input_tokens,
+                "outputTokens": usage.output_tokens,
+                "totalTokens": usage.input_tokens + usage.output_tokens,
             },
             "metrics": {"latencyMs": round(step.latency * 1000)},
         }
