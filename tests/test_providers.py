@@ -10,9 +10,11 @@ from decimal import Decimal
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from toren import ConfigError
+from toren._estimate import estimate_tokens
 from toren._model import (
     Message,
     ModelRequest,
@@ -27,6 +29,7 @@ from toren.providers import (
     ProviderError,
     RetryingProvider,
     RetryPolicy,
+    context_window,
     parse_model,
     price,
     provider_for,
@@ -78,11 +81,16 @@ def ask(kind: str, text: str = "What is the weather in Oslo?", **fields: Any) ->
 
 @contextlib.asynccontextmanager
 async def served(
-    kind: str, script: list[Step], retry: RetryPolicy = FAST
+    kind: str,
+    script: list[Step],
+    retry: RetryPolicy = FAST,
+    *,
+    window: int | None = None,
+    model: str | None = None,
 ) -> AsyncIterator[tuple[Any, RetryingProvider]]:
-    async with SERVERS[kind](script) as server:
-        provider = provider_for(f"{kind}/{MODELS[kind]}", env=server.env(), retry=retry)
-        async with provider:
+    async with SERVERS[kind](script, window=window) as server:
+        name = f"{kind}/{model or MODELS[kind]}"
+        async with provider_for(name, env=server.env(), retry=retry) as provider:
             yield server, provider
 
 
@@ -341,6 +349,8 @@ async def test_400_is_not_retried(kind: str) -> None:
     assert (error.provider, error.status, error.retryable) == (kind, 400, False)
     assert error.message == "messages: field required"
     assert "messages: field required" in str(error)
+    assert not error.too_large
+    assert "context window" not in str(error)
     assert len(server.requests) == 1
 
 
@@ -563,3 +573,110 @@ def test_bedrock_model_ids_are_priced_through_a_mapping() -> None:
         ("aws", "anthropic.claude-sonnet-4-6-v1:0"),
         ("anthropic", "claude-sonnet-4-6"),
     ]
+
+
+def test_context_windows_of_known_models_come_from_the_price_library() -> None:
+    assert context_window("anthropic", "claude-3-5-sonnet-20240620") == 200_000
+    assert context_window("openai", "gpt-4o") == 128_000
+    # A Bedrock id is matched as price() matches it.
+    assert context_window("bedrock", "anthropic.claude-3-5-sonnet-20240620-v1:0") == 200_000
+
+
+def test_an_unknown_model_or_provider_has_no_known_window() -> None:
+    assert context_window("openai", "llama3.2-local-finetune") is None
+    assert context_window("bedrock", "acme.unknown-model-v1:0") is None
+    assert context_window("nobody", "gpt-4o") is None
+
+
+# -- usage is the servers' estimate -------------------------------------------------------------
+
+# The fields of each wire format that hold the prompt: system, messages and tools.
+PROMPT_FIELDS = {
+    "anthropic": ("system", "messages", "tools"),
+    "openai": ("messages", "tools"),
+    "bedrock": ("system", "messages", "toolConfig"),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_usage_reported_is_the_servers_estimate_of_the_request(kind: str) -> None:
+    reply = Reply([Text(text="Looking it up."), ToolCall(id="c1", name="weather", arguments={})])
+    async with served(kind, [reply]) as (server, provider):
+        response = await provider.call(ask(kind))
+    body = server.received[0].body
+    expected = estimate_tokens([body[f] for f in PROMPT_FIELDS[kind] if f in body])
+    assert expected > 0
+    assert server.received[0].input_tokens == expected
+    output = estimate_tokens(["Looking it up.", "weather"])
+    assert response.usage == Usage(input_tokens=expected, output_tokens=output)
+
+
+# -- a request over the model's window ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_request_over_the_window_is_too_large_and_not_retried(kind: str) -> None:
+    async with served(kind, [Reply("after compaction")], window=10) as (server, provider):
+        with pytest.raises(ProviderError) as caught:
+            await provider.call(ask(kind))
+        error = caught.value
+        assert (error.provider, error.status) == (kind, 400)
+        assert error.too_large
+        assert not error.retryable
+        assert "over the model's context window" in str(error)
+        assert len(server.received) == 1  # refused once, never asked again
+        assert server.received[0].refused
+        # No step was consumed: the same server, with room, answers from the script.
+        server.window = None
+        response = await provider.call(ask(kind))
+    assert response.content == (Text(text="after compaction"),)
+    assert [r.refused for r in server.received] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        (
+            "us.anthropic.claude-sonnet-4-6-v1:0",
+            "The model returned the following errors: prompt is too long: {n} tokens > 5 maximum",
+        ),
+        ("amazon.nova-pro-v1:0", "Input is too long for requested model."),
+    ],
+)
+async def test_bedrock_too_long_is_a_validation_exception_in_the_models_words(
+    model: str, message: str
+) -> None:
+    async with served("bedrock", [], window=5, model=model) as (server, provider):
+        with pytest.raises(ProviderError) as caught:
+            await provider.call(attrs.evolve(ask("bedrock"), model=model))
+    assert caught.value.too_large
+    assert caught.value.message == message.format(n=server.received[0].input_tokens)
+    assert server.model_ids == [model]
+
+
+async def test_anthropic_413_request_too_large_is_too_large() -> None:
+    script: list[Step] = [Fail(status=413, message="Request exceeds the maximum size")]
+    async with served("anthropic", script) as (_, provider):
+        with pytest.raises(ProviderError) as caught:
+            await provider.call(ask("anthropic"))
+    assert caught.value.too_large
+    assert not caught.value.retryable
+
+
+async def test_a_gateway_saying_maximum_context_length_without_the_code_is_too_large() -> None:
+    message = (
+        "This model's maximum context length is 4097 tokens. However, your messages resulted "
+        "in 4294 tokens. Please reduce the length of the messages."
+    )
+    async with served("openai", [Fail(status=400, message=message)]) as (_, provider):
+        with pytest.raises(ProviderError) as caught:
+            await provider.call(ask("openai"))
+    assert caught.value.too_large
+
+
+def test_too_large_is_never_retryable() -> None:
+    error = ProviderError(
+        provider="anthropic", status=413, message="too big", retryable=True, too_large=True
+    )
+    assert not error.retryable
+    assert "over the model's context window" in str(error)

@@ -2,8 +2,9 @@
 
 :func:`provider_for` turns ``"anthropic/<model>"``, ``"openai/<model>"`` or ``"bedrock/<model>"``
 into a :class:`ModelProvider`. The SDKs' own retries are off: :class:`RetryPolicy` decides, and a
-failed call raises :class:`ProviderError` carrying whether it was retryable. Prices come from
-:func:`price`.
+failed call raises :class:`ProviderError` carrying whether it was retryable and whether the
+request was over the model's context window. Prices come from :func:`price`, context windows from
+:func:`context_window`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 
 from toren._errors import ConfigError
 from toren.providers._base import ModelProvider, ProviderError, RetryingProvider, RetryPolicy
-from toren.providers.pricing import price
+from toren.providers.pricing import context_window, price
 
 __all__ = [
     "PROVIDERS",
@@ -21,6 +22,7 @@ __all__ = [
     "ProviderError",
     "RetryPolicy",
     "RetryingProvider",
+    "context_window",
     "parse_model",
     "price",
     "provider_for",

@@ -48,6 +48,9 @@ class ProviderError(TorenError):
         answered: the provider answered, and its answer could not be read (malformed,
             nested too deeply, a number too long): the call was probably paid for. Never
             retryable.
+        too_large: the provider refused the request as over the model's context window (or
+            over its request size limit). Never retryable: the same request will not fit; a
+            smaller one (a compacted conversation) may.
     """
 
     def __init__(
@@ -59,15 +62,23 @@ class ProviderError(TorenError):
         retryable: bool,
         retry_after: float | None = None,
         answered: bool = False,
+        too_large: bool = False,
     ) -> None:
         self.provider = provider
         self.status = status
         self.message = redact_text(message)
-        self.retryable = retryable and not answered
+        self.retryable = retryable and not answered and not too_large
         self.retry_after = retry_after
         self.answered = answered
+        self.too_large = too_large
         what = f"HTTP {status}" if status is not None else "no response"
-        if answered:
+        if too_large:
+            what += ", the request is over the model's context window"
+            hint = (
+                "the same request will not fit; shorten the conversation (compact it) "
+                "or use a model with a larger window"
+            )
+        elif answered:
             what = "an answer that could not be read"
             hint = "asking again would pay again; retry the run if the provider is fixed"
         elif retryable:

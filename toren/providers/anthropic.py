@@ -9,6 +9,7 @@ setting, honoured as is).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +56,21 @@ _STOP: dict[str, StopReason] = {
     "max_tokens": "max_tokens",
     "model_context_window_exceeded": "max_tokens",
 }
+
+
+# Anthropic refuses a prompt over the model's window with a 400 invalid_request_error whose
+# message reads "prompt is too long: 200082 tokens > 200000 maximum" (quoted in
+# RipperTs/claude-code-relay#23 and boldsoftware/exe.dev#62), and a request over its byte limit
+# with a 413: {"type": "request_too_large", "message": "Request exceeds the maximum size"}
+# (anthropics/anthropic-sdk-python#938), or an invalid_request_error "Request size exceeds model
+# context window" (anthropics/claude-code#6380).
+_TOO_LONG = re.compile(r"prompt is too long|exceeds model context window", re.I)
+_PAYLOAD_TOO_LARGE = 413
+
+
+def too_large(status: int, message: str) -> bool:
+    """Whether an Anthropic error says the request is over the model's window or size limit."""
+    return status == _PAYLOAD_TOO_LARGE or (status == 400 and bool(_TOO_LONG.search(message)))
 
 
 def _user_content(message: Message) -> list[ContentBlockParam]:
@@ -200,12 +216,14 @@ class AnthropicProvider(RetryingProvider):
                 answered=True,
             )
         if isinstance(exc, anthropic.APIStatusError):
+            message = exc.api_message or exc.message
             return ProviderError(
                 provider=self.name,
                 status=exc.status_code,
-                message=exc.api_message or exc.message,
+                message=message,
                 retryable=retryable_status(exc.status_code),
                 retry_after=parse_retry_after(exc.response.headers),
+                too_large=too_large(exc.status_code, message),
             )
         if isinstance(exc, anthropic.APITimeoutError):
             return ProviderError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +43,18 @@ logger = logging.getLogger("toren.providers")
 
 DEFAULT_REGION = "us-east-1"
 _REQUEST_TIMEOUT = 408  # Bedrock's ModelTimeoutException: a timeout, so worth another attempt
+
+# Bedrock refuses a request over the model's window with a 400 ValidationException: "Input is
+# too long for requested model." (aws-samples/bedrock-chat#95), or, for Anthropic models, the
+# model's own words: "The model returned the following errors: prompt is too long: 200049
+# tokens > 200000 maximum" (daisuke-awaji/moca#254).
+_TOO_LONG = re.compile(r"input is too long|prompt is too long", re.I)
+
+
+def too_large(status: int | None, code: str, message: str) -> bool:
+    """Whether a Bedrock error says the request is over the model's context window."""
+    return status == 400 and code == "ValidationException" and bool(_TOO_LONG.search(message))
+
 
 _STOP: dict[str, StopReason] = {
     "end_turn": "end",
@@ -210,7 +223,8 @@ class BedrockProvider(RetryingProvider):
             meta = response.get("ResponseMetadata", {})
             status = int(meta.get("HTTPStatusCode", 0)) or None
             error = response.get("Error", {})
-            message = error.get("Message") or error.get("Code") or str(exc)
+            code = error.get("Code") or ""
+            message = error.get("Message") or code or str(exc)
             return ProviderError(
                 provider=self.name,
                 status=status,
@@ -218,6 +232,7 @@ class BedrockProvider(RetryingProvider):
                 retryable=status is not None
                 and (retryable_status(status) or status == _REQUEST_TIMEOUT),
                 retry_after=parse_retry_after(meta.get("HTTPHeaders")),
+                too_large=too_large(status, code, message),
             )
         if isinstance(exc, botocore.exceptions.HTTPClientError):
             # Connection refused or reset, read or connect timeouts: no answer came.

@@ -163,6 +163,19 @@ def from_wire(completion: ChatCompletion) -> ModelResponse:
     )
 
 
+def too_large(exc: openai.APIStatusError, message: str) -> bool:
+    """Whether an OpenAI error says the request is over the model's context window.
+
+    OpenAI answers 400 with ``"code": "context_length_exceeded"`` and a message "This model's
+    maximum context length is 8192 tokens. However, your messages resulted in 8227 tokens. ..."
+    (quoted in crewAIInc/crewAI-examples#121 and chathub-dev/chathub#126); gateways that copy the
+    message but not the code are recognised by it.
+    """
+    if exc.status_code != 400:
+        return False
+    return exc.code == "context_length_exceeded" or "maximum context length" in message.lower()
+
+
 def _error_message(exc: openai.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict):
@@ -212,12 +225,14 @@ class OpenAIProvider(RetryingProvider):
                 answered=True,
             )
         if isinstance(exc, openai.APIStatusError):
+            message = _error_message(exc)
             return ProviderError(
                 provider=self.name,
                 status=exc.status_code,
-                message=_error_message(exc),
+                message=message,
                 retryable=retryable_status(exc.status_code),
                 retry_after=parse_retry_after(exc.response.headers),
+                too_large=too_large(exc, message),
             )
         if isinstance(exc, openai.APITimeoutError):
             return ProviderError(
