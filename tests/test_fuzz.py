@@ -434,6 +434,18 @@ def _first_text(request: dict[str, Any]) -> str:
     return str(content)
 
 
+def _made_for(request: dict[str, Any], task: str) -> bool:
+    """Whether a request the model server received was made for the run of ``task``: its own
+    calls (the task leads the first message, before a compaction's summary after one) and its
+    compactions' summary calls (the task leads the turns they summarise)."""
+    from toren.actors.compaction import SUMMARISER, SUMMARY_MARK
+
+    first = _first_text(request)
+    if request.get("system") == SUMMARISER:
+        return f"\n\nUser: {task}\n\n" in first + "\n\n"
+    return first == task or (first.startswith(task) and SUMMARY_MARK in first)
+
+
 def _position(request: dict[str, Any]) -> int:
     return sum(1 for m in request.get("messages", ()) if m.get("role") == "assistant")
 
@@ -674,7 +686,7 @@ class Harness:
         assert len(set(used)) == len(used), keys
 
         # 5. every call the model server answered for this run is on the receipt, once
-        served = sum(1 for r in self.server.requests if _first_text(r) == text)
+        served = sum(1 for r in self.server.requests if _made_for(r, text))
         made = receipt(state).calls_made
         assert made == served, f"{run_id}: receipt says {made} calls, the server served {served}"
 

@@ -1,0 +1,623 @@
+"""Two-tier recorded compaction: keeping a long run's requests within its model's context window.
+
+Before each model call the run projects the input tokens of the request it is about to send from
+what the provider reported for the last one: ``input + output`` tokens of the last call, plus the
+estimate (:func:`~toren.runs.estimate_tokens`) of the messages added since, scaled by how the
+provider's count of the last request compared with the estimate of it. Against the model's window
+(``Agent.context_window``, else the price library's model data; unknown: no threshold):
+
+- past ``compact_soft`` of the window, the **soft** tier elides the tool results older than the
+  last two assistant turns to stubs that say what was there (tool, call id, size, the first
+  characters). No model call.
+- past ``compact_hard``, or when the soft tier cannot take the request well back under
+  ``compact_soft`` (three quarters of it, :data:`SOFT_ROOM`), the **hard** tier summarises
+  everything before the last two assistant turns with one model call through the agent's own
+  provider, recorded and priced like any call.
+
+Pinned, never elided or summarised: the system prompt (it is not part of the conversation), the
+task, and every human message (each is carried verbatim into the new prefix a hard compaction
+makes). A provider's "request too large" refusal compacts at once with the strongest tier (all
+tool results but the last turn's elided, then a summary) and the call is tried once more; a second
+refusal fails the run (class ``provider``).
+
+Each compaction is a :class:`~toren.runs.ContextCompacted` event holding the new prefix by value:
+the conversation the run keeps (``RunState.messages``) is never rewritten, the next request is
+``prefix + messages[base:]`` (:func:`~toren.runs.context_messages`), and a replay applies the
+recorded prefix without compacting or calling the model again. The digest chain restarts at the
+first call after a compaction (:func:`request_digest`, :func:`recomputed`), so checking a journal
+stays linear and an invalidation stays exact on both sides of it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from decimal import Decimal
+
+import attrs
+
+from toren import ConfigError, Context
+from toren.actors.bounds import bounded_response
+from toren.kernel import kill_point
+from toren.providers import (
+    ModelProvider,
+    ProviderError,
+    context_window,
+    parse_model,
+)
+from toren.runs import (
+    GENESIS,
+    Agent,
+    ContextCompacted,
+    Continue,
+    Message,
+    ModelCalled,
+    ModelRequest,
+    ModelResponse,
+    ModelUnreadable,
+    RunFailed,
+    RunState,
+    Text,
+    ToolCall,
+    ToolResult,
+    canonical,
+    chain,
+    estimate_tokens,
+    final_text,
+)
+from toren.runs.events import CompactionReason, CompactionTier
+
+log = logging.getLogger("toren.compaction")
+
+KEEP_TURNS = 2  # assistant turns (with their results) a compaction leaves as they are
+STUB_PREVIEW = 100  # characters of an elided tool result its stub keeps
+RENDER_CUT = 400  # characters of a tool result (or call's arguments) the summariser is shown
+SUMMARY_MAX_TOKENS = 1024
+# A soft compaction is made only if it takes the request under this fraction of the soft
+# threshold; one that saves less gives way to the hard tier.
+SOFT_ROOM = 0.75
+# Reported input tokens are believed within this factor of the estimate (either way).
+MAX_RATIO = 4.0
+ELIDED = "elided by Toren to save context"
+SUMMARY_MARK = "[Summary of the earlier conversation, written by Toren's compaction]\n"
+SUMMARISER = (
+    "You compact the conversation of an AI agent so that it can go on within its context "
+    "window. Summarise the conversation you are given for the agent itself: the task and how "
+    "far it got, what it decided and why, the facts and figures from tool results it still "
+    "needs, what failed, and what remains to do. Keep identifiers, numbers, names, paths and "
+    "quoted values exactly. The human messages and the task are kept verbatim elsewhere: do "
+    "not repeat them. Write only the summary, as plain text."
+)
+
+Build = Callable[[Agent, Iterable[Message]], ModelRequest]
+
+
+@attrs.frozen(kw_only=True)
+class Hooks:
+    """What compaction borrows from the run actor: how it builds a request (the code's, so that a
+    changed build is the one used), its providers, prices and handling of a failed call."""
+
+    build: Build
+    provider: Callable[[str], Awaitable[ModelProvider]]
+    price: Callable[[str, str, ModelResponse], Decimal | None]
+    failed_attempt: Callable[[Context[RunState], Agent, ProviderError], None]
+
+
+@attrs.frozen
+class View:
+    """A conversation as a request carries it: ``prefix``, then the run's messages from
+    ``base`` on."""
+
+    prefix: tuple[Message, ...]
+    base: int
+
+    def head(self, messages: Sequence[Message], cut: int) -> list[Message]:
+        """What comes before ``messages[cut]`` (``cut >= base``) in this view."""
+        return [*self.prefix, *messages[self.base : cut]]
+
+    def all(self, messages: Sequence[Message]) -> list[Message]:
+        return [*self.prefix, *messages[self.base :]]
+
+
+def window_of(agent: Agent) -> int | None:
+    """The agent's context window in tokens: its own setting, else the price library's model
+    data; ``None`` when neither knows."""
+    if agent.context_window is not None:
+        return agent.context_window
+    provider, model_id = parse_model(agent.model)
+    return _library_window(provider, model_id)
+
+
+@functools.cache
+def _library_window(provider: str, model_id: str) -> int | None:
+    return context_window(provider, model_id)
+
+
+def _current(state: RunState) -> View:
+    if not state.compactions:
+        return View((), 0)
+    latest = state.compactions[-1]
+    return View(tuple(latest.prefix), latest.base)
+
+
+def _in_effect(state: RunState, calls: int) -> ContextCompacted | None:
+    """The latest compaction made when the run had made at most ``calls`` calls."""
+    for i in range(len(state.compactions) - 1, -1, -1):  # the latest are the ones looked for
+        if state.compactions[i].after_calls <= calls:
+            return state.compactions[i]
+    return None
+
+
+def _since_last_call(state: RunState) -> list[ContextCompacted]:
+    found = []
+    for i in range(len(state.compactions) - 1, -1, -1):
+        if state.compactions[i].after_calls < len(state.calls):
+            break
+        found.append(state.compactions[i])
+    return found
+
+
+# -- digests ------------------------------------------------------------------------------------
+
+
+def request_digest(state: RunState, request: ModelRequest) -> str:
+    """The chained digest of ``request``, the next call's (built from
+    :func:`~toren.runs.context_messages`): over the whole request for the first call and the
+    first after a compaction, else chained from the last call's over the messages added since."""
+    previous = state.calls[-1] if state.calls else None
+    if previous is None:
+        return chain(GENESIS, request)
+    latest = state.compactions[-1] if state.compactions else None
+    if latest is None:
+        return chain(previous.digest, request, since=previous.messages_len)
+    if latest.after_calls == len(state.calls):
+        return chain(GENESIS, request)
+    since = len(latest.prefix) + previous.messages_len - latest.base
+    return chain(previous.digest, request, since=since)
+
+
+def recomputed(
+    state: RunState, agent: Agent, build: Build, *, first: int = 0
+) -> Iterator[tuple[ModelCalled, str]]:
+    """Each recorded call from index ``first`` on, with the digest this code's ``build`` gives
+    its request: one pass over calls and compactions together, the chain restarting at each
+    compaction (from ``GENESIS``, over the compaction's prefix and the messages after its base)."""
+    calls, messages, compactions = state.calls, state.messages, state.compactions
+    digest, since = GENESIS, 0
+    if first:
+        digest, since = calls[first - 1].digest, calls[first - 1].messages_len
+    j = len(compactions)
+    while j and compactions[j - 1].after_calls >= first:
+        j -= 1
+    for i in range(first, len(calls)):
+        call = calls[i]
+        restart = None
+        while j < len(compactions) and compactions[j].after_calls <= i:
+            restart, j = compactions[j], j + 1
+        if restart is not None:
+            view = (*restart.prefix, *messages[restart.base : call.messages_len])
+            digest = chain(GENESIS, build(agent, view))
+        else:
+            # Only the messages added since the previous call: the chain covers the rest.
+            added = (messages[k] for k in range(since, call.messages_len))
+            digest = chain(digest, build(agent, added))
+        yield call, digest
+        since = call.messages_len
+
+
+# -- what the next request will hold ------------------------------------------------------------
+
+
+@attrs.frozen
+class Projection:
+    tokens: int  # projected input tokens of the next request
+    ratio: float  # the provider's count of the last request over its estimate
+
+
+def project(state: RunState, agent: Agent, build: Build) -> Projection:
+    """The projected input tokens of the next request: the last call's reported input and
+    output tokens, and the estimate of what was added since, calibrated by the last call."""
+    view = _current(state).all(state.messages)
+    if not state.calls:
+        return Projection(estimate_tokens(build(agent, view)), 1.0)
+    last = state.calls[-1]
+    usage = last.response.usage
+    then = _in_effect(state, len(state.calls) - 1)
+    sent = (
+        [*then.prefix, *state.messages[then.base : last.messages_len]]
+        if then is not None
+        else state.messages[: last.messages_len]
+    )
+    estimated = estimate_tokens(build(agent, sent))
+    if usage.input_tokens <= 0 or estimated <= 0:  # no usage reported: the estimate alone
+        return Projection(estimate_tokens(build(agent, view)), 1.0)
+    # Usage is the provider's word, believed within a factor of MAX_RATIO of the estimate: a
+    # gateway that reports nonsense must not make every step pay for a summary.
+    reported = min(max(usage.input_tokens, estimated / MAX_RATIO), estimated * MAX_RATIO)
+    ratio = reported / estimated
+    if _since_last_call(state):
+        return Projection(math.ceil(estimate_tokens(build(agent, view)) * ratio), ratio)
+    added = state.messages[last.messages_len + 1 :]  # after the last call's own answer
+    grown = estimate_tokens(list(added)) * ratio
+    output = min(usage.output_tokens, agent.max_tokens)
+    return Projection(math.ceil(reported + output + grown), ratio)
+
+
+def _tokens(agent: Agent, build: Build, messages: Sequence[Message], ratio: float) -> int:
+    return math.ceil(estimate_tokens(build(agent, messages)) * ratio)
+
+
+def _turns_back(messages: Sequence[Message], start: int, keep: int) -> int | None:
+    """The index of the ``keep``-th last assistant turn at or after ``start`` (the earliest
+    there is, when fewer), or ``None`` when there is none."""
+    found = None
+    for i in range(len(messages) - 1, start - 1, -1):
+        if messages[i].role == "assistant":
+            found, keep = i, keep - 1
+            if not keep:
+                break
+    return found
+
+
+# -- the soft tier ------------------------------------------------------------------------------
+
+
+def _tool_names(messages: Iterable[Message]) -> dict[str, str]:
+    return {
+        b.id: b.name
+        for m in messages
+        if m.role == "assistant"
+        for b in m.content
+        if isinstance(b, ToolCall)
+    }
+
+
+def is_stub(block: ToolResult) -> bool:
+    return block.content.startswith(f"[{ELIDED}:")
+
+
+def stub(block: ToolResult, name: str) -> ToolResult:
+    """What an elided tool result becomes: what was there, in a line."""
+    size = len(block.content.encode("utf-8", "surrogatepass"))
+    began = block.content[:STUB_PREVIEW]
+    more = "..." if len(block.content) > STUB_PREVIEW else ""
+    error = ", an error" if block.is_error else ""
+    text = (
+        f"[{ELIDED}: the result of {name} (call {block.tool_call_id}){error}, {size} bytes; "
+        f"it began: {began!r}{more}]"
+    )
+    return ToolResult(tool_call_id=block.tool_call_id, content=text, is_error=block.is_error)
+
+
+def _elided(messages: Sequence[Message]) -> tuple[list[Message], int]:
+    """``messages`` with every tool result not yet elided made a stub, and how many were."""
+    names = _tool_names(messages)
+    out: list[Message] = []
+    count = 0
+    for message in messages:
+        if message.role != "user" or not any(
+            isinstance(b, ToolResult) and not is_stub(b) for b in message.content
+        ):
+            out.append(message)
+            continue
+        blocks: list[Text | ToolCall | ToolResult] = []
+        for block in message.content:
+            if isinstance(block, ToolResult) and not is_stub(block):
+                blocks.append(stub(block, names.get(block.tool_call_id, "a tool")))
+                count += 1
+            else:
+                blocks.append(block)
+        out.append(Message(role="user", content=tuple(blocks)))
+    return out, count
+
+
+def _soft(state: RunState, view: View, keep: int) -> tuple[View, int] | None:
+    """``view`` with the tool results before its last ``keep`` assistant turns elided (``None``
+    when none is left to elide)."""
+    cut = _turns_back(state.messages, view.base, keep)
+    if cut is None:
+        return None
+    head, count = _elided(view.head(state.messages, cut))
+    if not count:
+        return None
+    return View(tuple(head), cut), count
+
+
+# -- the hard tier ------------------------------------------------------------------------------
+
+
+def pinned(state: RunState, head: Sequence[Message]) -> list[Text]:
+    """The human messages in ``head`` (text blocks of user turns that are neither the task nor a
+    summary), in order: a hard compaction carries them verbatim."""
+    found: list[Text] = []
+    for i, message in enumerate(head):
+        if message.role != "user":
+            continue
+        for k, block in enumerate(message.content):
+            if not isinstance(block, Text) or block.text.startswith(SUMMARY_MARK):
+                continue
+            if i == 0 and k == 0 and block.text == state.input:
+                continue  # the task, which leads every prefix
+            found.append(block)
+    return found
+
+
+def render(head: Sequence[Message], budget: int) -> str:
+    """The turns of ``head`` as text for the summariser, tool output cut to a few hundred
+    characters, at most ``budget`` characters (the middle left out past it)."""
+    names = _tool_names(head)
+    lines: list[str] = []
+    for message in head:
+        for block in message.content:
+            if isinstance(block, Text):
+                if message.role == "assistant":
+                    lines.append(f"Assistant: {block.text}")
+                elif block.text.startswith(SUMMARY_MARK):
+                    lines.append(f"Summary of what came before: {block.text[len(SUMMARY_MARK) :]}")
+                else:
+                    lines.append(f"User: {block.text}")
+            elif isinstance(block, ToolCall):
+                arguments = (
+                    canonical(block.arguments)
+                    if block.arguments is not None
+                    else repr(block.raw_arguments)
+                )
+                lines.append(
+                    f"Assistant called {block.name} (call {block.id}) with {_cut(arguments)}"
+                )
+            else:
+                name = names.get(block.tool_call_id, "a tool")
+                error = " (an error)" if block.is_error else ""
+                lines.append(
+                    f"Result of {name} (call {block.tool_call_id}){error}: {_cut(block.content)}"
+                )
+    text = "\n\n".join(lines)
+    if len(text) <= budget:
+        return text
+    # The beginning (the task, the first steps) and as much of the latest as fits.
+    left = len(text) - budget + 80
+    start = budget // 4
+    note = f"\n\n[... {left} characters of the conversation left out here ...]\n\n"
+    return text[:start] + note + text[start + left :]
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= RENDER_CUT else text[:RENDER_CUT] + f"... ({len(text)} chars)"
+
+
+def summary_request(agent: Agent, head: Sequence[Message], budget: int) -> ModelRequest:
+    """The request that summarises ``head``: the summariser's own system prompt, one user turn,
+    no tools, at most :data:`SUMMARY_MAX_TOKENS` output tokens."""
+    _, model_id = parse_model(agent.model)
+    text = (
+        "Summarise this earlier part of the conversation (the agent keeps its latest turns "
+        "as they are):\n\n" + render(head, budget)
+    )
+    return ModelRequest(
+        model=model_id,
+        system=SUMMARISER,
+        messages=(Message(role="user", content=(Text(text=text),)),),
+        max_tokens=min(agent.max_tokens, SUMMARY_MAX_TOKENS),
+    )
+
+
+@attrs.frozen
+class _Summary:
+    text: str
+    response: ModelResponse
+    cost: Decimal | None
+    latency_ms: int
+
+
+async def _summarise(
+    ctx: Context[RunState], agent: Agent, hooks: Hooks, request: ModelRequest
+) -> _Summary | None:
+    """Make the summary call; ``None`` when it failed (the failure is handled: recorded, the
+    run failed, or the step to be tried again)."""
+    provider_name, model_id = parse_model(agent.model)
+    state = ctx.state
+    started = time.monotonic()
+    try:
+        provider = await hooks.provider(agent.model)
+        started = time.monotonic()
+        kill_point("compaction.summarising")
+        response = await provider.call(request, before_attempt=ctx.ensure_lease)
+        kill_point("compaction.summarised")
+    except ProviderError as exc:
+        latency = int((time.monotonic() - started) * 1000)
+        if exc.answered:  # paid for and unreadable: counted, never asked again by itself
+            ctx.emit(
+                ModelUnreadable(
+                    step=len(state.calls) + 1,
+                    digest=chain(GENESIS, request),
+                    model=agent.model,
+                    error=exc.message,
+                    latency_ms=latency,
+                )
+            )
+            ctx.emit(RunFailed(error_class="provider", message=f"compaction: {exc}"))
+            return None
+        hooks.failed_attempt(ctx, agent, exc)
+        return None
+    except ConfigError as exc:
+        ctx.emit(RunFailed(error_class="config", message=str(exc)))
+        return None
+    latency = int((time.monotonic() - started) * 1000)
+    response = bounded_response(
+        response, cap=agent.max_response_bytes, step=len(state.calls) + 1, earlier_ids=()
+    )
+    text = final_text(response).strip() or "(the summariser wrote nothing)"
+    return _Summary(text, response, hooks.price(provider_name, model_id, response), latency)
+
+
+# -- the step -----------------------------------------------------------------------------------
+
+
+async def compact_if_needed(ctx: Context[RunState], agent: Agent, hooks: Hooks) -> bool:
+    """Before a model call: compact if the next request is projected past a threshold of the
+    window. True when this step did something else instead of the call (a compaction was
+    recorded and the next step makes the call; or the run failed or waits to retry)."""
+    state = ctx.state
+    if not state.calls or _since_last_call(state):
+        # Nothing to compact yet; or compacted since the last call: the request is as small as
+        # compaction makes it, so it is sent (a refusal still compacts once more).
+        return False
+    window = window_of(agent)
+    if window is None:
+        return False
+    projection = project(state, agent, hooks.build)
+    if projection.tokens <= agent.compact_soft * window:
+        return False
+    return await _compact(ctx, agent, hooks, projection, window, reason="threshold")
+
+
+async def after_refusal(
+    ctx: Context[RunState], agent: Agent, hooks: Hooks, exc: ProviderError
+) -> None:
+    """The provider refused the request as over the window: compact with the strongest tier
+    and try once more; refused again after that, the run fails (class ``provider``)."""
+    state = ctx.state
+    if any(c.reason == "refused" for c in _since_last_call(state)):
+        ctx.emit(
+            RunFailed(
+                error_class="provider",
+                message="the request stays over the model's context window after compaction "
+                f"(the conversation's latest turns alone are too large): {exc}",
+            )
+        )
+        return
+    window = window_of(agent)
+    projection = project(state, agent, hooks.build)
+    log.warning(
+        "%s: the provider refused the request as over the window; compacting: %s",
+        ctx.actor_id,
+        exc.message,
+    )
+    if not await _compact(ctx, agent, hooks, projection, window, reason="refused"):
+        ctx.emit(
+            RunFailed(
+                error_class="provider",
+                message="the request is over the model's context window and nothing is left "
+                f"to compact (the task and the latest turn alone are too large): {exc}",
+            )
+        )
+
+
+async def _compact(
+    ctx: Context[RunState],
+    agent: Agent,
+    hooks: Hooks,
+    projection: Projection,
+    window: int | None,
+    *,
+    reason: CompactionReason,
+) -> bool:
+    """Compact the run's context (soft, else hard); True when the step did something."""
+    state = ctx.state
+    messages, build, ratio = state.messages, hooks.build, projection.ratio
+    refused = reason == "refused"
+    keep = 1 if refused else KEEP_TURNS
+    current = _current(state)
+    soft = _soft(state, current, keep)
+    view = soft[0] if soft else current
+    elided = soft[1] if soft else 0
+    soft_limit = agent.compact_soft * window if window else math.inf
+    past_hard = window is not None and projection.tokens > agent.compact_hard * window
+    if not refused and not past_hard:
+        if not soft:
+            return False  # nothing to elide: the hard tier waits for its own threshold
+        after = _tokens(agent, build, view.all(messages), ratio)
+        # A soft compaction that leaves little room under the soft threshold would come back
+        # within a step or two (each one a new prefix in the journal, and a cold prompt cache
+        # at the provider): past that, the hard tier is what the run needs.
+        if after <= SOFT_ROOM * soft_limit:
+            _record(ctx, agent, reason, "soft", view, projection.tokens, after, elided=elided)
+            return True
+    cut = _turns_back(messages, view.base, keep)
+    # The last two turns, unless they alone are past the soft threshold: the last one.
+    if (
+        cut is not None
+        and not refused
+        and _tokens(agent, build, messages[cut:], ratio) > soft_limit
+    ):
+        cut = _turns_back(messages, view.base, 1)
+    head = view.head(messages, cut) if cut is not None else []
+    if cut is None or not any(m.role == "assistant" for m in head):
+        if not soft:
+            return False  # nothing to elide, nothing to summarise
+        after = _tokens(agent, build, view.all(messages), ratio)
+        _record(ctx, agent, reason, "soft", view, projection.tokens, after, elided=elided)
+        return True
+    budget = int((window or 4 * SUMMARY_MAX_TOKENS) * agent.compact_soft * 4 / ratio)
+    summary = await _summarise(ctx, agent, hooks, summary_request(agent, head, budget))
+    if summary is None:
+        return True
+    prefix = Message(
+        role="user",
+        content=(
+            Text(text=state.input),
+            *pinned(state, head),
+            Text(text=SUMMARY_MARK + summary.text),
+        ),
+    )
+    hard = View((prefix,), cut)
+    after = _tokens(agent, build, hard.all(messages), ratio)
+    _record(
+        ctx,
+        agent,
+        reason,
+        "hard",
+        hard,
+        projection.tokens,
+        after,
+        elided=elided,
+        summarised=len(head),
+        summary=summary,
+    )
+    return True
+
+
+def _record(
+    ctx: Context[RunState],
+    agent: Agent,
+    reason: CompactionReason,
+    tier: CompactionTier,
+    view: View,
+    before: int,
+    after: int,
+    *,
+    elided: int = 0,
+    summarised: int = 0,
+    summary: _Summary | None = None,
+) -> None:
+    """Record the compaction and go on: the model call is the next step (which checks the
+    budget first, the summary call's cost included)."""
+    ctx.emit(
+        ContextCompacted(
+            tier=tier,
+            reason=reason,
+            after_calls=len(ctx.state.calls),
+            base=view.base,
+            prefix=view.prefix,
+            tokens_before=before,
+            tokens_after=after,
+            elided=elided,
+            summarised=summarised,
+            model=agent.model if summary else "",
+            summary=summary.response if summary else None,
+            cost_usd=str(summary.cost) if summary and summary.cost is not None else None,
+            latency_ms=summary.latency_ms if summary else 0,
+        )
+    )
+    log.info(
+        "%s: compacted (%s, %s): about %d input tokens to %d",
+        ctx.actor_id,
+        tier,
+        reason,
+        before,
+        after,
+    )
+    ctx.send(ctx.actor_id, Continue())
