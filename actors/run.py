@@ -28,7 +28,7 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -36,7 +36,16 @@ import anyio
 import attrs
 import pydantic
 
-from toren import Actor, ConfigError, Context, LeaseExpired, __version__, durable_sleep
+from toren import (
+    Actor,
+    ChildFailed,
+    ConfigError,
+    Context,
+    LeaseExpired,
+    __version__,
+    durable_sleep,
+)
+from toren.actors import calls, compaction
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
 from toren.kernel import kill_point
 from toren.providers import (
@@ -47,7 +56,6 @@ from toren.providers import (
     price,
     provider_for,
 )
-from toren.runs import GENESIS as DIGEST_GENESIS
 from toren.runs import (
     RUN_KIND,
     SNAPSHOT_VERSION,
@@ -55,6 +63,8 @@ from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,
     Cancel,
+    ChildAsked,
+    ChildEnded,
     Continue,
     Decide,
     DecisionRefused,
@@ -89,6 +99,7 @@ from toren.runs import (
     author,
     canonical,
     chain,
+    context_messages,
     final_text,
     fold,
     judge_decision,
@@ -175,13 +186,56 @@ class RunActor(Actor[RunState]):
         if ctx.state.status == "failed":
             return
         kind = ctx.envelope.kind if ctx.envelope else "a message"
+        running = ctx.state.children_running
         ctx.emit(RunFailed(error_class="internal", message=f"{kind} could not be handled: {error}"))
+        calls.after_step(ctx, running)
 
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
+        running = ctx.state.children_running
+        await self._handle(ctx, msg)
+        # A child tells its parent that it ended or asks a human; a failed parent cancels the
+        # children it waited on.
+        calls.after_step(ctx, running)
+
+    def _record_result(self, ctx: Context[RunState]) -> calls.Result:
+        agent = agent_named(ctx.state.agent)
+
+        def record(call_id: str, content: str, is_error: bool) -> None:
+            cap = agent.max_tool_result_bytes if agent is not None else 256 * 1024
+            text, size = cut_result(content, cap)
+            ctx.emit(
+                ToolResulted(call_id=call_id, content=text, is_error=is_error, truncated_from=size)
+            )
+            ctx.send(ctx.actor_id, Continue())
+
+        return record
+
+    async def _handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state
+        if isinstance(msg, ChildEnded):
+            calls.child_ended(ctx, agent_named(state.agent), msg, self._record_result(ctx))
+            return
+        if isinstance(msg, ChildFailed):
+            record = self._record_result(ctx)
+            calls.child_crashed(ctx, agent_named(state.agent), msg.actor_id, msg.error, record)
+            return
+        if isinstance(msg, ChildAsked):
+            calls.child_asked(ctx, msg)
+            return
         if isinstance(msg, StartRun):
             if not state.agent:
-                ctx.emit(RunStarted(agent=msg.agent, input=msg.input, at=time.time(), by=msg.by))
+                ctx.emit(
+                    RunStarted(
+                        agent=msg.agent,
+                        input=msg.input,
+                        at=time.time(),
+                        by=msg.by,
+                        parent=msg.parent,
+                        parent_call=msg.parent_call,
+                        chain=msg.chain,
+                        budget_usd=msg.budget_usd,
+                    )
+                )
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Retry):
@@ -229,13 +283,14 @@ class RunActor(Actor[RunState]):
         agent = agent_named(ctx.state.agent)
         checked_as = ""
         if agent is not None:
-            checked_as = parameters(agent)
+            checked_as = parameters(agent, ctx.state.callees)
             verify(ctx, agent, go_on=go_on, checked_as=checked_as)
         state = ctx.state
         unchecked = checked_as and (
             state.checked_as != checked_as or state.checked_calls < len(state.calls)
         )
-        if len(state.calls) > state.replayed or (state.calls and unchecked):
+        compacted = len(state.compactions) > state.compactions_replayed
+        if len(state.calls) > state.replayed or compacted or (state.calls and unchecked):
             # This activation goes on from the journal: the calls recorded so far are served
             # from it, not sent again (and were checked against this code's parameters).
             ctx.emit(RunResumed(replayed=len(state.calls), checked_as=checked_as))
@@ -279,6 +334,17 @@ class RunActor(Actor[RunState]):
         agent = agent_named(state.agent)
         if agent is None:
             ctx.emit(RunFailed(error_class="config", message=f"no agent named {state.agent!r}"))
+            return
+        left = calls.budget_left(state, agent)
+        if left is not None and left < 0:
+            spent = receipt(state).usd_total
+            ctx.emit(
+                RunFailed(
+                    error_class="budget",
+                    message=f"spent ${spent:.4f} (its child runs included), over the budget "
+                    f"of ${spent + left:.4f}",
+                )
+            )
             return
         worked = state.working_seconds(time.time())
         if worked > agent.wall_clock:
@@ -334,6 +400,10 @@ class RunActor(Actor[RunState]):
     async def _tool_step(self, ctx: Context[RunState], agent: Agent, call: Any) -> None:
         state = ctx.state
         tool = agent.tool_named(call.name)
+        callee = calls.callee_for(agent, call.name) if tool is None else None
+        if callee is not None:
+            await calls.call_step(ctx, agent, call, callee, self._record_result(ctx))
+            return
         if tool is None:
             self._result(ctx, agent, call.id, f"unknown tool {shown(call.name)}", is_error=True)
             return
@@ -385,15 +455,14 @@ class RunActor(Actor[RunState]):
         self._result(ctx, agent, call.id, content, is_error=is_error)
 
     async def _model_step(self, ctx: Context[RunState], agent: Agent) -> None:
+        await calls.describe(ctx, agent)  # how its callees are described, recorded once
+        hooks = self._compaction_hooks(ctx)
+        if await compaction.compact_if_needed(ctx, agent, hooks):
+            return  # compacted: the call is the next step
         state = ctx.state
         provider_name, model_id = parse_model(agent.model)
-        request = build_request(agent, state.messages)
-        previous = state.calls[-1] if state.calls else None
-        digest = chain(
-            previous.digest if previous else DIGEST_GENESIS,
-            request,
-            since=previous.messages_len if previous else 0,
-        )
+        request = hooks.build(agent, context_messages(state))
+        digest = compaction.request_digest(state, request)
         started = time.monotonic()
         try:
             provider = await _provider(agent.model)
@@ -416,6 +485,9 @@ class RunActor(Actor[RunState]):
                     )
                 )
                 ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+                return
+            if exc.too_large:  # over the window: compact and try once more
+                await compaction.after_refusal(ctx, agent, hooks, exc)
                 return
             self._failed_attempt(ctx, agent, exc)
             return
@@ -440,8 +512,8 @@ class RunActor(Actor[RunState]):
             response=response,
             cost_usd=str(cost) if cost is not None else None,
             latency_ms=latency,
-            messages_len=len(request.messages),
-            checked_as=parameters(agent),
+            messages_len=len(state.messages),  # the whole conversation's, compacted or not
+            checked_as=parameters(agent, state.callees),
         )
         try:
             ctx.emit(called)
@@ -464,16 +536,26 @@ class RunActor(Actor[RunState]):
                 )
             )
             return
-        spent = receipt(ctx.state).usd_paid
-        if agent.budget_usd is not None and spent > Decimal(str(agent.budget_usd)):
+        left = calls.budget_left(ctx.state, agent)
+        if left is not None and left < 0:
+            spent = receipt(ctx.state).usd_total
             ctx.emit(
                 RunFailed(
                     error_class="budget",
-                    message=f"spent ${spent:.4f}, over the budget of ${agent.budget_usd:g}",
+                    message=f"spent ${spent:.4f}, over the budget of ${spent + left:.4f}",
                 )
             )
             return
         ctx.send(ctx.actor_id, Continue())
+
+    def _compaction_hooks(self, ctx: Context[RunState]) -> compaction.Hooks:
+        callees = ctx.state.callees
+        return compaction.Hooks(
+            build=lambda agent, messages: build_request(agent, messages, callees),
+            provider=_provider,
+            price=_price,
+            failed_attempt=self._failed_attempt,
+        )
 
     def _failed_attempt(self, ctx: Context[RunState], agent: Agent, exc: ProviderError) -> None:
         """A model call failed after the provider's own retries: fail the run, or try the step
@@ -518,8 +600,11 @@ def _validated(tool: Tool, call: ToolCall) -> tuple[dict[str, Any] | None, str]:
     return arguments, ""
 
 
-def build_request(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
-    """The request this code makes for ``messages``: what digests are computed from."""
+def build_request(
+    agent: Agent, messages: Iterable[Message], callees: Mapping[str, str] | None = None
+) -> ModelRequest:
+    """The request this code makes for ``messages``: what digests are computed from.
+    ``callees`` describes the agents it may call (as the run recorded them)."""
     _, model_id = parse_model(agent.model)
     return ModelRequest(
         model=model_id,
@@ -528,16 +613,17 @@ def build_request(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
         tools=tuple(
             ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
             for t in agent.tools
-        ),
+        )
+        + calls.callee_tools(agent, callees or {}),
         max_tokens=agent.max_tokens,
     )
 
 
-def parameters(agent: Agent) -> str:
+def parameters(agent: Agent, callees: Mapping[str, str] | None = None) -> str:
     """What a request depends on besides the conversation (Toren's version, the model, the
-    system prompt, the tools, the limits), as a digest: calls checked against one set of
-    parameters need not be checked again while it stays the same."""
-    return chain(f"toren {__version__}", build_request(agent, ()))[:32]
+    system prompt, the tools and callees, the limits), as a digest: calls checked against one
+    set of parameters need not be checked again while it stays the same."""
+    return chain(f"toren {__version__}", build_request(agent, (), callees))[:32]
 
 
 def verify(
@@ -549,16 +635,15 @@ def verify(
     With ``checked_as`` (this code's :func:`parameters`), the calls the state says were already
     checked against the same parameters are skipped: only those recorded since are checked."""
     state = ctx.state
-    digest, since, first = DIGEST_GENESIS, 0, 0
+    first = 0
     if checked_as and state.checked_as == checked_as and state.checked_calls:
         first = min(state.checked_calls, len(state.calls))
-        digest, since = state.calls[first - 1].digest, state.calls[first - 1].messages_len
-    messages = state.messages
-    for i in range(first, len(state.calls)):
-        call = state.calls[i]
-        # Only the messages added since the previous call: the chain covers the rest.
-        added = (messages[i] for i in range(since, call.messages_len))
-        digest = chain(digest, build_request(agent, added))
+
+    def build(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
+        return build_request(agent, messages, state.callees)
+
+    # The chain restarts at each compaction (see toren.actors.compaction).
+    for call, digest in compaction.recomputed(state, agent, build, first=first):
         if digest != call.digest:
             log.warning(
                 "%s: step %d would now be asked differently (code or config changed); "
@@ -575,7 +660,6 @@ def verify(
             if go_on:  # unless the message in hand is already a Continue
                 ctx.send(ctx.actor_id, Continue())
             return
-        since = call.messages_len
 
 
 async def _run_tool(tool: Tool, ctx: Context[RunState], intent: ToolIntended) -> tuple[str, bool]:

@@ -123,8 +123,15 @@ async def test_a_run_started_over_http_is_approved_and_completes(
 
         shown = await wait_for(parked, what="parked")
         assert shown["waiting_on"] == [
-            {"call_id": "r1", "tool": "refund", "arguments": {"amount": 500}}
+            {
+                "call_id": "r1",
+                "tool": "refund",
+                "arguments": {"amount": 500},
+                "run": run["id"],
+                "agent": "support",
+            }
         ]
+        assert (shown["parent"], shown["children"]) == (None, [])
         async with http.get(f"{base}/runs?status=parked&agent=support") as r:
             listed = (await r.json())["runs"]
         assert [x["id"] for x in listed] == [run["id"]]

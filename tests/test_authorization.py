@@ -1156,7 +1156,8 @@ async def test_a_token_that_may_not_read_gets_back_only_what_it_sent(
     assert repeated["id"] == run_id
     assert (repeated["agent"], repeated["input"]) == ("support", "Refund me")
     assert (repeated["output"], repeated["waiting_on"]) == (None, [])
-    assert repeated["receipt"] == nothing
+    assert nothing.keys() <= repeated["receipt"].keys()
+    assert all(v in (0, "0") for v in repeated["receipt"].values())  # nothing of what it cost
     assert await _runs(client) == 1
 
 

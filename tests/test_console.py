@@ -153,3 +153,51 @@ async def test_cross_site_and_csrf_less_writes_are_refused(
                 assert r.status == 202  # the real console's write goes through
     kinds = [r["kind"] for r in await client.pool.fetch("SELECT kind FROM toren.mailbox")]
     assert kinds.count("run.cancel") == 1
+
+
+async def test_a_childs_approval_is_decided_on_its_parents_page(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, chromium: Path
+) -> None:
+    from playwright.async_api import async_playwright
+
+    from tests.conftest import running_worker
+    from tests.test_calls import Plan, call, model, results
+    from toren._app import load_app
+    from toren.testing import Reply, ToolCall
+
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: (
+            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
+        ),
+        "editor": lambda b: (
+            Reply(f"editor: {results(b)[0]}")
+            if results(b)
+            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
+        ),
+    }
+    # Limited to the child's agent: it decides the child's call, from the parent's page.
+    _, token = await create_token(client.pool, "ed", scopes=["read", "approve"], agents=["editor"])
+    async with model(plan, monkeypatch), running_worker(db_url), api(db_url) as base:
+        run_id = await start_run(client, "desk", "publish the news")
+        async with async_playwright() as pw:
+            browser = await _launch(pw, chromium)
+            try:
+                page = await browser.new_page(viewport={"width": 1200, "height": 900})
+                await page.goto(base)
+                await page.fill("input[name=token]", token)
+                await page.click("button[type=submit]")
+                await page.wait_for_selector("#runs-body tr")
+                await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
+                await page.wait_for_selector("#decision:not([hidden])", timeout=20_000)
+                await page.wait_for_selector("#decision-controls:not([hidden])")
+                assert "child run" in await page.inner_text("#decision-what")
+                assert "editor" in await page.inner_text("#run-links")
+                await page.click("#approve")
+                await page.wait_for_selector("#run-status.completed", timeout=20_000)
+                await page.wait_for_selector("#events-body >> text=child.finished")
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(path=str(ARTIFACTS / "console-child.png"), full_page=True)
+            finally:
+                await browser.close()
+    assert (await read_run(client, run_id)).output == "desk: editor: published 'n'"

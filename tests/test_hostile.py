@@ -468,8 +468,9 @@ async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_it
             await wait_for(lambda: waits_for(client, run_id, "call_1"), what="asks about alice")
         original = toren.actors.run.build_request
 
-        def redeployed(agent: Any, messages: Any) -> Any:  # a new system prompt: step 1 is void
-            return attrs.evolve(original(agent, messages), system="Pay with care.")
+        def redeployed(agent: Any, messages: Any, callees: Any = None) -> Any:
+            # a new system prompt: step 1 is void
+            return attrs.evolve(original(agent, messages, callees), system="Pay with care.")
 
         monkeypatch.setattr(toren.actors.run, "build_request", redeployed)
         # The approver's page still shows alice's payment, call_1.

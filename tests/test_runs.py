@@ -314,7 +314,7 @@ def _shouting(original: Any) -> Any:
     request of step 2, which carries the first tool result, changes; step 1's does not."""
     from toren._model import Message, ToolResult
 
-    def shout(agent: Any, messages: tuple[Message, ...]) -> Any:
+    def shout(agent: Any, messages: tuple[Message, ...], callees: Any = None) -> Any:
         loud = tuple(
             Message(
                 role=m.role,
@@ -325,7 +325,7 @@ def _shouting(original: Any) -> Any:
             )
             for m in messages
         )
-        return original(agent, loud)
+        return original(agent, loud, callees)
 
     return shout
 

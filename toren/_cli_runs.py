@@ -24,12 +24,14 @@ from toren.runs import (
     cancel,
     check_served,
     decide,
+    decision_target,
     read_run,
     receipt,
     retry,
     run_status,
     say,
     start_run,
+    waiting_below,
     waiting_on,
 )
 
@@ -67,6 +69,13 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "usd_paid": str(r.usd_paid),
         "usd_not_repaid": str(r.usd_not_repaid),
         "unpriced_calls": r.unpriced_calls,
+        "compactions_soft": r.compactions_soft,
+        "compactions_hard": r.compactions_hard,
+        "tokens_saved": r.tokens_saved,
+        "child_runs": r.child_runs,
+        "child_calls_made": r.child_calls_made,
+        "child_usd_paid": str(r.child_usd_paid),
+        "usd_total": str(r.usd_total),
     }
     return {
         "id": run_id,
@@ -77,6 +86,16 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "error": {"class": state.error_class, "message": state.error} if state.error else None,
         **figures,  # the receipt's figures, at the top level for scripts
         "receipt": figures,
+        "parent": state.parent or None,
+        "children": [
+            {
+                "run": c.run_id,
+                "agent": c.agent,
+                "call_id": call_id,
+                "status": state.finished[c.run_id].status if c.run_id in state.finished else None,
+            }
+            for call_id, c in state.children.items()
+        ],
     }
 
 
@@ -85,6 +104,29 @@ def describe(event_type: str, data: dict[str, Any]) -> str:
     bidi controls, NUL and lone surrogates shown as escapes), its line breaks shown as ``\\n``
     so that no text in a run can make a line that looks like another event."""
     return printable(_describe(event_type, data)).replace("\n", "\\n")
+
+
+def _compacted(data: dict[str, Any]) -> str:
+    why = "the provider refused the request as too large" if data["reason"] == "refused" else ""
+    what = f"{data['elided']} tool results elided" if data.get("elided") else ""
+    if data["tier"] == "hard":
+        summary = data.get("summary") or {}
+        usage = summary.get("usage") or {"input_tokens": 0, "output_tokens": 0}
+        cost = f"${data['cost_usd']}" if data.get("cost_usd") else "unpriced"
+        what = ", ".join(
+            x
+            for x in (
+                what,
+                f"{data['summarised']} messages summarised by {data['model']} "
+                f"({usage['input_tokens']} in, {usage['output_tokens']} out, {cost}, "
+                f"{data['latency_ms']} ms)",
+            )
+            if x
+        )
+    return (
+        f"context compacted ({data['tier']}{'; ' + why if why else ''}): about "
+        f"{data['tokens_before']} -> {data['tokens_after']} input tokens; {what}"
+    )
 
 
 def _describe(event_type: str, data: dict[str, Any]) -> str:
@@ -115,6 +157,18 @@ def _describe(event_type: str, data: dict[str, Any]) -> str:
             f"{verdict} of call {data['call_id']} by {data['who']} via {data['channel']} "
             f"refused ({data['outcome'].replace('_', ' ')}); not recorded as a decision"
         )
+    if event_type == "child.started":
+        return f"child run {data['run_id']} of {data['agent']} started (call {data['call_id']})"
+    if event_type == "child.finished":
+        how = data["status"] + (f" [{data['error_class']}]" if data.get("error_class") else "")
+        return f"child run {data['run_id']} {how}, ${data['usd_paid']}"
+    if event_type == "child.approval_requested":
+        return (
+            f"child run {data['run_id']} ({data['agent']}) asks approval for {data['name']} "
+            f"{json.dumps(data['arguments'])} (call {data['child_call_id']})"
+        )
+    if event_type == "context.compacted":
+        return _compacted(data)
     if event_type == "run.failed":
         return f"failed [{data['error_class']}]: {data['message']}"
     if event_type == "toren.failed":
@@ -216,6 +270,12 @@ def register(main: click.Group) -> None:
                 return
             for entry in await client.journal(run_id):
                 out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
+            if state.parent:
+                out.print(plain(f"\nstarted by run {state.parent} (a cross-agent call)"))
+            for call_id, child in state.children.items():
+                ended = state.finished.get(child.run_id)
+                how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
+                out.print(plain(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})"))
             r = receipt(state)
             out.print(
                 plain(
@@ -223,6 +283,18 @@ def register(main: click.Group) -> None:
                     f"{r.calls_replayed} replayed; {r.input_tokens} in / {r.output_tokens} out "
                     f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
                     + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")
+                    + (
+                        f"; compactions: {r.compactions_soft} soft, {r.compactions_hard} hard, "
+                        f"about {r.tokens_saved} input tokens saved"
+                        if r.compactions_soft or r.compactions_hard
+                        else ""
+                    )
+                    + (
+                        f"; child runs: {r.child_runs}, {r.child_calls_made} calls, "
+                        f"${r.child_usd_paid} (total ${r.usd_total})"
+                        if r.child_runs
+                        else ""
+                    )
                 )
             )
         finally:
@@ -328,28 +400,33 @@ class DecisionNotApplied(TorenError):
 async def _decide(
     client: Client, run_id: str, call_id: str | None, *, approved: bool, reason: str
 ) -> None:
-    """Show the call decided, decide it, and report what the run did (exit 1 if refused)."""
+    """Show the call decided, decide it, and report what the run did (exit 1 if refused).
+    Calls the run's child runs wait on are listed and decided from the parent too."""
     state = await _read(client, run_id)
-    waiting = waiting_on(state)
+    waiting = [(run_id, c) for c in waiting_on(state)]
+    for below, _, _ in await waiting_below(client, run_id):
+        waiting.extend((below, c) for c in waiting_on(await read_run(client, below)))
     if call_id is None:
         if not waiting:
             raise DecisionNotApplied(
                 f"{run_id} is not waiting for a decision (it is {state.status})"
             )
         if len(waiting) > 1:
-            calls = ", ".join(f"{c.name} (--call {c.id})" for c in waiting)
+            calls = ", ".join(f"{c.name} (--call {c.id})" for _, c in waiting)
             raise ConfigError(
                 f"{run_id} waits for {len(waiting)} decisions: {calls}",
                 hint="Name the one you decide with --call.",
             )
-        call_id = waiting[0].id
+        call_id = waiting[0][1].id
     verb = "approving" if approved else "denying"
-    for call in waiting:
-        if call.id == call_id:
+    target, _ = await decision_target(client, run_id, call_id)
+    for where, call in waiting:
+        if call.id == call_id and where == target:
             arguments = json.dumps(call.arguments, ensure_ascii=True)
-            out.print(plain(f"{verb} {call.name} {arguments} (call {call.id})"))
+            of = f" of child run {where}" if where != run_id else ""
+            out.print(plain(f"{verb} {call.name} {arguments} (call {call.id}{of})"))
     outcome = await decide(
-        client, run_id, call_id=call_id, approved=approved, by=who(), reason=reason
+        client, target, call_id=call_id, approved=approved, by=who(), reason=reason
     )
     if outcome is None:
         out.print(

@@ -50,6 +50,10 @@ POINTS: dict[str, str] = {
     "model.received": "a run has the model's response, not yet recorded",
     "tool.running": "a run is about to run a tool whose intent is recorded",
     "decision.received": "a run is handling an approval decision, not yet recorded",
+    "compaction.summarising": "a run is about to send a compaction's summary request",
+    "compaction.summarised": "a run has a compaction's summary, not yet recorded",
+    "child.starting": "a run is about to start a child run (a cross-agent call), not yet recorded",
+    "child.finished": "a run is recording a child run's end, not yet committed",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"

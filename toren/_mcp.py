@@ -39,11 +39,13 @@ from toren.runs import (
     RunNotInState,
     check_served,
     decide,
+    decision_target,
     read_run,
     receipt,
     run_agent,
     say,
     start_run,
+    waiting_below,
     waiting_on,
 )
 
@@ -124,15 +126,28 @@ def build(
                 "output": state.output,
                 "error": f"{state.error_class}: {state.error}" if state.error_class else None,
                 "waiting_on": [
-                    {"call_id": c.id, "tool": c.name, "arguments": c.arguments}
+                    {"call_id": c.id, "tool": c.name, "arguments": c.arguments, "run": rid}
                     for c in waiting_on(state)
+                ]
+                + [  # calls of child runs (cross-agent calls), decided from here too
+                    {"call_id": c.id, "tool": c.name, "arguments": c.arguments, "run": below}
+                    for below, _, _ in await waiting_below(client, rid)
+                    for c in waiting_on(await read_run(client, below))
                 ],
                 "receipt": {
                     "calls_made": r.calls_made,
                     "calls_replayed": r.calls_replayed,
                     "usd_paid": str(r.usd_paid),
                     "usd_not_repaid": str(r.usd_not_repaid),
+                    "compactions_soft": r.compactions_soft,
+                    "compactions_hard": r.compactions_hard,
+                    "tokens_saved": r.tokens_saved,
+                    "child_runs": r.child_runs,
+                    "child_usd_paid": str(r.child_usd_paid),
+                    "usd_total": str(r.usd_total),
                 },
+                "parent": state.parent or None,
+                "children": [c.run_id for c in state.children.values()],
             }
         )
         return shown
@@ -172,7 +187,10 @@ def build(
     async def _decide(run_id: str, call_id: str, approved: bool, reason: str, ctx: Context) -> str:
         rid = _run_id(run_id)
         await _state(client, rid)
-        access = await caller(ctx, "approve", await run_agent(client, rid))
+        # A call a child run waits on may be decided from its parent: it goes to the child,
+        # and the caller must be allowed to decide that run's agent's calls.
+        rid, agent = await decision_target(client, rid, call_id)
+        access = await caller(ctx, "approve", agent)
         name = access.principal.name
         try:
             outcome = await decide(

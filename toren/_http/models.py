@@ -43,7 +43,9 @@ class ApprovalBody(_Strict):
         min_length=1,
         max_length=200,
         pattern=CALL_ID,
-        description="The waiting call this decides (`waiting_on[].call_id` of the run).",
+        description="The waiting call this decides (`waiting_on[].call_id` of the run; a "
+        "call a child run waits on is decided from its parent's page too: the decision goes "
+        "to `waiting_on[].run`).",
     )
     approved: bool
     reason: str = Field(default="", max_length=2_000)
@@ -61,12 +63,44 @@ class Receipt(BaseModel):
     usd_paid: str
     usd_not_repaid: str
     unpriced_calls: int
+    child_runs: int = Field(default=0, description="Child runs this run's calls started.")
+    child_calls_made: int = 0
+    child_usd_paid: str = "0"
+    usd_total: str = Field(default="0", description="This run's and its children's dollars.")
+    compactions_soft: int = Field(
+        default=0, description="Context compactions that elided old tool results."
+    )
+    compactions_hard: int = Field(
+        default=0,
+        description="Context compactions that summarised older turns (each a model call, "
+        "counted in calls_made and paid like any).",
+    )
+    tokens_saved: int = Field(
+        default=0,
+        description="Input tokens the compactions took out of the requests that triggered "
+        "them (estimated).",
+    )
 
 
 class PendingApproval(BaseModel):
     call_id: str
     tool: str
     arguments: dict[str, Any]
+    run: str = Field(
+        description="The run whose call this is: this run, or a run below it (a child of its "
+        "cross-agent calls)."
+    )
+    agent: str = Field(description="That run's agent (a token limited to agents needs it).")
+
+
+class ChildRun(BaseModel):
+    run: str = Field(description="The child run a cross-agent call started.")
+    agent: str
+    call_id: str = Field(description="The call of this run that started it.")
+    status: RunStatus
+    usd_paid: str | None = Field(
+        description="What it cost (its children included), once it ended; null while it runs."
+    )
 
 
 class RunSummary(BaseModel):
@@ -91,6 +125,10 @@ class Run(BaseModel):
     created_at: str
     waiting_on: list[PendingApproval]
     receipt: Receipt
+    parent: str | None = Field(
+        default=None, description="The run whose cross-agent call started this one."
+    )
+    children: list[ChildRun] = Field(default_factory=list)
 
 
 class RunList(BaseModel):

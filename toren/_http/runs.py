@@ -8,7 +8,7 @@ import re
 import uuid
 from collections.abc import Awaitable
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 from aiohttp import web
@@ -32,6 +32,7 @@ from toren._http.models import (
     Accepted,
     ApprovalBody,
     CancelBody,
+    ChildRun,
     Decision,
     Event,
     EventList,
@@ -59,10 +60,12 @@ from toren.runs import (
     check_message,
     check_served,
     decide,
+    decision_target,
     receipt,
     run_agent,
     say,
     start_run,
+    waiting_below,
     waiting_on,
 )
 
@@ -230,9 +233,22 @@ async def _run(app: web.Application, rid: str) -> Run:
     state, created = await _state(app, rid)
     r = receipt(state)
     waiting = [
-        PendingApproval(call_id=c.id, tool=c.name, arguments=c.arguments or {})
+        PendingApproval(
+            call_id=c.id, tool=c.name, arguments=c.arguments or {}, run=rid, agent=state.agent
+        )
         for c in waiting_on(state)
     ]
+    client = app[CLIENT]
+    for below, agent, _ in await waiting_below(client, rid):
+        # A call a child run waits on is decided from here too (it goes to the child).
+        child, _ = await _state(app, below)
+        waiting.extend(
+            PendingApproval(
+                call_id=c.id, tool=c.name, arguments=c.arguments or {}, run=below, agent=agent
+            )
+            for c in waiting_on(child)
+        )
+    statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
     return Run(
         id=rid,
         agent=state.agent,
@@ -251,8 +267,38 @@ async def _run(app: web.Application, rid: str) -> Run:
             usd_paid=str(r.usd_paid),
             usd_not_repaid=str(r.usd_not_repaid),
             unpriced_calls=r.unpriced_calls,
+            child_runs=r.child_runs,
+            child_calls_made=r.child_calls_made,
+            child_usd_paid=str(r.child_usd_paid),
+            usd_total=str(r.usd_total),
+            compactions_soft=r.compactions_soft,
+            compactions_hard=r.compactions_hard,
+            tokens_saved=r.tokens_saved,
         ),
+        parent=state.parent or None,
+        children=[
+            ChildRun(
+                run=c.run_id,
+                agent=c.agent,
+                call_id=call_id,
+                status=statuses.get(c.run_id, "running"),
+                usd_paid=state.finished[c.run_id].usd_paid if c.run_id in state.finished else None,
+            )
+            for call_id, c in state.children.items()
+        ],
     )
+
+
+async def _statuses(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, Any]:
+    """The status of each run named, from its row."""
+    if not run_ids:
+        return {}
+    rows = await pool.fetch(
+        "SELECT actor_id, coalesce(summary->>'status', 'running') AS status "
+        "FROM toren.actors WHERE actor_id = ANY($1::text[])",
+        run_ids,
+    )
+    return {r["actor_id"]: r["status"] for r in rows}
 
 
 _EVENTS = (
@@ -333,7 +379,11 @@ async def approval(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    await _writable(request, rid, "approve")
+    await _created(client.pool, rid)
+    # The call may wait in a child run (shown on this page too): the decision goes there, and
+    # the caller must be allowed to decide that run's agent's calls.
+    rid, agent = await decision_target(client, rid, body.call_id)
+    require(request, "approve", agent)
     outcome = await _send(
         decide(
             client,

@@ -257,6 +257,51 @@ async def decide(
     return answer
 
 
+_BELOW = """
+WITH RECURSIVE below(actor_id, depth) AS (
+    SELECT actor_id, 1 FROM toren.actors WHERE parent = $1 AND kind = $2
+    UNION ALL
+    SELECT a.actor_id, b.depth + 1 FROM toren.actors a JOIN below b ON a.parent = b.actor_id
+    WHERE a.kind = $2 AND b.depth < 64
+)
+SELECT a.actor_id, a.args->>'agent' AS agent, a.summary->'waiting_on' AS waiting, b.depth
+FROM below b JOIN toren.actors a USING (actor_id)
+WHERE jsonb_array_length(coalesce(a.summary->'waiting_on', '[]')) > 0
+ORDER BY b.depth, a.created_at
+"""
+
+
+async def waiting_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
+    """The runs below ``run_id`` (child runs of its cross-agent calls, their children...) that
+    wait for decisions: ``(run id, agent, call ids)``, nearest first (from their rows)."""
+    rows = await client.pool.fetch(_BELOW, run_id, RUN_KIND)
+    return [(r["actor_id"], r["agent"] or "", list(r["waiting"] or ())) for r in rows]
+
+
+async def decision_target(client: Client, run_id: str, call_id: str) -> tuple[str, str]:
+    """The run a decision on ``call_id`` sent on ``run_id``'s page goes to, with its agent: the
+    run itself if the call waits there, else the run below it (a child of its cross-agent
+    calls) where it waits; a call that waits nowhere is left to ``run_id`` (which refuses it).
+    Authorization is by the agent of the run decided, whichever page shows the call.
+
+    Raises:
+        UnknownActor: no such run.
+    """
+    row = await client.pool.fetchrow(
+        "SELECT args->>'agent' AS agent, summary->'waiting_on' AS waiting "
+        "FROM toren.actors WHERE actor_id = $1 AND kind = $2",
+        run_id,
+        RUN_KIND,
+    )
+    if row is None:
+        raise UnknownActor(run_id)
+    if call_id not in (row["waiting"] or ()):
+        for below, agent, waiting in await waiting_below(client, run_id):
+            if call_id in waiting:
+                return below, agent
+    return run_id, str(row["agent"] or "")
+
+
 async def read_run(client: Client, run_id: str) -> RunState:
     """The run's state, read here (no worker involved): its latest snapshot and the events
     recorded since, folded.

@@ -11,7 +11,7 @@ from typing import Any, Literal
 import attrs
 
 from toren._codec import message
-from toren._model import ModelResponse
+from toren._model import Message, ModelResponse
 from toren._principal import Principal
 
 RUN_KIND = "toren.run"
@@ -33,6 +33,12 @@ class StartRun:
     agent: str
     input: str
     by: Principal | None = None  # None only in a message queued by an earlier version
+    # A child run started by another run's cross-agent call: the parent run, its tool call, the
+    # agents above it (the chain a cycle is checked against) and the parent's budget left.
+    parent: str = ""
+    parent_call: str = ""
+    chain: tuple[str, ...] = ()
+    budget_usd: str | None = None
 
 
 @message("run.continue")
@@ -120,6 +126,41 @@ class Retry:
     who: str = ""
 
 
+@message("run.child_ended")
+@attrs.frozen(kw_only=True)
+class ChildEnded:
+    """A child run tells its parent that it ended (completed or failed), with what it cost
+    (its own calls and its children's, at its end). Sent at each end; the parent takes the
+    first for each call."""
+
+    call_id: str  # the parent's tool call that started the child
+    run_id: str
+    agent: str
+    status: str
+    output: str = ""
+    error_class: str | None = None
+    error: str | None = None
+    usd_paid: str = "0"
+    calls_made: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    unpriced_calls: int = 0
+
+
+@message("run.child_asked")
+@attrs.frozen(kw_only=True)
+class ChildAsked:
+    """A child run (or a child of it) asks a human to decide one of its tool calls: the parent
+    records it for its timeline (the decision goes to the child)."""
+
+    call_id: str  # the parent's tool call that started the child
+    run_id: str  # the run that waits (the child, or a run below it)
+    agent: str
+    child_call_id: str
+    name: str
+    arguments: dict[str, Any]
+
+
 def author(msg: Say | Decide | Cancel | Retry) -> tuple[str, str]:
     """The name and surface a human message came from (a message queued by an earlier version
     carries only a free-text name)."""
@@ -138,6 +179,11 @@ class RunStarted:
     input: str
     at: float = 0.0  # when (unix seconds, the worker's clock)
     by: Principal | None = None  # who started it (None in journals of earlier versions)
+    # set for a child run (see StartRun)
+    parent: str = ""
+    parent_call: str = ""
+    chain: tuple[str, ...] = ()
+    budget_usd: str | None = None
     v: int = FORMAT
 
 
@@ -181,6 +227,43 @@ class StepsInvalidated:
 
     from_step: int
     reason: str
+    v: int = FORMAT
+
+
+CompactionTier = Literal["soft", "hard"]
+CompactionReason = Literal["threshold", "refused"]
+
+
+@message("context.compacted")
+@attrs.frozen(kw_only=True)
+class ContextCompacted:
+    """The run's context was compacted: every later request carries ``prefix`` in place of the
+    conversation before ``base``, recorded by value (a replay applies it; it never compacts or
+    summarises again). The digest chain restarts at the first call after it.
+
+    ``tier`` ``soft``: old tool results elided to stubs, no model call. ``hard``: the turns
+    before ``base`` summarised by a model call (``model``, ``summary``, ``cost_usd``,
+    ``latency_ms``: counted on the receipt like any call). ``reason`` ``threshold``: the next
+    request was projected past a threshold of the window; ``refused``: the provider refused
+    the request as over the window. ``after_calls``: how many calls the run had made then.
+    ``base`` indexes the full conversation (``RunState.messages``; ``messages[base]`` is an
+    assistant turn). ``tokens_before`` is the projected input that triggered it,
+    ``tokens_after`` the estimate after it; ``elided`` counts the tool results stubbed and
+    ``summarised`` the messages summarised."""
+
+    tier: CompactionTier
+    reason: CompactionReason
+    after_calls: int
+    base: int
+    prefix: tuple[Message, ...]
+    tokens_before: int
+    tokens_after: int
+    elided: int = 0
+    summarised: int = 0
+    model: str = ""
+    summary: ModelResponse | None = None
+    cost_usd: str | None = None  # decimal as text; None: unpriced, or no call made
+    latency_ms: int = 0
     v: int = FORMAT
 
 
@@ -314,6 +397,69 @@ class RunResumed:
 
     replayed: int
     checked_as: str = ""
+    v: int = FORMAT
+
+
+@message("callees.described")
+@attrs.frozen(kw_only=True)
+class CalleesDescribed:
+    """How the agents this run may call are described to its model (each callee's
+    ``description``, from the cards live workers publish), recorded so that every request of
+    the run describes them the same way, live and after a replay."""
+
+    descriptions: dict[str, str]
+    v: int = FORMAT
+
+
+@message("child.started")
+@attrs.frozen(kw_only=True)
+class ChildStarted:
+    """A cross-agent call started child run ``run_id`` (in the same commit): the run parks
+    until the child ends."""
+
+    call_id: str
+    run_id: str
+    agent: str
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("child.finished")
+@attrs.frozen(kw_only=True)
+class ChildFinished:
+    """A child run ended; its cost (its own calls and its children's) counts in this run's."""
+
+    call_id: str
+    run_id: str
+    agent: str
+    status: str
+    # its output (cut to this run's tool-result cap) or its error, kept for a call whose result
+    # could not be recorded when the child ended (this run had failed meanwhile)
+    output: str = ""
+    error_class: str | None = None
+    error: str | None = None
+    usd_paid: str = "0"
+    calls_made: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    unpriced_calls: int = 0
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("child.approval_requested")
+@attrs.frozen(kw_only=True)
+class ChildApprovalRequested:
+    """A run below this one waits for a human decision on one of its tool calls (decide it
+    from this run's page or the child's: the decision goes to ``run_id``)."""
+
+    call_id: str  # this run's call that started the child
+    run_id: str
+    agent: str
+    child_call_id: str
+    name: str
+    arguments: dict[str, Any]
+    at: float = 0.0
     v: int = FORMAT
 
 

@@ -22,18 +22,49 @@ class Receipt:
     usd_paid: Decimal
     usd_not_repaid: Decimal
     unpriced_calls: int
+    # what the runs this one started by cross-agent calls cost (each child once, as of its
+    # end, its own children included); ``usd_total`` is this run's and its children's
+    child_runs: int = 0
+    child_calls_made: int = 0
+    child_input_tokens: int = 0
+    child_output_tokens: int = 0
+    child_usd_paid: Decimal = Decimal(0)
+    child_unpriced_calls: int = 0
+    # context compactions made (each a soft or a hard one) and the input tokens they took out
+    # of the requests that triggered them (estimated: before less after, summed)
+    compactions_soft: int = 0
+    compactions_hard: int = 0
+    tokens_saved: int = 0
+
+    @property
+    def usd_total(self) -> Decimal:
+        """Dollars paid by this run and by the child runs it started."""
+        return self.usd_paid + self.child_usd_paid
 
 
 def receipt(state: RunState) -> Receipt:
     """The receipt of a run as recorded so far (from totals the fold keeps: no walk over its
     calls)."""
     replayed = min(state.replayed, len(state.kept_cost))
+    compactions = min(state.compactions_replayed, len(state.compaction_cost))
+    not_repaid = state.kept_cost[replayed - 1] if replayed else Decimal(0)
+    if compactions:  # summary calls served from the journal are not paid again either
+        not_repaid += state.compaction_cost[compactions - 1]
     return Receipt(
-        calls_made=len(state.voided) + len(state.calls) + state.unreadable,
+        calls_made=len(state.voided) + len(state.calls) + state.unreadable + state.summary_calls,
         calls_replayed=state.replayed,
         input_tokens=state.input_tokens,
         output_tokens=state.output_tokens,
         usd_paid=state.usd_paid,
-        usd_not_repaid=state.kept_cost[replayed - 1] if replayed else Decimal(0),
+        usd_not_repaid=not_repaid,
         unpriced_calls=state.unpriced + state.unreadable,
+        child_runs=state.child_runs,
+        child_calls_made=state.child_calls,
+        child_input_tokens=state.child_input_tokens,
+        child_output_tokens=state.child_output_tokens,
+        child_usd_paid=state.child_usd,
+        child_unpriced_calls=state.child_unpriced,
+        compactions_soft=state.compactions_soft,
+        compactions_hard=state.compactions_hard,
+        tokens_saved=state.tokens_saved,
     )

@@ -4,7 +4,7 @@ a decision would do; the receipt is in :mod:`toren.runs.receipt`)."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any, TypeVar, get_args, get_origin
 
@@ -19,6 +19,10 @@ from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
     ApprovalDecided,
     ApprovalRequested,
+    CalleesDescribed,
+    ChildFinished,
+    ChildStarted,
+    ContextCompacted,
     Decide,
     DecisionOutcome,
     MessageReceived,
@@ -85,7 +89,7 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
 
 
 @attrs.frozen(kw_only=True)
@@ -123,6 +127,16 @@ class RunState:
     input_tokens: int = 0
     output_tokens: int = 0
     kept_cost: History[Decimal] = attrs.field(factory=History)
+    # context compactions (see ContextCompacted): those in effect, with the running cost of
+    # their summary calls (for what replaying the first N of them saved); every compaction
+    # made counts in the totals, those voided by an invalidation too
+    compactions: History[ContextCompacted] = attrs.field(factory=History)
+    compaction_cost: History[Decimal] = attrs.field(factory=History)
+    compactions_replayed: int = 0
+    summary_calls: int = 0
+    compactions_soft: int = 0
+    compactions_hard: int = 0
+    tokens_saved: int = 0
     # every tool-call id the run's calls carried, kept and voided (a new call's must differ)
     tool_ids: PSet[str] = attrs.field(factory=pset)
     # tool intents recorded, by tool and canonical arguments (see occurrence_key)
@@ -140,6 +154,28 @@ class RunState:
     output: str | None = None
     error_class: str | None = None
     error: str | None = None
+    # cross-agent calls: a child run's parent (see RunStarted), the children this run started
+    # by call id (and those that ended), how callees are described to its model, and the
+    # running totals of what its children cost
+    parent: str = ""
+    parent_call: str = ""
+    chain: tuple[str, ...] = ()
+    budget_cap: Decimal | None = None
+    children: PMap[str, ChildStarted] = attrs.field(factory=pmap)  # latest child of a call
+    finished: PMap[str, ChildFinished] = attrs.field(factory=pmap)  # by child run id
+    callees: PMap[str, str] = attrs.field(factory=pmap)
+    retries: int = 0  # times the run was retried after failing (a new attempt at its calls)
+    child_runs: int = 0
+    child_calls: int = 0
+    child_usd: Decimal = Decimal(0)
+    child_input_tokens: int = 0
+    child_output_tokens: int = 0
+    child_unpriced: int = 0
+
+    @property
+    def children_running(self) -> list[ChildStarted]:
+        """Child runs started by this run's calls that have not ended yet."""
+        return [c for c in self.children.values() if c.run_id not in self.finished]
 
     @property
     def digest(self) -> str | None:
@@ -175,6 +211,10 @@ def fold(state: RunState, event: Any) -> RunState:
             input=event.input,
             messages=History([first]),
             started_at=event.at,
+            parent=event.parent,
+            parent_call=event.parent_call,
+            chain=tuple(event.chain),
+            budget_cap=Decimal(event.budget_usd) if event.budget_usd is not None else None,
         )
     if isinstance(event, ModelCalled):
         turn = Message(role="assistant", content=tuple(event.response.content))
@@ -215,6 +255,8 @@ def fold(state: RunState, event: Any) -> RunState:
         )
     if isinstance(event, ModelUnreadable):
         return attrs.evolve(state, unreadable=state.unreadable + 1)
+    if isinstance(event, ContextCompacted):
+        return _compacted(state, event)
     if isinstance(event, StepsInvalidated):
         return _invalidate(state, event.from_step)
     if isinstance(event, RunRetrying):
@@ -223,6 +265,7 @@ def fold(state: RunState, event: Any) -> RunState:
         waits = bool(_waiting_ids(state))
         return attrs.evolve(
             state,
+            retries=state.retries + 1,
             status="parked" if waits else "running",
             parked_since=event.at if waits else None,
             error_class=None,
@@ -281,8 +324,41 @@ def fold(state: RunState, event: Any) -> RunState:
             parked_since=None,
             parked_seconds=state.parked_seconds + max(0.0, waited),
         )
+    if isinstance(event, CalleesDescribed):
+        return attrs.evolve(state, callees=state.callees.update(event.descriptions))
+    if isinstance(event, ChildStarted):
+        return attrs.evolve(
+            state,
+            children=state.children.set(event.call_id, event),
+            status="parked",
+            parked_since=event.at,
+        )
+    if isinstance(event, ChildFinished):
+        state = attrs.evolve(
+            state,
+            finished=state.finished.set(event.run_id, event),
+            child_runs=state.child_runs + 1,
+            child_calls=state.child_calls + event.calls_made,
+            child_usd=state.child_usd + Decimal(event.usd_paid),
+            child_input_tokens=state.child_input_tokens + event.input_tokens,
+            child_output_tokens=state.child_output_tokens + event.output_tokens,
+            child_unpriced=state.child_unpriced + event.unpriced_calls,
+        )
+        if state.status == "parked" and not _waiting_ids(state):
+            waited = event.at - state.parked_since if state.parked_since is not None else 0.0
+            state = attrs.evolve(
+                state,
+                status="running",
+                parked_since=None,
+                parked_seconds=state.parked_seconds + max(0.0, waited),
+            )
+        return state
     if isinstance(event, RunResumed):
-        state = attrs.evolve(state, replayed=max(state.replayed, event.replayed))
+        state = attrs.evolve(
+            state,
+            replayed=max(state.replayed, event.replayed),
+            compactions_replayed=len(state.compactions),
+        )
         if event.checked_as:
             state = attrs.evolve(state, checked_as=event.checked_as, checked_calls=len(state.calls))
         return state
@@ -308,6 +384,37 @@ def _tool_failures(state: RunState) -> int:
     return state.tool_failures + 1 if failed else 0
 
 
+def _compacted(state: RunState, event: ContextCompacted) -> RunState:
+    """The state after a compaction: in effect from now on, its summary call (if any) paid."""
+    paid = event.summary is not None
+    cost = Decimal(event.cost_usd) if event.cost_usd is not None else Decimal(0)
+    before = state.compaction_cost[-1] if state.compaction_cost else Decimal(0)
+    used = event.summary.usage if event.summary is not None else None
+    return attrs.evolve(
+        state,
+        compactions=state.compactions.append(event),
+        compaction_cost=state.compaction_cost.append(before + cost),
+        summary_calls=state.summary_calls + paid,
+        usd_paid=state.usd_paid + cost,
+        unpriced=state.unpriced + (paid and event.cost_usd is None),
+        input_tokens=state.input_tokens + (used.input_tokens if used else 0),
+        output_tokens=state.output_tokens + (used.output_tokens if used else 0),
+        compactions_soft=state.compactions_soft + (event.tier == "soft"),
+        compactions_hard=state.compactions_hard + (event.tier == "hard"),
+        tokens_saved=state.tokens_saved + max(0, event.tokens_before - event.tokens_after),
+        failed_attempts=0 if paid else state.failed_attempts,
+    )
+
+
+def context_messages(state: RunState) -> Sequence[Message]:
+    """The conversation as the next request carries it: the latest compaction's prefix, then
+    the conversation from its base on (the whole conversation when none was made)."""
+    if not state.compactions:
+        return state.messages
+    latest = state.compactions[-1]
+    return (*latest.prefix, *state.messages[latest.base :])
+
+
 def _invalidate(state: RunState, from_step: int) -> RunState:
     """Void calls ``from_step`` on: the conversation goes back to what call ``from_step`` was
     sent, their tool calls are forgotten, and human messages heard since are applied again."""
@@ -321,6 +428,11 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
         if intent is not None:
             occurrences = _count(occurrences, occurrence_key(intent.name, intent.arguments), -1)
     messages = state.messages[: void[0].messages_len]
+    # Compactions made once the kept calls were made stay (the first void call was sent with
+    # them); later ones go (what they paid stays in the totals).
+    compactions = len(state.compactions)
+    while compactions and state.compactions[compactions - 1].after_calls > len(kept):
+        compactions -= 1
     for before, text in state.heard:
         if before >= from_step:  # heard after the first void call: not in its request
             messages = _append_user(messages, Text(text=text))
@@ -338,6 +450,9 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
         inbox=pvector(),
         kept_cost=state.kept_cost[: len(kept)],
         replayed=min(state.replayed, len(kept)),
+        compactions=state.compactions[:compactions],
+        compaction_cost=state.compaction_cost[:compactions],
+        compactions_replayed=min(state.compactions_replayed, compactions),
         status="running",
     )
 
@@ -446,6 +561,8 @@ def summary(state: RunState) -> dict[str, Any]:
         if state.status in ("completed", "failed")
         else sorted(_waiting_ids(state)),
         "error_class": state.error_class,
+        "parent": state.parent or None,
+        "children": [c.run_id for c in state.children_running],
     }
 
 

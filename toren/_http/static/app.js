@@ -93,7 +93,7 @@ async function openRun(uuid) {
     events.push(event);
     $("events-body").insertAdjacentHTML("beforeend", `<tr><td>${event.seq}</td>
       <td>${esc(event.type)}</td><td>${new Date(event.at).toLocaleTimeString()}</td>
-      <td><code>${esc(JSON.stringify(event.data).slice(0, 160))}</code></td></tr>`);
+      <td><code>${esc(brief(event))}</code></td></tr>`);
     drawTimeline(events);
     clearTimeout(openRun.pending);
     openRun.pending = setTimeout(() => refreshRun(uuid), 150);
@@ -105,7 +105,18 @@ async function openRun(uuid) {
 const KNOWN = ["run.started", "model.called", "tool.intent", "tool.result", "approval.requested",
   "approval.decided", "decision.refused", "message.received", "timer.set", "timer.fired",
   "run.resumed", "steps.invalidated", "run.retrying", "run.retried", "run.completed",
-  "run.failed", "toren.failed"];
+  "run.failed", "toren.failed", "context.compacted", "child.started", "child.finished",
+  "child.approval_requested", "callees.described"];
+
+// What an event's row shows: its data, cut; a compaction in words (its prefix is long).
+function brief(event) {
+  const d = event.data;
+  if (event.type !== "context.compacted") return JSON.stringify(d).slice(0, 160);
+  const why = d.reason === "refused" ? ", the request was refused as too large" : "";
+  const cost = d.tier === "hard" ? `, summary by ${d.model} $${d.cost_usd ?? "unpriced"}` : "";
+  return `${d.tier}${why}: about ${d.tokens_before} -> ${d.tokens_after} input tokens; ` +
+    `${d.elided} tool results elided, ${d.summarised} messages summarised${cost}`;
+}
 
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
@@ -115,15 +126,29 @@ async function refreshRun(uuid) {
   $("run-input").textContent = run.input;
   $("run-output").hidden = !(run.output || run.error);
   $("run-output").textContent = run.output || `${run.error_class}: ${run.error}`;
+  // Parent and child runs of cross-agent calls, linked both ways.
+  const link = (id, text) => `<a href="#/runs/${esc(id.slice(4))}">${esc(text)}</a>`;
+  const links = [
+    ...(run.parent ? [`started by ${link(run.parent, run.parent)}`] : []),
+    ...run.children.map((c) => `child ${link(c.run, `${c.agent} (${c.status})`)}` +
+      (c.usd_paid !== null ? ` $${esc(c.usd_paid)}` : "")),
+  ];
+  $("run-links").hidden = !links.length;
+  $("run-links").innerHTML = links.join(" · ");
+  // A call a child run waits on is shown (and decided) here too; the decision goes to it.
   const waiting = run.waiting_on[0];
-  // Only what this session may do is offered (the server refuses the rest anyway).
-  const mayDecide = me.scopes.includes("approve") && (me.agents === null || me.agents.includes(run.agent));
+  // Only what this session may do is offered (the server refuses the rest anyway): a token
+  // limited to agents decides only the calls of runs of those agents.
+  const mayDecide = !!waiting && me.scopes.includes("approve") &&
+    (me.agents === null || me.agents.includes(waiting.agent));
   $("decision").hidden = !waiting;
   $("decision-controls").hidden = !mayDecide;
   $("decision-not-allowed").hidden = mayDecide;
   if (waiting) {
+    const where = waiting.run === run.id ? "" :
+      ` (child run ${link(waiting.run, `${waiting.agent} ${waiting.run.slice(4, 12)}`)})`;
     $("decision-what").innerHTML = `<code>${esc(waiting.tool)}</code>
-      <code>${esc(JSON.stringify(waiting.arguments))}</code>`;
+      <code>${esc(JSON.stringify(waiting.arguments))}</code>${where}`;
     // The decision names the call shown: if the run has moved on meanwhile, it is refused
     // (409) and never applied to another call.
     const decide = (approved) => async () => {
@@ -148,6 +173,10 @@ async function refreshRun(uuid) {
     ["tokens in / out", `${r.input_tokens} / ${r.output_tokens}`],
     ["paid", `$${r.usd_paid}`], ["not re-paid", `$${r.usd_not_repaid}`],
     ["unpriced calls", r.unpriced_calls],
+    ...(r.child_runs ? [["child runs", `${r.child_runs}: ${r.child_calls_made} calls, ` +
+      `$${r.child_usd_paid} (total $${r.usd_total})`]] : []),
+    ...(r.compactions_soft || r.compactions_hard ? [["compactions (soft / hard)",
+      `${r.compactions_soft} / ${r.compactions_hard}, about ${r.tokens_saved} input tokens saved`]] : []),
   ].map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
 }
 
@@ -175,6 +204,13 @@ function drawTimeline(events) {
       bars.push({ lane: 2, from: o.at, to: t(e), label: `${d.approved ? "approved" : "denied"} by ${d.who}`,
         error: !d.approved });
       delete open[`ask:${d.call_id}`];
+    } else if (e.type === "child.started") open[`child:${d.run_id}`] = { at: t(e), name: d.agent };
+    else if (e.type === "child.finished" && open[`child:${d.run_id}`]) {
+      // A cross-agent call: the child run's whole life, in the tools lane.
+      const o = open[`child:${d.run_id}`];
+      bars.push({ lane: 1, from: o.at, to: t(e), label: `child ${o.name}`,
+        error: d.status !== "completed" });
+      delete open[`child:${d.run_id}`];
     } else if (e.type === "timer.set") open[`timer:${d.call_id}`] = { at: t(e) };
     else if (e.type === "timer.fired" && open[`timer:${d.call_id}`]) {
       bars.push({ lane: 3, from: open[`timer:${d.call_id}`].at, to: t(e), label: "sleep" });
@@ -186,6 +222,11 @@ function drawTimeline(events) {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
     } else if (e.type === "decision.refused") {
       marks.push({ at: t(e), label: `decision for ${d.call_id} refused: ${d.outcome}`, kind: "bad" });
+    } else if (e.type === "context.compacted") {
+      if (d.tier === "hard") bars.push({ lane: 0, from: t(e) - (d.latency_ms || 0), to: t(e),
+        step: Infinity, label: "summary" });
+      marks.push({ at: t(e), label: `compacted (${d.tier}): ${d.tokens_before} -> ${d.tokens_after} tokens`,
+        kind: "resume" });
     } else if (e.type === "run.completed" || e.type === "run.failed" || e.type === "toren.failed") {
       marks.push({ at: t(e), label: e.type === "run.completed" ? "completed" : "failed",
         kind: e.type === "run.completed" ? "end" : "bad" });

@@ -1,0 +1,381 @@
+"""Cross-agent calls: mutual consent checked at call time, a child run per call that parks its
+parent, results and failures back as tool results, budgets, cancel cascading, receipts rolled
+up, a callee in another worker process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
+from tests.conftest import WorkerFactory, running_worker, wait_for
+from toren import Client
+from toren._app import load_app
+from toren._model import ToolCall, Usage
+from toren.runs import cancel, read_run, receipt, run_status, start_run
+from toren.testing import AnthropicServer, Reply
+
+pytestmark = pytest.mark.anyio
+
+Plan = dict[str, Callable[[dict[str, Any]], Reply]]
+
+
+def results(body: dict[str, Any]) -> list[str]:
+    """The tool results the request's last user turn carries, in order."""
+    last = body["messages"][-1]
+    blocks = last["content"] if isinstance(last["content"], list) else []
+    out = []
+    for b in blocks:
+        if b.get("type") == "tool_result":
+            content = b.get("content")
+            if isinstance(content, list):
+                content = "".join(c.get("text", "") for c in content)
+            out.append(str(content))
+    return out
+
+
+def call(tool: str, text: str, call_id: str) -> Reply:
+    return Reply([ToolCall(id=call_id, name=tool, arguments={"input": text})])
+
+
+def scripted(plan: Plan) -> Callable[[dict[str, Any], int], Reply]:
+    """Answer each request by the agent it comes from (its system prompt names it)."""
+
+    def answer(body: dict[str, Any], n: int) -> Reply:
+        system = body.get("system") or ""
+        if isinstance(system, list):
+            system = "".join(b.get("text", "") for b in system)
+        return plan[system.split(":")[0]](body)
+
+    return answer
+
+
+@contextlib.asynccontextmanager
+async def model(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
+    from toren.actors.run import close_providers
+
+    async with AnthropicServer(scripted(plan)) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        try:
+            yield server
+        finally:
+            await close_providers()
+
+
+def by_agent(server: AnthropicServer, name: str) -> list[dict[str, Any]]:
+    return [b for b in server.requests if str(b.get("system", "")).split(":")[0] == name]
+
+
+async def settled(client: Client, run_id: str) -> str | None:
+    status = await run_status(client, run_id)
+    return status if status in ("completed", "failed") else None
+
+
+async def test_a_call_starts_one_child_parks_the_parent_and_returns_its_output(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: (
+            Reply(f"desk heard: {results(b)[0]}")
+            if results(b)
+            else call("call_researcher", "tides", "d1")
+        ),
+        "researcher": lambda b: Reply("The moon pulls the sea."),
+    }
+    async with model(plan, monkeypatch) as server:
+        hold = server.hold(2)  # the child's model call waits: the parent must be parked
+        async with running_worker(db_url):
+            run_id = await start_run(client, "desk", "Why are there tides?")
+            await hold.arrived.wait()
+
+            async def parked_without_lease() -> bool:
+                row = await client.actor(run_id)
+                return row["owner"] is None and row["summary"]["status"] == "parked"
+
+            await wait_for(parked_without_lease, what="the parent parked, holding no lease")
+            hold.release()
+            assert await wait_for(lambda: settled(client, run_id)) == "completed"
+
+    state = await read_run(client, run_id)
+    assert state.output == "desk heard: The moon pulls the sea."
+    [child] = state.children.values()
+    child_state = await read_run(client, child.run_id)
+    assert child_state.parent == run_id
+    assert child_state.chain == ("desk",)
+    assert child_state.input == "tides"
+    assert child_state.output == "The moon pulls the sea."
+    started = await client.pool.fetchval(
+        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'run.started'",
+        child.run_id,
+    )
+    assert started["by"]["kind"] == "run"
+    assert started["by"]["id"] == run_id
+    # The caller's model sees the callee's description, never its system prompt.
+    first = by_agent(server, "desk")[0]
+    tools = {t["name"]: t for t in first["tools"]}
+    assert tools["call_researcher"]["description"] == (
+        "Finds facts about a topic; give it the topic."
+    )
+    assert "SECRET PROMPT" not in str(by_agent(server, "desk"))
+    # Receipts roll up: the parent's own calls, and its child's once.
+    r, rc = receipt(state), receipt(child_state)
+    assert (r.calls_made, r.child_runs, r.child_calls_made) == (2, 1, 1)
+    assert r.child_usd_paid == rc.usd_paid > 0
+    assert r.usd_total == r.usd_paid + rc.usd_paid
+    assert len(server.requests) == 3
+
+
+async def test_consent_cycles_depth_and_unknown_callees_are_error_results(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.calls_app")
+
+    def desk(b: dict[str, Any]) -> Reply:
+        seen = results(b)
+        if not seen:
+            return Reply(
+                [
+                    ToolCall(id="g1", name="call_ghost", arguments={"input": "boo"}),
+                    ToolCall(id="k1", name="call_gatekeeper", arguments={"input": "open"}),
+                    ToolCall(id="r1", name="call_researcher", arguments={"input": ""}),
+                ]
+            )
+        return Reply(" | ".join(seen))
+
+    plan: Plan = {
+        "desk": desk,
+        "ping": lambda b: Reply(results(b)[0]) if results(b) else call("call_pong", "hi", "p1"),
+        "pong": lambda b: (
+            Reply(f"pong saw: {results(b)[0]}") if results(b) else call("call_ping", "back", "q1")
+        ),
+        "chain0": lambda b: Reply(results(b)[0]) if results(b) else call("call_chain1", "x", "c0"),
+        "chain1": lambda b: (
+            Reply(f"chain1 saw: {results(b)[0]}") if results(b) else call("call_chain2", "y", "c1")
+        ),
+    }
+    async with model(plan, monkeypatch) as server, running_worker(db_url):
+        desk_run = await start_run(client, "desk", "try them all")
+        ping_run = await start_run(client, "ping", "start")
+        chain_run = await start_run(client, "chain0", "start")
+        for run_id in (desk_run, ping_run, chain_run):
+            assert await wait_for(lambda r=run_id: settled(client, r)) == "completed"
+
+    unknown, one_sided, empty = (await read_run(client, desk_run)).output.split(" | ")
+    assert unknown == "refused: no live worker runs an agent named 'ghost'"
+    assert "'gatekeeper' does not accept calls from 'desk'" in one_sided
+    assert "takes one argument, input: a non-empty text" in empty
+    assert not (await read_run(client, desk_run)).children
+    assert (await read_run(client, ping_run)).output == (
+        "pong saw: refused: calling 'ping' would make a cycle (ping -> pong -> ping)"
+    )
+    assert (await read_run(client, chain_run)).output.startswith(
+        "chain1 saw: refused: this run is 1 call(s) deep and 'chain1' may call at most 1 deep"
+    )
+    assert not by_agent(server, "chain2")
+    assert not by_agent(server, "ghost")
+
+
+async def test_the_childs_spend_stops_the_parent_at_its_budget(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.calls_app")
+    expensive = Usage(input_tokens=20_000, output_tokens=10)  # $0.06 at $3 per million
+    plan: Plan = {
+        "spender": lambda b: Reply("never") if results(b) else call("call_researcher", "x", "s1"),
+        "researcher": lambda b: Reply("costly facts", usage=expensive),
+    }
+    async with model(plan, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "spender", "spend")
+        assert await wait_for(lambda: settled(client, run_id)) == "failed"
+    state = await read_run(client, run_id)
+    [child] = state.children.values()
+    child_state = await read_run(client, child.run_id)
+    # The child's budget was what the parent had left; its spend counts in the parent's.
+    assert child_state.budget_cap is not None
+    assert child_state.budget_cap < Decimal("0.05")
+    assert (child_state.status, child_state.error_class) == ("failed", "budget")
+    assert state.error_class == "budget"
+    assert receipt(state).usd_total > Decimal("0.05")
+    assert receipt(state).child_usd_paid == receipt(child_state).usd_paid
+
+
+async def test_cancelling_a_parent_cancels_the_child_it_waits_on(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: call("call_editor", "the news", "e1"),
+        "editor": lambda b: Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})]),
+    }
+    async with model(plan, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "desk", "publish the news")
+
+        async def child_waiting() -> str | None:
+            state = await read_run(client, run_id)
+            for c in state.children.values():
+                if (await read_run(client, c.run_id)).status == "parked":
+                    return c.run_id
+            return None
+
+        child_id = await wait_for(child_waiting, what="the child parked on its approval")
+
+        async def asked_on_parent() -> bool:
+            rows = await client.pool.fetch(
+                "SELECT data FROM toren.journal WHERE actor_id = $1 "
+                "AND type = 'child.approval_requested'",
+                run_id,
+            )
+            return bool(rows) and rows[0]["data"]["child_call_id"] == "pub1"
+
+        await wait_for(asked_on_parent, what="the child's approval on the parent's timeline")
+        await cancel(client, run_id, reason="changed my mind")
+        assert await wait_for(lambda: settled(client, child_id)) == "failed"
+        child_state = await read_run(client, child_id)
+        assert child_state.error_class == "cancelled"
+        assert run_id in (child_state.error or "")
+
+        async def child_counted() -> bool:
+            return receipt(await read_run(client, run_id)).child_runs == 1
+
+        await wait_for(child_counted, what="the cancelled child's cost in the parent's receipt")
+    assert (await read_run(client, run_id)).error_class == "cancelled"
+
+
+async def test_a_callee_served_by_another_worker_process(
+    client: Client,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    workers: WorkerFactory,
+) -> None:
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: (
+            Reply(f"desk: {results(b)[0]}")
+            if results(b)
+            else call("call_remote_helper", "help", "h1")
+        ),
+        "remote_helper": lambda b: Reply("helped from afar"),
+    }
+    async with model(plan, monkeypatch):
+        workers("tests.calls_remote")
+
+        async def published() -> bool:
+            from toren._leases import published_cards
+
+            return bool(await published_cards(client.pool, "remote_helper"))
+
+        await wait_for(published, timeout=60, what="the other worker publishing remote_helper")
+        # This process's worker does not load remote_helper: only the other one can run the
+        # child (runs are claimed by the route of their agent).
+        async with running_worker(db_url):
+            run_id = await start_run(client, "desk", "ask the remote one")
+            assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+    state = await read_run(client, run_id)
+    assert state.output == "desk: helped from afar"
+    [child] = state.children.values()
+    child_state = await read_run(client, child.run_id)
+    assert (child_state.agent, child_state.parent) == ("remote_helper", run_id)
+
+
+async def test_a_childs_approval_is_decided_from_the_parents_page_by_the_childs_agent(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.test_authorization import _token, api, bearer
+
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: (
+            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
+        ),
+        "editor": lambda b: (
+            Reply(f"editor: {results(b)[0]}")
+            if results(b)
+            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
+        ),
+    }
+    _, desk_only = await _token(client, "desk-only", ["read", "approve"], agents=["desk"])
+    _, editor_only = await _token(client, "editor-only", ["read", "approve"], agents=["editor"])
+    async with model(plan, monkeypatch), running_worker(db_url), api(db_url) as base:
+        run_id = await start_run(client, "desk", "publish the news")
+        uuid = run_id.removeprefix("run/")
+
+        async def shown_on_parent() -> dict[str, Any] | None:
+            async with bearer(desk_only) as http, http.get(f"{base}/runs/{uuid}") as r:
+                body: dict[str, Any] = await r.json()
+            return body if body["waiting_on"] else None
+
+        page = await wait_for(shown_on_parent, what="the child's call on the parent's page")
+        [waiting] = page["waiting_on"]
+        [child] = page["children"]
+        assert (waiting["call_id"], waiting["tool"], waiting["agent"]) == (
+            "pub1",
+            "publish",
+            "editor",
+        )
+        assert waiting["run"] == child["run"] != run_id
+        assert (child["agent"], child["call_id"], child["status"]) == ("editor", "e1", "parked")
+        decision = {"call_id": "pub1", "approved": True, "reason": "fine"}
+        # A token limited to the parent's agent may not decide the child's call.
+        approvals = f"{base}/runs/{uuid}/approvals"
+        async with bearer(desk_only) as http, http.post(approvals, json=decision) as r:
+            assert r.status == 403, await r.text()
+        async with bearer(editor_only) as http, http.post(approvals, json=decision) as r:
+            assert r.status == 200, await r.text()
+            answer = await r.json()
+        assert (answer["run"], answer["outcome"]) == (child["run"], "applied")
+        assert await wait_for(lambda: settled(client, run_id)) == "completed"
+    assert (await read_run(client, run_id)).output == "desk: editor: published 'n'"
+    decided = await read_run(client, child["run"])
+    assert decided.decisions["pub1"].by is not None
+    assert decided.decisions["pub1"].by.name == "editor-only"
+
+
+async def test_the_cli_approves_a_childs_call_from_the_parent_and_shows_both(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anyio
+
+    from tests.test_cli import toren
+
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": lambda b: (
+            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
+        ),
+        "editor": lambda b: (
+            Reply(f"editor: {results(b)[0]}")
+            if results(b)
+            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
+        ),
+    }
+    async with model(plan, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "desk", "publish the news")
+
+        async def child_parked() -> str | None:
+            for c in (await read_run(client, run_id)).children.values():
+                if await run_status(client, c.run_id) == "parked":
+                    return c.run_id
+            return None
+
+        child_id = await wait_for(child_parked, what="the child parked on its approval")
+        approved = await anyio.to_thread.run_sync(
+            lambda: toren("jobs", "approve", run_id, "--reason", "ok", db_url=db_url)
+        )
+        assert approved.returncode == 0, approved.stderr
+        assert f'approving publish {{"text": "n"}} (call pub1 of child run {child_id})' in (
+            approved.stdout
+        )
+        assert await wait_for(lambda: settled(client, run_id)) == "completed"
+    shown = await anyio.to_thread.run_sync(lambda: toren("jobs", "show", run_id, db_url=db_url))
+    assert f"child run {child_id}: editor, call e1 (completed" in shown.stdout
+    assert "child runs: 1, 2 calls" in shown.stdout
+    child_shown = await anyio.to_thread.run_sync(
+        lambda: toren("jobs", "show", child_id, db_url=db_url)
+    )
+    assert f"started by run {run_id}" in child_shown.stdout
