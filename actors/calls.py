@@ -48,6 +48,7 @@ from toren.runs import (
     StartRun,
     ToolCall,
     ToolSpec,
+    agent_named,
     agent_route,
     call_tool_name,
     receipt,
@@ -202,6 +203,22 @@ async def call_step(
     ctx.emit(ChildStarted(call_id=call.id, run_id=attempt_id, agent=callee, at=time.time()))
 
 
+def refused_start(msg: StartRun) -> str | None:
+    """Why the callee refuses a start from a caller it does not accept (consent is checked at
+    call time against published cards; the callee checks again with its own definition), or
+    ``None`` (not a child run, or accepted; an agent not loaded here fails the run later)."""
+    if not msg.parent:
+        return None
+    agent = agent_named(msg.agent)
+    caller = msg.chain[-1] if msg.chain else ""
+    if agent is None or caller in agent.accepts:
+        return None
+    return (
+        f"{agent.name!r} does not accept calls from {caller!r} (its accepts list must name the "
+        "caller; consent is mutual)"
+    )
+
+
 def _result_text(status: str, callee: str, ended: ChildEnded | ChildFinished) -> str:
     if status == "completed":
         return ended.output
@@ -243,7 +260,15 @@ def child_ended(
 
 def child_asked(ctx: Context[RunState], msg: ChildAsked) -> None:
     """A run below this one waits for a human: show it on this run's timeline, and tell this
-    run's own parent."""
+    run's own parent (only while this run waits on the child it came through)."""
+    state = ctx.state
+    started = state.children.get(msg.call_id)
+    if (
+        state.status in ("completed", "failed")
+        or started is None
+        or started.run_id not in state.running
+    ):
+        return  # a child whose end this run took (retried by hand since): not its business
     ctx.emit(
         ChildApprovalRequested(
             call_id=msg.call_id,
@@ -255,7 +280,6 @@ def child_asked(ctx: Context[RunState], msg: ChildAsked) -> None:
             at=time.time(),
         )
     )
-    state = ctx.state
     if state.parent:
         ctx.send(state.parent, ChildAsked(**{**_fields(msg), "call_id": state.parent_call}))
 

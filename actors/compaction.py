@@ -79,6 +79,11 @@ SUMMARY_MAX_TOKENS = 1024
 # A soft compaction is made only if it takes the request under this fraction of the soft
 # threshold; one that saves less gives way to the hard tier.
 SOFT_ROOM = 0.75
+# A compaction by threshold is made only if it can take out this fraction of the window: when
+# what cannot be compacted (the task, human messages, the latest turns) is itself past the
+# threshold, the run does not pay for a summary at every step to save a few tokens. Nor does
+# it compact by threshold again before its context has grown by as much since the last one.
+GAIN = 0.1
 # Reported input tokens are believed within this factor of the estimate (either way).
 MAX_RATIO = 4.0
 ELIDED = "elided by Toren to save context"
@@ -471,6 +476,9 @@ async def compact_if_needed(ctx: Context[RunState], agent: Agent, hooks: Hooks) 
     projection = project(state, agent, hooks.build)
     if projection.tokens <= agent.compact_soft * window:
         return False
+    latest = state.compactions[-1] if state.compactions else None
+    if latest is not None and projection.tokens - latest.tokens_after < GAIN * window:
+        return False  # the last compaction could do no better; a refusal still compacts
     return await _compact(ctx, agent, hooks, projection, window, reason="threshold")
 
 
@@ -551,6 +559,16 @@ async def _compact(
         after = _tokens(agent, build, view.all(messages), ratio)
         _record(ctx, agent, reason, "soft", view, projection.tokens, after, elided=elided)
         return True
+    if not refused and window is not None:
+        # What the summary can save: the head, less the prefix that replaces it (the task and
+        # the pinned human messages, and a summary of up to SUMMARY_MAX_TOKENS).
+        kept = estimate_tokens([state.input, *pinned(state, head)]) * ratio + SUMMARY_MAX_TOKENS
+        if estimate_tokens(list(head)) * ratio - kept < GAIN * window:
+            if not soft:
+                return False
+            after = _tokens(agent, build, view.all(messages), ratio)
+            _record(ctx, agent, reason, "soft", view, projection.tokens, after, elided=elided)
+            return True
     budget = int((window or 4 * SUMMARY_MAX_TOKENS) * agent.compact_soft * 4 / ratio)
     summary = await _summarise(ctx, agent, hooks, summary_request(agent, head, budget))
     if summary is None:

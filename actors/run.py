@@ -224,6 +224,7 @@ class RunActor(Actor[RunState]):
             return
         if isinstance(msg, StartRun):
             if not state.agent:
+                refused = calls.refused_start(msg)
                 ctx.emit(
                     RunStarted(
                         agent=msg.agent,
@@ -236,15 +237,26 @@ class RunActor(Actor[RunState]):
                         budget_usd=msg.budget_usd,
                     )
                 )
+                if refused:  # its caller is not (or no longer) accepted here
+                    ctx.emit(RunFailed(error_class="config", message=refused))
+                    return
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Retry):
+            if state.parent:
+                # Its end went to its parent, which took it: retrying the child would act
+                # and spend where no receipt counts it (toren.runs.retry refuses it too).
+                log.warning("%s: a child run is not retried; retry %s", ctx.actor_id, state.parent)
+                return
             if state.status == "failed" and state.error_class != "cancelled":
                 ctx.emit(RunRetried(who=author(msg)[0], at=time.time(), by=msg.by))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Say):
             was_done = state.status == "completed"
+            if was_done and state.parent:
+                log.warning("%s: an ended child run takes no messages", ctx.actor_id)
+                return
             if state.status != "failed":
                 who, via = author(msg)
                 ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))

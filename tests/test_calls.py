@@ -42,6 +42,24 @@ def call(tool: str, text: str, call_id: str) -> Reply:
     return Reply([ToolCall(id=call_id, name=tool, arguments={"input": text})])
 
 
+def relay(prefix: str, tool: str, text: str, call_id: str) -> Callable[[dict[str, Any]], Reply]:
+    """An agent's script: call ``tool`` with ``text``, then answer ``<prefix>: <its result>``."""
+
+    def answer(b: dict[str, Any]) -> Reply:
+        seen = results(b)
+        return Reply(f"{prefix}: {seen[0]}") if seen else call(tool, text, call_id)
+
+    return answer
+
+
+def publisher(b: dict[str, Any]) -> Reply:
+    """The editor's script: publish (a call that waits for approval), then say what it did."""
+    seen = results(b)
+    if seen:
+        return Reply(f"editor: {seen[0]}")
+    return Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
+
+
 def scripted(plan: Plan) -> Callable[[dict[str, Any], int], Reply]:
     """Answer each request by the agent it comes from (its system prompt names it)."""
 
@@ -81,11 +99,7 @@ async def test_a_call_starts_one_child_parks_the_parent_and_returns_its_output(
 ) -> None:
     load_app("tests.calls_app")
     plan: Plan = {
-        "desk": lambda b: (
-            Reply(f"desk heard: {results(b)[0]}")
-            if results(b)
-            else call("call_researcher", "tides", "d1")
-        ),
+        "desk": relay("desk heard", "call_researcher", "tides", "d1"),
         "researcher": lambda b: Reply("The moon pulls the sea."),
     }
     async with model(plan, monkeypatch) as server:
@@ -151,13 +165,9 @@ async def test_consent_cycles_depth_and_unknown_callees_are_error_results(
     plan: Plan = {
         "desk": desk,
         "ping": lambda b: Reply(results(b)[0]) if results(b) else call("call_pong", "hi", "p1"),
-        "pong": lambda b: (
-            Reply(f"pong saw: {results(b)[0]}") if results(b) else call("call_ping", "back", "q1")
-        ),
+        "pong": relay("pong saw", "call_ping", "back", "q1"),
         "chain0": lambda b: Reply(results(b)[0]) if results(b) else call("call_chain1", "x", "c0"),
-        "chain1": lambda b: (
-            Reply(f"chain1 saw: {results(b)[0]}") if results(b) else call("call_chain2", "y", "c1")
-        ),
+        "chain1": relay("chain1 saw", "call_chain2", "y", "c1"),
     }
     async with model(plan, monkeypatch) as server, running_worker(db_url):
         desk_run = await start_run(client, "desk", "try them all")
@@ -203,6 +213,11 @@ async def test_the_childs_spend_stops_the_parent_at_its_budget(
     assert state.error_class == "budget"
     assert receipt(state).usd_total > Decimal("0.05")
     assert receipt(state).child_usd_paid == receipt(child_state).usd_paid
+    # Its failure went to its parent, which took it: the child is not retried on its own.
+    from toren.runs import RunNotInState, retry
+
+    with pytest.raises(RunNotInState, match="child run of"):
+        await retry(client, child.run_id)
 
 
 async def test_cancelling_a_parent_cancels_the_child_it_waits_on(
@@ -255,11 +270,7 @@ async def test_a_callee_served_by_another_worker_process(
 ) -> None:
     load_app("tests.calls_app")
     plan: Plan = {
-        "desk": lambda b: (
-            Reply(f"desk: {results(b)[0]}")
-            if results(b)
-            else call("call_remote_helper", "help", "h1")
-        ),
+        "desk": relay("desk", "call_remote_helper", "help", "h1"),
         "remote_helper": lambda b: Reply("helped from afar"),
     }
     async with model(plan, monkeypatch):
@@ -290,14 +301,9 @@ async def test_a_childs_approval_is_decided_from_the_parents_page_by_the_childs_
 
     load_app("tests.calls_app")
     plan: Plan = {
-        "desk": lambda b: (
-            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
-        ),
-        "editor": lambda b: (
-            Reply(f"editor: {results(b)[0]}")
-            if results(b)
-            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
-        ),
+        "desk": relay("desk", "call_editor", "the news", "e1"),
+        "editor": publisher,
+        "researcher": lambda b: Reply("unrelated facts"),
     }
     _, desk_only = await _token(client, "desk-only", ["read", "approve"], agents=["desk"])
     _, editor_only = await _token(client, "editor-only", ["read", "approve"], agents=["editor"])
@@ -325,6 +331,13 @@ async def test_a_childs_approval_is_decided_from_the_parents_page_by_the_childs_
         approvals = f"{base}/runs/{uuid}/approvals"
         async with bearer(desk_only) as http, http.post(approvals, json=decision) as r:
             assert r.status == 403, await r.text()
+        # A run named that is not one the parent waits on: refused, nothing sent anywhere.
+        stranger = await start_run(client, "researcher", "unrelated")
+        elsewhere = {**decision, "run": stranger}
+        async with bearer(editor_only) as http, http.post(approvals, json=elsewhere) as r:
+            assert r.status == 409, await r.text()
+            assert "is not" in (await r.json())["detail"]
+        decision["run"] = child["run"]  # named, as the console sends it
         async with bearer(editor_only) as http, http.post(approvals, json=decision) as r:
             assert r.status == 200, await r.text()
             answer = await r.json()
@@ -345,14 +358,8 @@ async def test_the_cli_approves_a_childs_call_from_the_parent_and_shows_both(
 
     load_app("tests.calls_app")
     plan: Plan = {
-        "desk": lambda b: (
-            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
-        ),
-        "editor": lambda b: (
-            Reply(f"editor: {results(b)[0]}")
-            if results(b)
-            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
-        ),
+        "desk": relay("desk", "call_editor", "the news", "e1"),
+        "editor": publisher,
     }
     async with model(plan, monkeypatch), running_worker(db_url):
         run_id = await start_run(client, "desk", "publish the news")
@@ -379,3 +386,39 @@ async def test_the_cli_approves_a_childs_call_from_the_parent_and_shows_both(
         lambda: toren("jobs", "show", child_id, db_url=db_url)
     )
     assert f"started by run {run_id}" in child_shown.stdout
+
+
+async def test_an_ended_child_is_not_revived_and_a_callee_refuses_a_caller_it_does_not_accept(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toren.runs import RunNotInState, StartRun, say
+
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "desk": relay("desk", "call_researcher", "tides", "d1"),
+        "researcher": lambda b: Reply("The moon."),
+    }
+    async with model(plan, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "desk", "Why tides?")
+        assert await wait_for(lambda: settled(client, run_id)) == "completed"
+        [child] = (await read_run(client, run_id)).children.values()
+        # Its end went to its parent, which took it: continuing or retrying the child would
+        # act and spend where no receipt counts it.
+        with pytest.raises(RunNotInState, match="child run of"):
+            await say(client, child.run_id, "and the sun?")
+        # A start that names a caller the callee does not accept (consent is checked at call
+        # time; the callee checks its own definition too): the child fails, class config.
+        intruder = "run/00000000-0000-4000-8000-000000000001"
+        await client.spawn("toren.run", intruder, {"agent": "desk"})
+        forged = "run/00000000-0000-4000-8000-000000000002"
+        await client.spawn("toren.run", forged, {"agent": "researcher"}, route="agent:researcher")
+        start = StartRun(
+            agent="researcher", input="x", parent=intruder, parent_call="c9", chain=("gatekeeper",)
+        )
+        await client.send(forged, start, dedupe_key="start")
+        assert await wait_for(lambda: settled(client, forged)) == "failed"
+        state = await read_run(client, forged)
+        assert state.error_class == "config"
+        assert "does not accept calls from 'gatekeeper'" in (state.error or "")
+        served = len(server.requests)
+    assert served == 3  # desk twice, researcher once: the refused child made no call

@@ -341,3 +341,21 @@ def _record(journal: list[Any], state: RunState) -> None:
     (FIXTURES / "run_v1_compacted.expected").write_text(
         json.dumps(expected, indent=1, sort_keys=True) + "\n"
     )
+
+
+async def test_a_task_past_the_soft_threshold_does_not_pay_a_summary_at_every_step(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What cannot be compacted (here the task, pinned, about 0.6 of the window) is past the
+    soft threshold: compacting saves next to nothing, and the run must not pay a summary call
+    (or record a compaction) at each step for it."""
+    load_app("tests.compaction_app")
+    task = "Read every page. " + ("context " * 2450)
+    async with server(pages(20, size=200), monkeypatch) as s, running_worker(db_url):
+        run_id = await start_run(client, "reader", task)
+        state = await wait_for(lambda: _ended(client, run_id), timeout=240, what="the run's end")
+        summaries = len(_summary_requests(s))
+    assert state.status == "completed"
+    assert summaries == 0
+    assert len(state.compactions) <= 3  # not one per step
+    assert all(r.input_tokens <= WINDOW for r in s.served)

@@ -161,20 +161,13 @@ async def test_a_childs_approval_is_decided_on_its_parents_page(
     from playwright.async_api import async_playwright
 
     from tests.conftest import running_worker
-    from tests.test_calls import Plan, call, model, results
+    from tests.test_calls import Plan, model, publisher, relay
     from toren._app import load_app
-    from toren.testing import Reply, ToolCall
 
     load_app("tests.calls_app")
     plan: Plan = {
-        "desk": lambda b: (
-            Reply(f"desk: {results(b)[0]}") if results(b) else call("call_editor", "the news", "e1")
-        ),
-        "editor": lambda b: (
-            Reply(f"editor: {results(b)[0]}")
-            if results(b)
-            else Reply([ToolCall(id="pub1", name="publish", arguments={"text": "n"})])
-        ),
+        "desk": relay("desk", "call_editor", "the news", "e1"),
+        "editor": publisher,
     }
     # Limited to the child's agent: it decides the child's call, from the parent's page.
     _, token = await create_token(client.pool, "ed", scopes=["read", "approve"], agents=["editor"])

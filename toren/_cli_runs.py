@@ -20,6 +20,7 @@ from toren._terminal import plain, printable
 from toren.runs import (
     DECISION_WAIT,
     AgentNotServed,
+    AmbiguousDecision,
     RunState,
     cancel,
     check_served,
@@ -364,16 +365,29 @@ def register(main: click.Group) -> None:
         @jobs.command(name, help=help_text)
         @click.argument("run_id")
         @click.option("--call", "call_id", help="The waiting call to decide (its call id).")
+        @click.option(
+            "--run",
+            "run",
+            help="The run whose call it is (RUN or a child run of it), when the call id waits "
+            "in several.",
+        )
         @click.option("--reason", default="", help="Recorded with the decision.")
         @click.pass_context
         @run_async
         async def command(
-            ctx: click.Context, run_id: str, call_id: str | None, reason: str
+            ctx: click.Context, run_id: str, call_id: str | None, run: str | None, reason: str
         ) -> None:
             run_id = normalize(run_id)
             client = await _client(ctx.obj["settings"])
             try:
-                await _decide(client, run_id, call_id, approved=approved, reason=reason)
+                await _decide(
+                    client,
+                    run_id,
+                    call_id,
+                    approved=approved,
+                    reason=reason,
+                    run=normalize(run) if run else None,
+                )
             finally:
                 await client.close()
 
@@ -398,7 +412,13 @@ class DecisionNotApplied(TorenError):
 
 
 async def _decide(
-    client: Client, run_id: str, call_id: str | None, *, approved: bool, reason: str
+    client: Client,
+    run_id: str,
+    call_id: str | None,
+    *,
+    approved: bool,
+    reason: str,
+    run: str | None = None,
 ) -> None:
     """Show the call decided, decide it, and report what the run did (exit 1 if refused).
     Calls the run's child runs wait on are listed and decided from the parent too."""
@@ -417,9 +437,12 @@ async def _decide(
                 f"{run_id} waits for {len(waiting)} decisions: {calls}",
                 hint="Name the one you decide with --call.",
             )
-        call_id = waiting[0][1].id
+        run, call_id = waiting[0][0], waiting[0][1].id
     verb = "approving" if approved else "denying"
-    target, _ = await decision_target(client, run_id, call_id)
+    try:
+        target, _ = await decision_target(client, run_id, call_id, run)
+    except AmbiguousDecision as exc:
+        raise ConfigError(str(exc), hint="Name it with --run.") from exc
     for where, call in waiting:
         if call.id == call_id and where == target:
             arguments = json.dumps(call.arguments, ensure_ascii=True)

@@ -33,6 +33,7 @@ from toren.runs import (
     DECISION_WAIT,
     MESSAGE_CAP,
     AgentNotServed,
+    AmbiguousDecision,
     IdempotencyConflict,
     InvalidStart,
     MessageTooLarge,
@@ -184,12 +185,20 @@ def build(
             raise ToolError(str(exc)) from exc
         return f"sent to {rid}"
 
-    async def _decide(run_id: str, call_id: str, approved: bool, reason: str, ctx: Context) -> str:
+    async def _decide(
+        run_id: str, call_id: str, approved: bool, reason: str, run: str, ctx: Context
+    ) -> str:
         rid = _run_id(run_id)
         await _state(client, rid)
+        await caller(ctx, "approve")  # the scope first; the agent once the run decided is known
         # A call a child run waits on may be decided from its parent: it goes to the child,
         # and the caller must be allowed to decide that run's agent's calls.
-        rid, agent = await decision_target(client, rid, call_id)
+        try:
+            rid, agent = await decision_target(
+                client, rid, call_id, _run_id(run) if run.strip() else None
+            )
+        except (AmbiguousDecision, RunNotInState) as exc:
+            raise ToolError(str(exc)) from exc
         access = await caller(ctx, "approve", agent)
         name = access.principal.name
         try:
@@ -211,16 +220,20 @@ def build(
         return server
 
     @server.tool()
-    async def approve(run_id: str, call_id: str, ctx: Context, reason: str = "") -> str:
+    async def approve(
+        run_id: str, call_id: str, ctx: Context, reason: str = "", run: str = ""
+    ) -> str:
         """Approve the tool call `call_id` the run waits for (read_run lists them under
-        waiting_on). A decision for a call that does not wait is refused."""
-        return await _decide(run_id, call_id, True, reason, ctx)
+        waiting_on, with the `run` each belongs to: the run, or a child run of its cross-agent
+        calls; name it when a call id waits in more than one). A decision for a call that does
+        not wait is refused."""
+        return await _decide(run_id, call_id, True, reason, run, ctx)
 
     @server.tool()
-    async def deny(run_id: str, call_id: str, ctx: Context, reason: str = "") -> str:
+    async def deny(run_id: str, call_id: str, ctx: Context, reason: str = "", run: str = "") -> str:
         """Deny the tool call `call_id` the run waits for (the model is told, with the
-        reason). A decision for a call that does not wait is refused."""
-        return await _decide(run_id, call_id, False, reason, ctx)
+        reason; `run` as for approve). A decision for a call that does not wait is refused."""
+        return await _decide(run_id, call_id, False, reason, run, ctx)
 
     return server
 

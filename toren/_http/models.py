@@ -49,6 +49,13 @@ class ApprovalBody(_Strict):
     )
     approved: bool
     reason: str = Field(default="", max_length=2_000)
+    run: str | None = Field(
+        default=None,
+        pattern=r"^(run/)?[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$",
+        description="The run whose call this decides (`waiting_on[].run`): this run, or a run "
+        "below it that it waits on. Needed only when the call id waits in more than one (409 "
+        "otherwise).",
+    )
 
 
 class CancelBody(_Strict):

@@ -51,6 +51,7 @@ from toren.runs import (
     DECISION_WAIT,
     RUN_KIND,
     AgentNotServed,
+    AmbiguousDecision,
     IdempotencyConflict,
     InvalidStart,
     MessageTooLarge,
@@ -380,9 +381,13 @@ async def approval(request: web.Request) -> web.Response:
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
     await _created(client.pool, rid)
+    require(request, "approve")  # the scope first; the agent once the run decided is known
     # The call may wait in a child run (shown on this page too): the decision goes there, and
     # the caller must be allowed to decide that run's agent's calls.
-    rid, agent = await decision_target(client, rid, body.call_id)
+    named = (
+        None if body.run is None else body.run if body.run.startswith("run/") else f"run/{body.run}"
+    )
+    rid, agent = await _send(decision_target(client, rid, body.call_id, named))
     require(request, "approve", agent)
     outcome = await _send(
         decide(
@@ -420,7 +425,7 @@ async def cancel_run(request: web.Request) -> web.Response:
 async def _send(sending: Awaitable[T]) -> T:
     try:
         return await sending
-    except (UnknownActor, ActorNotLive, RunNotInState) as exc:
+    except (UnknownActor, ActorNotLive, RunNotInState, AmbiguousDecision) as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     except AskError as exc:
         raise ProblemError(409, "Conflict", f"the run could not handle it: {exc}") from exc

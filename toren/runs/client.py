@@ -257,35 +257,74 @@ async def decide(
     return answer
 
 
+# The runs below a run that it waits on: the child runs its summary lists as running (children
+# it started by cross-agent calls and has not taken the end of), theirs, and so on. A child
+# whose end its parent already took is not below it any more.
 _BELOW = """
 WITH RECURSIVE below(actor_id, depth) AS (
-    SELECT actor_id, 1 FROM toren.actors WHERE parent = $1 AND kind = $2
-    UNION ALL
-    SELECT a.actor_id, b.depth + 1 FROM toren.actors a JOIN below b ON a.parent = b.actor_id
-    WHERE a.kind = $2 AND b.depth < 64
+    SELECT c.id, 1
+    FROM toren.actors p, jsonb_array_elements_text(CASE
+        WHEN jsonb_typeof(p.summary->'children') = 'array' THEN p.summary->'children'
+        ELSE '[]' END) AS c(id)
+    WHERE p.actor_id = $1 AND p.kind = $2
+    UNION
+    SELECT c.id, b.depth + 1
+    FROM below b JOIN toren.actors a ON a.actor_id = b.actor_id AND a.kind = $2,
+         jsonb_array_elements_text(CASE
+            WHEN jsonb_typeof(a.summary->'children') = 'array' THEN a.summary->'children'
+            ELSE '[]' END) AS c(id)
+    WHERE b.depth < 64
 )
-SELECT a.actor_id, a.args->>'agent' AS agent, a.summary->'waiting_on' AS waiting, b.depth
-FROM below b JOIN toren.actors a USING (actor_id)
-WHERE jsonb_array_length(coalesce(a.summary->'waiting_on', '[]')) > 0
-ORDER BY b.depth, a.created_at
+SELECT a.actor_id, a.args->>'agent' AS agent,
+       CASE WHEN jsonb_typeof(a.summary->'waiting_on') = 'array'
+            THEN a.summary->'waiting_on' ELSE '[]' END AS waiting,
+       min(b.depth) AS depth
+FROM below b JOIN toren.actors a ON a.actor_id = b.actor_id AND a.kind = $2
+GROUP BY a.actor_id
+ORDER BY depth, a.created_at
+LIMIT 1000
 """
 
 
-async def waiting_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
-    """The runs below ``run_id`` (child runs of its cross-agent calls, their children...) that
-    wait for decisions: ``(run id, agent, call ids)``, nearest first (from their rows)."""
+async def runs_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
+    """The runs below ``run_id`` that it waits on (the child runs of its cross-agent calls that
+    have not ended, theirs...), nearest first: ``(run id, agent, call ids waiting for a
+    decision)``, from their rows."""
     rows = await client.pool.fetch(_BELOW, run_id, RUN_KIND)
-    return [(r["actor_id"], r["agent"] or "", list(r["waiting"] or ())) for r in rows]
+    return [(r["actor_id"], r["agent"] or "", [str(c) for c in r["waiting"]]) for r in rows]
 
 
-async def decision_target(client: Client, run_id: str, call_id: str) -> tuple[str, str]:
+async def waiting_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
+    """Those of :func:`runs_below` that wait for decisions."""
+    return [below for below in await runs_below(client, run_id) if below[2]]
+
+
+class AmbiguousDecision(TorenError):
+    """A decision sent on a run's page names a call id that waits in more than one run (the run
+    and a child run, or two child runs): it must name the run it decides."""
+
+    def __init__(self, call_id: str, runs: list[str]) -> None:
+        self.call_id = call_id
+        self.runs = runs
+        super().__init__(
+            f"call {call_id!r} waits in {len(runs)} runs ({', '.join(runs)}); "
+            "name the run the decision is for"
+        )
+
+
+async def decision_target(
+    client: Client, run_id: str, call_id: str, run: str | None = None
+) -> tuple[str, str]:
     """The run a decision on ``call_id`` sent on ``run_id``'s page goes to, with its agent: the
-    run itself if the call waits there, else the run below it (a child of its cross-agent
-    calls) where it waits; a call that waits nowhere is left to ``run_id`` (which refuses it).
-    Authorization is by the agent of the run decided, whichever page shows the call.
+    run itself if the call waits there, or the run below it (a child of its cross-agent calls
+    that it waits on) where it waits; ``run`` names it when the call id waits in several. A
+    call that waits nowhere is left to ``run_id`` (which refuses it). Authorization is by the
+    agent of the run decided, whichever page shows the call.
 
     Raises:
         UnknownActor: no such run.
+        RunNotInState: ``run`` is neither ``run_id`` nor a run below it that it waits on.
+        AmbiguousDecision: ``run`` is not given and the call waits in more than one run.
     """
     row = await client.pool.fetchrow(
         "SELECT args->>'agent' AS agent, summary->'waiting_on' AS waiting "
@@ -295,11 +334,21 @@ async def decision_target(client: Client, run_id: str, call_id: str) -> tuple[st
     )
     if row is None:
         raise UnknownActor(run_id)
-    if call_id not in (row["waiting"] or ()):
-        for below, agent, waiting in await waiting_below(client, run_id):
-            if call_id in waiting:
-                return below, agent
-    return run_id, str(row["agent"] or "")
+    own = (run_id, str(row["agent"] or ""))
+    if run == run_id:
+        return own
+    below = await runs_below(client, run_id)
+    if run is not None:
+        for found, agent, _ in below:
+            if found == run:
+                return found, agent
+        raise RunNotInState(run, f"is not {run_id} or a run below it that it waits on")
+    waiting = isinstance(row["waiting"], list) and call_id in row["waiting"]
+    candidates = [own] if waiting else []
+    candidates += [(found, agent) for found, agent, calls in below if call_id in calls]
+    if len(candidates) > 1:
+        raise AmbiguousDecision(call_id, [found for found, _ in candidates])
+    return candidates[0] if candidates else own
 
 
 async def read_run(client: Client, run_id: str) -> RunState:
@@ -339,6 +388,8 @@ async def say(
     status, _ = await _status(client, run_id)
     if status == "failed":
         raise RunNotInState(run_id, "has failed and takes no messages; retry it first")
+    if status == "completed":
+        await _not_an_ended_child(client, run_id, "message")
     by = _caller(by)
     await client.send(run_id, Say(text=text, by=by, who=by.name), system=True)
 
@@ -367,6 +418,26 @@ async def run_status(client: Client, run_id: str) -> str:
     """
     status, _ = await _status(client, run_id)
     return status or "running"
+
+
+async def _not_an_ended_child(client: Client, run_id: str, what: str) -> None:
+    """Refuse to revive a child run that has ended: its end went to its parent, which took it
+    (as the call's result); it would act and spend where no receipt counts it.
+
+    Raises:
+        RunNotInState: the run is such a child.
+    """
+    parent = await client.pool.fetchval(
+        "SELECT args->>'parent' FROM toren.actors WHERE actor_id = $1 AND kind = $2",
+        run_id,
+        RUN_KIND,
+    )
+    if parent:
+        raise RunNotInState(
+            run_id,
+            f"is a child run of {parent} and has ended; its end went to that run: {what} it "
+            "instead (a retried parent starts a new child for a call whose child failed)",
+        )
 
 
 async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
@@ -420,6 +491,7 @@ async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> 
         raise RunNotInState(run_id, f"is {status or 'not started'}; only a failed run is retried")
     if error_class == "cancelled":
         raise RunNotInState(run_id, "was cancelled; a cancelled run is not retried")
+    await _not_an_ended_child(client, run_id, "retry")
     by = _caller(by)
     async with client.pool.acquire() as conn, conn.transaction():
         await conn.execute(

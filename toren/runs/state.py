@@ -89,7 +89,7 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 
 
 @attrs.frozen(kw_only=True)
@@ -163,6 +163,7 @@ class RunState:
     budget_cap: Decimal | None = None
     children: PMap[str, ChildStarted] = attrs.field(factory=pmap)  # latest child of a call
     finished: PMap[str, ChildFinished] = attrs.field(factory=pmap)  # by child run id
+    running: PMap[str, ChildStarted] = attrs.field(factory=pmap)  # not ended yet, by run id
     callees: PMap[str, str] = attrs.field(factory=pmap)
     retries: int = 0  # times the run was retried after failing (a new attempt at its calls)
     child_runs: int = 0
@@ -175,7 +176,7 @@ class RunState:
     @property
     def children_running(self) -> list[ChildStarted]:
         """Child runs started by this run's calls that have not ended yet."""
-        return [c for c in self.children.values() if c.run_id not in self.finished]
+        return list(self.running.values())
 
     @property
     def digest(self) -> str | None:
@@ -262,7 +263,7 @@ def fold(state: RunState, event: Any) -> RunState:
     if isinstance(event, RunRetrying):
         return attrs.evolve(state, failed_attempts=event.attempt)
     if isinstance(event, RunRetried):
-        waits = bool(_waiting_ids(state))
+        waits = bool(_waiting_ids(state)) or bool(state.running)  # a human, or a child run
         return attrs.evolve(
             state,
             retries=state.retries + 1,
@@ -330,6 +331,7 @@ def fold(state: RunState, event: Any) -> RunState:
         return attrs.evolve(
             state,
             children=state.children.set(event.call_id, event),
+            running=state.running.set(event.run_id, event),
             status="parked",
             parked_since=event.at,
         )
@@ -337,6 +339,7 @@ def fold(state: RunState, event: Any) -> RunState:
         state = attrs.evolve(
             state,
             finished=state.finished.set(event.run_id, event),
+            running=state.running.discard(event.run_id),
             child_runs=state.child_runs + 1,
             child_calls=state.child_calls + event.calls_made,
             child_usd=state.child_usd + Decimal(event.usd_paid),
@@ -344,7 +347,7 @@ def fold(state: RunState, event: Any) -> RunState:
             child_output_tokens=state.child_output_tokens + event.output_tokens,
             child_unpriced=state.child_unpriced + event.unpriced_calls,
         )
-        if state.status == "parked" and not _waiting_ids(state):
+        if state.status == "parked" and not _waiting_ids(state) and not state.running:
             waited = event.at - state.parked_since if state.parked_since is not None else 0.0
             state = attrs.evolve(
                 state,

@@ -156,7 +156,7 @@ async function refreshRun(uuid) {
       $("decision-error").hidden = true;
       try {
         await api(`/runs/${uuid}/approvals`, { method: "POST",
-          body: JSON.stringify({ call_id: waiting.call_id, approved,
+          body: JSON.stringify({ call_id: waiting.call_id, run: waiting.run, approved,
             reason: $("decision-reason").value }) });
       } catch (e) {
         $("decision-error").textContent = e.message;
