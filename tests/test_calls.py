@@ -295,7 +295,7 @@ async def test_a_callee_served_by_another_worker_process(
 
 
 async def test_a_childs_approval_is_decided_from_the_parents_page_by_the_childs_agent(
-    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     from tests.test_authorization import _token, api, bearer
 
@@ -344,6 +344,11 @@ async def test_a_childs_approval_is_decided_from_the_parents_page_by_the_childs_
         assert (answer["run"], answer["outcome"]) == (child["run"], "applied")
         assert await wait_for(lambda: settled(client, run_id)) == "completed"
     assert (await read_run(client, run_id)).output == "desk: editor: published 'n'"
+    if request.config.getoption("--record-journals", default=False):
+        from tests.test_runs import _record_fixture
+
+        _record_fixture(await client.journal(run_id), "run_v1_calls_parent.json")
+        _record_fixture(await client.journal(child["run"]), "run_v1_calls_child.json")
     decided = await read_run(client, child["run"])
     assert decided.decisions["pub1"].by is not None
     assert decided.decisions["pub1"].by.name == "editor-only"
