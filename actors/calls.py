@@ -28,12 +28,15 @@ from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
+import attrs
+
 from toren import Agent, Context, Principal
 from toren.actors.bounds import cut_result, shown
 from toren.kernel import kill_point, published
 from toren.runs import (
     MESSAGE_CAP,
     RUN_KIND,
+    TOOL_RESULT_CAP,
     ApprovalRequested,
     CalleesDescribed,
     Cancel,
@@ -105,6 +108,12 @@ async def describe(ctx: Context[RunState], agent: Agent) -> None:
     ctx.emit(CalleesDescribed(descriptions=found))
 
 
+def result_cap(agent: Agent | None) -> int:
+    """The bytes a tool result may hold: the agent's cap, or the default for a run whose agent
+    this worker does not load."""
+    return agent.max_tool_result_bytes if agent is not None else TOOL_RESULT_CAP
+
+
 def child_run_id(parent: str, call_id: str, attempt: int) -> str:
     """The child run a call starts: the same for the same parent, call and attempt."""
     key = "\0".join((parent, call_id, str(attempt)))
@@ -141,8 +150,6 @@ async def refusal(state: RunState, agent: Agent, callee: str) -> str | None:
     cards = await published(callee)
     if not cards:
         return f"refused: no live worker runs an agent named {callee!r}"
-    if callee not in agent.calls:
-        return f"refused: {agent.name!r} does not list {callee!r} in its calls"
     for card in cards:
         if agent.name not in card.accepts:
             return (
@@ -234,8 +241,7 @@ def child_ended(
     started = state.children.get(msg.call_id)
     if started is None or started.run_id != msg.run_id or msg.run_id in state.finished:
         return  # not a child this run waits for, or its end was already taken
-    cap = agent.max_tool_result_bytes if agent is not None else 256 * 1024
-    output, _ = cut_result(msg.output, cap)
+    output, _ = cut_result(msg.output, result_cap(agent))
     ctx.emit(
         ChildFinished(
             call_id=msg.call_id,
@@ -281,18 +287,7 @@ def child_asked(ctx: Context[RunState], msg: ChildAsked) -> None:
         )
     )
     if state.parent:
-        ctx.send(state.parent, ChildAsked(**{**_fields(msg), "call_id": state.parent_call}))
-
-
-def _fields(msg: ChildAsked) -> dict[str, Any]:
-    return {
-        "call_id": msg.call_id,
-        "run_id": msg.run_id,
-        "agent": msg.agent,
-        "child_call_id": msg.child_call_id,
-        "name": msg.name,
-        "arguments": msg.arguments,
-    }
+        ctx.send(state.parent, attrs.evolve(msg, call_id=state.parent_call))
 
 
 def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:

@@ -199,16 +199,9 @@ class RunActor(Actor[RunState]):
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
         agent = agent_named(ctx.state.agent)
-
-        def record(call_id: str, content: str, is_error: bool) -> None:
-            cap = agent.max_tool_result_bytes if agent is not None else 256 * 1024
-            text, size = cut_result(content, cap)
-            ctx.emit(
-                ToolResulted(call_id=call_id, content=text, is_error=is_error, truncated_from=size)
-            )
-            ctx.send(ctx.actor_id, Continue())
-
-        return record
+        return lambda call_id, content, is_error: self._result(
+            ctx, agent, call_id, content, is_error=is_error
+        )
 
     async def _handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state
@@ -347,16 +340,7 @@ class RunActor(Actor[RunState]):
         if agent is None:
             ctx.emit(RunFailed(error_class="config", message=f"no agent named {state.agent!r}"))
             return
-        left = calls.budget_left(state, agent)
-        if left is not None and left < 0:
-            spent = receipt(state).usd_total
-            ctx.emit(
-                RunFailed(
-                    error_class="budget",
-                    message=f"spent ${spent:.4f} (its child runs included), over the budget "
-                    f"of ${spent + left:.4f}",
-                )
-            )
+        if _over_budget(ctx, agent):  # a child's spend, recorded since, counts too
             return
         worked = state.working_seconds(time.time())
         if worked > agent.wall_clock:
@@ -393,7 +377,7 @@ class RunActor(Actor[RunState]):
     def _result(
         self,
         ctx: Context[RunState],
-        agent: Agent,
+        agent: Agent | None,
         call_id: str,
         content: str,
         *,
@@ -401,7 +385,7 @@ class RunActor(Actor[RunState]):
         denied: bool = False,
     ) -> None:
         """Record a tool call's result (cut to the agent's cap) and go on."""
-        text, size = cut_result(content, agent.max_tool_result_bytes)
+        text, size = cut_result(content, calls.result_cap(agent))
         ctx.emit(
             ToolResulted(
                 call_id=call_id, content=text, is_error=is_error, denied=denied, truncated_from=size
@@ -548,15 +532,7 @@ class RunActor(Actor[RunState]):
                 )
             )
             return
-        left = calls.budget_left(ctx.state, agent)
-        if left is not None and left < 0:
-            spent = receipt(ctx.state).usd_total
-            ctx.emit(
-                RunFailed(
-                    error_class="budget",
-                    message=f"spent ${spent:.4f}, over the budget of ${spent + left:.4f}",
-                )
-            )
+        if _over_budget(ctx, agent):
             return
         ctx.send(ctx.actor_id, Continue())
 
@@ -587,6 +563,22 @@ class RunActor(Actor[RunState]):
         delay = min(_STEP_RETRY_CAP, _STEP_RETRY_BASE * 2 ** (attempt - 1))
         ctx.emit(RunRetrying(attempt=attempt, error=str(exc), delay=delay))
         ctx.set_timer("retry", delay, Continue())
+
+
+def _over_budget(ctx: Context[RunState], agent: Agent) -> bool:
+    """Fail the run (class ``budget``) if it and its child runs spent more than it may."""
+    left = calls.budget_left(ctx.state, agent)
+    if left is None or left >= 0:
+        return False
+    spent = receipt(ctx.state).usd_total
+    ctx.emit(
+        RunFailed(
+            error_class="budget",
+            message=f"spent ${spent:.4f} (child runs included), over the budget of "
+            f"${spent + left:.4f}",
+        )
+    )
+    return True
 
 
 def _price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:

@@ -38,6 +38,15 @@ async def _launch(pw: Any, chromium: Path) -> Any:
     return await pw.chromium.launch(executable_path=str(chromium), args=["--no-sandbox"])
 
 
+async def _signed_in(browser: Any, base: str, token: str) -> Any:
+    """A new page of the console, signed in with ``token`` through its form."""
+    page = await browser.new_page(viewport={"width": 1200, "height": 900})
+    await page.goto(base)
+    await page.fill("input[name=token]", token)
+    await page.click("button[type=submit]")
+    return page
+
+
 async def _status(client: Client, run_id: str) -> str:
     return (await read_run(client, run_id)).status
 
@@ -54,10 +63,7 @@ async def test_sign_in_approve_a_parked_run_and_watch_it_finish(
         async with async_playwright() as pw:
             browser = await _launch(pw, chromium)
             try:
-                page = await browser.new_page(viewport={"width": 1200, "height": 900})
-                await page.goto(base)
-                await page.fill("input[name=token]", token)
-                await page.click("button[type=submit]")
+                page = await _signed_in(browser, base, token)
                 await page.wait_for_selector("#runs-body tr .badge.parked")
                 await page.click("#runs-body tr")
                 await page.wait_for_selector("#decision:not([hidden])")
@@ -176,10 +182,7 @@ async def test_a_childs_approval_is_decided_on_its_parents_page(
         async with async_playwright() as pw:
             browser = await _launch(pw, chromium)
             try:
-                page = await browser.new_page(viewport={"width": 1200, "height": 900})
-                await page.goto(base)
-                await page.fill("input[name=token]", token)
-                await page.click("button[type=submit]")
+                page = await _signed_in(browser, base, token)
                 await page.wait_for_selector("#runs-body tr")
                 await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
                 await page.wait_for_selector("#decision:not([hidden])", timeout=20_000)

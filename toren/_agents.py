@@ -39,6 +39,9 @@ ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
 
 _DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
 
+TOOL_RESULT_CAP = 256 * 1024
+"""Bytes (UTF-8) a tool result may hold by default (``Agent.max_tool_result_bytes``)."""
+
 SLEEP_MAX = 30 * 86400.0
 """The longest durable sleep a model may ask for: 30 days."""
 
@@ -306,7 +309,7 @@ class Agent:
     wall_clock: float = attrs.field(default=1800.0, converter=parse_duration)
     budget_usd: float | None = None
     max_tokens: int = 4096
-    max_tool_result_bytes: int = 256 * 1024
+    max_tool_result_bytes: int = TOOL_RESULT_CAP
     max_response_bytes: int = 4 * 1024 * 1024
     calls: tuple[str, ...] = attrs.field(default=(), converter=_names)
     accepts: tuple[str, ...] = attrs.field(default=(), converter=_names)

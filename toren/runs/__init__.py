@@ -13,6 +13,7 @@ or fields with defaults; recorded journals of every earlier version are kept as 
 """
 
 from toren._agents import (
+    TOOL_RESULT_CAP,
     Agent,
     Tool,
     ToolContext,
@@ -118,6 +119,7 @@ __all__ = [
     "MESSAGE_CAP",
     "RUN_KIND",
     "SNAPSHOT_VERSION",
+    "TOOL_RESULT_CAP",
     "Agent",
     "AgentNotServed",
     "AmbiguousDecision",
