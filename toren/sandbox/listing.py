@@ -3,9 +3,10 @@ their runs, and the sandboxed calls of a run, from actor rows and journals. Noth
 nothing talks to Docker: a row's summary is what the sandbox's last step recorded.
 
 A sandbox's ``status`` is its own (``new``, ``running``, ``stopped``, ``reaped``, or ``failed``
-once the kernel gave up on it); a container may exist for every status but ``reaped``. The orphan reaper of a worker with Docker removes a
-container without a step of its sandbox, so a sandbox can show ``running`` or ``stopped`` for a
-while after its container is gone; a ``sandbox.reap`` sent to it then records the reap.
+once the kernel gave up on it); a container may exist for every status but ``reaped``. The
+orphan reaper of a worker with Docker removes a container without a step of its sandbox, so a
+sandbox can show ``running`` or ``stopped`` for a while after its container is gone; a
+``sandbox.reap`` sent to it then records the reap.
 """
 
 from __future__ import annotations
