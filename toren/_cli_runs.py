@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from toren._cli_common import database_url, err, out, run_async
+from toren._cli_sandboxes import call_lines, described
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, TorenError, UnknownActor
@@ -35,6 +36,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.sandbox.listing import approval_cwds, read_calls, sandbox_of
 
 
 def who() -> Principal:
@@ -147,7 +149,14 @@ def _describe(event_type: str, data: dict[str, Any]) -> str:
         cut = f" (cut from {data['truncated_from']} bytes)" if data.get("truncated_from") else ""
         return f"tool {mark}{cut}: {data['content'][:120]}"
     if event_type == "approval.requested":
-        return f"approval requested for {data['name']} {json.dumps(data['arguments'])}"
+        where = f" in {data['cwd']}" if data.get("cwd") else ""
+        return f"approval requested for {data['name']} {json.dumps(data['arguments'])}{where}"
+    if event_type == "sandbox.requested":
+        return f"call {data['call_id']} sent to the sandbox {data['sandbox']}"
+    if event_type == "sandbox.noted":
+        return f"sandbox: {data['text']}"
+    if event_type == "sandbox.failed":
+        return f"sandbox failed: {data['error']}"
     if event_type == "approval.decided":
         verdict = "approved" if data["approved"] else "denied"
         reason = f" ({data['reason']})" if data.get("reason") else ""
@@ -260,17 +269,33 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def jobs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-        """The run's timeline and receipt."""
+        """The run's timeline, its sandboxed calls (command, where, how it ended, the first
+        lines of output; all of it with --json, as `commands`) and its receipt."""
         run_id = normalize(run_id)
         client = await _client(ctx.obj["settings"])
         try:
             state = await _read(client, run_id)
+            sandbox = await sandbox_of(client.pool, run_id)
+            over = state.status in ("completed", "failed")
+            calls = await read_calls(client.pool, run_id, ended=over)
             if as_json:
+                shown = record(run_id, state) | {
+                    "sandbox": sandbox.to_json() if sandbox else None,
+                    "commands": [c.to_json() for c in calls],
+                }
                 # ASCII escapes: any text a run holds prints, lone surrogates included.
-                click.echo(json.dumps(record(run_id, state), indent=2, ensure_ascii=True))
+                click.echo(json.dumps(shown, indent=2, ensure_ascii=True))
                 return
             for entry in await client.journal(run_id):
                 out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
+            if sandbox is not None or calls:
+                out.print()
+            if sandbox is not None:
+                out.print(plain(described(sandbox)))
+            if calls:
+                out.print(plain("sandboxed calls:"))
+                for line in call_lines(calls, run_id):
+                    out.print(plain(line))
             if state.parent:
                 out.print(plain(f"\nstarted by run {state.parent} (a cross-agent call)"))
             for call_id, child in state.children.items():
@@ -447,7 +472,9 @@ async def _decide(
         if call.id == call_id and where == target:
             arguments = json.dumps(call.arguments, ensure_ascii=True)
             of = f" of child run {where}" if where != run_id else ""
-            out.print(plain(f"{verb} {call.name} {arguments} (call {call.id}{of})"))
+            cwd = (await approval_cwds(client.pool, where, [call.id])).get(call.id)
+            at = f" in {cwd}" if cwd else ""  # a sandboxed command: where it would run
+            out.print(plain(f"{verb} {call.name} {arguments}{at} (call {call.id}{of})"))
     outcome = await decide(
         client, target, call_id=call_id, approved=approved, by=who(), reason=reason
     )
