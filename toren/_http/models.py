@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
+from pydantic.json_schema import SkipJsonSchema
 
 RunStatus = Literal["running", "parked", "completed", "failed"]
 
@@ -89,6 +96,12 @@ class Receipt(BaseModel):
     )
 
 
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field the API leaves out rather than send null: no ``default: null`` in the
+    document."""
+    schema.pop("default", None)
+
+
 class PendingApproval(BaseModel):
     call_id: str
     tool: str
@@ -98,6 +111,20 @@ class PendingApproval(BaseModel):
         "cross-agent calls)."
     )
     agent: str = Field(description="That run's agent (a token limited to agents needs it).")
+    cwd: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="A sandboxed command's working directory (`/workspace`): the approval "
+        "shows the exact command (`arguments.command`) and where it runs. Absent for a call "
+        "that runs outside a sandbox.",
+        json_schema_extra=_no_default,
+    )
+
+    @model_serializer(mode="wrap")
+    def _absent_cwd(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        shown: dict[str, Any] = handler(self)
+        if shown.get("cwd") is None:
+            shown.pop("cwd", None)  # absent, not null, for a call outside a sandbox
+        return shown
 
 
 class ChildRun(BaseModel):

@@ -57,6 +57,7 @@ from toren.runs import (
     MessageTooLarge,
     RunNotInState,
     RunState,
+    ToolCall,
     cancel,
     check_message,
     check_served,
@@ -69,6 +70,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.sandbox.listing import approval_cwds
 
 T = TypeVar("T")
 
@@ -233,22 +235,12 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 async def _run(app: web.Application, rid: str) -> Run:
     state, created = await _state(app, rid)
     r = receipt(state)
-    waiting = [
-        PendingApproval(
-            call_id=c.id, tool=c.name, arguments=c.arguments or {}, run=rid, agent=state.agent
-        )
-        for c in waiting_on(state)
-    ]
     client = app[CLIENT]
+    waiting = await _pending(client.pool, rid, state.agent, waiting_on(state))
     for below, agent, _ in await waiting_below(client, rid):
         # A call a child run waits on is decided from here too (it goes to the child).
         child, _ = await _state(app, below)
-        waiting.extend(
-            PendingApproval(
-                call_id=c.id, tool=c.name, arguments=c.arguments or {}, run=below, agent=agent
-            )
-            for c in waiting_on(child)
-        )
+        waiting.extend(await _pending(client.pool, below, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
     return Run(
         id=rid,
@@ -288,6 +280,25 @@ async def _run(app: web.Application, rid: str) -> Run:
             for call_id, c in state.children.items()
         ],
     )
+
+
+async def _pending(
+    pool: asyncpg.Pool, rid: str, agent: str, calls: list[ToolCall]
+) -> list[PendingApproval]:
+    """The calls of run ``rid`` that wait for a decision, a sandboxed command's with the
+    directory it would run in."""
+    cwds = await approval_cwds(pool, rid, [c.id for c in calls])
+    return [
+        PendingApproval(
+            call_id=c.id,
+            tool=c.name,
+            arguments=c.arguments or {},
+            run=rid,
+            agent=agent,
+            cwd=cwds.get(c.id),
+        )
+        for c in calls
+    ]
 
 
 async def _statuses(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, Any]:

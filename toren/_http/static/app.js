@@ -13,6 +13,25 @@ function esc(text) {
     { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 }
 
+// Text from a run with every character that could hide or reorder what is shown written as an
+// escape, as the CLI prints it (toren/_terminal.py): C0 controls but newline and tab, DEL, C1
+// controls as \xNN; bidi controls and lone surrogates as \uNNNN.
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+function visible(text) {
+  return String(text ?? "").replace(UNSAFE, (c) => {
+    const code = c.charCodeAt(0);
+    return code < 0x100 ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`;
+  });
+}
+
+// An element holding text (never parsed as markup).
+function el(tag, className = "", text = undefined) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = visible(text);
+  return node;
+}
+
 async function api(path, options = {}) {
   const headers = { Accept: "application/json", ...(options.headers || {}) };
   if (options.body !== undefined) {
@@ -84,6 +103,7 @@ async function loadRuns() {
 async function openRun(uuid) {
   show("run");
   const events = [];
+  const calls = { intents: {}, cwds: {}, sandboxed: new Set() };
   await refreshRun(uuid);
   $("events-body").innerHTML = "";
   stream = new EventSource(`/runs/${uuid}/events`);
@@ -91,9 +111,12 @@ async function openRun(uuid) {
     const event = JSON.parse(message.data);
     if (events.length && events[events.length - 1].seq >= event.seq) return;
     events.push(event);
-    $("events-body").insertAdjacentHTML("beforeend", `<tr><td>${event.seq}</td>
-      <td>${esc(event.type)}</td><td>${new Date(event.at).toLocaleTimeString()}</td>
-      <td><code>${esc(brief(event))}</code></td></tr>`);
+    const row = document.createElement("tr");
+    const cell = document.createElement("td");
+    cell.append(detail(event, calls));
+    row.append(el("td", "", event.seq), el("td", "", event.type),
+      el("td", "", new Date(event.at).toLocaleTimeString()), cell);
+    $("events-body").append(row);
     drawTimeline(events);
     clearTimeout(openRun.pending);
     openRun.pending = setTimeout(() => refreshRun(uuid), 150);
@@ -106,11 +129,83 @@ const KNOWN = ["run.started", "model.called", "tool.intent", "tool.result", "app
   "approval.decided", "decision.refused", "message.received", "timer.set", "timer.fired",
   "run.resumed", "steps.invalidated", "run.retrying", "run.retried", "run.completed",
   "run.failed", "toren.failed", "context.compacted", "child.started", "child.finished",
-  "child.approval_requested", "callees.described"];
+  "child.approval_requested", "callees.described", "sandbox.requested", "sandbox.noted",
+  "sandbox.failed"];
 
-// What an event's row shows: its data, cut; a compaction in words (its prefix is long).
+// What an event's row shows: a sandboxed call's command and output, a sandbox's notes, the
+// command an approval is asked for; else the event's data, cut (see brief).
+function detail(event, calls) {
+  const d = event.data;
+  if (event.type === "tool.intent") calls.intents[d.call_id] = d;
+  if (event.type === "sandbox.requested") calls.sandboxed.add(d.call_id);
+  if (event.type === "tool.result" && calls.sandboxed.has(d.call_id)) {
+    return commandView(calls.intents[d.call_id], d, calls.cwds[d.call_id]);
+  }
+  if (event.type === "approval.requested" && d.cwd) {
+    // A sandboxed command asked about: its result is shown as a command's, even if denied.
+    calls.intents[d.call_id] ??= d;
+    calls.cwds[d.call_id] = d.cwd;
+    calls.sandboxed.add(d.call_id);
+    const box = el("div", "command");
+    box.append("approval asked for ", commandLine(d.name, d.arguments, d.cwd));
+    return box;
+  }
+  if (event.type === "sandbox.noted") return el("span", "note", `sandbox: ${d.text}`);
+  if (event.type === "sandbox.failed") return el("span", "note bad", `sandbox failed: ${d.error}`);
+  return el("code", "", brief(event));
+}
+
+// A sandboxed call as a line: `$ <command>` in <cwd>, or the file tool and its path.
+function commandLine(name, args, cwd) {
+  const line = document.createElement("span");
+  const a = args || {};
+  line.append(el("code", "", name === "bash" ? `$ ${a.command}` : `${name} ${a.path ?? "."}`));
+  if (cwd) line.append(" in ", el("code", "", cwd));
+  return line;
+}
+
+// A sandboxed call's result: the command and where it ran, how it ended, and its output in a
+// <pre>, folded when long. The sandbox writes a command's result as `$ <command>`, `[in <cwd>;
+// <how it ended>]`, then the output. All of it is untrusted (markup, NULs, megabytes): it goes
+// in as text, never as HTML.
+const FOLD_LINES = 12, FOLD_CHARS = 2000;
+function commandView(intent, d, asked = "") {
+  const name = intent ? intent.name : "tool";
+  const args = (intent && intent.arguments) || {};
+  let output = String(d.content ?? ""), cwd = asked || "", how = "";
+  if (name === "bash" && typeof args.command === "string") {
+    const head = `$ ${args.command}\n[in `;
+    const end = output.startsWith(head) ? output.indexOf("]", head.length) : -1;
+    if (end >= 0) {
+      const bracket = output.slice(head.length, end);
+      const split = bracket.indexOf("; ");
+      [cwd, how] = split < 0 ? [bracket, ""] : [bracket.slice(0, split), bracket.slice(split + 2)];
+      output = output.slice(end + 1).replace(/^\n/, "");
+    }
+  }
+  const box = el("div", "command");
+  const line = el("div", "command-head");
+  line.append(commandLine(name, args, cwd), " · ");
+  const state = d.denied ? "denied" : how || (d.is_error ? "error" : "done");
+  line.append(el("span", d.is_error || d.denied ? "bad" : "", state));
+  if (d.truncated_from) line.append(` · cut from ${d.truncated_from} bytes`);
+  box.append(line);
+  if (!output) return box;
+  const pre = el("pre", "output", output);
+  const lines = output.split("\n").length;
+  if (lines > FOLD_LINES || output.length > FOLD_CHARS) {
+    const fold = el("details");
+    fold.append(el("summary", "", `output: ${lines} lines, ${output.length} characters`), pre);
+    box.append(fold);
+  } else box.append(pre);
+  return box;
+}
+
+// What an event's row shows by default: its data, cut; a compaction in words (its prefix is
+// long).
 function brief(event) {
   const d = event.data;
+  if (event.type === "sandbox.requested") return `call ${d.call_id} sent to ${d.sandbox}`;
   if (event.type !== "context.compacted") return JSON.stringify(d).slice(0, 160);
   const why = d.reason === "refused" ? ", the request was refused as too large" : "";
   const cost = d.tier === "hard" ? `, summary by ${d.model} $${d.cost_usd ?? "unpriced"}` : "";
@@ -147,8 +242,16 @@ async function refreshRun(uuid) {
   if (waiting) {
     const where = waiting.run === run.id ? "" :
       ` (child run ${link(waiting.run, `${waiting.agent} ${waiting.run.slice(4, 12)}`)})`;
-    $("decision-what").innerHTML = `<code>${esc(waiting.tool)}</code>
-      <code>${esc(JSON.stringify(waiting.arguments))}</code>${where}`;
+    // A sandboxed command is shown exactly, with the directory it would run in.
+    const command = waiting.cwd && typeof waiting.arguments.command === "string";
+    $("decision-what").innerHTML = command
+      ? `<code>${esc(waiting.tool)}</code> in <code>${esc(visible(waiting.cwd))}</code>${where}
+        <pre class="output exact"></pre>`
+      : `<code>${esc(waiting.tool)}</code>
+        <code>${esc(JSON.stringify(waiting.arguments))}</code>${where}`;
+    if (command) {
+      $("decision-what").querySelector("pre").textContent = visible(`$ ${waiting.arguments.command}`);
+    }
     // The decision names the call shown: if the run has moved on meanwhile, it is refused
     // (409) and never applied to another call.
     const decide = (approved) => async () => {
@@ -194,8 +297,17 @@ function drawTimeline(events) {
     if (e.type === "model.called") {
       bars.push({ lane: 0, from: t(e) - (d.latency_ms || 0), to: t(e), step: d.step,
         label: `step ${d.step}` });
-    } else if (e.type === "tool.intent") open[`tool:${d.call_id}`] = { at: t(e), name: d.name };
-    else if (e.type === "tool.result" && open[`tool:${d.call_id}`]) {
+    } else if (e.type === "tool.intent") {
+      open[`tool:${d.call_id}`] = { at: t(e), name: d.name,
+        command: d.name === "bash" ? (d.arguments || {}).command : undefined };
+    } else if (e.type === "sandbox.requested" && open[`tool:${d.call_id}`]) {
+      // A sandboxed command: the bar says which.
+      const o = open[`tool:${d.call_id}`];
+      if (typeof o.command === "string") o.name = visible(`$ ${o.command}`).slice(0, 80);
+    } else if (e.type === "sandbox.noted" || e.type === "sandbox.failed") {
+      marks.push({ at: t(e), label: visible(`sandbox: ${d.text ?? d.error}`).slice(0, 300),
+        kind: e.type === "sandbox.failed" ? "bad" : "resume" });
+    } else if (e.type === "tool.result" && open[`tool:${d.call_id}`]) {
       const o = open[`tool:${d.call_id}`];
       bars.push({ lane: 1, from: o.at, to: t(e), label: o.name, error: d.is_error });
     } else if (e.type === "approval.requested") open[`ask:${d.call_id}`] = { at: t(e), name: d.name };
