@@ -47,11 +47,11 @@ has_marker() {  # $1 pid, $2 marker (empty: any); true if its environment carrie
   return 1
 }
 
-kill_marked() {  # $1 marker (empty: any); kills every marked process but this one, prints count
+kill_marked() {  # $1 marker (empty: any), $2 a pid to spare; kills the others, prints how many
   local n=0 pid
   for pid in /proc/[0-9]*; do
     pid=${pid#/proc/}
-    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    [[ $pid == "$$" || $pid == "$BASHPID" || $pid == "${2:-}" ]] && continue
     if has_marker "$pid" "$1" && kill -KILL "$pid" 2>/dev/null; then n=$((n + 1)); fi
   done
   echo "$n"
@@ -101,6 +101,7 @@ run() {  # marker cap limit grace command
   printf '%(%s)T\n' -1 >"$p.started"
   mkfifo -m 0600 "$p.fifo" || exit 91
   # The reader drops the marker: killing a command's processes leaves it to drain and count.
+  # (Until it has exec'd env and bash, its environment is still the wrapper's.)
   env -u TOREN_COMMAND bash -c 'head -c "$1" >"$2.out"; wc -c >"$2.rest"' reader "$cap" "$p" \
     <"$p.fifo" &
   reader=$!
@@ -114,12 +115,12 @@ run() {  # marker cap limit grace command
   rc=$?
   # The command is over when its first process is: what it left behind goes with it.
   kill -KILL -- "-$group" 2>/dev/null
-  kill_marked "$m" >/dev/null
-  # The reader ends when the last writer does; one that escaped group and marker gets 5 s.
+  kill_marked "$m" "$reader" >/dev/null
+  # The reader ends when the last writer does; one that escaped group and marker gets 10 s.
   # (A fifo nobody writes, held open both ways, makes read -t a sleep that forks nothing.)
   [[ -p $dir/.tick ]] || mkfifo -m 0600 "$dir/.tick" 2>/dev/null
   exec {tick}<>"$dir/.tick"
-  for ((i = 0; i < 500; i++)); do
+  for ((i = 0; i < 1000; i++)); do
     kill -0 "$reader" 2>/dev/null || break
     read -r -t 0.01 -u "$tick"
   done
@@ -220,12 +221,16 @@ case $action in
     ;;
   forget) rm -f -- "$dir/$1".* ;;
   read) read_file "$@" ;;
-  write) write_file "$@" ;;
+  # Docker ends an exec with stdin only when the client's input has all been read: drain it.
+  write) (write_file "$@"); status=$?; cat >/dev/null; exit "$status" ;;
   list) list_files "$@" ;;
   export) tar -C "$ws" --sort=name --numeric-owner -cf - . ;;
   import)
     [[ $1 == 1 ]] && clear_workspace
     tar -C "$ws" -xpf - --no-same-owner
+    status=$?
+    cat >/dev/null
+    exit "$status"
     ;;
   *) echo "unknown action $action" >&2; exit 2 ;;
 esac

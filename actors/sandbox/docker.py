@@ -56,6 +56,8 @@ WORKSPACE = "/workspace"
 
 LABEL_RUN = "toren.run"
 LABEL_SANDBOX = "toren.sandbox"
+LABEL_SCOPE = "toren.scope"
+"""Which database's containers these are: workers reap only their own scope's orphans."""
 LABEL_MANAGED = "toren.managed"
 """Set to ``1`` on every container Toren creates: what ``list`` (and the orphan reaper) finds."""
 
@@ -112,6 +114,7 @@ class Info:
     sandbox_id: str
     state: str  # Docker's: created, running, exited, ...
     created: float
+    scope: str = ""  # the toren.scope label
 
 
 class Unavailable(Exception):
@@ -254,7 +257,7 @@ class Docker:
                 "Tmpfs": {  # the container's own /tmp, not the host's
                     "/tmp": f"rw,noexec,nosuid,nodev,size={limits.tmp_bytes}",  # noqa: S108
                     WORKSPACE: (
-                        f"rw,nosuid,nodev,size={limits.workspace_bytes},"
+                        f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},"
                         f"uid={uid},gid={gid},mode=0755"
                     ),
                 },
@@ -522,6 +525,7 @@ def _info(data: Mapping[str, Any]) -> Info:
         sandbox_id=labels.get(LABEL_SANDBOX, ""),
         state=data.get("State", ""),
         created=float(data.get("Created", 0)),
+        scope=labels.get(LABEL_SCOPE, ""),
     )
 
 
