@@ -427,6 +427,9 @@ async def test_recover_reports_a_finished_command_and_knows_no_unknown_one(
         )
         recovered = await docker.recover(container, "done")
         unknown = await docker.recover(container, "never")
+        for bad in ("", "a.b", "../x", "x" * 129):
+            with pytest.raises(ValueError, match="a marker is"):
+                await docker.recover(container, bad)
         with pytest.raises(MarkerUsed):
             await docker.run(
                 container, marker="done", command="echo again", timeout=10, output_cap=100
@@ -562,12 +565,18 @@ async def test_the_workspace_goes_out_and_back_in_as_tar(docker: Docker) -> None
         await docker.write_file(container, "big.bin", big)
         await docker.write_file(container, "src/main.py", b"print('hi')\n")
         await sh(docker, container, "chmod 0750 src/main.py; ln -s src/main.py main; mkdir empty")
+        await sh(
+            docker, container, "mkdir -p locked/in; touch locked/in/x; chmod 000 locked big.bin"
+        )
         tar = await docker.export(container)
         before = await docker.list_files(container, "", recursive=True)
 
     with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
         names = archive.getnames()
-    assert names == [".", "./big.bin", "./empty", "./main", "./src", "./src/main.py"]
+    assert names == [
+        ".", "./big.bin", "./empty", "./locked", "./locked/in", "./locked/in/x", "./main", "./src",
+        "./src/main.py",
+    ]  # fmt: skip
 
     async with sandbox(docker) as container:
         await docker.write_file(container, "stale.txt", b"from before the import")

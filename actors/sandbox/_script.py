@@ -192,9 +192,14 @@ list_files() {  # path recursive limit; NUL-separated type, size, path triples o
   stat --printf '%F\0%s\0%n\0' -- "${names[@]:0:$3}"
 }
 
+readable() {  # what a command made unreadable (chmod 000) must not break a checkpoint
+  chmod -R u+rwX -- "$ws" 2>/dev/null
+}
+
 clear_workspace() {
   shopt -s nullglob dotglob
   local -a all=("$ws"/*)
+  readable
   ((${#all[@]} == 0)) || rm -rf -- "${all[@]}"
 }
 
@@ -224,7 +229,7 @@ case $action in
   # Docker ends an exec with stdin only when the client's input has all been read: drain it.
   write) (write_file "$@"); status=$?; cat >/dev/null; exit "$status" ;;
   list) list_files "$@" ;;
-  export) tar -C "$ws" --sort=name --numeric-owner -cf - . ;;
+  export) readable; tar -C "$ws" --sort=name --numeric-owner -cf - . ;;
   import)
     [[ $1 == 1 ]] && clear_workspace
     tar -C "$ws" -xpf - --no-same-owner

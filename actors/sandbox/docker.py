@@ -14,7 +14,14 @@ path, no Docker socket.
 Docker's API cannot kill an exec, so each command runs under a helper script
 (:mod:`toren.actors.sandbox._script`) in its own process group under ``timeout -k``, with
 ``TOREN_COMMAND=<marker>`` in its environment, and leaves a record in the container's /tmp;
-``recover`` and ``kill_all`` find commands by those after a worker died.
+``recover`` and ``kill_all`` find commands by those after a worker died. A process can escape
+that kill only by leaving its group (setsid) and dropping the marker from its environment
+together; it is still inside the container, and ``stop`` or ``remove`` ends it. A command can
+also write its own record (same user): it can misreport only its own outcome.
+
+A user's own image needs bash 4.4 or later, GNU coreutils and GNU tar on its PATH, and a numeric
+non-root ``USER uid:gid`` (checked before create: a name could be root). Its entrypoint and
+command are replaced by ``sleep infinity``.
 
 Errors::
 
@@ -68,7 +75,7 @@ BUILD_HINT = "scripts/sandbox-image"
 STOP_SECONDS = 2
 _CONNECT_SECONDS = 10.0
 _EXIT_CODE_SECONDS = 5.0
-_MARKER = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")
+_MARKER = re.compile(r"[A-Za-z0-9_-]{1,128}")  # no dot: a record's files are <marker>.<part>
 _HOW_TO_GET_DOCKER = (
     "Sandboxes need a Docker daemon: install it (Debian: apt-get install docker.io), start it "
     "(systemctl start docker, or dockerd in the background), and let this user reach its socket "
@@ -318,8 +325,8 @@ class Docker:
         Cancelling this call leaves the command running: ``recover`` finds and kills it.
 
         Raises:
-            ValueError: a marker that is not ``[A-Za-z0-9_.-]{1,128}`` (not starting with a
-                dot), a timeout that is not positive, a negative cap, a NUL in the command.
+            ValueError: a marker that is not ``[A-Za-z0-9_-]{1,128}``, a timeout that is not
+                positive, a negative cap, a NUL in the command.
             MarkerUsed: the marker ran before in this container.
             ExecFailed: the record could not be made (a full /tmp, an image without coreutils).
             aiodocker.DockerError: 409 if the container is not running, 404 if it is gone.
@@ -361,7 +368,11 @@ class Docker:
         await self._checked("forget", container_id, ["forget", marker])
 
     async def export(self, container_id: str) -> bytes:
-        """A tar of /workspace: members ``./...``, sorted by name, numeric owners."""
+        """A tar of /workspace: members ``./...``, sorted by name, numeric owners.
+
+        Every file and directory is first made readable and writable by its owner (the sandbox
+        user owns them all), so that a command's ``chmod 000`` cannot make checkpoints fail.
+        """
         return (await self._checked("export", container_id, ["export"])).stdout
 
     async def import_(self, container_id: str, tar: bytes, *, clear: bool = False) -> None:
@@ -531,9 +542,7 @@ def _info(data: Mapping[str, Any]) -> Info:
 
 def _check_marker(marker: str) -> None:
     if not _MARKER.fullmatch(marker):
-        raise ValueError(
-            f"a marker is 1-128 of [A-Za-z0-9_.-], not starting with a dot: {marker!r}"
-        )
+        raise ValueError(f"a marker is 1 to 128 of A-Z, a-z, 0-9, _ and -, not {marker!r}")
 
 
 def _kind(stat_type: str) -> str:
