@@ -45,7 +45,7 @@ from toren import (
     __version__,
     durable_sleep,
 )
-from toren.actors import calls, compaction
+from toren.actors import calls, compaction, sandboxing
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
 from toren.kernel import kill_point
 from toren.providers import (
@@ -107,6 +107,7 @@ from toren.runs import (
     receipt,
     summary,
 )
+from toren.sandbox import WORKSPACE, SandboxDone, SandboxNotice, is_sandbox_tool
 
 log = logging.getLogger("toren.run")
 
@@ -189,13 +190,16 @@ class RunActor(Actor[RunState]):
         running = ctx.state.children_running
         ctx.emit(RunFailed(error_class="internal", message=f"{kind} could not be handled: {error}"))
         calls.after_step(ctx, running)
+        sandboxing.after_step(ctx, was_live=True)
 
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
         running = ctx.state.children_running
+        was_live = ctx.state.status not in ("completed", "failed")
         await self._handle(ctx, msg)
         # A child tells its parent that it ended or asks a human; a failed parent cancels the
-        # children it waited on.
+        # children it waited on; an ended run's sandbox is reaped.
         calls.after_step(ctx, running)
+        sandboxing.after_step(ctx, was_live)
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
         agent = agent_named(ctx.state.agent)
@@ -203,12 +207,26 @@ class RunActor(Actor[RunState]):
             ctx, agent, call_id, content, is_error=is_error
         )
 
+    def _record_sandboxed(self, ctx: Context[RunState]) -> sandboxing.Result:
+        agent = agent_named(ctx.state.agent)
+        return lambda call_id, content, is_error, checkpoint: self._result(
+            ctx, agent, call_id, content, is_error=is_error, checkpoint=checkpoint
+        )
+
     async def _handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state
         if isinstance(msg, ChildEnded):
             calls.child_ended(ctx, agent_named(state.agent), msg, self._record_result(ctx))
             return
+        if isinstance(msg, SandboxDone):
+            sandboxing.done(ctx, msg, self._record_sandboxed(ctx))
+            return
+        if isinstance(msg, SandboxNotice):
+            sandboxing.noted(ctx, msg)
+            return
         if isinstance(msg, ChildFailed):
+            if sandboxing.crashed(ctx, msg, self._record_sandboxed(ctx)):
+                return
             record = self._record_result(ctx)
             calls.child_crashed(ctx, agent_named(state.agent), msg.actor_id, msg.error, record)
             return
@@ -383,12 +401,18 @@ class RunActor(Actor[RunState]):
         *,
         is_error: bool,
         denied: bool = False,
+        checkpoint: str | None = None,
     ) -> None:
         """Record a tool call's result (cut to the agent's cap) and go on."""
         text, size = cut_result(content, calls.result_cap(agent))
         ctx.emit(
             ToolResulted(
-                call_id=call_id, content=text, is_error=is_error, denied=denied, truncated_from=size
+                call_id=call_id,
+                content=text,
+                is_error=is_error,
+                denied=denied,
+                truncated_from=size,
+                checkpoint=checkpoint,
             )
         )
         ctx.send(ctx.actor_id, Continue())
@@ -417,7 +441,11 @@ class RunActor(Actor[RunState]):
                     if call.id not in state.asked:
                         ctx.emit(
                             ApprovalRequested(
-                                call_id=call.id, name=call.name, arguments=arguments, at=time.time()
+                                call_id=call.id,
+                                name=call.name,
+                                arguments=arguments,
+                                at=time.time(),
+                                cwd=WORKSPACE if is_sandbox_tool(tool) else None,
                             )
                         )
                     return  # parked: a Decide message naming this call resumes the run
@@ -433,17 +461,29 @@ class RunActor(Actor[RunState]):
             )
             ctx.emit(intent)
             intent = ctx.state.intents[call.id]  # as recorded
+            if is_sandbox_tool(tool):
+                # Sent with its intent: the sandbox records its own before running it.
+                await sandboxing.send(ctx, agent, call, intent, self._record_sandboxed(ctx))
+                return
             if tool.effects != "read" or tool.fn is durable_sleep.fn:
                 # The intent of an effect is on record before the effect can happen: the tool
                 # runs in the next step. A read has nothing to protect: it runs now, and its
                 # intent and result commit together (a crash before the commit reads again).
                 ctx.send(ctx.actor_id, Continue())
                 return
+        if is_sandbox_tool(tool):
+            await sandboxing.send(ctx, agent, call, intent, self._record_sandboxed(ctx))
+            return
         if tool.name == "sleep" and tool.fn is durable_sleep.fn:
             # The built-in sleep parks the run on a durable timer: no task waits meanwhile.
             seconds = float(intent.arguments.get("seconds", 0))
             ctx.emit(TimerSet(call_id=call.id, seconds=seconds, at=time.time()))
             ctx.set_timer(f"sleep:{call.id}", seconds, Wake(call_id=call.id))
+            return
+        if tool.idempotency == "at_most_once" and _handled_before(ctx):
+            # This step was claimed before and did not commit: the call may have run, or be
+            # running still. It is not run again; the model is told.
+            self._result(ctx, agent, call.id, interrupted(tool.name), is_error=True)
             return
         kill_point("tool.running")
         ctx.ensure_lease()  # a worker paused past its lease runs no tool
@@ -565,6 +605,22 @@ class RunActor(Actor[RunState]):
         ctx.set_timer("retry", delay, Continue())
 
 
+def _handled_before(ctx: Context[RunState]) -> bool:
+    """Whether the message in hand was claimed (or handled) before and its step never
+    committed: whatever that step started may have happened."""
+    envelope = ctx.envelope
+    return envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 1)
+
+
+def interrupted(name: str) -> str:
+    """What the model is told of an at-most-once call that may have run before a crash."""
+    return (
+        f"{name} was interrupted: the worker running it stopped (a crash or a lost lease) "
+        "before its result was recorded. It may or may not have taken effect; it is not run "
+        "again by itself (at-most-once). Check its effect before calling it again."
+    )
+
+
 def _over_budget(ctx: Context[RunState], agent: Agent) -> bool:
     """Fail the run (class ``budget``) if it and its child runs spent more than it may."""
     left = calls.budget_left(ctx.state, agent)
@@ -616,7 +672,7 @@ def build_request(
         messages=tuple(messages),
         tools=tuple(
             ToolSpec(name=t.name, description=t.description, input_schema=t.input_schema)
-            for t in agent.tools
+            for t in agent.all_tools
         )
         + calls.callee_tools(agent, callees or {}),
         max_tokens=agent.max_tokens,

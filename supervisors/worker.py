@@ -8,7 +8,8 @@
         ├── lease_keeper   renews all leases in one statement; stops actors it lost
         ├── actors         simple_one_for_one: one child per claimed actor (ActorHost)
         ├── dispatcher     claims runnable actors (notifications + polling) up to the cap
-        └── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
+        ├── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
+        └── reaper         (with Docker) removes sandbox containers whose run has ended
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
 its lock connection drops, or renewals keep failing until its leases could have expired, every
@@ -29,12 +30,14 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-import toren.actors.run  # noqa: F401  (registers the run actor kind with this worker)
+import toren.actors.run  # registers the run actor kind with this worker
+import toren.actors.sandbox.actor  # noqa: F401  (registers the sandbox kind)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.actors.death_watch import DeathWatch
 from toren.actors.dispatcher import Dispatcher
 from toren.actors.hosts import HostRegistry
 from toren.actors.lease_keeper import LeaseKeeper
+from toren.actors.sandbox import reaper, runtime
 from toren.kernel import (
     Claim,
     WorkerSession,
@@ -70,6 +73,7 @@ class Worker:
         self._tree: Supervisor | None = None
         self._pool: asyncpg.Pool | None = None
         self._lease_pool: asyncpg.Pool | None = None
+        self._sandboxes = False
 
     async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the tree until :meth:`stop`.
@@ -86,6 +90,7 @@ class Worker:
             # lease's deadline.
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
+            self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
             self._tree = Supervisor(
                 "worker",
                 [
@@ -106,6 +111,7 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
+                await runtime.close_sandboxes()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()
@@ -183,6 +189,15 @@ class Worker:
                 await actors.stop()
                 tg.cancel_scope.cancel()
 
+        extra = []
+        if self._sandboxes:
+            docker, _ = runtime.current()
+
+            async def run_reaper(c: ChildContext) -> None:
+                every = settings.sandbox_reap_seconds
+                await reaper.run_reaper(pool, docker, runtime.scope(), every, c.started)
+
+            extra.append(ChildSpec(id="reaper", run=run_reaper))
         incarnation = Supervisor(
             f"incarnation/{session.worker_id}",
             [
@@ -196,6 +211,7 @@ class Worker:
                 ),
                 ChildSpec(id="dispatcher", run=lambda c: dispatcher.run(c.started)),
                 ChildSpec(id="death_watch", run=lambda c: watch.run(c.started)),
+                *extra,
             ],
             strategy=Strategy.ONE_FOR_ALL,
             intensity=0,

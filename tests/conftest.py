@@ -127,6 +127,8 @@ class WorkerProcess:
                 "TOREN_RENEW_SECONDS": "1",
                 "TOREN_POLL_SECONDS": "0.2",
                 "TOREN_GRACE_SECONDS": "10",
+                # Sandboxes only where a test asks for them (sandboxes=True, workspace_store=...).
+                "TOREN_SANDBOXES": "false",
                 "PYTHONPATH": str(ROOT),
             }
         )
@@ -228,6 +230,7 @@ async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
         "renew_seconds": 1.0,
         "poll_seconds": 0.2,
         "grace_seconds": 5.0,
+        "sandboxes": False,  # only where a test asks (sandboxes=True, workspace_store=...)
     }
     values.update(overrides)
     worker = Worker(Settings(**values), db_url)

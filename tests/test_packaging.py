@@ -226,6 +226,7 @@ async def test_the_installed_toren_worker_runs_an_app_with_its_own_actors_and_su
                 TOREN_RENEW_SECONDS="0.5",
                 TOREN_POLL_SECONDS="0.2",
                 TOREN_GRACE_SECONDS="5",
+                TOREN_SANDBOXES="false",  # its routes are its agents only
             ),
             stdout=log,
             stderr=subprocess.STDOUT,

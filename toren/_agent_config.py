@@ -50,9 +50,11 @@ SETTABLE = (
     "context_window",
     "compact_soft",
     "compact_hard",
+    "sandbox",
 )
 """The ``Agent`` fields an ``[agents.NAME]`` table may set. The model, the system prompt and
-the tools are code: changing them changes what the model is sent."""
+the tools are code: changing them changes what the model is sent. ``sandbox`` is a sub-table
+(``[agents.NAME.sandbox]``) whose keys replace those of the code's ``Sandbox(...)``."""
 
 _CODE_ONLY = ("name", "model", "system", "tools")
 
@@ -95,6 +97,18 @@ def read_agent_tables(raw: Any, source: str) -> Tables:
 
 def _checked(key: str, value: Any, where: str) -> Any:
     """``value`` for the ``Agent`` field ``key``, by that field's declared type."""
+    if key == "sandbox":
+        from toren.sandbox import SETTABLE as SANDBOX_KEYS
+
+        if not isinstance(value, dict):
+            raise ConfigError(f"sandbox in {where} must be a table ([agents.NAME.sandbox])")
+        unknown = sorted(set(value) - set(SANDBOX_KEYS))
+        if unknown:
+            raise ConfigError(
+                f"unknown key(s) in the sandbox table of {where}: {', '.join(unknown)}",
+                hint=f"Known keys: {', '.join(SANDBOX_KEYS)}.",
+            )
+        return types.MappingProxyType(dict(value))
     converter: object = attrs.fields_dict(Agent)[key].converter
     if converter is parse_duration:
         try:
@@ -124,7 +138,9 @@ def _checked(key: str, value: Any, where: str) -> Any:
 
 @functools.cache
 def _field_types() -> dict[str, Any]:
-    return typing.get_type_hints(Agent)
+    from toren.sandbox import Sandbox  # named by Agent's annotations; it imports this module
+
+    return typing.get_type_hints(Agent, localns={"Sandbox": Sandbox})
 
 
 def _describe(typ: Any) -> str:
@@ -142,6 +158,18 @@ def configured(agent: Agent, table: Mapping[str, Any] | None, source: str) -> Ag
     """
     if not table:
         return agent
+    if "sandbox" in table:
+        from toren.sandbox import configured as sandbox_configured
+
+        where = f"[agents.{agent.name}.sandbox] in {source}"
+        if agent.sandbox is None:
+            raise ConfigError(
+                f"{where}: agent {agent.name!r} has no sandbox in its code",
+                hint="Giving an agent a sandbox gives its model tools: that is code, "
+                "Agent(..., sandbox=Sandbox()). The table only changes its settings.",
+            )
+        sandbox = sandbox_configured(agent.sandbox, table["sandbox"], where)
+        table = {**table, "sandbox": sandbox}
     try:
         return attrs.evolve(agent, **table)
     except ConfigError as exc:

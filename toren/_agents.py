@@ -5,8 +5,10 @@ A tool declares what it does to the world, so the runtime can treat it according
 - ``effects``: ``"read"`` (looks only), ``"write"`` (changes state Toren owns or can undo) or
   ``"external"`` (changes the outside world: a ticket, an email, a payment);
 - ``idempotency``: ``"keyed"`` (the tool passes ``ctx.idempotency_key`` to the system it calls,
-  which deduplicates, so a re-run after a crash has no second effect) or ``"unkeyed"``
-  (at-least-once: a crash between the effect and its record repeats it);
+  which deduplicates, so a re-run after a crash has no second effect), ``"unkeyed"``
+  (at-least-once: a crash between the effect and its record repeats it) or ``"at_most_once"``
+  (a call that may have started before a crash is never run again: the model is told it was
+  interrupted and that its effect is unknown);
 - ``approval``: ``"never"``, ``"always"``, or a predicate on the call's arguments.
 
 An external, unkeyed tool that needs no approval can repeat a real-world effect with nobody
@@ -26,15 +28,18 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import ModuleType
-from typing import Annotated, Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints, overload
 
 import attrs
 import pydantic
 
 from toren._errors import ConfigError
 
+if TYPE_CHECKING:
+    from toren.sandbox import Sandbox
+
 Effects = Literal["read", "write", "external"]
-Idempotency = Literal["keyed", "unkeyed"]
+Idempotency = Literal["keyed", "unkeyed", "at_most_once"]
 ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
 
 _DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
@@ -221,8 +226,10 @@ def tool(
             raise ConfigError(f"tool {f.__qualname__} must be an async function")
         if effects not in ("read", "write", "external"):
             raise ConfigError(f"tool {f.__qualname__}: effects must be read, write or external")
-        if idempotency not in ("keyed", "unkeyed"):
-            raise ConfigError(f"tool {f.__qualname__}: idempotency must be keyed or unkeyed")
+        if idempotency not in ("keyed", "unkeyed", "at_most_once"):
+            raise ConfigError(
+                f"tool {f.__qualname__}: idempotency must be keyed, unkeyed or at_most_once"
+            )
         if not (approval in ("never", "always") or callable(approval)):
             raise ConfigError(
                 f"tool {f.__qualname__}: approval must be 'never', 'always' or a predicate"
@@ -299,6 +306,8 @@ class Agent:
         compact_soft: Past this fraction of the context window (the input tokens the provider
             reported, plus what was added since), old tool results are elided (no model call).
         compact_hard: Past this fraction, older turns are summarised by a recorded model call.
+        sandbox: A container per run (:class:`toren.sandbox.Sandbox`): the model gets
+            ``bash``, ``read_file``, ``write_file`` and ``list_files`` run in it.
     """
 
     name: str
@@ -318,14 +327,22 @@ class Agent:
     context_window: int | None = None
     compact_soft: float = 0.5
     compact_hard: float = 0.75
+    sandbox: Sandbox | None = None
+    _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if self.sandbox is not None:
+            from toren.sandbox import Sandbox, sandbox_tools
+
+            if not isinstance(self.sandbox, Sandbox):
+                raise ConfigError(f"agent {self.name!r}: sandbox must be a toren.sandbox.Sandbox")
+            object.__setattr__(self, "_sandbox_tools", sandbox_tools(self.sandbox))
         if "/" not in self.model:
             raise ConfigError(
                 f"agent {self.name!r}: model {self.model!r} needs a provider prefix",
                 hint="Use anthropic/<model>, openai/<model> or bedrock/<model>.",
             )
-        names = [t.name for t in self.tools]
+        names = [t.name for t in self.all_tools]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigError(f"agent {self.name!r}: duplicate tool names {duplicates}")
@@ -360,9 +377,14 @@ class Agent:
                 "a callee and a tool"
             )
 
+    @property
+    def all_tools(self) -> tuple[Tool, ...]:
+        """Its tools, then its sandbox's (what the model sees)."""
+        return self.tools + self._sandbox_tools
+
     def tool_named(self, name: str) -> Tool | None:
-        """The agent's tool called ``name``, if any."""
-        return next((t for t in self.tools if t.name == name), None)
+        """The agent's tool called ``name``, if any (a sandbox tool included)."""
+        return next((t for t in self.all_tools if t.name == name), None)
 
 
 def call_tool_name(agent: str) -> str:
@@ -411,9 +433,21 @@ def agent_route(name: str) -> str:
     return f"agent:{name}"
 
 
+_capabilities: set[str] = set()
+
+
+def serve_route(route: str, *, serve: bool = True) -> None:
+    """Serve (or stop serving) a route that is not an agent's: ``sandbox`` when this process
+    has Docker."""
+    if serve:
+        _capabilities.add(route)
+    else:
+        _capabilities.discard(route)
+
+
 def served_routes() -> list[str]:
-    """The routes this process serves: one per registered agent."""
-    return [agent_route(name) for name in sorted(_registry)]
+    """The routes this process serves: one per registered agent, then its capabilities."""
+    return [agent_route(name) for name in sorted(_registry)] + sorted(_capabilities)
 
 
 def agent_named(name: str) -> Agent | None:
@@ -452,7 +486,7 @@ def check(agents: Iterable[Agent]) -> list[ToolFinding]:
     """Every tool with its declarations; ``flagged`` marks external + unkeyed + no approval."""
     findings = []
     for agent in agents:
-        for t in agent.tools:
+        for t in agent.all_tools:
             approval = t.approval if isinstance(t.approval, str) else "per call"
             findings.append(
                 ToolFinding(

@@ -48,6 +48,9 @@ _ENV: dict[str, tuple[str, type]] = {
     "stream_idle_seconds": ("TOREN_STREAM_IDLE_SECONDS", float),
     "snapshot_every": ("TOREN_SNAPSHOT_EVERY", int),
     "failed_auth_per_minute": ("TOREN_FAILED_AUTH_PER_MINUTE", int),
+    "sandboxes": ("TOREN_SANDBOXES", bool),
+    "workspace_store": ("TOREN_WORKSPACE_STORE", str),
+    "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
 }
 
 _TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
@@ -119,6 +122,14 @@ class Settings:
         snapshot_every: Events between two snapshots of an actor that keeps them (a run: its
             state, so activating it reads that and the events since); unset, each kind's own
             (runs: 1,000).
+        sandboxes: Whether this worker runs sandboxes when Docker answers (default true);
+            false keeps it from serving them even where Docker is.
+        workspace_store: Where sandbox workspaces are checkpointed: a directory (or
+            ``file:///path``), or ``s3://bucket/prefix`` (endpoint from
+            ``TOREN_S3_ENDPOINT_URL`` for MinIO, R2 and the like). Unset: ``HOME/workspaces``,
+            which only workers on this machine can read: use S3 across machines.
+        sandbox_reap_seconds: How often a worker with Docker looks for sandbox containers
+            whose run has ended, and removes them.
         agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
             those given in ``Agent(...)`` when the app's agents are registered (read-only).
         config_file: The TOML file these settings were read from, if any.
@@ -147,6 +158,9 @@ class Settings:
     snapshot_every: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(_positive)
     )
+    sandboxes: bool = True
+    workspace_store: str | None = None
+    sandbox_reap_seconds: float = attrs.field(default=30.0, validator=_positive)
     agents: Tables = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
     )

@@ -89,3 +89,12 @@ async def published(name: str) -> list[Card]:
             if card is not None:
                 cards.append(card)
     return cards
+
+
+async def route_served(route: str) -> bool:
+    """Whether this process or a live worker serves ``route`` (``sandbox``: it has Docker)."""
+    from toren._leases import route_served as published_route
+
+    if route in served_routes():
+        return True
+    return _pool is not None and await published_route(_pool, route)

@@ -580,7 +580,12 @@ async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | N
     ]
     if not published:
         return None
-    return {r.removeprefix("agent:") for routes in published for r in routes}
+    return {r.removeprefix("agent:") for routes in published for r in routes if r[:6] == "agent:"}
+
+
+async def route_served(conn: asyncpg.Connection | asyncpg.Pool, route: str) -> bool:
+    """Whether a live worker publishes ``route`` (``sandbox``: it has Docker)."""
+    return any(route in ((w["stats"] or {}).get("routes") or ()) for w in await live_workers(conn))
 
 
 async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> list[Any]:

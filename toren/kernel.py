@@ -14,7 +14,7 @@ from toren._db import (
     record_dev_url,
     recorded_dev_url,
 )
-from toren._directory import Card, local_cards, published
+from toren._directory import Card, local_cards, published, route_served
 from toren._directory import attach as attach_directory
 from toren._host import ActorHost, MessageDeadLettered
 from toren._json import dumps as json_text
@@ -67,6 +67,7 @@ __all__ = [
     "release",
     "release_claim",
     "renew",
+    "route_served",
     "safe_text",
     "schema_status",
     "utf8_size",

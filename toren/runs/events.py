@@ -291,6 +291,7 @@ class ToolResulted:
     is_error: bool = False
     denied: bool = False
     truncated_from: int | None = None
+    checkpoint: str | None = None  # a sandboxed call: the workspace's checkpoint after it
     v: int = FORMAT
 
 
@@ -301,6 +302,7 @@ class ApprovalRequested:
     name: str
     arguments: dict[str, Any]
     at: float = 0.0
+    cwd: str | None = None  # a sandboxed command: the directory it would run in
     v: int = FORMAT
 
 
@@ -420,6 +422,39 @@ class ChildStarted:
     call_id: str
     run_id: str
     agent: str
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("sandbox.requested")
+@attrs.frozen(kw_only=True)
+class SandboxRequested:
+    """A tool call was sent to the run's sandbox (spawned in the same commit if it was the
+    first): the run waits for its result (``run.sandbox_done``)."""
+
+    call_id: str
+    sandbox: str
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("sandbox.failed")
+@attrs.frozen(kw_only=True)
+class SandboxFailed:
+    """The kernel gave up on the run's sandbox (it kept crashing): the calls waiting on it got
+    error results, and later sandbox calls get one at once."""
+
+    error: str
+    at: float = 0.0
+    v: int = FORMAT
+
+
+@message("sandbox.noted")
+@attrs.frozen(kw_only=True)
+class SandboxNoted:
+    """What the run's sandbox told it (for the timeline): recreated from a checkpoint."""
+
+    text: str
     at: float = 0.0
     v: int = FORMAT
 

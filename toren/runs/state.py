@@ -34,6 +34,8 @@ from toren.runs.events import (
     RunRetried,
     RunRetrying,
     RunStarted,
+    SandboxFailed,
+    SandboxRequested,
     Status,
     StepsInvalidated,
     TimerFired,
@@ -89,7 +91,7 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
 
 
 @attrs.frozen(kw_only=True)
@@ -172,6 +174,11 @@ class RunState:
     child_input_tokens: int = 0
     child_output_tokens: int = 0
     child_unpriced: int = 0
+    # the run's sandbox (its actor, once spawned), the calls sent to it without a result yet,
+    # and why it failed if the kernel gave up on it
+    sandbox: str = ""
+    sandbox_waiting: PSet[str] = attrs.field(factory=pset)
+    sandbox_failed: str | None = None
 
     @property
     def children_running(self) -> list[ChildStarted]:
@@ -273,6 +280,9 @@ def fold(state: RunState, event: Any) -> RunState:
             error=None,
             failed_attempts=0,
             tool_failures=0,
+            # A call sent to the sandbox is sent again: the sandbox answers from its journal
+            # if the call ran (it never runs a call twice).
+            sandbox_waiting=pset(),
         )
     if isinstance(event, ToolIntended):
         occurrences = state.occurrences
@@ -292,6 +302,7 @@ def fold(state: RunState, event: Any) -> RunState:
             results=state.results.set(event.call_id, event),
             messages=_append_user(state.messages, result),
             status="running",
+            sandbox_waiting=state.sandbox_waiting.discard(event.call_id),
         )
         if not after.pending_calls:
             after = attrs.evolve(after, tool_failures=_tool_failures(after))
@@ -325,6 +336,14 @@ def fold(state: RunState, event: Any) -> RunState:
             parked_since=None,
             parked_seconds=state.parked_seconds + max(0.0, waited),
         )
+    if isinstance(event, SandboxRequested):
+        return attrs.evolve(
+            state,
+            sandbox=event.sandbox,
+            sandbox_waiting=state.sandbox_waiting.add(event.call_id),
+        )
+    if isinstance(event, SandboxFailed):
+        return attrs.evolve(state, sandbox_failed=event.error)
     if isinstance(event, CalleesDescribed):
         return attrs.evolve(state, callees=state.callees.update(event.descriptions))
     if isinstance(event, ChildStarted):

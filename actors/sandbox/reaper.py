@@ -1,0 +1,67 @@
+"""The orphan reaper: removes sandbox containers whose run has ended.
+
+A run that ends sends its sandbox ``sandbox.reap``, which removes the container. When that
+cannot happen (the worker hosting the sandbox was killed and the run ended meanwhile, or the
+database lost the sandbox), the container is an orphan. Every worker with Docker looks, at start
+and every ``sandbox_reap_seconds`` (30 s by default), for the containers of its database whose
+run has ended or does not exist, and removes them: an orphan lives at most about that long.
+
+Containers are labelled with a scope (the database's identity), so that workers of another
+database sharing the Docker daemon never reap each other's containers.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import anyio
+import asyncpg
+from aiodocker.exceptions import DockerError
+
+from toren.actors.sandbox.docker import Docker, Info
+
+log = logging.getLogger("toren.sandbox")
+
+_ENDED = ("completed", "failed")
+
+
+async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
+    """The sandbox containers of this database whose run has ended or is unknown."""
+    found = [i for i in await docker.list() if i.scope == scope]
+    if not found:
+        return []
+    rows = await pool.fetch(
+        "SELECT actor_id, run_status FROM toren.actors WHERE actor_id = ANY($1::text[])",
+        [i.run_id for i in found],
+    )
+    status = {r["actor_id"]: r["run_status"] for r in rows}
+    return [i for i in found if status.get(i.run_id, "gone") in (*_ENDED, "gone")]
+
+
+async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
+    """Remove every orphan now; returns those removed."""
+    removed = []
+    for info in await orphans(pool, docker, scope):
+        try:
+            await docker.remove(info.container_id)
+        except DockerError as exc:
+            log.warning("could not remove orphan sandbox %s: %s", info.name, exc)
+            continue
+        log.info("removed orphan sandbox %s (run %s ended)", info.name, info.run_id)
+        removed.append(info)
+    return removed
+
+
+async def run_reaper(
+    pool: asyncpg.Pool, docker: Docker, scope: str, every: float, started: Callable[[], None]
+) -> None:
+    """Reap at once, then every ``every`` seconds, until cancelled. A failed round is logged
+    and tried again at the next: the reaper never ends the worker."""
+    started()
+    while True:
+        try:
+            await reap(pool, docker, scope)
+        except (OSError, DockerError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            log.warning("sandbox reaper: %s; trying again in %gs", exc, every)
+        await anyio.sleep(every)

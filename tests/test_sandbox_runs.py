@@ -1,0 +1,256 @@
+"""Runs with sandboxes on a real Docker daemon: tools run in the run's container, approval per
+command and allow rules, checkpoints on each result, reaping at the end, idle stop and restart,
+no Docker anywhere, and at-most-once commands across a worker's SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
+from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
+from tests.steps import Step, bash, model, settled, tool
+from toren import Client
+from toren._app import load_app
+from toren.actors.sandbox.docker import Docker, Unavailable
+from toren.runs import read_run, start_run, waiting_on
+from toren.sandbox import DEFAULT_IMAGE
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[Docker]:
+    """The Docker daemon and the sandbox image: skipped without them, failed under CI=true."""
+    try:
+        client = await Docker.connect()
+        await client.check_image(DEFAULT_IMAGE)
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"sandboxes need Docker and the sandbox image in CI: {exc}")
+        pytest.skip(f"no Docker or no sandbox image: {exc}")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def tool_results(client: Client, run_id: str) -> list[dict[str, Any]]:
+    rows = await client.pool.fetch(
+        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'tool.result' ORDER BY seq",
+        run_id,
+    )
+    return [r["data"] for r in rows]
+
+
+async def sandbox_events(client: Client, run_id: str) -> list[str]:
+    sandbox = "sandbox/" + run_id.removeprefix("run/")
+    rows = await client.pool.fetch(
+        "SELECT type FROM toren.journal WHERE actor_id = $1 ORDER BY seq", sandbox
+    )
+    return [r["type"] for r in rows]
+
+
+def sandboxed(db_url: str, tmp_path: Path, **overrides: Any) -> Any:
+    return running_worker(
+        db_url, sandboxes=True, workspace_store=str(tmp_path / "workspaces"), **overrides
+    )
+
+
+async def test_tools_run_in_the_runs_container_and_each_result_names_its_checkpoint(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+) -> None:
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [
+        [tool("write_file", "w1", path="notes/a.txt", content="hello from the model\n")],
+        [bash("cat notes/a.txt", "b1")],
+        [tool("read_file", "r1", path="notes/a.txt")],
+        [tool("list_files", "l1", path=".")],
+        [bash("id -u", "b2"), bash("env", "b3"), tool("read_file", "r2", path="../etc/passwd")],
+        "done:\n{results}",
+    ]
+    async with model(steps, monkeypatch), sandboxed(db_url, tmp_path):
+        run_id = await start_run(client, "coder", "write a note")
+        assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+
+    state = await read_run(client, run_id)
+    wrote, cat, read, listing, uid, env, escape = (
+        state.results[c].content for c in ("w1", "b1", "r1", "l1", "b2", "b3", "r2")
+    )
+    assert wrote == "wrote 21 bytes to notes/a.txt"
+    assert cat.startswith("$ cat notes/a.txt\n[in /workspace; exit 0]\nhello from the model")
+    assert read == "hello from the model\n"
+    assert "notes/" in listing
+    assert "\n1000" in uid  # not root
+    # No Toren environment inside (only the marker that finds the command).
+    assert [v for v in env.split("\n") if v.startswith("TOREN")] == [
+        v for v in env.split("\n") if v.startswith("TOREN_COMMAND=")
+    ]
+    assert "ANTHROPIC" not in env
+    assert state.results["r2"].is_error
+    assert "refused" in escape
+    # Results of calls that may change the workspace commit with its checkpoint.
+    recorded = {r["call_id"]: r for r in await tool_results(client, run_id)}
+    assert recorded["w1"]["checkpoint"]
+    assert recorded["b1"]["checkpoint"] == recorded["w1"]["checkpoint"]  # cat changed nothing
+    assert recorded["r1"]["checkpoint"] == recorded["w1"]["checkpoint"]  # what it read
+    events = await sandbox_events(client, run_id)
+    assert events[:2] == ["command.intended", "sandbox.created"]
+    assert events.count("command.intended") == events.count("command.finished") == 7
+    assert events.count("workspace.checkpointed") == 1
+    # The run ended: its container goes (the checkpoints stay).
+    await wait_for(lambda: _gone(docker, run_id), timeout=30, what="the container reaped")
+    assert "sandbox.reaped" in await sandbox_events(client, run_id)
+    assert any((tmp_path / "workspaces" / "manifests").iterdir())
+
+
+async def _gone(docker: Docker, run_id: str) -> bool:
+    return await docker.find(run_id) is None
+
+
+async def test_each_command_is_approved_unless_an_allow_rule_matches_it(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+) -> None:
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [
+        [bash("ls", "a1"), bash("echo allowed by prefix", "a2")],
+        [bash("ls; rm -rf /workspace", "d1")],
+        [bash("git status | sh", "d2")],
+        [bash("touch approved.txt", "p1")],
+        "{results}",
+    ]
+    async with model(steps, monkeypatch), sandboxed(db_url, tmp_path):
+        run_id = await start_run(client, "careful", "tidy up")
+
+        async def asked(call_id: str) -> Any:
+            state = await read_run(client, run_id)
+            return [c for c in waiting_on(state) if c.id == call_id]
+
+        [shown] = await wait_for(lambda: asked("d1"), timeout=60)
+        assert shown.arguments == {"command": "ls; rm -rf /workspace"}
+        requested = await client.pool.fetchval(
+            "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'approval.requested'",
+            run_id,
+        )
+        assert requested["cwd"] == "/workspace"
+        await decide_waiting(client, run_id, approved=False, by=person("ana"), reason="no")
+        await wait_for(lambda: asked("d2"), timeout=30)
+        await decide_waiting(client, run_id, approved=False, by=person("ana"))
+        await wait_for(lambda: asked("p1"), timeout=30)
+        await decide_waiting(client, run_id, approved=True, by=person("ana"))
+        assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+
+    state = await read_run(client, run_id)
+    assert set(state.asked) == {"d1", "d2", "p1"}  # ls and echo ran without asking
+    assert state.results["a2"].content.endswith("allowed by prefix\n")
+    assert state.results["d1"].denied
+    assert state.results["d2"].denied
+    assert "exit 0" in state.results["p1"].content
+    assert (await tool_results(client, run_id))[-1]["checkpoint"]
+
+
+async def test_without_a_worker_that_has_docker_a_sandbox_step_fails_the_run_with_class_config(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.sandbox_app")
+    async with model([[bash("ls", "x1")], "never"], monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "coder", "list")
+        assert await wait_for(lambda: settled(client, run_id)) == "failed"
+    state = await read_run(client, run_id)
+    assert state.error_class == "config"
+    assert "no live worker has Docker" in (state.error or "")
+    assert "docs/sandboxes.md" in (state.error or "")
+
+
+async def test_an_idle_sandbox_is_stopped_and_started_again_with_its_workspace(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+) -> None:
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [
+        [tool("write_file", "s1", path="kept.txt", content="kept\n")],
+        [bash("cat kept.txt", "s2")],
+        "{results}",
+    ]
+    async with model(steps, monkeypatch) as server, sandboxed(db_url, tmp_path):
+        hold = server.hold(2)  # the run waits before its second model call: the sandbox idles
+        run_id = await start_run(client, "sleepy", "keep a file")
+        with anyio.fail_after(60):
+            await hold.arrived.wait()
+
+        async def stopped() -> bool:
+            info = await docker.find(run_id)
+            return info is not None and info.state != "running"
+
+        await wait_for(stopped, timeout=30, what="the idle container stopped")
+        hold.release()
+        assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+
+    state = await read_run(client, run_id)
+    assert state.results["s2"].content.endswith("kept\n")
+    events = await sandbox_events(client, run_id)
+    assert "sandbox.stopped" in events
+    assert events.index("sandbox.restored") > events.index("sandbox.stopped")
+
+
+async def test_a_command_in_flight_when_its_worker_is_killed_is_killed_and_not_run_again(
+    client: Client,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    docker: Docker,
+    workers: WorkerFactory,
+) -> None:
+    steps: list[Step] = [
+        [bash("echo start >> log.txt; sleep 300; echo end >> log.txt", "long")],
+        [bash("cat log.txt", "look"), bash("ps -eo args", "ps")],
+        "{results}",
+    ]
+    store = str(tmp_path / "workspaces")
+    async with model(steps, monkeypatch):
+        first = workers("tests.sandbox_app", sandboxes="true", workspace_store=store)
+        run_id = await start_run(client, "coder", "run long")
+        # `;` is shell control syntax: asked about whatever the allow rules say.
+        await wait_for(lambda: _waiting(client, run_id), timeout=60, what="the approval asked")
+        await decide_waiting(client, run_id, approved=True, by=person("ana"))
+        container = await wait_for(lambda: docker.find(run_id), timeout=60)
+
+        async def started() -> bool:
+            data, _ = await docker.read_file(container.container_id, "log.txt", 100)
+            return data == b"start\n"
+
+        await wait_for(_tolerant(started), timeout=60, what="the long command started")
+        first.signal(signal.SIGKILL)
+        first.wait(10)
+        second = workers("tests.sandbox_app", sandboxes="true", workspace_store=store)
+        assert await wait_for(lambda: settled(client, run_id), timeout=90) == "completed", (
+            second.log()
+        )
+
+    state = await read_run(client, run_id)
+    long = state.results["long"]
+    assert long.is_error
+    assert "interrupted" in long.content
+    assert "Exit status unknown" in long.content
+    assert state.results["look"].content.endswith("\nstart\n")  # not run again, no "end"
+    assert "sleep 300" not in state.results["ps"].content  # found and killed
+    await wait_for(lambda: _gone(docker, run_id), timeout=30, what="the container reaped")
+
+
+async def _waiting(client: Client, run_id: str) -> bool:
+    return bool(waiting_on(await read_run(client, run_id)))
+
+
+def _tolerant(predicate: Callable[[], Any]) -> Callable[[], Any]:
+    async def check() -> Any:
+        try:
+            return await predicate()
+        except Exception:
+            return False
+
+    return check

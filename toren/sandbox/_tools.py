@@ -1,0 +1,100 @@
+"""The tools a sandboxed agent's model sees: ``bash``, ``read_file``, ``write_file``,
+``list_files``. The run never calls their functions: it sends each call to the run's sandbox
+actor, which runs it in the container (see :mod:`toren.actors.sandbox`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import pydantic
+
+from toren._agents import Tool, ToolContext, tool
+from toren._errors import ConfigError
+from toren.sandbox._settings import WORKSPACE, Sandbox
+
+COMMAND_MAX = 64 * 1024
+CONTENT_MAX = 8 * 1024 * 1024
+PATH_MAX = 4096
+
+Path = Annotated[str, pydantic.Field(min_length=1, max_length=PATH_MAX)]
+
+
+def _outside() -> ConfigError:
+    return ConfigError("sandbox tools run only inside a Toren run, in its sandbox")
+
+
+async def bash(
+    ctx: ToolContext, command: Annotated[str, pydantic.Field(min_length=1, max_length=COMMAND_MAX)]
+) -> str:
+    raise _outside()
+
+
+async def read_file(ctx: ToolContext, path: Path) -> str:
+    raise _outside()
+
+
+async def write_file(
+    ctx: ToolContext, path: Path, content: Annotated[str, pydantic.Field(max_length=CONTENT_MAX)]
+) -> str:
+    raise _outside()
+
+
+async def list_files(ctx: ToolContext, path: Path = ".") -> str:
+    raise _outside()
+
+
+_FUNCTIONS = {f.__name__: f for f in (bash, read_file, write_file, list_files)}
+
+
+def sandbox_tools(settings: Sandbox) -> tuple[Tool, ...]:
+    """The four tools, declared for ``settings``: ``bash`` is external and asks a human for
+    every command its allow rules do not match; it is at-most-once unless the sandbox is
+    declared rerunnable."""
+
+    def approval(arguments: Mapping[str, Any]) -> bool:
+        return not settings.allows(str(arguments.get("command", "")))
+
+    limit = f"{settings.command_timeout:g}s"
+    return (
+        tool(
+            effects="external",
+            idempotency="unkeyed" if settings.rerunnable else "at_most_once",
+            approval=approval,
+            timeout=settings.command_timeout + 60,
+            description=(
+                f"Run a bash command in the run's sandbox (a Linux container). Every command "
+                f"starts in {WORKSPACE}, the workspace, which keeps its files between commands; "
+                f"`cd` does not carry over. Output (stdout and stderr) is cut past "
+                f"{settings.output_cap} bytes; a command running longer than {limit} is killed. "
+                + ("Network: none. " if settings.network == "none" else "")
+                + "A human may have to approve each command."
+            ),
+        )(bash),
+        tool(
+            effects="read",
+            idempotency="keyed",
+            description=f"Read a text file of the workspace ({WORKSPACE}); path relative to it.",
+        )(read_file),
+        tool(
+            effects="write",
+            idempotency="keyed",
+            description=(
+                f"Write a file in the workspace ({WORKSPACE}), replacing it; parent directories "
+                "are made. Path relative to the workspace."
+            ),
+        )(write_file),
+        tool(
+            effects="read",
+            idempotency="keyed",
+            description=(
+                f"List a directory of the workspace ({WORKSPACE}), recursively, with sizes; "
+                "path relative to it (default: the workspace)."
+            ),
+        )(list_files),
+    )
+
+
+def is_sandbox_tool(t: Tool) -> bool:
+    """Whether ``t`` is one of the sandbox's tools (run by the sandbox actor)."""
+    return _FUNCTIONS.get(t.fn.__name__) is t.fn
