@@ -54,6 +54,11 @@ POINTS: dict[str, str] = {
     "compaction.summarised": "a run has a compaction's summary, not yet recorded",
     "child.starting": "a run is about to start a child run (a cross-agent call), not yet recorded",
     "child.finished": "a run is recording a child run's end, not yet committed",
+    "sandbox.creating": "a sandbox is about to create its container (none found by its labels)",
+    "sandbox.starting": "a sandbox is about to start its container (new, or stopped)",
+    "sandbox.executing": "a sandbox is about to run a command whose intent is recorded",
+    "sandbox.executed": "a sandbox ran a command, its result not yet recorded",
+    "sandbox.checkpointing": "a sandbox uploaded a checkpoint, not yet recorded",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"
