@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from tests.steps import Step, bash, model, settled, tool
 from toren import Client
 from toren._app import load_app
 from toren.actors.sandbox.docker import Docker, Unavailable
-from toren.runs import read_run, start_run, waiting_on
+from toren.runs import cancel, read_run, start_run, waiting_on
 from toren.sandbox import DEFAULT_IMAGE
 
 pytestmark = pytest.mark.anyio
@@ -254,3 +254,124 @@ def _tolerant(predicate: Callable[[], Any]) -> Callable[[], Any]:
             return False
 
     return check
+
+
+@pytest.fixture
+def s3_workspaces(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A workspace store on moto's S3 server (loopback), reached with the real aioboto3."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "TOREN_S3_ENDPOINT_URL": endpoint,
+        "NO_PROXY": "127.0.0.1,localhost",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+        Bucket="workspaces"
+    )
+    try:
+        yield "s3://workspaces/toren"
+    finally:
+        server.stop()
+
+
+async def test_a_run_whose_container_is_lost_resumes_with_its_files_from_s3(
+    client: Client,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    docker: Docker,
+    s3_workspaces: str,
+) -> None:
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [
+        [tool("write_file", "w1", path="src/main.py", content="print('kept')\n")],
+        [bash("python3 src/main.py > out.txt", "b1")],  # a redirection: asked about
+        [bash("cat out.txt", "b2"), tool("list_files", "l1", path=".")],
+        "{results}",
+    ]
+    async with model(steps, monkeypatch):
+        async with running_worker(db_url, sandboxes=True, workspace_store=s3_workspaces):
+            run_id = await start_run(client, "coder", "keep it")
+            await wait_for(lambda: _waiting(client, run_id), timeout=60, what="the approval")
+        # The host is lost: the worker is gone, and so is the container with its workspace.
+        lost = await docker.find(run_id)
+        assert lost is not None
+        await docker.remove(lost.container_id)
+        async with running_worker(db_url, sandboxes=True, workspace_store=s3_workspaces):
+            await decide_waiting(client, run_id, approved=True, by=person("ana"))
+            assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+
+    state = await read_run(client, run_id)
+    assert state.results["b2"].content.endswith("\nkept\n")
+    assert "src/" in state.results["l1"].content
+    events = await sandbox_events(client, run_id)
+    assert events.count("sandbox.created") == 2
+    assert "sandbox.restored" in events
+    noted = await client.pool.fetchval(
+        "SELECT data->>'text' FROM toren.journal WHERE actor_id = $1 AND type = 'sandbox.noted'",
+        run_id,
+    )
+    assert "restored from checkpoint" in noted
+
+
+async def test_the_container_of_a_run_that_ended_without_its_sandbox_is_reaped_within_60s(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+) -> None:
+    """A worker killed while its run's container lives, and the run ended elsewhere with no
+    sandbox step to remove it: the orphan reaper of any worker with Docker removes it."""
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [[bash("ls", "b1")], [bash("ls -la; echo parked", "b2")], "never"]
+    async with model(steps, monkeypatch), sandboxed(db_url, tmp_path):
+        run_id = await start_run(client, "coder", "park")
+        await wait_for(lambda: _waiting(client, run_id), timeout=60, what="the approval")
+    assert await docker.find(run_id) is not None
+    # The run ends while no worker runs: its sandbox's reap waits in its mailbox, and the
+    # sandbox actor is taken away, as if its database rows were lost with its host.
+    await cancel(client, run_id, by=person("ana"))
+    sandbox = "sandbox/" + run_id.removeprefix("run/")
+    await client.pool.execute("DELETE FROM toren.mailbox WHERE actor_id = $1", sandbox)
+    await client.pool.execute("DELETE FROM toren.actors WHERE actor_id = $1", sandbox)
+    async with sandboxed(db_url, tmp_path, sandbox_reap_seconds=2.0):
+        await wait_for(lambda: _gone(docker, run_id), timeout=60, what="the orphan reaped")
+        assert await settled(client, run_id) == "failed"
+
+
+async def test_other_actors_read_and_write_a_runs_workspace_through_the_file_api(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+) -> None:
+    from toren import Settings
+    from toren.sandbox.files import NoWorkspace, open_store, read_workspace_file, write_files
+
+    load_app("tests.sandbox_app")
+    steps: list[Step] = [
+        [tool("write_file", "w1", path="draft.md", content="# draft\n")],
+        [bash("cat inbox/photo.txt; echo", "b1")],  # asked about: the test writes first
+        "{results}",
+    ]
+    store_dir = str(tmp_path / "workspaces")
+    store = open_store(Settings(workspace_store=store_dir))
+    async with model(steps, monkeypatch), sandboxed(db_url, tmp_path):
+        run_id = await start_run(client, "coder", "draft")
+        with pytest.raises(NoWorkspace):
+            await write_files(client, "run/00000000-0000-0000-0000-000000000000", {"a": b"x"})
+        await wait_for(lambda: _waiting(client, run_id), timeout=60, what="the approval")
+        data, size = await read_workspace_file(client, store, run_id, "draft.md")
+        assert (data, size) == (b"# draft\n", 8)
+        checkpoint = await write_files(client, run_id, {"inbox/photo.txt": b"a photo\0\xff"})
+        assert checkpoint
+        await decide_waiting(client, run_id, approved=True, by=person("ana"))
+        assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
+    state = await read_run(client, run_id)
+    assert "a photo" in state.results["b1"].content
+    data, _ = await read_workspace_file(client, store, run_id, "inbox/photo.txt")
+    assert data == b"a photo\0\xff"
+    await store.close()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from pathlib import Path
 
 import asyncpg
 
@@ -17,7 +16,8 @@ from toren import ConfigError, Settings
 from toren.actors.sandbox.docker import Docker, Unavailable
 from toren.runs import serve_route
 from toren.sandbox import DEFAULT_IMAGE, SANDBOX_ROUTE
-from toren.sandbox.store import WorkspaceStore, store_from_url
+from toren.sandbox.files import open_store
+from toren.sandbox.store import WorkspaceStore
 
 log = logging.getLogger("toren.sandbox")
 
@@ -40,12 +40,6 @@ async def database_scope(pool: asyncpg.Pool) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def store_url(settings: Settings) -> str:
-    """Where workspaces are checkpointed: ``workspace_store`` (``TOREN_WORKSPACE_STORE``), by
-    default a directory under Toren's home (one machine only: use S3 across machines)."""
-    return settings.workspace_store or str(Path(settings.home) / "workspaces")
-
-
 async def open_sandboxes(settings: Settings, pool: asyncpg.Pool) -> bool:
     """Connect to Docker and open the workspace store; serve the ``sandbox`` route if both
     work. Logs the outcome either way. Returns whether sandboxes are available here."""
@@ -66,7 +60,7 @@ async def open_sandboxes(settings: Settings, pool: asyncpg.Pool) -> bool:
     except Unavailable as exc:
         image = str(exc)
     try:
-        store = store_from_url(store_url(settings))
+        store = open_store(settings)
     except ConfigError as exc:
         await docker.close()
         _why = f"the workspace store cannot be opened: {exc}"
