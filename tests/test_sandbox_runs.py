@@ -156,9 +156,10 @@ async def test_each_command_is_approved_unless_an_allow_rule_matches_it(
 
 
 async def test_without_a_worker_that_has_docker_a_sandbox_step_fails_the_run_with_class_config(
-    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     load_app("tests.sandbox_app")
+    caplog.set_level("INFO", logger="toren.sandbox")
     async with model([[bash("ls", "x1")], "never"], monkeypatch), running_worker(db_url):
         run_id = await start_run(client, "coder", "list")
         assert await wait_for(lambda: settled(client, run_id)) == "failed"
@@ -166,6 +167,8 @@ async def test_without_a_worker_that_has_docker_a_sandbox_step_fails_the_run_wit
     assert state.error_class == "config"
     assert "no live worker has Docker" in (state.error or "")
     assert "docs/sandboxes.md" in (state.error or "")
+    # The worker said at boot why it runs no sandboxes.
+    assert "sandboxes are turned off on this worker" in caplog.text
 
 
 async def test_an_idle_sandbox_is_stopped_and_started_again_with_its_workspace(
@@ -375,3 +378,25 @@ async def test_other_actors_read_and_write_a_runs_workspace_through_the_file_api
     data, _ = await read_workspace_file(client, store, run_id, "inbox/photo.txt")
     assert data == b"a photo\0\xff"
     await store.close()
+
+
+async def test_a_worker_without_a_docker_daemon_says_so_and_serves_no_sandboxes(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from toren import Settings
+    from toren.actors.sandbox import runtime
+    from toren.kernel import create_pool
+    from toren.runs import served_routes
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    caplog.set_level("INFO", logger="toren.sandbox")
+    pool = await create_pool(db_url, size=1)
+    try:
+        settings = Settings(database_url=db_url, workspace_store=str(tmp_path / "ws"))
+        assert not await runtime.open_sandboxes(settings, pool)
+    finally:
+        await pool.close()
+    assert "sandbox" not in served_routes()
+    assert "sandboxes unavailable on this worker" in caplog.text
+    with pytest.raises(Unavailable, match="docker"):
+        runtime.current()

@@ -12,6 +12,7 @@ database sharing the Docker daemon never reap each other's containers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 
@@ -19,7 +20,9 @@ import anyio
 import asyncpg
 from aiodocker.exceptions import DockerError
 
+from toren import Client, UnknownActor
 from toren.actors.sandbox.docker import Docker, Info
+from toren.sandbox import Reap
 
 log = logging.getLogger("toren.sandbox")
 
@@ -40,7 +43,9 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
 
 
 async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
-    """Remove every orphan now; returns those removed."""
+    """Remove every orphan now, and tell its sandbox actor (if it is still known) so that its
+    journal says so; returns those removed."""
+    client = Client(pool, "")
     removed = []
     for info in await orphans(pool, docker, scope):
         try:
@@ -50,6 +55,8 @@ async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
             continue
         log.info("removed orphan sandbox %s (run %s ended)", info.name, info.run_id)
         removed.append(info)
+        with contextlib.suppress(UnknownActor):
+            await client.send(info.sandbox_id, Reap(), dedupe_key=f"reap:{info.container_id}")
     return removed
 
 
