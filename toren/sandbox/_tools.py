@@ -55,20 +55,20 @@ def sandbox_tools(settings: Sandbox) -> tuple[Tool, ...]:
     def approval(arguments: Mapping[str, Any]) -> bool:
         return not settings.allows(str(arguments.get("command", "")))
 
-    limit = f"{settings.command_timeout:g}s"
     return (
         tool(
             effects="external",
             idempotency="unkeyed" if settings.rerunnable else "at_most_once",
             approval=approval,
             timeout=settings.command_timeout + 60,
+            # Nothing of the settings is in the description: it is part of every request, and a
+            # changed limit must not make recorded steps look asked differently.
             description=(
                 f"Run a bash command in the run's sandbox (a Linux container). Every command "
                 f"starts in {WORKSPACE}, the workspace, which keeps its files between commands; "
-                f"`cd` does not carry over. Output (stdout and stderr) is cut past "
-                f"{settings.output_cap} bytes; a command running longer than {limit} is killed. "
-                + ("Network: none. " if settings.network == "none" else "")
-                + "A human may have to approve each command."
+                "`cd` does not carry over. Output (stdout and stderr) past a cap is cut, and a "
+                "command running past a time limit is killed: the result says so. A human may "
+                "have to approve each command."
             ),
         )(bash),
         tool(
