@@ -98,7 +98,12 @@ async def _gone(docker: Docker, run_id: str) -> bool:
 
 
 async def test_each_command_is_approved_unless_an_allow_rule_matches_it(
-    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
+    client: Client,
+    db_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    docker: Docker,
+    request: pytest.FixtureRequest,
 ) -> None:
     load_app("tests.sandbox_app")
     steps: list[Step] = [
@@ -136,6 +141,33 @@ async def test_each_command_is_approved_unless_an_allow_rule_matches_it(
     assert state.results["d2"].denied
     assert "exit 0" in state.results["p1"].content
     assert (await tool_results(client, run_id))[-1]["checkpoint"]
+    if request.config.getoption("--record-journals", default=False):
+        _record(await client.journal(run_id), state, "run_v1_sandboxed")
+
+
+def _record(journal: list[Any], state: Any, name: str) -> None:
+    """Record a sandboxed run's journal as a fixture (``--record-journals``): its events stay
+    readable by every later version (tests/test_runs.py replays every fixture)."""
+    import json
+
+    from toren.runs import receipt
+
+    fixtures = Path(__file__).parent / "fixtures" / "journals"
+    entries = [{"seq": e.seq, "type": e.type, "data": e.data} for e in journal]
+    (fixtures / f"{name}.json").write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+    r = receipt(state)
+    expected = {
+        "status": state.status,
+        "output": state.output,
+        "steps": [c.step for c in state.calls],
+        "tools": sorted([k, v.content] for k, v in state.results.items()),
+        "approvals": sorted([k, v.who, v.approved] for k, v in state.decisions.items()),
+        "calls_made": r.calls_made,
+        "usd_paid": str(r.usd_paid),
+    }
+    (fixtures / f"{name}.expected").write_text(
+        json.dumps(expected, indent=1, sort_keys=True) + "\n"
+    )
 
 
 async def test_without_a_worker_that_has_docker_a_sandbox_step_fails_the_run_with_class_config(
