@@ -3,7 +3,8 @@
 One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serves every
 section in turn: the floor (raw asyncpg commits), the kernel step, DBOS Transact as a peer, agent
 steps through the real Anthropic SDK, takeover after SIGKILL, replay of a 1,000-step run, 10,000
-parked runs, and the HTTP API under ``wrk``. Prints a table and writes ``bench/results.json``.
+parked runs, the HTTP API under ``wrk``, and sandboxes on real Docker (skipped, saying why,
+without a daemon or the sandbox image). Prints a table and writes ``bench/results.json``.
 ``--smoke`` runs every section with tiny counts: it checks the suite works and measures
 nothing (CI runs it).
 """
@@ -39,6 +40,7 @@ from bench import (
     listing,
     parked,
     replay,
+    sandbox,
     takeover,
 )
 from bench._common import Bench
@@ -60,6 +62,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "parked": parked.run,
     "api": api.run,
     "listing": listing.run,
+    "sandbox": sandbox.run,
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"
 console = Console()

@@ -5,17 +5,21 @@ The workspace is 10 files of 1 MiB of random bytes and one 1 KiB file, given as 
 the Docker layer exports it; building the tar is not timed). The first checkpoint uploads
 everything; each timed one follows a new 1 KiB file and uploads one blob and the manifest.
 ``python -m bench.workspace [N]`` measures it against a local directory and against moto's S3
-server on 127.0.0.1 (the real aioboto3 client) and prints the figures.
+server on 127.0.0.1 (the real aioboto3 client) and prints the figures. The suite's ``sandbox``
+section checkpoints the same workspace, exported from a container, with these helpers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
 import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -66,32 +70,40 @@ async def checkpoint_bench(store: WorkspaceStore, n: int) -> dict[str, Any]:
     }
 
 
-async def _against_moto(n: int) -> dict[str, Any]:
+@contextlib.asynccontextmanager
+async def moto_store(bucket: str = "bench-workspaces") -> AsyncIterator[S3Store]:
+    """An S3Store on a bucket of moto's S3 server, started on 127.0.0.1 (the real aioboto3
+    client) and stopped afterwards."""
     import aioboto3  # type: ignore[import-untyped]
     from moto.server import ThreadedMotoServer
 
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
     os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    requests = logging.getLogger("werkzeug")  # moto's server logs every request at INFO
+    level = requests.level
+    requests.setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
         host, port = server.get_host_and_port()
         url = f"http://{host}:{port}"
         async with aioboto3.Session().client("s3", endpoint_url=url, region_name="us-east-1") as s3:
-            await s3.create_bucket(Bucket="bench-workspaces")
-        store = S3Store("bench-workspaces", "bench", endpoint_url=url, region="us-east-1")
+            await s3.create_bucket(Bucket=bucket)
+        store = S3Store(bucket, "bench", endpoint_url=url, region="us-east-1")
         try:
-            return await checkpoint_bench(store, n)
+            yield store
         finally:
             await store.close()
     finally:
         server.stop()
+        requests.setLevel(level)
 
 
 async def main(n: int) -> None:
     with tempfile.TemporaryDirectory(prefix="toren-bench-ws-") as tmp:
         local = await checkpoint_bench(LocalStore(Path(tmp)), n)
-    s3 = await _against_moto(n)
+    async with moto_store() as store:
+        s3 = await checkpoint_bench(store, n)
     print("checkpoint of a 10 MB workspace with one changed 1 KiB file (ms)")
     for name, r in (("local directory", local), ("moto S3 (127.0.0.1)", s3)):
         print(
