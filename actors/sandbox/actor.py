@@ -84,6 +84,11 @@ class SandboxActor(Actor[SandboxState]):
     idle_seconds = 5.0
     max_attempts = 4
     retry_base_seconds = 1.0
+    # A long-lived sandbox (thousands of commands) is activated from a snapshot and the events
+    # since, not its whole journal.
+    snapshot_every = 500
+    state_type = SandboxState
+    snapshot_version = 1
 
     def __init__(self, actor_id: str, args: Any) -> None:
         super().__init__(actor_id, args)
@@ -92,6 +97,7 @@ class SandboxActor(Actor[SandboxState]):
         self._attached = False  # this activation checked its container (leftovers killed)
         self._manifest: Manifest | None = None  # the last checkpoint's, once loaded
         self._records: list[str] = []  # markers of commands journaled here, records kept
+        self._swept = False  # this activation dropped the record its predecessor left
 
     def initial_state(self) -> SandboxState:
         return SandboxState()
@@ -167,7 +173,7 @@ class SandboxActor(Actor[SandboxState]):
                     outcome = None
         content, is_error = "", False
         if outcome is None:
-            await self._forget(docker, container, rerun=intent.marker if again else None)
+            await self._forget(ctx.state, docker, container, intent.marker if again else None)
             kill_point("sandbox.executing")
             ctx.ensure_lease()
             content, is_error, outcome = await self._call(docker, container, intent)
@@ -194,10 +200,19 @@ class SandboxActor(Actor[SandboxState]):
         if intent.tool == "bash":
             self._records.append(intent.marker)
 
-    async def _forget(self, docker: Docker, container: str, rerun: str | None) -> None:
+    async def _forget(
+        self, state: SandboxState, docker: Docker, container: str, rerun: str | None
+    ) -> None:
         """Drop the container's records of commands whose results are journaled (their stored
-        output fills /tmp otherwise), and the record of a rerunnable command run again."""
-        for marker_ in [*self._records, *([rerun] if rerun else [])]:
+        output fills /tmp otherwise), and the record of a rerunnable command run again.
+
+        An activation drops the records of the commands it journaled before its next one; the
+        last command journaled before this activation (its predecessor passivated, or died,
+        before another came) is dropped by this activation's first command."""
+        if not self._swept:
+            self._swept = True
+            self._records.extend(_last_journaled(state))
+        for marker_ in dict.fromkeys([*self._records, *([rerun] if rerun else [])]):
             await docker.forget(container, marker_)
         self._records.clear()
 
@@ -395,6 +410,15 @@ class SandboxActor(Actor[SandboxState]):
         checkpoint_id = await self._checkpoint(ctx, docker, store, container)
         ctx.set_timer("idle", self.settings.idle_stop, Idle(commands=ctx.state.finished))
         ctx.reply({"ok": True, "checkpoint": checkpoint_id})
+
+
+def _last_journaled(state: SandboxState) -> list[str]:
+    """The marker of the bash command whose result was journaled last, if any."""
+    done = [
+        c for c in state.commands.values() if c.intent.tool == "bash" and c.finished is not None
+    ]
+    last = max(done, key=lambda c: c.finished.at if c.finished else 0.0, default=None)
+    return [last.intent.marker] if last is not None else []
 
 
 def _limits(settings: Sandbox) -> Limits:
