@@ -6,6 +6,7 @@ reason it stands for.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -16,7 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chaos.calls import CallExpected
-from chaos.harness import Cell, CellResult, Harness
+from chaos.harness import SANDBOX_SHAPES, Cell, CellResult, Harness
 from chaos.matrix import (
     MUTATION_CELLS,
     call_cells,
@@ -24,18 +25,26 @@ from chaos.matrix import (
     cells,
     clean_call_run,
     clean_run,
+    clean_sandbox_run,
+    sandbox_cells,
     summary,
     table,
 )
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
+from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 
 console = Console()
 
 
 async def _cells(
-    harness: Harness, todo: list[Cell], expected: Expected, call: CallExpected, label: str
+    harness: Harness,
+    todo: list[Cell],
+    expected: Expected,
+    call: CallExpected,
+    sandbox: SandboxExpected | None,
+    label: str,
 ) -> list[CellResult]:
     results = []
     columns = (
@@ -50,7 +59,8 @@ async def _cells(
             progress.update(
                 task, description=f"{label}: {cell.point}#{cell.occurrence} {cell.fault}"
             )
-            result, _ = await harness.run_cell(cell, call if cell.shape == "call" else expected)
+            clean = {"chaos": expected, "call": call, "sandbox": sandbox, "rerunnable": sandbox}
+            result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
                 console.print(f"[red]FAIL[/red] {cell.slug}: {'; '.join(result.problems)}")
             results.append(result)
@@ -74,16 +84,33 @@ async def main(
         async with Harness(server.url, workdir / "cells") as harness:
             expected = await clean_run(harness)
             call = await clean_call_run(harness)
+            sandbox: SandboxExpected | None = None
+            missing = await docker_missing()
+            if missing is None:
+                sandbox = await clean_sandbox_run(harness)
+            else:
+                in_ci = os.environ.get("CI") == "true"
+                verdict = "[red]FAIL[/red] (CI=true)" if in_ci else "skipped"
+                console.print(f"sandbox cells {verdict}: no Docker or no sandbox image: {missing}")
+                ok = ok and not in_ci
             for title, todo in (
                 ("Kill matrix", [c for c in cells() if only is None or only in c.point]),
                 (
                     "Kill matrix: cross-agent calls",
                     [c for c in call_cells() if only is None or only in c.point],
                 ),
+                (
+                    "Kill matrix: sandboxes",
+                    [
+                        c
+                        for c in sandbox_cells()
+                        if sandbox is not None and (only is None or only in c.point)
+                    ],
+                ),
             ):
                 if not todo:
                     continue
-                results = await _cells(harness, todo, expected, call, "matrix")
+                results = await _cells(harness, todo, expected, call, sandbox, "matrix")
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
                 ok = ok and all(r.passed for r in results)
@@ -99,10 +126,13 @@ async def main(
                     ok = ok and s.passed
         if mutations:
             for name in MUTATIONS:
+                todo = list(MUTATION_CELLS[name])
+                if sandbox is None and any(c.shape in SANDBOX_SHAPES for c in todo):
+                    continue  # said above: no Docker here
                 async with Harness(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
-                    red = await _cells(mutated, list(MUTATION_CELLS[name]), expected, call, name)
+                    red = await _cells(mutated, todo, expected, call, sandbox, name)
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))
                 for r in red:

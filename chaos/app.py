@@ -1,12 +1,15 @@
-"""The app the chaos matrix runs: one agent whose run touches every kind of step, and two that
-make a cross-agent call.
+"""The app the chaos matrix runs: one agent whose run touches every kind of step, two that make
+a cross-agent call, and two whose tools run in a sandbox.
 
 The scripted model (see :func:`chaos.servers.script`) has the ``chaos`` agent open a ticket (a
 keyed external effect), refund the customer (a keyed external effect that needs an approval),
 sleep on a durable timer, and answer. The ``caller`` agent calls the ``callee`` agent (its child
 run opens a ticket and answers) and answers with what the callee said: the call cells' run.
-The effects go to the harness's :class:`chaos.servers.EffectServer`, which applies each
-idempotency key once and counts every request.
+The ``sandboxed`` agent writes a
+script into its workspace and runs it twice (see :data:`chaos.servers.SANDBOX_CALLS`): the sandbox
+cells' run; ``rerunnable`` is the same with its sandbox declared rerunnable. The effects go to
+the harness's :class:`chaos.servers.EffectServer`, which applies each idempotency key once and
+counts every request.
 
 If ``CHAOS_MUTATION`` names a mutation, importing this module loads it into the worker process
 (see :mod:`chaos.mutations`): the harness's way to remove one protection and watch cells turn
@@ -20,6 +23,7 @@ import os
 import aiohttp
 
 from toren import Agent, ToolContext, durable_sleep, tool
+from toren.sandbox import Sandbox
 
 
 async def _apply(ctx: ToolContext, kind: str, detail: str) -> str:
@@ -69,6 +73,24 @@ callee = Agent(
     description="Opens a ticket for a case and says so.",
     accepts=["caller"],
     tools=[open_ticket],
+)
+
+# The sandbox cells' agents: their commands need no approval (plain commands, no shell control
+# syntax), and their containers never idle-stop within a cell.
+_STEPS = ("python3 step.py *", "ps -eo args", "ls /tmp/.toren")
+sandboxed = Agent(
+    name="sandboxed",
+    model="anthropic/claude-sonnet-4-6",
+    system="sandbox: You run scripts in your workspace.",
+    sandbox=Sandbox(allow=_STEPS, command_timeout="60s", memory="256MiB", idle_stop="1h"),
+)
+rerunnable = Agent(
+    name="rerunnable",
+    model="anthropic/claude-sonnet-4-6",
+    system="sandbox: You run scripts in your workspace.",
+    sandbox=Sandbox(
+        allow=_STEPS, command_timeout="60s", memory="256MiB", idle_stop="1h", rerunnable=True
+    ),
 )
 
 _mutation = os.environ.get("CHAOS_MUTATION")

@@ -19,15 +19,17 @@ from rich.console import Console
 
 from chaos.calls import CallExpected
 from chaos.harness import CellResult, Harness
-from chaos.matrix import clean_call_run, clean_run, summary, table
+from chaos.matrix import clean_call_run, clean_run, clean_sandbox_run, summary, table
 from chaos.oracle import Expected
+from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from toren._db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
 # The titles under which the matrices' cells are recorded (the rest are mutations' cells).
-MATRICES = ("Kill matrix", "Kill matrix: cross-agent calls")
+MATRICES = ("Kill matrix", "Kill matrix: cross-agent calls", "Kill matrix: sandboxes")
 SCENARIOS: list[ScenarioResult] = []
+SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
 
 
 def record(title: str, *results: CellResult) -> None:
@@ -73,8 +75,21 @@ async def call_expected(harness: Harness) -> CallExpected:
     return await clean_call_run(harness)
 
 
+@pytest.fixture(scope="session")
+async def sandbox_expected(harness: Harness) -> SandboxExpected:
+    """The clean sandboxed run; the sandbox cells are skipped (with the reason) without Docker
+    or the sandbox image, and fail in CI (``CI=true``), which must run them."""
+    missing = await docker_missing()
+    if missing is not None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the sandbox cells need Docker and the sandbox image in CI: {missing}")
+        SKIPPED.append(f"sandbox cells skipped: no Docker or no sandbox image here: {missing}")
+        pytest.skip(SKIPPED[-1])
+    return await clean_sandbox_run(harness)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not RESULTS and not SCENARIOS:
+    if not RESULTS and not SCENARIOS and not SKIPPED:
         return
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, force_terminal=False, color_system=None)
@@ -87,5 +102,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             console.print(table(results, f"{title}: {red} of {len(results)} cells red"))
     for s in SCENARIOS:
         console.print(s.line())
+    for reason in SKIPPED[:1]:
+        console.print(reason)
     terminalreporter.write_sep("=", "chaos")
     terminalreporter.write(buffer.getvalue())

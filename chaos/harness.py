@@ -19,10 +19,14 @@ Every cell checks that its fault landed (the point was reached; the process died
 sessions were terminated and the worker logged that it lost its lock; the process was seen
 stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
 
-A cell runs one of two shapes: the ``chaos`` agent's run (below), or a cross-agent call (``call``
+A cell runs one of four shapes: the ``chaos`` agent's run (below), a cross-agent call (``call``
 cells: the ``caller`` agent calls the ``callee`` agent, whose child run makes two model calls and
-one keyed effect, and answers with its output; judged by :mod:`chaos.calls`). The points'
-occurrences count in the victim process, which runs caller and child alike.
+one keyed effect, and answers with its output; judged by :mod:`chaos.calls`), or a run whose
+tools run in its sandbox on real Docker (``sandbox`` cells, and ``rerunnable`` ones whose sandbox
+may run a command again; judged by :mod:`chaos.sandbox`). The points' occurrences count in the
+victim process, which runs caller and child, or run and sandbox, alike. A third point on the
+harness's side is ``sandbox.in_flight``: the long command runs in the container (its first line
+is in the workspace).
 
 Cells at a decision's points (``DECISION_POINTS``) also send decisions that must not be applied,
 each naming in its ``reason`` the call its sender meant (the oracle compares):
@@ -57,20 +61,41 @@ import orjson
 from chaos.calls import CallExpected, CallObserved, judge_call, observe_call
 from chaos.oracle import Expected, Observed, Sent, Takeover, judge, meant_for, observe
 from chaos.processes import Launchers, Worker
+from chaos.sandbox import (
+    SandboxExpected,
+    SandboxObserved,
+    judge_sandbox,
+    note,
+    observe_sandbox,
+    open_calls,
+    remove_left,
+    wait_gone,
+    watch_in_flight,
+)
+from chaos.sandbox import worker_env as sandbox_env
 from chaos.servers import EffectServer, case, child_input, position, script
 from toren import Client, TorenError
 from toren._db import with_database
 from toren._migrate import migrate
 from toren._principal import Principal
+from toren.actors.sandbox.docker import Docker
 from toren.runs import DecisionOutcome, decide, read_run, start_run, waiting_on
+from toren.sandbox import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
-Shape = Literal["chaos", "call"]
+Shape = Literal["chaos", "call", "sandbox", "rerunnable"]
+SANDBOX_SHAPES = ("sandbox", "rerunnable")
+AGENTS: dict[Shape, str] = {
+    "chaos": "chaos",
+    "call": "caller",
+    "sandbox": "sandboxed",
+    "rerunnable": "rerunnable",
+}
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
-HARNESS_POINTS = ("model.in_flight", "tool.in_flight")
+HARNESS_POINTS = ("model.in_flight", "tool.in_flight", "sandbox.in_flight")
 # Where a decision is in flight: cells here send stale, repeated and concurrent decisions too.
 DECISION_POINTS = frozenset(
     {
@@ -102,7 +127,7 @@ class Cell:
     fault: Fault | None  # None: the clean run
     decisions: bool = attrs.field()  # also send stale, repeated and concurrent decisions
 
-    shape: Shape = "chaos"  # the chaos agent's run, or a cross-agent call
+    shape: Shape = "chaos"  # the chaos agent's run, a cross-agent call, a sandboxed run
 
     @decisions.default
     def _at_a_decision(self) -> bool:
@@ -112,13 +137,14 @@ class Cell:
     def slug(self) -> str:
         fault = self.fault or "clean"
         extra = "-decisions" if self.decisions and self.point not in DECISION_POINTS else ""
-        prefix = "call-" if self.shape == "call" else ""
+        prefix = "" if self.shape == "chaos" else f"{self.shape}-"
         return f"{prefix}{self.point.replace(':', '-')}-{self.occurrence}-{fault}{extra}"
 
     @property
     def label(self) -> str:
         """The cell's row in the tables: its point and occurrence (and shape)."""
-        return f"{'call ' if self.shape == 'call' else ''}{self.point}#{self.occurrence}"
+        prefix = "" if self.shape == "chaos" else f"{self.shape} "
+        return f"{prefix}{self.point}#{self.occurrence}"
 
 
 @attrs.frozen
@@ -129,6 +155,7 @@ class CellResult:
     duplicate_usd: Decimal
     seconds: float
     evidence: str
+    note: str = ""  # what the cell saw besides passing (a sandboxed call told interrupted)
 
     @property
     def passed(self) -> bool:
@@ -151,6 +178,7 @@ class Harness:
         self.bound = bound
         self.launchers: Launchers | None = None
         self.template = f"chaos_template_{uuid.uuid4().hex[:8]}"
+        self.docker: Docker | None = None  # connected for the first sandbox cell
 
     async def __aenter__(self) -> Harness:
         admin = await asyncpg.connect(self.server_url)
@@ -169,6 +197,8 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         if self.launchers is not None:
             self.launchers.close()
+        if self.docker is not None:
+            await self.docker.close()
         admin = await asyncpg.connect(self.server_url)
         try:
             await admin.execute(f"DROP DATABASE IF EXISTS {self.template} WITH (FORCE)")
@@ -192,16 +222,25 @@ class Harness:
             finally:
                 await admin.close()
 
-    def worker_env(self, url: str, model: AnthropicServer, effects: EffectServer) -> dict[str, str]:
+    def worker_env(
+        self,
+        url: str,
+        model: AnthropicServer,
+        effects: EffectServer,
+        sandboxes: Path | None = None,
+    ) -> dict[str, str]:
+        """The workers' environment; with ``sandboxes`` (a folder for the workspace store),
+        they run sandboxes, else they do not touch Docker."""
         env = {"TOREN_DATABASE_URL": url, "CHAOS_EFFECTS_URL": effects.url, **SETTINGS}
+        env.update(sandbox_env(sandboxes) if sandboxes else {"TOREN_SANDBOXES": "false"})
         env.update(model.env())
         if self.mutation:
             env["CHAOS_MUTATION"] = self.mutation
         return env
 
     async def run_cell(
-        self, cell: Cell, expected: Expected | CallExpected | None
-    ) -> tuple[CellResult, Observed | CallObserved]:
+        self, cell: Cell, expected: Expected | CallExpected | SandboxExpected | None
+    ) -> tuple[CellResult, Observed | CallObserved | SandboxObserved]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
         prefix = f"{self.mutation}/" if self.mutation else ""
@@ -209,6 +248,8 @@ class Harness:
         folder.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         recorder = _Recorder()
+        if cell.shape in SANDBOX_SHAPES and self.docker is None:
+            self.docker = await Docker.connect()
         async with (
             self.database() as url,
             AnthropicServer(recorder) as model,
@@ -219,8 +260,21 @@ class Harness:
             try:
                 with anyio.fail_after(self.bound + 90):
                     evidence = await execution.run()
-                observed: Observed | CallObserved
-                if cell.shape == "call":
+                observed: Observed | CallObserved | SandboxObserved
+                if cell.shape in SANDBOX_SHAPES:
+                    observed = await observe_sandbox(
+                        client,
+                        execution.run_id,
+                        recorder.arrivals,
+                        folder / "workspaces",
+                        allowed_repeats=execution.allowed_repeats,
+                        open_at_fault=execution.open_at_fault,
+                        rerunnable=cell.shape == "rerunnable",
+                        gone_after=execution.gone_after,
+                        takeovers=execution.takeovers,
+                        logs=[w.log() for w in execution.workers],
+                    )
+                elif cell.shape == "call":
                     observed = await observe_call(
                         client,
                         execution.run_id,
@@ -245,9 +299,13 @@ class Harness:
                 for w in execution.workers:
                     w.close()
                 await client.close()
+                if self.docker is not None and cell.shape in SANDBOX_SHAPES and execution.run_id:
+                    await remove_left(self.docker, execution.run_id)
         problems = list(execution.problems)
         verdict = None
-        if isinstance(observed, CallObserved) and isinstance(expected, CallExpected):
+        if isinstance(observed, SandboxObserved) and isinstance(expected, SandboxExpected):
+            verdict = judge_sandbox(observed, expected)
+        elif isinstance(observed, CallObserved) and isinstance(expected, CallExpected):
             verdict = judge_call(observed, expected)
         elif isinstance(observed, Observed) and isinstance(expected, Expected):
             verdict = judge(observed, expected)
@@ -263,6 +321,7 @@ class Harness:
                 verdict.duplicate_usd if verdict else Decimal(0),
                 time.monotonic() - started,
                 evidence,
+                note(observed) if isinstance(observed, SandboxObserved) else "",
             ),
             observed,
         )
@@ -321,12 +380,16 @@ class _Execution:
         self.model = model
         self.effects = effects
         self.dbname = urlsplit(url).path.lstrip("/")
-        self.env = harness.worker_env(url, model, effects)
+        sandboxes = folder if cell.shape in SANDBOX_SHAPES else None
+        self.env = harness.worker_env(url, model, effects, sandboxes)
         self.workers: list[Worker] = []
         self.problems: list[str] = []
         self.run_id = ""
         self.allowed_repeats = 0
         self.takeover: Takeover | None = None
+        self.takeovers: dict[str, Takeover] = {}  # "run" and "sandbox", at a sigstop takeover
+        self.open_at_fault: frozenset[str] = frozenset()  # sandboxed calls in flight
+        self.gone_after: float | None = None  # the run's container gone, seconds after its end
         self.points = folder / "point"
         self.points.mkdir(exist_ok=True)
         self.sent: list[Sent] = []  # every decision sent, in order
@@ -342,8 +405,9 @@ class _Execution:
 
     async def run(self) -> str:
         cell = self.cell
-        agent = "caller" if cell.shape == "call" else "chaos"
-        self.run_id = await start_run(self.client, agent, f"case {uuid.uuid4().hex[:8]}")
+        self.run_id = await start_run(
+            self.client, AGENTS[cell.shape], f"case {uuid.uuid4().hex[:8]}"
+        )
         victim_env = dict(self.env)
         hold: Hold | None = None
         if cell.fault is None:
@@ -352,6 +416,8 @@ class _Execution:
             hold = self.model.hold(cell.occurrence)
         elif cell.point == "tool.in_flight":
             hold = self.effects.hold(cell.occurrence)
+        elif cell.point == "sandbox.in_flight":
+            hold = Hold(cell.occurrence)  # set when the long command runs; nothing to release
         else:
             victim_env["TOREN_KILL_POINT"] = f"{cell.point}#{cell.occurrence}"
             victim_env["TOREN_KILL_POINT_DIR"] = str(self.points)
@@ -359,6 +425,8 @@ class _Execution:
         evidence = ""
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._approve)
+            if cell.point == "sandbox.in_flight" and hold is not None and self.h.docker:
+                tg.start_soon(watch_in_flight, self.h.docker, self.run_id, hold.arrived)
             if cell.point.startswith("shutdown."):
                 tg.start_soon(self._sigterm_at_second_call, victim)
             try:
@@ -371,6 +439,8 @@ class _Execution:
                 if cell.decisions:
                     tg.start_soon(self._decide_once_decided, sent_after)
                 await self._finish()
+                if cell.shape in SANDBOX_SHAPES and self.h.docker is not None:
+                    self.gone_after = await wait_gone(self.h.docker, self.run_id)
                 if cell.decisions:
                     with anyio.move_on_after(self.h.bound):
                         await sent_after.wait()
@@ -417,6 +487,8 @@ class _Execution:
             self.cell.shape == "call",
         )
         self.allowed_repeats = max(0, len(seen) - recorded)
+        if self.cell.shape in SANDBOX_SHAPES:
+            self.open_at_fault = await open_calls(self.client, self.run_id)
         if self.cell.fault != "sigkill":
             # The worker lives on after the fault and may be cut again mid-call once it learns.
             self.allowed_repeats = max(self.allowed_repeats, 1)
@@ -469,11 +541,10 @@ class _Execution:
             raise CellFailed("no survivor claimed the run while the victim was stopped")
         if not victim.stopped:
             raise CellFailed("the victim was not stopped through the takeover")
-        row = await self.client.actor(self.run_id)
-        seq = await self.client.pool.fetchval(
-            "SELECT coalesce(max(seq), 0) FROM toren.journal WHERE actor_id = $1", self.run_id
-        )
-        self.takeover = Takeover(seq=seq, epoch=row["epoch"])
+        self.takeover = await self._takeover(self.run_id)
+        self.takeovers["run"] = self.takeover
+        if self.cell.shape in SANDBOX_SHAPES:
+            self.takeovers["sandbox"] = await self._takeover(sandbox_address(self.run_id))
         await self._decide_in_fault()  # the zombie stopped, the survivor held at its claim
         offset = len(victim.log())
         victim.signal(signal.SIGCONT)
@@ -486,9 +557,17 @@ class _Execution:
         if not fenced:
             self.problems.append("the zombie never stopped the run after SIGCONT")
         return (
-            f"stopped at the point; a survivor claimed at epoch {row['epoch']} meanwhile; "
+            f"stopped at the point; a survivor claimed at epoch {self.takeover.epoch} meanwhile; "
             "continued, the zombie stopped its copy"
         )
+
+    async def _takeover(self, actor_id: str) -> Takeover:
+        """Where ``actor_id``'s journal and epoch stand (a survivor holds what it claimed)."""
+        row = await self.client.actor(actor_id)
+        seq = await self.client.pool.fetchval(
+            "SELECT coalesce(max(seq), 0) FROM toren.journal WHERE actor_id = $1", actor_id
+        )
+        return Takeover(seq=seq, epoch=row["epoch"])
 
     # -- driving the run ------------------------------------------------------------------------
 

@@ -16,8 +16,11 @@ from chaos.harness import (
     CellResult,
     Fault,
     Harness,
+    Shape,
 )
 from chaos.oracle import Expected, Observed, judge
+from chaos.sandbox import SandboxExpected, SandboxObserved, judge_sandbox
+from chaos.servers import SANDBOX_CALLS, SANDBOX_COMMANDS
 
 # (point, occurrence): the occurrence picks a moment in the middle of the scripted run (see
 # docs/chaos.md for the run's steps). A clean run is traced first (and one that sends the decision
@@ -110,6 +113,37 @@ def call_cells() -> list[Cell]:
     return [Cell(p, k, f, shape="call") for p, k, faults in CALL_POINTS for f in faults]
 
 
+# The sandbox cells: (point, occurrence, faults, shape). The victim runs the run and its sandbox;
+# the sandboxed calls are s0 list_files (it makes the container), s1 write_file, s2 the quick
+# command, s3 the long one, s4 ps, s5 ls of the commands' records, one per model step. Every
+# call passes the sandbox's points in turn (executing, executed, and for s1-s5 checkpointing),
+# so the k-th executing is call s{k-1} and the k-th checkpointing call s{k}.
+SANDBOX_POINTS: tuple[tuple[str, int, tuple[Fault, ...], Shape], ...] = (
+    # the run's first call sent, its sandbox spawned in the same commit, not yet running
+    ("committed:sandbox.requested", 1, ("sigkill",), "sandbox"),
+    ("sandbox.creating", 1, ("sigkill", "pg_terminate"), "sandbox"),  # no container yet
+    ("sandbox.starting", 1, ("sigkill",), "sandbox"),  # created, not started, not recorded
+    ("committed:sandbox.created", 1, ("sigkill",), "sandbox"),
+    ("committing:command.intended", 3, ("sigkill",), "sandbox"),  # the quick command's
+    ("committed:command.intended", 3, ("sigkill",), "sandbox"),
+    ("sandbox.executing", 3, ("sigkill", "pg_terminate", "sigstop"), "sandbox"),
+    ("sandbox.executed", 3, ("sigkill", "pg_terminate", "sigstop"), "sandbox"),
+    ("sandbox.checkpointing", 2, ("sigkill", "pg_terminate"), "sandbox"),  # the quick one's
+    ("committed:workspace.checkpointed", 2, ("sigkill",), "sandbox"),
+    ("sandbox.in_flight", 1, ("sigkill", "pg_terminate", "sigstop"), "sandbox"),
+    ("sandbox.executed", 4, ("sigkill",), "sandbox"),
+    ("committing:command.finished", 4, ("sigkill", "pg_terminate"), "sandbox"),
+    ("committed:command.finished", 4, ("sigkill",), "sandbox"),
+    # declared rerunnable: the command in flight runs again
+    ("sandbox.in_flight", 1, ("sigkill",), "rerunnable"),
+    ("sandbox.executed", 4, ("sigkill",), "rerunnable"),
+)
+
+
+def sandbox_cells() -> list[Cell]:
+    return [Cell(p, k, f, shape=shape) for p, k, faults, shape in SANDBOX_POINTS for f in faults]
+
+
 # Each mutation runs where the protection it removes is what saves the run.
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
@@ -139,6 +173,12 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # The child's end sent after its run.completed committed, not with it: a crash between the
     # two leaves the caller parked for ever.
     "child-end-after-commit": (Cell("committed:run.completed", 1, "sigkill", shape="call"),),
+    # The long command ran (or runs) when its worker died: looked for, it is reported; run again,
+    # the workspace's log shows it twice.
+    "sandbox-runs-again": (
+        Cell("sandbox.executed", 4, "sigkill", shape="sandbox"),
+        Cell("sandbox.in_flight", 1, "sigkill", shape="sandbox"),
+    ),
 }
 
 
@@ -150,6 +190,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "consume-on-claim": "stuck: the run is still running",
     "unbound-decisions": "was applied to call",
     "child-end-after-commit": "its caller never recorded its end",
+    "sandbox-runs-again": "ran 2 times",
 }
 
 
@@ -161,9 +202,13 @@ def caught(mutation: str, result: CellResult) -> bool:
 def verdict(result: CellResult) -> str:
     if not result.passed:
         return "[red]FAIL[/red]"
+    seen = f" ({result.note})" if result.note else ""
     if result.duplicate_calls:
-        return f"[green]pass[/green] +{result.duplicate_calls} call (${result.duplicate_usd:.6f})"
-    return "[green]pass[/green]"
+        return (
+            f"[green]pass[/green] +{result.duplicate_calls} call (${result.duplicate_usd:.6f})"
+            f"{seen}"
+        )
+    return f"[green]pass[/green]{seen}"
 
 
 def table(results: Iterable[CellResult], title: str) -> Table:
@@ -268,12 +313,61 @@ async def clean_call_run(harness: Harness) -> CallExpected:
         child_steps=len(child.state.calls),
         effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
     )
-    trace = Counter((harness.workdir / cell.slug / "trace").read_text().split())
-    short = [
-        f"{p}#{k} (reached {trace[p]} times)"
-        for p, k, _ in CALL_POINTS
-        if p not in HARNESS_POINTS and trace[p] < k
-    ]
+    short = _unreached(harness, cell, [(p, k) for p, k, _ in CALL_POINTS])
     if short:
         raise RuntimeError(f"the clean call run does not reach: {', '.join(short)}")
     return expected
+
+
+async def clean_sandbox_run(harness: Harness) -> SandboxExpected:
+    """Run the sandboxed agent without a fault (the expected result) and check that it reaches
+    every point of the sandbox cells as often as they need.
+
+    Raises:
+        RuntimeError: the clean run failed, or misses a point (the cells are out of date).
+    """
+    cell = Cell("clean", 0, None, shape="sandbox")
+    result, seen = await harness.run_cell(cell, None)
+    if not isinstance(seen, SandboxObserved):
+        raise TypeError("the clean sandbox run observed as another shape")
+    results = {
+        r.data["call_id"]: r.data["content"] for r in seen.journal if r.type == "tool.result"
+    }
+    if (
+        not result.passed
+        or seen.state.status != "completed"
+        or sorted(results) != sorted(c.id for c in SANDBOX_CALLS)
+        or seen.store_problem
+        or seen.gone_after is None
+    ):
+        raise RuntimeError(
+            f"the clean sandbox run failed: {result.problems} {seen.state.error} "
+            f"(results {sorted(results)}; {seen.store_problem or 'workspace read'}; "
+            f"container gone after {seen.gone_after}s)"
+        )
+    expected = SandboxExpected(
+        output=seen.state.output or "",
+        steps=len(seen.state.calls),
+        results=results,
+        log=tuple(seen.files.get("log.txt", "").splitlines()),
+    )
+    ran = tuple(f"{name} {end}" for name in SANDBOX_COMMANDS for end in ("start", "end"))
+    problems = list(judge_sandbox(seen, expected).problems)
+    if expected.log != ran:
+        problems.append(f"log.txt holds {list(expected.log)}, expected {list(ran)}")
+    if problems:
+        raise RuntimeError(f"the clean sandbox run is not what its oracle expects: {problems}")
+    short = _unreached(harness, cell, [(p, k) for p, k, _, _ in SANDBOX_POINTS])
+    if short:
+        raise RuntimeError(f"the clean sandbox run does not reach: {', '.join(short)}")
+    return expected
+
+
+def _unreached(harness: Harness, clean: Cell, points: list[tuple[str, int]]) -> list[str]:
+    """The points (with their occurrence) that the clean run ``clean`` traced too few times."""
+    trace = Counter((harness.workdir / clean.slug / "trace").read_text().split())
+    return [
+        f"{p}#{k} (reached {trace[p]} times)"
+        for p, k in points
+        if p not in HARNESS_POINTS and trace[p] < k
+    ]

@@ -16,6 +16,9 @@ switch for them.
 - ``child-end-after-commit``: a child run tells its parent that it ended in a send of its own,
   after the step that records its end committed, instead of in that step (its outbox): a crash
   in between leaves the parent waiting for ever.
+- ``sandbox-runs-again``: a sandboxed call whose step was cut (its ``sandbox.go`` handled again)
+  is run again instead of looked for in the container (as if every sandbox were declared
+  rerunnable): a command in flight at a crash runs twice.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ MUTATIONS = (
     "consume-on-claim",
     "unbound-decisions",
     "child-end-after-commit",
+    "sandbox-runs-again",
 )
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
@@ -151,6 +155,20 @@ def _child_end_after_commit() -> None:
     _host.ActorHost._step = step_then_send  # type: ignore[method-assign]
 
 
+def _sandbox_runs_again() -> None:
+    import attrs
+
+    from toren.actors.sandbox.actor import SandboxActor
+
+    exec_ = SandboxActor._exec
+
+    def exec_rerunnable(self: SandboxActor, ctx: Any, msg: Any) -> None:
+        # Recorded as rerunnable: a sandbox.go handled again runs the command again.
+        exec_(self, ctx, attrs.evolve(msg, rerunnable=True))
+
+    SandboxActor._exec = exec_rerunnable  # type: ignore[method-assign]
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -163,6 +181,7 @@ def load(name: str) -> None:
         "consume-on-claim": _consume_on_claim,
         "unbound-decisions": _unbound_decisions,
         "child-end-after-commit": _child_end_after_commit,
+        "sandbox-runs-again": _sandbox_runs_again,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 import asyncpg
 import attrs
@@ -127,40 +127,67 @@ async def observe(
 
 
 def judge(seen: Observed, expected: Expected) -> Verdict:
-    problems: list[str] = []
-    state = seen.state
-    if state.status != "completed":
-        problems.append(f"run {state.status} ({state.error_class}: {state.error})")
-    elif state.output != expected.output:
-        problems.append(f"output {state.output!r}, expected {expected.output!r}")
-
-    # Model calls: each step once, plus the allowed repeats of a call in flight at the fault.
-    counts = Counter(step for _, step in seen.arrivals)
-    missing = sorted(set(range(expected.steps)) - set(counts))
-    if missing:
-        problems.append(f"model calls for steps {missing} never made")
-    repeats = sum(n - 1 for n in counts.values())
-    if repeats > seen.allowed_repeats:
-        problems.append(
-            f"{repeats} model calls paid again, {seen.allowed_repeats} allowed: "
-            f"{dict(sorted(counts.items()))}"
-        )
-    problems.extend(sent_again(seen.arrivals, seen.journal))
-    r = receipt(state)
-    if r.calls_made != expected.steps and not problems:
-        problems.append(f"receipt: {r.calls_made} calls made, expected {expected.steps}")
-    problems.extend(replay_problems(state, seen.journal))
+    problems, counts = run_problems(seen, output=expected.output, steps=expected.steps)
     problems.extend(effect_problems(seen.effects, seen.journal, expected.effect_kinds))
     problems.extend(journal_problems(seen.journal, seen.takeover))
     if seen.deadletters:
         problems.append(f"{seen.deadletters} messages dead-lettered")
     problems.extend(decision_problems(seen))
+    repeats = sum(n - 1 for n in counts.values())
+    return Verdict(tuple(problems), repeats, duplicate_usd(seen.state, counts))
 
-    cost = {c.step: Decimal(c.cost_usd or 0) for c in state.calls}
-    duplicate_usd = sum(
-        (cost.get(step + 1, Decimal(0)) * (n - 1) for step, n in counts.items()), Decimal(0)
+
+class RunSeen(Protocol):
+    """What :func:`run_problems` reads of an observed run."""
+
+    @property
+    def state(self) -> RunState: ...
+    @property
+    def arrivals(self) -> tuple[tuple[float, int], ...]: ...
+    @property
+    def journal(self) -> tuple[Row, ...]: ...
+    @property
+    def allowed_repeats(self) -> int: ...
+
+
+def run_problems(seen: RunSeen, *, output: str, steps: int) -> tuple[list[str], Counter[int]]:
+    """The run completed with the clean run's output; each model call made once, plus the
+    allowed repeats of a call in flight at the fault, none sent again once recorded; its
+    receipt says so. Returns the problems, and how often each step's request arrived."""
+    state, arrivals, journal, allowed_repeats = (
+        seen.state,
+        seen.arrivals,
+        seen.journal,
+        seen.allowed_repeats,
     )
-    return Verdict(tuple(problems), repeats, duplicate_usd)
+    problems: list[str] = []
+    if state.status != "completed":
+        problems.append(f"run {state.status} ({state.error_class}: {state.error})")
+    elif state.output != output:
+        problems.append(f"output {state.output!r}, expected {output!r}")
+
+    counts = Counter(step for _, step in arrivals)
+    missing = sorted(set(range(steps)) - set(counts))
+    if missing:
+        problems.append(f"model calls for steps {missing} never made")
+    repeats = sum(n - 1 for n in counts.values())
+    if repeats > allowed_repeats:
+        problems.append(
+            f"{repeats} model calls paid again, {allowed_repeats} allowed: "
+            f"{dict(sorted(counts.items()))}"
+        )
+    problems.extend(sent_again(arrivals, journal))
+    r = receipt(state)
+    if r.calls_made != steps and not problems:
+        problems.append(f"receipt: {r.calls_made} calls made, expected {steps}")
+    problems.extend(replay_problems(state, journal))
+    return problems, counts
+
+
+def duplicate_usd(state: RunState, counts: Counter[int]) -> Decimal:
+    """What the repeated model requests cost, at the prices of the calls recorded."""
+    cost = {c.step: Decimal(c.cost_usd or 0) for c in state.calls}
+    return sum((cost.get(step + 1, Decimal(0)) * (n - 1) for step, n in counts.items()), Decimal(0))
 
 
 def sent_again(arrivals: tuple[tuple[float, int], ...], journal: tuple[Row, ...]) -> list[str]:

@@ -15,6 +15,7 @@ from toren.testing import Hold, Reply, Text, ToolCall
 
 FINAL = "Ticket opened, refund made, and I waited for the courier."
 CALLEE_FINAL = "Ticket opened for the caller."
+SANDBOX_FINAL = "The steps ran; their log is in log.txt."
 CALLER_SAYS = "The callee says: "
 MODEL_LATENCY = 0.1  # seconds of "thinking" per model call: runs overlap lease renewals
 SLEEP_SECONDS = 1.5  # the run passivates (after 0.5 s idle) well before its timer fires
@@ -38,7 +39,7 @@ def agent_of(request: dict[str, Any]) -> str:
     if isinstance(system, list):
         system = "".join(b.get("text", "") for b in system)
     name, colon, _ = str(system).partition(":")
-    return name if colon and name in ("caller", "callee") else ""
+    return name if colon and name in ("caller", "callee", "sandbox") else ""
 
 
 def child_input(parent_input: str) -> str:
@@ -76,8 +77,50 @@ def call_script(request: dict[str, Any]) -> Reply:
     return Reply(CALLEE_FINAL, latency=MODEL_LATENCY)
 
 
+# The sandbox cells' script, written into the workspace by the model and run twice: each run
+# appends a line when it starts and one when it ends, so the log counts the runs of each command
+# and tells a finished one from one killed half-way.
+STEP_PY = """\
+import sys
+import time
+
+name = sys.argv[1]
+seconds = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+with open("log.txt", "a") as log:
+    log.write(name + " start\\n")
+time.sleep(seconds)
+with open("log.txt", "a") as log:
+    log.write(name + " end\\n")
+print(name, "done")
+"""
+LONG_SECONDS = 1.5
+SANDBOX_LATENCY = 0.02  # the sandbox cells' model answers at once: their time goes to Docker
+# The sandboxed calls, by model step: list the (empty) workspace, which makes the container;
+# write the script; run it quickly; run it long; look for leftover processes, and for the
+# records of commands (/tmp/.toren) that the sandbox should have dropped; then answer.
+SANDBOX_CALLS = (
+    ToolCall(id="s0", name="list_files", arguments={"path": "."}),
+    ToolCall(id="s1", name="write_file", arguments={"path": "step.py", "content": STEP_PY}),
+    ToolCall(id="s2", name="bash", arguments={"command": "python3 step.py quick"}),
+    ToolCall(id="s3", name="bash", arguments={"command": f"python3 step.py long {LONG_SECONDS:g}"}),
+    ToolCall(id="s4", name="bash", arguments={"command": "ps -eo args"}),
+    ToolCall(id="s5", name="bash", arguments={"command": "ls /tmp/.toren"}),
+)
+SANDBOX_COMMANDS = ("quick", "long")  # the names step.py writes into the log
+
+
+def sandbox_script(request: dict[str, Any]) -> Reply:
+    """The sandbox cells: one sandboxed call per step, then the answer."""
+    step = position(request)
+    if step < len(SANDBOX_CALLS):
+        return Reply([Text(text=f"Step {step}."), SANDBOX_CALLS[step]], latency=SANDBOX_LATENCY)
+    return Reply(SANDBOX_FINAL, latency=SANDBOX_LATENCY)
+
+
 def script(request: dict[str, Any], _n: int) -> Reply:
     """Answer by conversation position, so a call repeated after a crash gets the same answer."""
+    if agent_of(request) == "sandbox":
+        return sandbox_script(request)
     if agent_of(request):
         return call_script(request)
     step = position(request)

@@ -9,10 +9,18 @@ import pytest
 
 from chaos.calls import CallExpected
 from chaos.conftest import MATRICES, SCENARIOS, record
-from chaos.harness import Cell, Harness
-from chaos.matrix import MUTATION_CELLS, MUTATION_EVIDENCE, call_cells, caught, cells
+from chaos.harness import SANDBOX_SHAPES, Cell, Harness
+from chaos.matrix import (
+    MUTATION_CELLS,
+    MUTATION_EVIDENCE,
+    call_cells,
+    caught,
+    cells,
+    sandbox_cells,
+)
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
+from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from toren._db import EmbeddedPostgres
 
@@ -37,6 +45,18 @@ async def test_call_cell(cell: Cell, harness: Harness, call_expected: CallExpect
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", sandbox_cells(), ids=lambda c: f"{c.shape}-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_sandbox_cell(
+    cell: Cell, harness: Harness, sandbox_expected: SandboxExpected
+) -> None:
+    result, _ = await harness.run_cell(cell, sandbox_expected)
+    record(MATRICES[2], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
     assert set(MUTATION_CELLS) == set(MUTATIONS) == set(MUTATION_EVIDENCE)
 
@@ -48,12 +68,14 @@ async def test_mutation_turns_cells_red(
     chaos_workdir: Path,
     expected: Expected,
     call_expected: CallExpected,
+    request: pytest.FixtureRequest,
 ) -> None:
+    shapes = {cell.shape for cell in MUTATION_CELLS[name]}
+    # Asked for only here: without Docker it skips (or fails in CI) the sandbox mutations alone.
+    sandbox = request.getfixturevalue("sandbox_expected") if shapes & {*SANDBOX_SHAPES} else None
+    clean = {"chaos": expected, "call": call_expected, "sandbox": sandbox, "rerunnable": sandbox}
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
-        results = [
-            (await h.run_cell(cell, call_expected if cell.shape == "call" else expected))[0]
-            for cell in MUTATION_CELLS[name]
-        ]
+        results = [(await h.run_cell(cell, clean[cell.shape]))[0] for cell in MUTATION_CELLS[name]]
     record(f"Mutation {name}", *results)
     red = {r.cell.slug: r.problems for r in results if not r.passed}
     assert red, f"{name}: no cell turned red"
