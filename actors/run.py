@@ -609,7 +609,7 @@ def _handled_before(ctx: Context[RunState]) -> bool:
     """Whether the message in hand was claimed (or handled) before and its step never
     committed: whatever that step started may have happened."""
     envelope = ctx.envelope
-    return envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 1)
+    return envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0)
 
 
 def interrupted(name: str) -> str:

@@ -77,7 +77,7 @@ callee = Agent(
 
 # The sandbox cells' agents: their commands need no approval (plain commands, no shell control
 # syntax), and their containers never idle-stop within a cell.
-_STEPS = ("python3 step.py *", "ps -eo args", "ls /tmp/.toren")
+_STEPS = ("python3 step.py *", "ps -eo args", "ls /run/toren")
 sandboxed = Agent(
     name="sandboxed",
     model="anthropic/claude-sonnet-4-6",

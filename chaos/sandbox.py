@@ -3,7 +3,7 @@ of a sandboxed call, judged against the clean run.
 
 The ``sandboxed`` agent's run (see :data:`chaos.servers.SANDBOX_CALLS`) lists its empty
 workspace (the call that makes the container), writes ``step.py``, runs ``python3 step.py
-quick`` and ``python3 step.py long 1.5``, then ``ps -eo args`` and ``ls /tmp/.toren``, and
+quick`` and ``python3 step.py long 1.5``, then ``ps -eo args`` and ``ls /run/toren``, and
 answers. Each run of ``step.py`` appends ``NAME start`` and ``NAME end`` to ``log.txt``: the
 workspace counts the runs of each command. ``rerunnable`` is the same agent with its sandbox
 declared rerunnable.
@@ -27,7 +27,7 @@ What must hold after a faulted run:
   clean run, leaving out those of an interrupted command;
 - the old command was found and killed: ``ps`` in the container after it shows no ``step.py``;
 - no record of a command whose result is journaled is left in the container (its stored output
-  would fill /tmp): ``ls /tmp/.toren`` shows its own command's alone (but for the ``.started``
+  would fill /tmp): ``ls /run/toren`` shows its own command's alone (but for the ``.started``
   the sandbox keeps of each);
 - no container of the run left 60 s after its end (the run's end reaps it; the orphan reaper,
   every second here, removes what that missed);
@@ -263,7 +263,7 @@ def _body(content: str) -> str:
 
 
 def _markers(listing: str) -> set[str]:
-    """The commands whose records ``ls /tmp/.toren`` shows (its own among them). A command's
+    """The commands whose records ``ls /run/toren`` shows (its own among them). A command's
     ``.started`` alone is kept on purpose (a marker runs at most once in a container); the
     rest (the stored output above all) must go once its result is journaled."""
     return {
@@ -334,7 +334,7 @@ def _result_problems(
                 elif call_id == RECORDS_CALL and len(_markers(content)) != 1:
                     problems.append(
                         f"records of {len(_markers(content)) - 1} journaled command(s) left in "
-                        f"the container's /tmp/.toren: {sorted(_markers(content))}"
+                        f"the container's /run/toren: {sorted(_markers(content))}"
                     )
             elif content != clean:
                 problems.append(f"call {call_id} told {content[:300]!r}, clean {clean[:300]!r}")

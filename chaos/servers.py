@@ -97,14 +97,14 @@ LONG_SECONDS = 1.5
 SANDBOX_LATENCY = 0.02  # the sandbox cells' model answers at once: their time goes to Docker
 # The sandboxed calls, by model step: list the (empty) workspace, which makes the container;
 # write the script; run it quickly; run it long; look for leftover processes, and for the
-# records of commands (/tmp/.toren) that the sandbox should have dropped; then answer.
+# records of commands (/run/toren) that the sandbox should have dropped; then answer.
 SANDBOX_CALLS = (
     ToolCall(id="s0", name="list_files", arguments={"path": "."}),
     ToolCall(id="s1", name="write_file", arguments={"path": "step.py", "content": STEP_PY}),
     ToolCall(id="s2", name="bash", arguments={"command": "python3 step.py quick"}),
     ToolCall(id="s3", name="bash", arguments={"command": f"python3 step.py long {LONG_SECONDS:g}"}),
     ToolCall(id="s4", name="bash", arguments={"command": "ps -eo args"}),
-    ToolCall(id="s5", name="bash", arguments={"command": "ls /tmp/.toren"}),
+    ToolCall(id="s5", name="bash", arguments={"command": "ls /run/toren"}),
 )
 SANDBOX_COMMANDS = ("quick", "long")  # the names step.py writes into the log
 

@@ -17,7 +17,7 @@ from toren.runs import RunState
 QUICK = "$ python3 step.py quick\n[in /workspace; exit 0]\nquick done\n"
 LONG = "$ python3 step.py long 1.5\n[in /workspace; exit 0]\nlong done\n"
 PS = "$ ps -eo args\n[in /workspace; exit 0]\nCOMMAND\nsleep infinity\nps -eo args\n"
-RECORDS = "$ ls /tmp/.toren\n[in /workspace; exit 0]\nab12.out\nab12.pid\nab12.started\n"
+RECORDS = "$ ls /run/toren\n[in /workspace; exit 0]\nab12.out\nab12.pid\nab12.started\n"
 LEFT = "cd34.exit\ncd34.out\n"  # a journaled command's record, never dropped
 KEPT = "ef56.started\n"  # what stays of a journaled command's record, on purpose
 INTERRUPTED = (

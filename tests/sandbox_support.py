@@ -46,7 +46,7 @@ def unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session", name="docker")
+@pytest.fixture(name="docker")
 async def docker_fixture() -> AsyncIterator[Docker]:
     """The session's Docker, with the default sandbox image present."""
     try:

@@ -243,10 +243,12 @@ async def test_write_file_and_an_allowed_command_run_code_no_human_approved(
     runs: list[str],
     allowed: str,
 ) -> None:
-    """Approval per command is the control between the model and the container. write_file
-    needs no approval; an exact rule ("git status") or a subcommand prefix ("python3 -m pytest
-    *"), the forms docs/sandboxes.md recommends as the safe ones, then runs whatever the model
-    wrote, with shell control syntax and all, and no one is asked."""
+    """A documented limit, kept true by this test: write_file needs no approval, so an allow
+    rule for a program that runs what is in the workspace ("git status" runs a core.fsmonitor
+    hook from .git/config; "python3 -m pytest -q" imports pytest.py from the working directory)
+    runs whatever the model wrote, and no one is asked. docs/sandboxes.md says so and tells
+    operators to allow only commands that read and do not run the workspace. (The container
+    still bounds it.) If this test fails, the behaviour changed: fix the docs with it."""
     load_app(APP)
     writes = [
         tool("write_file", f"w{i}", path=path, content=content)
@@ -259,9 +261,10 @@ async def test_write_file_and_an_allowed_command_run_code_no_human_approved(
         assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
     state = await read_run(client, run_id)
     ran = "pwned" in await workspace_names(client, tmp_path, run_id)
-    assert not (ran and not state.asked), (
-        f"allow rule {allowed!r} ran code the model wrote with write_file; nobody was asked"
-    )
+    assert ran
+    assert not state.asked
+    docs = (Path(__file__).parent.parent / "docs" / "sandboxes.md").read_text()
+    assert "A rule for a program that reads code or configuration from the workspace" in docs
 
 
 # -- hostile workspaces ---------------------------------------------------------------------------
@@ -357,8 +360,8 @@ async def test_a_command_cannot_make_recover_and_kill_all_kill_themselves(
     137 every time. The actor's first step of every new activation runs kill_all, so each
     command of the run fails (and is dead-lettered) until the container is stopped."""
     command = (
-        "sleep 0.5; echo 0 > /tmp/.toren/$TOREN_COMMAND.pid; "
-        "kill -9 $(cat /tmp/.toren/$TOREN_COMMAND.wrapper); sleep 600"
+        "sleep 0.5; echo 0 > /run/toren/$TOREN_COMMAND.pid; "
+        "kill -9 $(cat /run/toren/$TOREN_COMMAND.wrapper); sleep 600"
     )
     async with sandbox(docker) as container:
         with pytest.raises(ExecFailed, match="exit 137"):  # its wrapper was killed
@@ -439,7 +442,7 @@ async def test_list_files_says_when_it_is_cut(
         runs.append(run_id)
         assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
     lines = (await read_run(client, run_id)).results["l2"].content.splitlines()
-    assert len(lines) == 1500 or "1500" in lines[-1], (
+    assert len(lines) == 1500 or "stops at 1000 entries" in lines[-1], (
         f"{len(lines)} lines, the last {lines[-1]!r}: 500 entries left out without a word"
     )
 

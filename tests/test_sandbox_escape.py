@@ -369,7 +369,7 @@ async def test_a_hundred_megabytes_of_output_is_capped_and_counted(docker: Docke
     assert attack.truncated
     assert attack.output == "0123456789abcde\n" * 65536
 
-    async with sandbox(docker, Limits(tmp_bytes=192 * MiB)) as container:
+    async with sandbox(docker, Limits(tmp_bytes=192 * MiB, records_bytes=192 * MiB)) as container:
         await program(docker, container, "write.py", WRITE)
         control = await sh(docker, container, command, cap=128 * MiB)
     assert (control.exit_code, control.output_bytes, control.truncated) == (0, 100 * MiB, False)
@@ -436,12 +436,18 @@ async def test_recover_reports_a_finished_command_and_knows_no_unknown_one(
             )
         await docker.forget(container, "done")
         forgotten = await docker.recover(container, "done")
+        # The record goes, the marker stays used: a worker that stalled past its lease and
+        # wakes up cannot run it a second time.
+        with pytest.raises(MarkerUsed):
+            await docker.run(
+                container, marker="done", command="echo again", timeout=10, output_cap=100
+            )
 
     assert (
         recovered == ran == Outcome(state="finished", exit_code=7, output="done\n", output_bytes=5)
     )
     assert unknown == Outcome(state="not_started", exit_code=None, output="", output_bytes=0)
-    assert forgotten.state == "not_started"
+    assert forgotten == Outcome(state="interrupted", exit_code=None, output="", output_bytes=0)
 
 
 async def test_kill_all_kills_every_command_left_running(docker: Docker) -> None:
@@ -640,7 +646,7 @@ async def test_containers_are_created_hardened(
     assert not host["Binds"]
     assert not host.get("Mounts")
     assert not config["Mounts"]  # nothing but the two tmpfs (Docker lists those apart)
-    assert set(host["Tmpfs"]) == {"/tmp", WORKSPACE}
+    assert set(host["Tmpfs"]) == {"/tmp", WORKSPACE, "/run/toren"}
     assert config["Config"]["User"] == "1000:1000"
     assert sorted(config["Config"]["Env"]) == sorted([*image["Config"]["Env"], "HOME=/tmp"])
     assert config["Config"]["Labels"][LABEL_MANAGED] == "1"

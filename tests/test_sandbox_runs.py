@@ -5,7 +5,7 @@ no Docker anywhere, and at-most-once commands across a worker's SIGKILL."""
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +14,30 @@ import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
-from tests.sandbox_support import docker_fixture  # noqa: F401  (the fixture)
+from tests.sandbox_support import unavailable
 from tests.steps import Step, bash, model, settled, tool
 from toren import Client
 from toren._app import load_app
 from toren.actors.sandbox.docker import Docker, Unavailable
 from toren.runs import cancel, read_run, start_run, waiting_on
+from toren.sandbox import DEFAULT_IMAGE
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def docker() -> AsyncIterator[Docker]:
+    """The Docker daemon and the sandbox image, for one test (these tests' async fixtures are
+    per test: a session-wide one would share their event loop)."""
+    try:
+        client = await Docker.connect()
+        await client.check_image(DEFAULT_IMAGE)
+    except Unavailable as exc:
+        unavailable(str(exc))
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 async def tool_results(client: Client, run_id: str) -> list[dict[str, Any]]:

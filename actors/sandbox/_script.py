@@ -5,7 +5,7 @@ sandbox image needs nothing of Toren's: bash 4.4 or later, GNU coreutils (timeou
 realpath, stat, mkfifo, mkdir, mv, rm, chmod, cat, env) and GNU tar on its PATH. Caller-given
 text (the command, paths) only ever arrives as arguments, never in the script's text.
 
-A command's record lives in ``/tmp/.toren/<marker>.*`` (the /tmp tmpfs, so it goes with the
+A command's record lives in ``/run/toren/<marker>.*`` (a tmpfs of its own, so it goes with the
 container): ``started``; ``wrapper`` and ``pid`` (the wrapper's pid and the command's process
 group, which GNU timeout makes its own); ``oom`` (the memory cgroup's OOM-kill count before);
 ``out`` (the first ``cap`` bytes of stdout and stderr merged); ``rest`` (how many bytes came
@@ -22,7 +22,7 @@ whose reason is on stderr.
 
 SCRIPT = r"""
 set -u
-dir=/tmp/.toren
+dir=/run/toren
 ws=/workspace
 
 oom_kills() {
@@ -57,6 +57,42 @@ kill_marked() {  # $1 marker (empty: any), $2 a pid to spare; kills the others, 
   echo "$n"
 }
 
+own_group() {  # the helper's process group (field 5 of /proc/self/stat, after the name)
+  local stat rest
+  read -r stat </proc/$$/stat
+  rest=${stat##*) }
+  read -r _ _ group _ <<<"$rest"
+  echo "$group"
+}
+
+parent_of() {  # $1 pid: its parent's pid, from /proc (bash only: no awk in a user's image)
+  local key value
+  while read -r key value; do
+    [[ $key == PPid: ]] && { echo "$value"; return 0; }
+  done <"/proc/$1/status" 2>/dev/null
+  return 1
+}
+
+kill_strays() {  # kills what hides from marker and group (setsid, env -i): prints how many
+  # A process that descends from an exec (a running helper, whose parent is outside the
+  # container: 0) is spared, as are init (1) and the container's main process (init's first
+  # child). Whatever else hangs from init was left behind by a command: a daemon.
+  local n=0 pid up ppid main=
+  for pid in /proc/[0-9]*; do  # the lowest pid: glob order is not numeric order
+    pid=${pid#/proc/}
+    [[ $(parent_of "$pid") == 1 ]] && { [[ -z $main ]] || ((pid < main)); } && main=$pid
+  done
+  for pid in /proc/[0-9]*; do
+    pid=${pid#/proc/}
+    [[ $pid == 1 || $pid == "$main" ]] && continue
+    up=$pid
+    while ppid=$(parent_of "$up") && [[ $ppid != 0 && $ppid != 1 ]]; do up=$ppid; done
+    [[ ${ppid:-} == 1 && $up != "$main" ]] || continue
+    kill -KILL "$pid" 2>/dev/null && n=$((n + 1))
+  done
+  echo "$n"
+}
+
 kill_command() {  # $1 marker: kills a command still running, prints how many processes
   local p=$dir/$1 n=0 k pass pid
   [[ -e $p.started && ! -e $p.exit ]] || { echo 0; return; }
@@ -68,7 +104,10 @@ kill_command() {  # $1 marker: kills a command still running, prints how many pr
     k=$(kill_marked "$1"); n=$((n + k))
     # The group catches what dropped the marker from its environment. A pid is not reused while
     # its group has members, so a group with no leader left is still this command's.
-    if read -r pid <"$p.pid" 2>/dev/null; then
+    # A record is the command's to write: only a group that is not 1 (everything) nor the
+    # helper's own is killed.
+    if read -r pid <"$p.pid" 2>/dev/null && [[ $pid =~ ^[1-9][0-9]*$ && $pid != 1 ]] \
+      && [[ $pid != "$(own_group)" ]]; then
       [[ ! -e /proc/$pid ]] || has_marker "$pid" "$1" && kill -KILL -- "-$pid" 2>/dev/null
     fi
     ((k == 0)) && break
@@ -116,6 +155,7 @@ run() {  # marker cap limit grace command
   # The command is over when its first process is: what it left behind goes with it.
   kill -KILL -- "-$group" 2>/dev/null
   kill_marked "$m" "$reader" >/dev/null
+  kill_strays >/dev/null
   # The reader ends when the last writer does; one that escaped group and marker gets 10 s.
   # (A fifo nobody writes, held open both ways, makes read -t a sleep that forks nothing.)
   [[ -p $dir/.tick ]] || mkfifo -m 0600 "$dir/.tick" 2>/dev/null
@@ -222,14 +262,25 @@ case $action in
       k=$(kill_marked ""); total=$((total + k))
       ((k == 0)) && break
     done
+    total=$((total + $(kill_strays)))
     echo "$total"
     ;;
-  forget) rm -f -- "$dir/$1".* ;;
+  # The record goes, but not .started: a marker runs at most once in a container, whatever a
+  # stalled worker that lost its lease may still try.
+  forget) for f in "$dir/$1".*; do [[ $f == *.started ]] || rm -f -- "$f"; done ;;
   read) read_file "$@" ;;
   # Docker ends an exec with stdin only when the client's input has all been read: drain it.
   write) (write_file "$@"); status=$?; cat >/dev/null; exit "$status" ;;
   list) list_files "$@" ;;
-  export) readable; tar -C "$ws" --sort=name --numeric-owner -cf - . ;;
+  export)  # cap: the most bytes of files the workspace may hold (a sparse file holds more)
+    readable
+    size=$(du -sb --apparent-size -- "$ws" | cut -f1)
+    if ((size > $1)); then
+      echo "the workspace holds $size bytes of files (sparse files count whole), over $1" >&2
+      exit 8
+    fi
+    tar -C "$ws" --sort=name --numeric-owner -cf - .
+    ;;
   import)
     [[ $1 == 1 ]] && clear_workspace
     tar -C "$ws" -xpf - --no-same-owner

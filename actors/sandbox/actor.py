@@ -26,9 +26,18 @@ import re
 import time
 from typing import Any
 
-from toren import Actor, Context
+import aiodocker
+
+from toren import Actor, ConfigError, Context
 from toren.actors.sandbox import runtime
-from toren.actors.sandbox.docker import Docker, Limits, Outcome, PathRefused, Unavailable
+from toren.actors.sandbox.docker import (
+    Docker,
+    Limits,
+    Outcome,
+    PathRefused,
+    Unavailable,
+    WorkspaceTooLarge,
+)
 from toren.kernel import kill_point
 from toren.sandbox import (
     CHANGES_WORKSPACE,
@@ -56,10 +65,11 @@ from toren.sandbox import (
     summary,
 )
 from toren.sandbox.checkpoints import Manifest, checkpoint, load_manifest, restore
-from toren.sandbox.store import WorkspaceStore
+from toren.sandbox.store import StoreError, WorkspaceStore
 
 log = logging.getLogger("toren.sandbox")
 
+_LISTED = 1000  # entries list_files shows at most
 _LABEL_RUN = "toren.run"
 _LABEL_SANDBOX = "toren.sandbox"
 
@@ -154,18 +164,51 @@ class SandboxActor(Actor[SandboxState]):
         if command is None or command.finished is not None:
             return
         try:
-            docker, store = runtime.current()
-            container, fresh = await self._ready(ctx, docker, store)
+            await self._run(ctx, command)
         except Unavailable as exc:
             self._finish(ctx, command, _refused(command, f"no sandbox: {exc}"), fatal=True)
-            return
+        except ConfigError as exc:  # the store's settings (a missing bucket, no credentials)
+            text = f"the workspace store refused: {exc}"
+            self._finish(ctx, command, _refused(command, text), fatal=True)
+        except aiodocker.DockerError as exc:
+            if exc.status == 400:  # a limit Docker refuses: settings, not a passing fault
+                text = f"Docker refused the sandbox's settings: {exc.message}"
+                self._finish(ctx, command, _refused(command, text), fatal=True)
+                return
+            self._last_try(ctx, command, exc)
+        except Exception as exc:  # noqa: BLE001  (tried again, and the run told at the last)
+            self._last_try(ctx, command, exc)
+
+    def _last_try(self, ctx: Context[SandboxState], command: Command, exc: Exception) -> None:
+        """A failure that may pass (the daemon, the store): the step is tried again, and on its
+        last attempt the run gets an error result instead of waiting for ever."""
         envelope = ctx.envelope
-        again = envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 1)
+        # attempts: the failures recorded before this one; this is the last when it fails too.
+        if envelope is None or envelope.attempts + 1 < self.max_attempts:
+            raise exc
+        text = f"the sandbox could not run this call ({envelope.attempts + 1} attempts): {exc}"
+        # The store kept refusing (a path that is not a directory, no permission): settings,
+        # the run cannot go on without its workspace being kept.
+        fatal = isinstance(exc, OSError | StoreError)
+        self._finish(ctx, command, _refused(command, text[:4000]), fatal=fatal)
+
+    async def _run(self, ctx: Context[SandboxState], command: Command) -> None:
+        docker, store = runtime.current()
+        had_container = ctx.state.container_id is not None
+        container, fresh = await self._ready(ctx, docker, store)
+        envelope = ctx.envelope
+        again = envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0)
         intent = command.intent
         started = time.monotonic()
         outcome: Outcome | None = None
-        if again and not intent.rerunnable and intent.tool in CHANGES_WORKSPACE:
-            if fresh:  # the container it may have run in is gone, and what it did with it
+        marker_ = intent.marker
+        if again and intent.rerunnable and intent.tool == "bash":
+            marker_ = f"{intent.marker}-r{envelope.deliveries if envelope else 0}"
+        # Only bash may not run twice: write_file writes the same bytes again, the rest read.
+        if again and not intent.rerunnable and intent.tool == "bash":
+            if fresh and not had_container:
+                pass  # no container was ever made for it: it never ran
+            elif fresh:  # the container it may have run in is gone, and what it did with it
                 outcome = Outcome(state="interrupted", exit_code=None, output="", output_bytes=0)
             else:
                 outcome = await docker.recover(container, intent.marker)
@@ -176,13 +219,20 @@ class SandboxActor(Actor[SandboxState]):
             await self._forget(ctx.state, docker, container, intent.marker if again else None)
             kill_point("sandbox.executing")
             ctx.ensure_lease()
-            content, is_error, outcome = await self._call(docker, container, intent)
+            content, is_error, outcome = await self._call(docker, container, intent, marker_)
             kill_point("sandbox.executed")
         else:
             content, is_error = _recovered(intent, outcome)
         checkpoint_id = ctx.state.checkpoint
         if intent.tool in CHANGES_WORKSPACE and outcome is not None:
-            checkpoint_id = await self._checkpoint(ctx, docker, store, container)
+            try:
+                checkpoint_id = await self._checkpoint(ctx, docker, store, container)
+            except WorkspaceTooLarge as exc:
+                content += (
+                    f"\n[the workspace was not checkpointed: {exc}. Until it is back under "
+                    "its size, files written since the last checkpoint are lost with the "
+                    "container.]"
+                )
         finished = CommandFinished(
             call_id=intent.call_id,
             state=outcome.state if outcome is not None else "finished",
@@ -194,11 +244,12 @@ class SandboxActor(Actor[SandboxState]):
             oom_killed=bool(outcome and outcome.oom_killed),
             checkpoint=checkpoint_id,
             seconds=round(time.monotonic() - started, 3),
+            marker=marker_,
             at=time.time(),
         )
         self._finish(ctx, command, finished)
         if intent.tool == "bash":
-            self._records.append(intent.marker)
+            self._records.append(marker_)
 
     async def _forget(
         self, state: SandboxState, docker: Docker, container: str, rerun: str | None
@@ -217,7 +268,7 @@ class SandboxActor(Actor[SandboxState]):
         self._records.clear()
 
     async def _call(
-        self, docker: Docker, container: str, intent: CommandIntended
+        self, docker: Docker, container: str, intent: CommandIntended, marker_: str
     ) -> tuple[str, bool, Outcome | None]:
         """Run one tool call in the container: (what the model is told, is it an error, the
         command's outcome for ``bash``)."""
@@ -228,7 +279,7 @@ class SandboxActor(Actor[SandboxState]):
                 command = str(args.get("command", ""))
                 outcome = await docker.run(
                     container,
-                    marker=intent.marker,
+                    marker=marker_,
                     command=command,
                     timeout=self.settings.command_timeout,
                     output_cap=cap,
@@ -247,10 +298,15 @@ class SandboxActor(Actor[SandboxState]):
                 done = Outcome(state="finished", exit_code=0, output="", output_bytes=0)
                 return f"wrote {len(data)} bytes to {path}", False, done
             if intent.tool == "list_files":
-                entries = await docker.list_files(container, path)
-                return _listing(path, entries), False, None
+                entries = await docker.list_files(container, path, recursive=True, limit=_LISTED)
+                text = _listing(path, entries)
+                if len(entries) >= _LISTED:
+                    text += f"\n[the list stops at {_LISTED} entries: list a subdirectory]"
+                return text, False, None
         except PathRefused as exc:  # a path outside the workspace, or not one
             return f"{intent.tool} refused: {exc}", True, None
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            return f"{intent.tool} failed: {exc.strerror or exc}", True, None
         return f"unknown sandbox tool {intent.tool!r}", True, None
 
     async def _ready(
@@ -346,7 +402,7 @@ class SandboxActor(Actor[SandboxState]):
         """Checkpoint the workspace if it changed; the id of its latest checkpoint."""
         previous = ctx.state.checkpoint
         before = await self._last_manifest(store, previous) if previous else None
-        tar = await docker.export(container)
+        tar = await docker.export(container, self.settings.workspace_size)
         manifest, stats = await checkpoint(store, tar, before)
         kill_point("sandbox.checkpointing")
         self._manifest = manifest
@@ -418,7 +474,9 @@ def _last_journaled(state: SandboxState) -> list[str]:
         c for c in state.commands.values() if c.intent.tool == "bash" and c.finished is not None
     ]
     last = max(done, key=lambda c: c.finished.at if c.finished else 0.0, default=None)
-    return [last.intent.marker] if last is not None else []
+    if last is None or last.finished is None:
+        return []
+    return [last.finished.marker or last.intent.marker]
 
 
 def _limits(settings: Sandbox) -> Limits:
@@ -428,6 +486,7 @@ def _limits(settings: Sandbox) -> Limits:
         pids=settings.pids,
         workspace_bytes=settings.workspace_size,
         tmp_bytes=settings.tmp_size,
+        records_bytes=max(16 * 1024**2, 2 * settings.output_cap + 1024**2),
         network=settings.network,
     )
 

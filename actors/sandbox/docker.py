@@ -13,10 +13,11 @@ path, no Docker socket.
 
 Docker's API cannot kill an exec, so each command runs under a helper script
 (:mod:`toren.actors.sandbox._script`) in its own process group under ``timeout -k``, with
-``TOREN_COMMAND=<marker>`` in its environment, and leaves a record in the container's /tmp;
-``recover`` and ``kill_all`` find commands by those after a worker died. A process can escape
-that kill only by leaving its group (setsid) and dropping the marker from its environment
-together; it is still inside the container, and ``stop`` or ``remove`` ends it. A command can
+``TOREN_COMMAND=<marker>`` in its environment, and leaves a record in the container's /run/toren;
+``recover`` and ``kill_all`` find commands by those after a worker died. A process that leaves
+its group (setsid) and drops the marker together hangs from the container's init: at the end of
+every command, and in ``kill_all``, whatever hangs from init besides the container's main process
+(and what descends from a running exec) is killed too. A command can
 also write its own record (same user): it can misreport only its own outcome.
 
 A user's own image needs bash 4.4 or later, GNU coreutils and GNU tar on its PATH, and a numeric
@@ -59,6 +60,8 @@ DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image ``scripts/sandbox-image`` builds from ``docker/sandbox/Dockerfile``."""
 
 WORKSPACE = "/workspace"
+RECORDS = "/run/toren"
+"""Where commands' records live: a tmpfs of its own, so a full /tmp costs no command its record."""
 """Where the workspace is mounted in every sandbox, and every command's working directory."""
 
 LABEL_RUN = "toren.run"
@@ -91,7 +94,9 @@ class Limits:
     cpus: float = 1.0
     pids: int = 256
     workspace_bytes: int = 256 * 1024 * 1024
-    tmp_bytes: int = 64 * 1024 * 1024  # also holds the commands' records (their capped output)
+    tmp_bytes: int = 64 * 1024 * 1024
+    # the commands' records (their capped output) live apart from /tmp, which commands fill
+    records_bytes: int = 16 * 1024 * 1024
     network: str = "none"  # Docker NetworkMode; anything else lets commands reach networks
 
 
@@ -161,6 +166,10 @@ class PathRefused(ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"path {path!r} refused: {reason}")
+
+
+class WorkspaceTooLarge(Exception):
+    """The workspace holds more than it may be exported as (sparse files, or a cap raised)."""
 
 
 class MarkerUsed(ValueError):
@@ -263,6 +272,10 @@ class Docker:
                 "ReadonlyRootfs": True,
                 "Tmpfs": {  # the container's own /tmp, not the host's
                     "/tmp": f"rw,noexec,nosuid,nodev,size={limits.tmp_bytes}",  # noqa: S108
+                    RECORDS: (
+                        f"rw,noexec,nosuid,nodev,size={limits.records_bytes},"
+                        f"uid={uid},gid={gid},mode=1777"
+                    ),
                     WORKSPACE: (
                         f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},"
                         f"uid={uid},gid={gid},mode=0755"
@@ -367,13 +380,23 @@ class Docker:
         _check_marker(marker)
         await self._checked("forget", container_id, ["forget", marker])
 
-    async def export(self, container_id: str) -> bytes:
+    async def export(self, container_id: str, cap: int = 1 << 30) -> bytes:
         """A tar of /workspace: members ``./...``, sorted by name, numeric owners.
 
         Every file and directory is first made readable and writable by its owner (the sandbox
         user owns them all), so that a command's ``chmod 000`` cannot make checkpoints fail.
+
+        Raises:
+            WorkspaceTooLarge: its files hold more than ``cap`` bytes (a sparse file counts
+                whole: a tmpfs keeps one of any length past the workspace's size).
         """
-        return (await self._checked("export", container_id, ["export"])).stdout
+        limit = cap + cap // 8 + (1 << 20)  # what tar adds: headers, padding
+        done = await self._exec(container_id, ["export", str(cap)], limit=limit)
+        if done.exit_code == 8:
+            raise WorkspaceTooLarge(done.stderr.strip())
+        if done.exit_code != 0:
+            raise ExecFailed("export", done.exit_code, done.stderr.strip())
+        return done.stdout
 
     async def import_(self, container_id: str, tar: bytes, *, clear: bool = False) -> None:
         """Extract ``tar`` into /workspace (modes kept, owned by the container's user).
@@ -472,8 +495,10 @@ class Docker:
         *,
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
+        limit: int | None = None,
     ) -> _Done:
-        """The helper script with ``args``, as the container's user in /workspace."""
+        """The helper script with ``args``, as the container's user in /workspace; at most
+        ``limit`` bytes of its stdout are read (past it: :class:`WorkspaceTooLarge`)."""
         container = self._client.containers.container(container_id)
         execution = await container.exec(
             ["bash", "-c", SCRIPT, "toren", *args],
@@ -488,6 +513,9 @@ class Docker:
                 group.start_soon(_feed, stream, stdin)
             while (message := await stream.read_out()) is not None:
                 (stdout if message.stream == 1 else stderr).extend(message.data)
+                if limit is not None and len(stdout) > limit:
+                    group.cancel_scope.cancel()
+                    raise WorkspaceTooLarge(f"the workspace's export passed {limit} bytes")
         # The stream ends as the process does; Docker may record the exit code a moment later.
         with anyio.fail_after(_EXIT_CODE_SECONDS):
             while (state := await execution.inspect())["Running"]:  # noqa: ASYNC110  # no event

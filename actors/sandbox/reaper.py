@@ -39,7 +39,19 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
         [i.run_id for i in found],
     )
     status = {r["actor_id"]: r["run_status"] for r in rows}
-    return [i for i in found if status.get(i.run_id, "gone") in (*_ENDED, "gone")]
+    ended = [i for i in found if status.get(i.run_id, "gone") in (*_ENDED, "gone")]
+    # A command still running when its run ended (cancelled) runs to its end: its sandbox
+    # reaps the container then, unless the kernel gave up on the sandbox.
+    busy = {
+        r["actor_id"]
+        for r in await pool.fetch(
+            "SELECT actor_id FROM toren.actors WHERE actor_id = ANY($1::text[]) "
+            "AND status = 'live' "
+            "AND (summary->>'commands')::int > (summary->>'finished')::int",
+            [i.sandbox_id for i in ended],
+        )
+    }
+    return [i for i in ended if i.sandbox_id not in busy]
 
 
 async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:

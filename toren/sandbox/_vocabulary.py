@@ -157,6 +157,7 @@ class CommandFinished:
     oom_killed: bool = False
     checkpoint: str | None = None
     seconds: float = 0.0
+    marker: str = ""  # the marker it ran under (a rerunnable command run again has its own)
     at: float = 0.0
 
 
