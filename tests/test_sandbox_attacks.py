@@ -43,7 +43,7 @@ prober = Agent(
 # Only exact or subcommand rules, as docs/sandboxes.md recommends ("Prefer exact rules, and
 # prefixes of subcommands").
 gatekeeper = Agent(
-    name="gatekeeper",
+    name="allow_gatekeeper",
     model=MODEL,
     system="gatekeeper",
     sandbox=Sandbox(allow=["ls", "git status", "python3 -m pytest *"], idle_stop="1h"),
@@ -256,7 +256,7 @@ async def test_write_file_and_an_allowed_command_run_code_no_human_approved(
     ]
     steps: list[Step] = [writes, [bash(allowed, "b1")], "{results}"]
     async with model(steps, monkeypatch), sandboxed(db_url, tmp_path):
-        run_id = await start_run(client, "gatekeeper", "check the tests")
+        run_id = await start_run(client, "allow_gatekeeper", "check the tests")
         runs.append(run_id)
         assert await wait_for(lambda: settled(client, run_id), timeout=60) == "completed"
     state = await read_run(client, run_id)
