@@ -30,9 +30,11 @@ import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
+import toren.actors.channel.actor
 import toren.actors.run  # registers the run actor kind with this worker
 import toren.actors.sandbox.actor  # noqa: F401  (registers the sandbox kind)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
+from toren.actors.channel import runtime as channels
 from toren.actors.death_watch import DeathWatch
 from toren.actors.dispatcher import Dispatcher
 from toren.actors.hosts import HostRegistry
@@ -91,6 +93,7 @@ class Worker:
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
             self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
+            await channels.open_channels(self.settings, pool)
             self._tree = Supervisor(
                 "worker",
                 [
@@ -112,6 +115,7 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await runtime.close_sandboxes()
+                await channels.close_channels()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()

@@ -321,8 +321,10 @@ class Context(Generic[S]):
         args: Mapping[str, Any] | None = None,
         *,
         route: str | None = None,
+        parent: str | None = None,
     ) -> None:
-        """Create a child actor when this step commits; this actor becomes its parent.
+        """Create a child actor when this step commits; this actor becomes its parent (or
+        ``parent``, an actor that will outlive it: told if the kernel gives up on it).
 
         With a ``route``, only workers serving that route claim the child. If ``actor_id``
         exists with the same kind this is a no-op; with another kind the step fails with
@@ -335,7 +337,7 @@ class Context(Generic[S]):
                 actor_id=actor_id,
                 kind=kind_name,
                 args=args or {},
-                parent=self.actor_id,
+                parent=parent or self.actor_id,
                 route=route,
             )
         )

@@ -51,10 +51,12 @@ SETTABLE = (
     "compact_soft",
     "compact_hard",
     "sandbox",
+    "telegram",
 )
 """The ``Agent`` fields an ``[agents.NAME]`` table may set. The model, the system prompt and
 the tools are code: changing them changes what the model is sent. ``sandbox`` is a sub-table
-(``[agents.NAME.sandbox]``) whose keys replace those of the code's ``Sandbox(...)``."""
+(``[agents.NAME.sandbox]``) whose keys replace those of the code's ``Sandbox(...)``; so is
+``telegram`` (``[agents.NAME.telegram]``), which may also give an agent a bot its code has not."""
 
 _CODE_ONLY = ("name", "model", "system", "tools")
 
@@ -109,6 +111,10 @@ def _checked(key: str, value: Any, where: str) -> Any:
                 hint=f"Known keys: {', '.join(SANDBOX_KEYS)}.",
             )
         return types.MappingProxyType(dict(value))
+    if key == "telegram":
+        if not isinstance(value, dict):
+            raise ConfigError(f"telegram in {where} must be a table ([agents.NAME.telegram])")
+        return types.MappingProxyType(dict(value))
     converter: object = attrs.fields_dict(Agent)[key].converter
     if converter is parse_duration:
         try:
@@ -138,9 +144,10 @@ def _checked(key: str, value: Any, where: str) -> Any:
 
 @functools.cache
 def _field_types() -> dict[str, Any]:
-    from toren.sandbox import Sandbox  # named by Agent's annotations; it imports this module
+    from toren.channels import Telegram  # named by Agent's annotations; they import this module
+    from toren.sandbox import Sandbox
 
-    return typing.get_type_hints(Agent, localns={"Sandbox": Sandbox})
+    return typing.get_type_hints(Agent, localns={"Sandbox": Sandbox, "Telegram": Telegram})
 
 
 def _describe(typ: Any) -> str:
@@ -170,6 +177,11 @@ def configured(agent: Agent, table: Mapping[str, Any] | None, source: str) -> Ag
             )
         sandbox = sandbox_configured(agent.sandbox, table["sandbox"], where)
         table = {**table, "sandbox": sandbox}
+    if "telegram" in table:
+        from toren.channels import configured as telegram_configured
+
+        where = f"[agents.{agent.name}.telegram] in {source}"
+        table = {**table, "telegram": telegram_configured(agent.telegram, table["telegram"], where)}
     try:
         return attrs.evolve(agent, **table)
     except ConfigError as exc:

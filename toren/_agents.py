@@ -36,6 +36,7 @@ import pydantic
 from toren._errors import ConfigError
 
 if TYPE_CHECKING:
+    from toren.channels import Telegram
     from toren.sandbox import Sandbox
 
 Effects = Literal["read", "write", "external"]
@@ -308,6 +309,9 @@ class Agent:
         compact_hard: Past this fraction, older turns are summarised by a recorded model call.
         sandbox: A container per run (:class:`toren.sandbox.Sandbox`): the model gets
             ``bash``, ``read_file``, ``write_file`` and ``list_files`` run in it.
+        telegram: A Telegram bot people reach the agent through
+            (:class:`toren.channels.Telegram`; also ``[agents.NAME.telegram]``). With a sandbox
+            too, the model gets ``send_file`` (a workspace file sent to the chat).
     """
 
     name: str
@@ -328,6 +332,7 @@ class Agent:
     compact_soft: float = 0.5
     compact_hard: float = 0.75
     sandbox: Sandbox | None = None
+    telegram: Telegram | None = None
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -336,7 +341,15 @@ class Agent:
 
             if not isinstance(self.sandbox, Sandbox):
                 raise ConfigError(f"agent {self.name!r}: sandbox must be a toren.sandbox.Sandbox")
-            object.__setattr__(self, "_sandbox_tools", sandbox_tools(self.sandbox))
+            tools = sandbox_tools(self.sandbox, chat=self.telegram is not None)
+            object.__setattr__(self, "_sandbox_tools", tools)
+        if self.telegram is not None:
+            from toren.channels import Telegram
+
+            if not isinstance(self.telegram, Telegram):
+                raise ConfigError(
+                    f"agent {self.name!r}: telegram must be a toren.channels.Telegram"
+                )
         if "/" not in self.model:
             raise ConfigError(
                 f"agent {self.name!r}: model {self.model!r} needs a provider prefix",
@@ -448,6 +461,11 @@ def serve_route(route: str, *, serve: bool = True) -> None:
 def served_routes() -> list[str]:
     """The routes this process serves: one per registered agent, then its capabilities."""
     return [agent_route(name) for name in sorted(_registry)] + sorted(_capabilities)
+
+
+def registered_agents() -> list[Agent]:
+    """Every agent registered in this process, by name."""
+    return [_registry[name] for name in sorted(_registry)]
 
 
 def agent_named(name: str) -> Agent | None:

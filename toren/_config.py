@@ -51,6 +51,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "sandboxes": ("TOREN_SANDBOXES", bool),
     "workspace_store": ("TOREN_WORKSPACE_STORE", str),
     "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
+    "telegram_api_url": ("TOREN_TELEGRAM_API_URL", str),
 }
 
 _TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
@@ -130,6 +131,8 @@ class Settings:
             which only workers on this machine can read: use S3 across machines.
         sandbox_reap_seconds: How often a worker with Docker looks for sandbox containers
             whose run has ended, and removes them.
+        telegram_api_url: The Bot API's address (default ``https://api.telegram.org``): a
+            self-hosted Bot API server, or a local test server.
         agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
             those given in ``Agent(...)`` when the app's agents are registered (read-only).
         config_file: The TOML file these settings were read from, if any.
@@ -161,6 +164,7 @@ class Settings:
     sandboxes: bool = True
     workspace_store: str | None = None
     sandbox_reap_seconds: float = attrs.field(default=30.0, validator=_positive)
+    telegram_api_url: str | None = None
     agents: Tables = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
     )

@@ -59,6 +59,9 @@ POINTS: dict[str, str] = {
     "sandbox.executing": "a sandbox is about to run a command whose intent is recorded",
     "sandbox.executed": "a sandbox ran a command, its result not yet recorded",
     "sandbox.checkpointing": "a sandbox uploaded a checkpoint, not yet recorded",
+    "telegram.polled": "a channel has updates from getUpdates, not yet recorded",
+    "telegram.sending": "a channel is about to send a message whose record is queued",
+    "telegram.sent": "Telegram accepted a channel's message, its delivery not yet recorded",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"

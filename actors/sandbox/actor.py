@@ -64,6 +64,7 @@ from toren.sandbox import (
     run_of,
     summary,
 )
+from toren.sandbox._tools import SEND_MAX
 from toren.sandbox.checkpoints import Manifest, checkpoint, load_manifest, restore
 from toren.sandbox.store import StoreError, WorkspaceStore
 
@@ -224,7 +225,10 @@ class SandboxActor(Actor[SandboxState]):
         else:
             content, is_error = _recovered(intent, outcome)
         checkpoint_id = ctx.state.checkpoint
-        if intent.tool in CHANGES_WORKSPACE and outcome is not None:
+        # send_file checkpoints too: the channel sends the file from the checkpoint named here.
+        if (intent.tool in CHANGES_WORKSPACE and outcome is not None) or (
+            intent.tool == "send_file" and not is_error
+        ):
             try:
                 checkpoint_id = await self._checkpoint(ctx, docker, store, container)
             except WorkspaceTooLarge as exc:
@@ -297,6 +301,13 @@ class SandboxActor(Actor[SandboxState]):
                 await docker.write_file(container, path, data)
                 done = Outcome(state="finished", exit_code=0, output="", output_bytes=0)
                 return f"wrote {len(data)} bytes to {path}", False, done
+            if intent.tool == "send_file":
+                _, size = await docker.read_file(container, path, 0)
+                if size > SEND_MAX:
+                    return f"send_file refused: {path} is {size} bytes, over {SEND_MAX}", True, None
+                if size == 0:
+                    return f"send_file refused: {path} is empty", True, None
+                return f"{path} ({size} bytes) will be sent to the chat", False, None
             if intent.tool == "list_files":
                 entries = await docker.list_files(container, path, recursive=True, limit=_LISTED)
                 text = _listing(path, entries)

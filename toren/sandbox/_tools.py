@@ -16,6 +16,9 @@ from toren.sandbox._settings import WORKSPACE, Sandbox
 COMMAND_MAX = 64 * 1024
 CONTENT_MAX = 8 * 1024 * 1024
 PATH_MAX = 4096
+CAPTION_MAX = 1024
+SEND_MAX = 50 * 1024 * 1024
+"""The largest file ``send_file`` sends (what a bot may upload to Telegram)."""
 
 Path = Annotated[str, pydantic.Field(min_length=1, max_length=PATH_MAX)]
 
@@ -44,18 +47,27 @@ async def list_files(ctx: ToolContext, path: Path = ".") -> str:
     raise _outside()
 
 
-_FUNCTIONS = {f.__name__: f for f in (bash, read_file, write_file, list_files)}
+async def send_file(
+    ctx: ToolContext,
+    path: Path,
+    caption: Annotated[str, pydantic.Field(max_length=CAPTION_MAX)] = "",
+) -> str:
+    raise _outside()
 
 
-def sandbox_tools(settings: Sandbox) -> tuple[Tool, ...]:
+_FUNCTIONS = {f.__name__: f for f in (bash, read_file, write_file, list_files, send_file)}
+
+
+def sandbox_tools(settings: Sandbox, *, chat: bool = False) -> tuple[Tool, ...]:
     """The four tools, declared for ``settings``: ``bash`` is external and asks a human for
     every command its allow rules do not match; it is at-most-once unless the sandbox is
-    declared rerunnable."""
+    declared rerunnable. With ``chat`` (the agent has a Telegram bot), a fifth: a
+    workspace file sent to the chat the run talks with."""
 
     def approval(arguments: Mapping[str, Any]) -> bool:
         return not settings.allows(str(arguments.get("command", "")))
 
-    return (
+    tools = (
         tool(
             effects="external",
             idempotency="unkeyed" if settings.rerunnable else "at_most_once",
@@ -92,6 +104,20 @@ def sandbox_tools(settings: Sandbox) -> tuple[Tool, ...]:
                 "path relative to it (default: the workspace)."
             ),
         )(list_files),
+    )
+    if not chat:
+        return tools
+    return (
+        *tools,
+        tool(
+            effects="external",
+            idempotency="keyed",
+            description=(
+                f"Send a file of the workspace ({WORKSPACE}) to the chat you are talking with, "
+                "with an optional caption (at most 1024 characters); path relative to the "
+                "workspace, at most 50 MB. It is sent once, after this call's result."
+            ),
+        )(send_file),
     )
 
 

@@ -38,8 +38,8 @@ def run_of(sandbox_id: str) -> str:
     return "run/" + sandbox_id.removeprefix("sandbox/")
 
 
-Tool = Literal["bash", "read_file", "write_file", "list_files"]
-TOOLS: tuple[str, ...] = ("bash", "read_file", "write_file", "list_files")
+Tool = Literal["bash", "read_file", "write_file", "list_files", "send_file"]
+TOOLS: tuple[str, ...] = ("bash", "read_file", "write_file", "list_files", "send_file")
 CHANGES_WORKSPACE = frozenset({"bash", "write_file"})
 
 # --- messages -------------------------------------------------------------------------------

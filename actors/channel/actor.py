@@ -1,0 +1,342 @@
+"""The Telegram channel actor (kind ``toren.channel``): one bot, its chats, its outbox.
+
+It stays active on its own: every ``channel.tick`` (a durable timer it sets itself) polls
+Telegram, handles the updates, reads the runs it watches, and sets the next tick; the lease on
+the actor makes it the bot's only poller across the cluster. A tick's updates, the offset they
+advance and everything they cause (runs started, messages to runs, outbound messages queued)
+commit in one step, so a crash anywhere neither loses nor doubles an update.
+
+Outbound messages go one per step (``channel.flush``): sent, then recorded ``outbox.sent``.
+Telegram has no idempotency key, so a crash between a send and its record is the channel's
+``delivery`` choice: ``at_least_once`` sends it again after the crash; ``at_most_once`` records
+``outbox.sending`` in a step of its own before sending (``channel.send``), and a send step that
+is handled a second time (its first never committed) records the message ``lost`` instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from telegram.error import TelegramError
+
+from toren import Actor, ChildFailed, Context, PoisonMessage
+from toren.actors.channel import outbound, runtime
+from toren.actors.channel.inbound import Inbound as InboundHandler
+from toren.actors.channel.reading import Reader
+from toren.actors.channel.telegram import SendError
+from toren.channels import (
+    CHANNEL_KIND,
+    Answer,
+    ChannelStarted,
+    ChannelState,
+    ChatBlocked,
+    ChatMigrated,
+    ChatUnpaired,
+    CodeIssued,
+    Failed,
+    Flush,
+    Inbound,
+    IssueCode,
+    Observe,
+    ObserverChanged,
+    Send,
+    Sending,
+    Sent,
+    Tick,
+    Unpair,
+    fold,
+    pending_codes,
+    redact,
+    summary,
+)
+from toren.kernel import kill_point
+
+log = logging.getLogger("toren.channel")
+
+_BACKOFF_CAP = 60.0
+
+
+class ChannelActor(Actor[ChannelState]):
+    """One Telegram bot's channel."""
+
+    kind = CHANNEL_KIND
+    idle_seconds = 60.0
+    # A tick that keeps failing (the database, a bug) is tried again with backoff, never
+    # dead-lettered: the channel would stop polling for good.
+    max_attempts = 1_000_000
+    max_deliveries = 1_000
+    retry_base_seconds = 1.0
+    snapshot_every = 500
+    state_type = ChannelState
+    snapshot_version = 1
+
+    def __init__(self, actor_id: str, args: Any) -> None:
+        super().__init__(actor_id, args)
+        self.bot_name = str(args.get("bot") or actor_id.rsplit("/", 1)[-1])
+        self._started = False  # this activation set the bot up (webhook deleted or set)
+        self._failures = 0  # polls failed in a row (backoff)
+        self._limits = outbound.Limits()
+
+    def initial_state(self) -> ChannelState:
+        return ChannelState()
+
+    def apply(self, state: ChannelState, event: Any) -> ChannelState:
+        return fold(state, event)
+
+    def summarize(self, state: ChannelState) -> dict[str, Any]:
+        return summary(state) | {"bot": self.bot_name}
+
+    async def handle(self, ctx: Context[ChannelState], msg: Any) -> None:
+        if isinstance(msg, Tick):
+            await self._tick(ctx)
+        elif isinstance(msg, Flush):
+            await self._flush(ctx)
+        elif isinstance(msg, Send):
+            await self._send(ctx, msg)
+        elif isinstance(msg, Inbound):
+            await self._inbound(ctx, msg)
+        elif isinstance(msg, IssueCode):
+            self._issue(ctx, msg)
+        elif isinstance(msg, Unpair):
+            self._unpair(ctx, msg)
+        elif isinstance(msg, Observe):
+            await self._observe(ctx, msg)
+        elif isinstance(msg, ChildFailed | PoisonMessage):
+            log.warning("%s: %s", ctx.actor_id, msg)  # a run it started: its journal says more
+
+    # -- inbound ---------------------------------------------------------------------------
+
+    async def _tick(self, ctx: Context[ChannelState]) -> None:
+        bot = runtime.bot(self.bot_name)
+        settings = bot.settings
+        polling = settings.mode == "polling"
+        try:
+            if not self._started:
+                await self._start(ctx, bot)
+            if polling:
+                due, wait = outbound.next_due(ctx.state, time.time(), settings, self._limits)
+                timeout = settings.poll_timeout
+                if due is not None:
+                    timeout = 0
+                elif wait is not None:
+                    timeout = min(timeout, max(1.0, wait))
+                ctx.ensure_lease()
+                updates = await bot.api.get_updates(ctx.state.offset, timeout)
+                kill_point("telegram.polled")
+                handler = InboundHandler(ctx, bot, self.actor_id)
+                for raw in updates:
+                    await handler.handle(raw, polling=True)
+        except (TelegramError, SendError) as exc:
+            self._failures += 1
+            delay = min(2.0**self._failures, _BACKOFF_CAP)
+            log.warning(
+                "%s: Telegram did not answer (%s); trying again in %.0f s",
+                ctx.actor_id,
+                redact(str(exc))[:300],
+                delay,
+            )
+            ctx.set_timer("tick", delay, Tick())
+            return
+        self._failures = 0
+        await Reader(ctx).read()
+        self._arm_flush(ctx)
+        ctx.set_timer("tick", 0.0 if polling else settings.poll_timeout, Tick())
+
+    async def _start(self, ctx: Context[ChannelState], bot: runtime.Bot) -> None:
+        settings = bot.settings
+        ctx.ensure_lease()
+        bot_id, username = await bot.api.get_me()
+        if settings.mode == "polling":
+            await bot.api.delete_webhook()  # getUpdates answers 409 while a webhook is set
+        else:
+            assert settings.webhook_url is not None
+            await bot.api.set_webhook(settings.webhook_url, settings.webhook_secret())
+        state = ctx.state
+        known = (state.agent, state.bot_id, state.username)
+        if known != (bot.agent.name, bot_id, username):
+            ctx.emit(
+                ChannelStarted(
+                    agent=bot.agent.name,
+                    bot_id=bot_id,
+                    username=username,
+                    mode=settings.mode,
+                    delivery=settings.delivery,
+                    at=time.time(),
+                )
+            )
+        self._started = True
+        log.info(
+            "%s: @%s serves agent %r (%s; delivery %s)",
+            ctx.actor_id,
+            username,
+            bot.agent.name,
+            settings.mode,
+            settings.delivery.replace("_", "-"),
+        )
+
+    async def _inbound(self, ctx: Context[ChannelState], msg: Inbound) -> None:
+        """An update the webhook enqueued (dedupe key: its update id)."""
+        bot = runtime.bot(self.bot_name)
+        if not ctx.state.username:
+            bot_id, username = await bot.api.get_me()
+            ctx.emit(
+                ChannelStarted(
+                    agent=bot.agent.name,
+                    bot_id=bot_id,
+                    username=username,
+                    mode=bot.settings.mode,
+                    delivery=bot.settings.delivery,
+                    at=time.time(),
+                )
+            )
+        await InboundHandler(ctx, bot, self.actor_id).handle(msg.update, polling=False)
+        await Reader(ctx).read()
+        self._arm_flush(ctx)
+
+    # -- outbound --------------------------------------------------------------------------
+
+    def _arm_flush(self, ctx: Context[ChannelState]) -> None:
+        settings = runtime.bot(self.bot_name).settings
+        due, wait = outbound.next_due(ctx.state, time.time(), settings, self._limits)
+        if due is not None or wait is not None:
+            ctx.set_timer("flush", wait or 0.0, Flush())
+
+    async def _flush(self, ctx: Context[ChannelState]) -> None:
+        bot = runtime.bot(self.bot_name)
+        now = time.time()
+        n, _ = outbound.next_due(ctx.state, now, bot.settings, self._limits)
+        if n is None:
+            self._arm_flush(ctx)
+            return
+        outgoing = ctx.state.outbox[n]
+        chat = ctx.state.chats.get(str(outgoing.chat_id))
+        if chat is not None and chat.blocked:
+            ctx.emit(Failed(n=n, reason="blocked", detail="the user blocked the bot", at=now))
+        elif bot.settings.delivery == "at_most_once":
+            ctx.emit(Sending(n=n, at=now))
+            ctx.send(self.actor_id, Send(n=n), system=True)
+            return  # sent in a step of its own, after this one commits
+        else:
+            await self._deliver(ctx, bot, n)
+        self._arm_flush(ctx)
+
+    async def _send(self, ctx: Context[ChannelState], msg: Send) -> None:
+        """At-most-once, second step: send a message recorded ``sending``."""
+        outgoing = ctx.state.outbox.get(msg.n)
+        if outgoing is None or outgoing.state != "sending" or msg.n not in ctx.state.pending:
+            return
+        envelope = ctx.envelope
+        if envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0):
+            log.warning(
+                "%s: message %d to chat %d may have been sent before a crash; at-most-once "
+                "delivery does not send it again",
+                ctx.actor_id,
+                msg.n,
+                outgoing.chat_id,
+            )
+            detail = "the worker stopped during its send; at-most-once: not sent again"
+            ctx.emit(Failed(n=msg.n, reason="lost", detail=detail, at=time.time()))
+        else:
+            await self._deliver(ctx, runtime.bot(self.bot_name), msg.n)
+        self._arm_flush(ctx)
+
+    async def _deliver(self, ctx: Context[ChannelState], bot: runtime.Bot, n: int) -> None:
+        outgoing = ctx.state.outbox[n]
+        ctx.ensure_lease()
+        kill_point("telegram.sending")
+        try:
+            ids = await outbound.deliver(bot, outgoing)
+        except SendError as exc:
+            self._undelivered(ctx, bot, n, exc)
+            return
+        kill_point("telegram.sent")
+        now = time.time()
+        ctx.emit(Sent(n=n, message_ids=ids, at=now))
+        self._limits.sent(now)
+
+    def _undelivered(
+        self, ctx: Context[ChannelState], bot: runtime.Bot, n: int, exc: SendError
+    ) -> None:
+        outgoing = ctx.state.outbox[n]
+        chat, now = outgoing.chat_id, time.time()
+        at_most_once = bot.settings.delivery == "at_most_once"
+        if exc.action == "retry":
+            log.warning(
+                "%s: message %d to chat %d not sent (%s); again in %.1f s",
+                ctx.actor_id,
+                n,
+                chat,
+                exc.detail,
+                exc.retry_after,
+            )
+            self._limits.hold(exc.retry_after)
+            if at_most_once:  # it was not delivered: sending it later is not a second send
+                ctx.set_timer(f"send-{n}", exc.retry_after, Send(n=n))
+        elif exc.action == "migrated":
+            ctx.emit(ChatMigrated(chat_id=chat, to=exc.new_chat_id, at=now))
+            if at_most_once:
+                ctx.send(self.actor_id, Send(n=n), system=True)
+        elif exc.action == "blocked":
+            log.warning("%s: chat %d blocked the bot: %s", ctx.actor_id, chat, exc.detail)
+            ctx.emit(ChatBlocked(chat_id=chat, detail=exc.detail, at=now))
+            ctx.emit(Failed(n=n, reason="blocked", detail=exc.detail, at=now))
+        else:
+            log.warning("%s: Telegram refused message %d: %s", ctx.actor_id, n, exc.detail)
+            ctx.emit(Failed(n=n, reason="refused", detail=exc.detail, at=now))
+
+    # -- requests from the CLI and the API -------------------------------------------------
+
+    def _issue(self, ctx: Context[ChannelState], msg: IssueCode) -> None:
+        settings = runtime.bot(self.bot_name).settings
+        now = time.time()
+        if pending_codes(ctx.state, now) >= settings.max_pending_codes:
+            detail = (
+                f"{settings.max_pending_codes} codes are pending (the cap): use one, or wait "
+                "for one to expire"
+            )
+            ctx.reply(Answer(ok=False, detail=detail))
+            return
+        expires = now + settings.pair_code_ttl
+        ctx.emit(CodeIssued(code_hash=msg.code_hash, expires_at=expires, by=msg.by, at=now))
+        ctx.reply(Answer(ok=True, detail=repr(expires)))
+
+    def _unpair(self, ctx: Context[ChannelState], msg: Unpair) -> None:
+        if str(msg.chat_id) not in ctx.state.chats:
+            ctx.reply(Answer(ok=False, detail=f"chat {msg.chat_id} is not paired"))
+            return
+        ctx.emit(ChatUnpaired(chat_id=msg.chat_id, by=msg.by, at=time.time()))
+        text = f"This chat was unpaired by {msg.by.name}: it no longer reaches the agent."
+        outbound.queue(ctx, msg.chat_id, text, kind="notice")
+        self._arm_flush(ctx)
+        ctx.reply(Answer(ok=True, detail=f"chat {msg.chat_id} unpaired"))
+
+    async def _observe(self, ctx: Context[ChannelState], msg: Observe) -> None:
+        if str(msg.chat_id) not in ctx.state.chats:
+            ctx.reply(Answer(ok=False, detail=f"chat {msg.chat_id} is not paired"))
+            return
+        what = f"run {msg.run}" if msg.run else f"every new run of agent {msg.agent}"
+        seq = 0
+        if msg.run and not msg.stop:
+            seq = await runtime.pool().fetchval(
+                "SELECT max(seq) FROM toren.journal WHERE actor_id = $1", msg.run
+            )
+            if seq is None:
+                ctx.reply(Answer(ok=False, detail=f"no run {msg.run} (or it has not started)"))
+                return
+        ctx.emit(
+            ObserverChanged(
+                chat_id=msg.chat_id,
+                run=msg.run,
+                agent=msg.agent,
+                stop=msg.stop,
+                by=msg.by,
+                after=seq,
+                at=time.time(),
+            )
+        )
+        verb = "no longer observes" if msg.stop else "observes (read-only)"
+        outbound.queue(ctx, msg.chat_id, f"This chat {verb} {what}.", kind="notice")
+        self._arm_flush(ctx)
+        ctx.reply(Answer(ok=True, detail=f"chat {msg.chat_id} {verb} {what}"))

@@ -1,0 +1,466 @@
+"""What one update from Telegram does, recorded as ``update.handled`` with what it caused.
+
+An unpaired chat gets a short pairing hint (at most one a minute) and reaches nothing; ``/pair
+CODE`` pairs it if the code is issued, unused and unexpired (failures are counted per chat: past
+five in ten minutes a chat is told to wait, and its codes are not even checked). A paired chat's
+text goes to its conversation run (started by its first message); a reply to an approval prompt
+or a press of its buttons decides the call, if the user is one of the agent's approvers. In a
+group, only what is addressed to the bot counts (``@bot`` or ``/command@bot``, or a reply to
+the bot). Files go into the run's workspace.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+import attrs
+
+from toren import Context
+from toren._agents import agent_route
+from toren.actors.channel import outbound, runtime
+from toren.actors.channel.telegram import SendError
+from toren.channels import (
+    ChannelState,
+    ChatMigrated,
+    ChatPaired,
+    ChatUnblocked,
+    ConversationEnded,
+    ConversationStarted,
+    DecisionSent,
+    PairFailed,
+    UpdateHandled,
+    chat_key,
+    telegram_principal,
+)
+from toren.channels.client import code_hash
+from toren.kernel import route_served, utf8_size
+from toren.runs import RUN_KIND, Decide, Say, StartRun
+from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
+
+log = logging.getLogger("toren.channel")
+
+PAIR_TRIES = 5
+PAIR_WINDOW = 600.0
+HINT_EVERY = 60.0
+_NAMESPACE = uuid.UUID("5d0f3c1e-8b7a-4e2f-9c61-2a4b8e7d9f30")
+_YES = {"approve", "approved", "yes", "y", "ok", "allow", "\u2705", "\U0001f44d"}
+_NO = {"deny", "denied", "no", "n", "reject", "refuse", "\u274c", "\U0001f44e"}
+_CALLBACK = re.compile(r"([ad]):([A-Za-z0-9_-]{1,40})")
+
+
+@attrs.frozen(kw_only=True)
+class Update:
+    """What the channel reads of an update (every field checked: updates are untrusted)."""
+
+    update_id: int
+    kind: str = "other"  # message, callback, document, photo, migrated, other
+    chat_id: int | None = None
+    chat_type: str = ""
+    chat_title: str = ""
+    user_id: int | None = None
+    user_name: str = ""
+    text: str = ""
+    message_id: int | None = None
+    reply_to: int | None = None
+    reply_to_bot: bool = False
+    thread: int | None = None
+    callback_id: str = ""
+    callback_data: str = ""
+    file_id: str = ""
+    file_name: str = ""
+    file_size: int | None = None
+    migrate_to: int | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: Any, cap: int = 1 << 20) -> str:
+    return value[:cap] if isinstance(value, str) else ""
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def parse(raw: dict[str, Any], bot_id: int) -> Update | None:
+    """The update's fields the channel uses; ``None`` without an integer ``update_id``."""
+    update_id = _int(raw.get("update_id"))
+    if update_id is None:
+        return None
+    callback = _dict(raw.get("callback_query"))
+    message = _dict(raw.get("message") or raw.get("edited_message") or callback.get("message"))
+    chat = _dict(message.get("chat"))
+    user = _dict(callback.get("from") or message.get("from"))
+    reply = _dict(message.get("reply_to_message"))
+    fields: dict[str, Any] = {
+        "update_id": update_id,
+        "chat_id": _int(chat.get("id")),
+        "chat_type": _str(chat.get("type"), 40),
+        "chat_title": _str(
+            chat.get("title") or chat.get("username") or chat.get("first_name"), 200
+        ),
+        "user_id": _int(user.get("id")),
+        "user_name": _str(user.get("username") or user.get("first_name"), 200),
+        "message_id": _int(message.get("message_id")),
+        "reply_to": _int(reply.get("message_id")),
+        "reply_to_bot": _int(_dict(reply.get("from")).get("id")) == bot_id,
+        "thread": _int(message.get("message_thread_id"))
+        if message.get("is_topic_message")
+        else None,
+    }
+    if callback:
+        return Update(
+            kind="callback",
+            callback_id=_str(callback.get("id"), 200),
+            callback_data=_str(callback.get("data"), 200),
+            **fields,
+        )
+    if _int(message.get("migrate_to_chat_id")) is not None:
+        return Update(kind="migrated", migrate_to=_int(message.get("migrate_to_chat_id")), **fields)
+    text = _str(message.get("text") or message.get("caption"))
+    document = _dict(message.get("document"))
+    photos = message.get("photo")
+    if document:
+        return Update(
+            kind="document",
+            text=text,
+            file_id=_str(document.get("file_id"), 300),
+            file_name=_str(document.get("file_name"), 255),
+            file_size=_int(document.get("file_size")),
+            **fields,
+        )
+    if isinstance(photos, list) and photos and isinstance(photos[-1], dict):
+        photo = photos[-1]  # the largest size comes last
+        return Update(
+            kind="photo",
+            text=text,
+            file_id=_str(photo.get("file_id"), 300),
+            file_name=f"photo-{update_id}.jpg",
+            file_size=_int(photo.get("file_size")),
+            **fields,
+        )
+    if message:
+        return Update(kind="message", text=text, **fields)
+    return Update(**fields)
+
+
+def _addressed(update: Update, username: str) -> tuple[bool, str]:
+    """Whether a group message is for the bot, and its text without the bot's name."""
+    text = update.text
+    if not username:
+        return update.reply_to_bot, text
+    mention = re.compile(rf"@{re.escape(username)}\b", re.IGNORECASE)
+    if mention.search(text):
+        return True, mention.sub("", text, count=1).strip()
+    return update.reply_to_bot, text
+
+
+def _command(text: str) -> tuple[str, str]:
+    """``/cmd ARG`` as (``/cmd``, ``ARG``); ("", "") for text that is not a command."""
+    match = re.fullmatch(r"\s*(/[A-Za-z_]{1,32})(?:@\w+)?(?:\s+(.*))?", text, re.DOTALL)
+    if match is None:
+        return "", ""
+    return match.group(1).lower(), (match.group(2) or "").strip()
+
+
+class Inbound:
+    """Handles updates for one channel actor step."""
+
+    def __init__(self, ctx: Context[ChannelState], bot: runtime.Bot, actor_id: str) -> None:
+        self.ctx = ctx
+        self.bot = bot
+        self.actor_id = actor_id
+
+    async def handle(self, raw: dict[str, Any], *, polling: bool) -> None:
+        """Handle one raw update and record it (``update.handled``)."""
+        ctx = self.ctx
+        update = parse(raw, ctx.state.bot_id)
+        if update is None:
+            log.warning("%s: an update without an update_id was skipped", self.actor_id)
+            return
+        if polling and update.update_id < ctx.state.offset:
+            return  # handled before (Telegram sent it again: the offset was not confirmed)
+        outcome, detail = await self._dispatch(update)
+        ctx.emit(
+            UpdateHandled(
+                update_id=update.update_id,
+                chat_id=update.chat_id,
+                user_id=update.user_id,
+                kind=update.kind,
+                outcome=outcome,
+                detail=detail[:500],
+                at=time.time(),
+            )
+        )
+
+    async def _dispatch(self, update: Update) -> tuple[str, str]:
+        state = self.ctx.state
+        if update.kind == "callback":
+            return await self._callback(update)
+        chat_id = update.chat_id
+        if chat_id is None or update.kind == "other":
+            return "ignored", "not a message"
+        if update.kind == "migrated" and update.migrate_to is not None:
+            self.ctx.emit(ChatMigrated(chat_id=chat_id, to=update.migrate_to, at=time.time()))
+            return "migrated", f"to {update.migrate_to}"
+        paired = state.chats.get(str(chat_id))
+        text = update.text
+        if update.chat_type in ("group", "supergroup"):
+            addressed, text = _addressed(update, state.username)
+            command, _ = _command(text)
+            if not addressed and not command.startswith("/pair"):
+                return "ignored", "not addressed to the bot"
+        update = attrs.evolve(update, text=text)
+        command, argument = _command(text)
+        if paired is None:
+            if command in ("/pair", "/start") and argument:
+                return self._pair(update, argument)
+            return self._hint(update)
+        if paired.blocked:
+            self.ctx.emit(ChatUnblocked(chat_id=chat_id, at=time.time()))
+        if command == "/pair":
+            self._say(update, f"This chat is already paired with {state.agent}.")
+            return "ignored", "already paired"
+        if update.reply_to is not None:
+            decision = state.prompt_of.get(f"{chat_id}/{update.reply_to}")
+            if decision is not None:
+                return self._reply_decision(update, decision)
+        if update.kind in ("document", "photo"):
+            return await self._file(update)
+        if not text.strip():
+            return "ignored", "no text"
+        return await self._forward(update, text)
+
+    # -- pairing ---------------------------------------------------------------------------
+
+    def _pair(self, update: Update, code: str) -> tuple[str, str]:
+        ctx, now = self.ctx, time.time()
+        chat_id = update.chat_id
+        assert chat_id is not None
+        recent = [t for t in ctx.state.failures.get(str(chat_id), ()) if t > now - PAIR_WINDOW]
+        if len(recent) >= PAIR_TRIES:
+            self._say(update, "Too many wrong codes from this chat: wait ten minutes.")
+            return "pair_refused", "rate limited"
+        digest = code_hash(code)
+        issued = ctx.state.codes.get(digest)
+        if issued is None or issued.expires_at <= now:
+            ctx.emit(PairFailed(chat_id=chat_id, at=now))
+            self._say(update, "That code is wrong, used or expired. Ask for a new one.")
+            return "pair_failed", "unknown or expired code"
+        who = telegram_principal(update.user_id or 0, update.user_name)
+        ctx.emit(
+            ChatPaired(
+                chat_id=chat_id,
+                title=update.chat_title or str(chat_id),
+                chat_type=update.chat_type or "private",
+                code_hash=digest,
+                by=who,
+                at=now,
+            )
+        )
+        self._say(update, f"Paired with {ctx.state.agent}. Write to talk to it.")
+        return "paired", f"by {who.id}"
+
+    def _hint(self, update: Update) -> tuple[str, str]:
+        chat = str(update.chat_id)
+        last = self.ctx.state.hinted.get(chat, 0.0)
+        if time.time() - last < HINT_EVERY:
+            return "ignored", "not paired (hinted recently)"
+        self._say(
+            update,
+            "This chat is not paired with an agent. Ask its operator for a code "
+            "(`toren channels pair AGENT`), then send /pair CODE.",
+        )
+        return "hinted", "not paired"
+
+    # -- conversations ---------------------------------------------------------------------
+
+    def _say(self, update: Update, text: str) -> None:
+        assert update.chat_id is not None
+        outbound.queue(
+            self.ctx,
+            update.chat_id,
+            text,
+            kind="notice",
+            thread=update.thread,
+            reply_to=update.message_id,
+        )
+
+    def _key(self, update: Update) -> str:
+        assert update.chat_id is not None
+        per_thread = self.bot.settings.per_thread
+        return chat_key(update.chat_id, update.thread if per_thread else None)
+
+    async def _conversation(self, update: Update, text: str) -> tuple[str, bool]:
+        """The chat's conversation run, started with ``text`` if it has none (or its last
+        one failed): (run, started now)."""
+        ctx = self.ctx
+        key = self._key(update)
+        who = telegram_principal(update.user_id or 0, update.user_name)
+        run = ctx.state.conversations.get(key)
+        if run is not None:
+            status = await runtime.pool().fetchval(
+                "SELECT summary->>'status' FROM toren.actors WHERE actor_id = $1", run
+            )
+            if status != "failed":
+                return run, False
+            ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
+        count = ctx.state.started.get(key, 0)
+        name = f"{self.actor_id}\0{key}\0{count}"
+        run = f"run/{uuid.uuid5(_NAMESPACE, name)}"
+        agent = self.bot.agent.name
+        ctx.spawn(RUN_KIND, run, {"agent": agent}, route=agent_route(agent))
+        ctx.send(run, StartRun(agent=agent, input=text, by=who), dedupe_key="start")
+        ctx.emit(
+            ConversationStarted(
+                key=key, chat_id=update.chat_id or 0, thread=update.thread, run=run, at=time.time()
+            )
+        )
+        return run, True
+
+    async def _forward(self, update: Update, text: str) -> tuple[str, str]:
+        cap = runtime.settings().max_message_bytes
+        if utf8_size(text) > cap:
+            self._say(update, f"That message is over {cap} bytes: send it in parts.")
+            return "refused", f"{utf8_size(text)} bytes, over {cap}"
+        run, started = await self._conversation(update, text)
+        if not started:
+            who = telegram_principal(update.user_id or 0, update.user_name)
+            self.ctx.send(
+                run, Say(text=text, by=who, who=who.name, channel="telegram"), system=True
+            )
+        return ("started" if started else "forwarded"), run
+
+    async def _file(self, update: Update) -> tuple[str, str]:
+        settings = self.bot.settings
+        agent = self.bot.agent
+        if agent.sandbox is None:
+            self._say(update, f"{agent.name} has no workspace: it cannot take files.")
+            return "refused", "no sandbox"
+        size = update.file_size
+        if size is not None and size > settings.max_file_bytes:
+            self._say(update, f"That file is {size} bytes; at most {settings.max_file_bytes}.")
+            return "refused", f"{size} bytes"
+        if not await route_served(SANDBOX_ROUTE):
+            self._say(update, "No worker can open a workspace now (none has Docker): try later.")
+            return "refused", "no sandbox worker"
+        try:
+            data = await self.bot.api.download(update.file_id, settings.max_file_bytes)
+        except SendError as exc:
+            self._say(update, f"That file could not be fetched: {exc.detail}")
+            return "refused", exc.detail
+        name = _safe_name(update.file_name) or f"file-{update.update_id}"
+        path = f"uploads/{name}"
+        note = f"[a file arrived: {WORKSPACE}/{path}, {len(data)} bytes]"
+        text = f"{note}\n{update.text}" if update.text.strip() else note
+        run, started = await self._conversation(update, text)
+        address = sandbox_address(run)
+        self.ctx.spawn(
+            SANDBOX_KIND,
+            address,
+            {"run": run, "settings": agent.sandbox.as_args()},
+            route=SANDBOX_ROUTE,
+            parent=run,
+        )
+        files = {path: base64.b64encode(data).decode()}
+        self.ctx.send(address, WriteFiles(files=files, request_id=f"update-{update.update_id}"))
+        if not started:
+            who = telegram_principal(update.user_id or 0, update.user_name)
+            self.ctx.send(
+                run, Say(text=text, by=who, who=who.name, channel="telegram"), system=True
+            )
+        return "file", path
+
+    # -- decisions -------------------------------------------------------------------------
+
+    def _may_decide(self, user_id: int | None) -> bool:
+        return user_id is not None and user_id in self.bot.settings.approvers
+
+    def _decide(self, update: Update, decision: str, approved: bool, reason: str) -> str:
+        """Send a decision to the run; returns what to tell the user."""
+        ctx = self.ctx
+        prompt = ctx.state.prompts[decision]
+        who = telegram_principal(update.user_id or 0, update.user_name)
+        ctx.send(
+            prompt.opened.run,
+            Decide(
+                call_id=prompt.opened.call_id,
+                approved=approved,
+                by=who,
+                who=who.name,
+                reason=reason[:2000],
+                channel="telegram",
+            ),
+            system=True,
+        )
+        ctx.emit(
+            DecisionSent(
+                decision=decision, approved=approved, by=who, reason=reason[:2000], at=time.time()
+            )
+        )
+        verb = "Approved" if approved else "Denied"
+        outbound.queue(
+            ctx,
+            prompt.opened.chat_id,
+            f"{verb} by {who.name}: {prompt.opened.name}.",
+            kind="notice",
+            thread=update.thread,
+        )
+        return f"{verb}."
+
+    async def _callback(self, update: Update) -> tuple[str, str]:
+        ctx, api = self.ctx, self.bot.api
+        match = _CALLBACK.fullmatch(update.callback_data)
+        if match is None:
+            await api.answer_callback(update.callback_id, "This button is not one of mine.")
+            return "ignored", "unknown button"
+        approved, decision = match.group(1) == "a", match.group(2)
+        prompt = ctx.state.prompts.get(decision)
+        if prompt is None or prompt.opened.chat_id != update.chat_id:
+            await api.answer_callback(update.callback_id, "This button is not known here.")
+            return "stale", "unknown decision"
+        if not self._may_decide(update.user_id):
+            text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
+            await api.answer_callback(update.callback_id, text)
+            return "refused", f"user {update.user_id} is not an approver"
+        if prompt.state != "open":
+            await api.answer_callback(
+                update.callback_id, "This call no longer waits for a decision."
+            )
+            return "stale", f"decision {decision} is {prompt.state}"
+        answer = self._decide(update, decision, approved, "by a button in Telegram")
+        await api.answer_callback(update.callback_id, answer)
+        return "decided", decision
+
+    def _reply_decision(self, update: Update, decision: str) -> tuple[str, str]:
+        words = update.text.strip().split(maxsplit=1)
+        first = words[0].lower().strip(".!,") if words else ""
+        if first not in _YES | _NO:
+            self._say(update, "Reply with approve or deny (and a reason, if you like) to decide.")
+            return "ignored", "a reply to a prompt that decides nothing"
+        if not self._may_decide(update.user_id):
+            self._say(
+                update, f"Only the agent's approvers can decide (your user id: {update.user_id})."
+            )
+            return "refused", f"user {update.user_id} is not an approver"
+        prompt = self.ctx.state.prompts[decision]
+        if prompt.state != "open":
+            self._say(update, "This call no longer waits for a decision.")
+            return "stale", f"decision {decision} is {prompt.state}"
+        reason = words[1] if len(words) > 1 else "by a reply in Telegram"
+        self._decide(update, decision, first in _YES, reason)
+        return "decided", decision
+
+
+def _safe_name(name: str) -> str:
+    """A file name a user sent, as a name in ``uploads/`` (no directories, no odd characters)."""
+    base = name.replace("\\", "/").rsplit("/", 1)[-1]
+    base = re.sub(r"[^A-Za-z0-9._ -]", "_", base).strip(" .")
+    return base[:120]

@@ -1,0 +1,251 @@
+"""Reading runs' journals: a conversation's replies, its approval prompts, its files; what
+observers see.
+
+The channel keeps, per run it watches, how far it has read (``run.read``), and records that in
+the same step as the outbound messages what it read causes: a crash repeats neither, nor loses
+one. One query reads every watched run's new events (by the journal's primary key).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from typing import Any
+
+from toren import Context
+from toren._actor import ActorFailed
+from toren._codec import decode
+from toren.actors.channel import outbound, runtime
+from toren.channels import (
+    ChannelState,
+    ConversationEnded,
+    ObservedRun,
+    PromptClosed,
+    PromptOpened,
+    RunRead,
+)
+from toren.runs import (
+    ApprovalDecided,
+    ApprovalRequested,
+    ChildApprovalRequested,
+    RunCompleted,
+    RunFailed,
+    ToolIntended,
+    ToolResulted,
+)
+
+log = logging.getLogger("toren.channel")
+
+BATCH = 500
+_NEW_EVENTS = """
+SELECT j.actor_id, j.seq, j.type, j.data
+FROM unnest($1::text[], $2::bigint[]) AS w(actor_id, after)
+CROSS JOIN LATERAL (
+    SELECT actor_id, seq, type, data FROM toren.journal
+    WHERE actor_id = w.actor_id AND seq > w.after ORDER BY seq LIMIT $3
+) AS j
+ORDER BY j.actor_id, j.seq
+"""
+_NEW_RUNS = """
+SELECT actor_id, extract(epoch FROM created_at)::float8 AS created
+FROM toren.actors
+WHERE kind = 'toren.run' AND args->>'agent' = $1 AND created_at > to_timestamp($2)
+ORDER BY created_at LIMIT 50
+"""
+_INTERESTING = {
+    "run.completed",
+    "run.failed",
+    "toren.failed",
+    "approval.requested",
+    "approval.decided",
+    "child.approval_requested",
+    "tool.intent",
+    "tool.result",
+}
+
+
+def _args(arguments: Any, limit: int) -> str:
+    try:
+        text = json.dumps(arguments, ensure_ascii=False, indent=1)
+    except (TypeError, ValueError):
+        text = repr(arguments)
+    return outbound.cut(text, limit)
+
+
+class Reader:
+    """Reads the watched runs for one channel step."""
+
+    def __init__(self, ctx: Context[ChannelState]) -> None:
+        self.ctx = ctx
+        self.pool = runtime.pool()
+
+    async def read(self) -> None:
+        await self._discover()
+        watches = self.ctx.state.watches
+        if not watches:
+            return
+        runs = sorted(watches)
+        rows = await self.pool.fetch(_NEW_EVENTS, runs, [watches[r].seq for r in runs], BATCH)
+        last: dict[str, int] = {}
+        for row in rows:
+            run, seq = row["actor_id"], row["seq"]
+            last[run] = seq
+            if row["type"] not in _INTERESTING:
+                continue
+            try:
+                event = decode(row["type"], row["data"])
+            except Exception:  # noqa: BLE001  (a type this version cannot read: skipped, logged)
+                log.warning("%s: event %s of %s could not be read", self.ctx.actor_id, seq, run)
+                continue
+            await self._event(run, seq, event)
+        for run, seq in last.items():
+            self.ctx.emit(RunRead(run=run, seq=seq))
+
+    async def _discover(self) -> None:
+        """Runs of observed agents that began since the last look."""
+        state = self.ctx.state
+        for agent in state.agent_observers:
+            since = state.agent_seen.get(agent, time.time())
+            for row in await self.pool.fetch(_NEW_RUNS, agent, since):
+                created = float(row["created"])
+                self.ctx.emit(ObservedRun(agent=agent, run=row["actor_id"], created=created))
+
+    async def _event(self, run: str, seq: int, event: Any) -> None:
+        watch = self.ctx.state.watches.get(run)
+        if watch is None:
+            return
+        key = watch.conversation
+        if key is not None:
+            await self._conversation(run, seq, key, event)
+        for chat in watch.observers:
+            await self._observer(run, seq, chat, event)
+
+    def _chat_of(self, key: str) -> tuple[int, int | None]:
+        chat, _, thread = key.partition("/")
+        return int(chat), (int(thread) if thread else None)
+
+    async def _conversation(self, run: str, seq: int, key: str, event: Any) -> None:
+        ctx = self.ctx
+        chat, thread = self._chat_of(key)
+        source = f"{run}#{seq}"
+        if isinstance(event, RunCompleted):
+            text = event.output if event.output.strip() else "(the agent answered nothing)"
+            outbound.queue(ctx, chat, text, thread=thread, source=source)
+        elif isinstance(event, ApprovalRequested):
+            self._prompt(
+                chat, thread, run, event.call_id, event.name, event.arguments, event.cwd, source
+            )
+        elif isinstance(event, ChildApprovalRequested):
+            name = f"{event.name} (in {event.agent}, run {event.run_id})"
+            self._prompt(
+                chat, thread, event.run_id, event.child_call_id, name, event.arguments, None, source
+            )
+        elif isinstance(event, ApprovalDecided):
+            for decision, prompt in ctx.state.prompts.items():
+                opened = prompt.opened
+                if (
+                    opened.run == run
+                    and opened.call_id == event.call_id
+                    and prompt.state != "closed"
+                ):
+                    ctx.emit(
+                        PromptClosed(
+                            decision=decision, approved=event.approved, by=event.who, at=time.time()
+                        )
+                    )
+        elif isinstance(event, RunFailed | ActorFailed):
+            message = event.message if isinstance(event, RunFailed) else event.error
+            text = (
+                f"The conversation failed ({event.error_class}): {outbound.cut(message, 1000)}\n"
+                "Your next message starts a new one."
+            )
+            outbound.queue(ctx, chat, text, kind="notice", thread=thread, source=source)
+            ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
+        elif isinstance(event, ToolResulted) and not event.is_error and event.checkpoint:
+            await self._sent_file(chat, thread, run, event, source)
+
+    def _prompt(
+        self,
+        chat: int,
+        thread: int | None,
+        run: str,
+        call_id: str,
+        name: str,
+        arguments: Any,
+        cwd: str | None,
+        source: str,
+    ) -> None:
+        ctx = self.ctx
+        decision = secrets.token_urlsafe(12)  # 16 characters: "a:" + it is 18 bytes, under 64
+        where = f"\n(in {cwd})" if cwd else ""
+        head = f"{ctx.state.agent} asks to run {name}:{where}\n"
+        tail = (
+            "\nApprove or deny with the buttons, or reply to this message: approve / deny, and why."
+        )
+        body = _args(arguments, 3500 - len(head) - len(tail))
+        ctx.emit(
+            PromptOpened(
+                decision=decision,
+                run=run,
+                call_id=call_id,
+                name=name[:200],
+                chat_id=chat,
+                at=time.time(),
+            )
+        )
+        outbound.queue(
+            ctx,
+            chat,
+            head + body + tail,
+            kind="prompt",
+            thread=thread,
+            decision=decision,
+            source=source,
+        )
+
+    async def _sent_file(
+        self, chat: int, thread: int | None, run: str, event: ToolResulted, source: str
+    ) -> None:
+        if not event.content.endswith("will be sent to the chat"):
+            return
+        row = await self.pool.fetchrow(
+            "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'tool.intent' "
+            "AND data->>'call_id' = $2",
+            run,
+            event.call_id,
+        )
+        intent = decode("tool.intent", row["data"]) if row else None
+        if not isinstance(intent, ToolIntended) or intent.name != "send_file":
+            return
+        path = str(intent.arguments.get("path", ""))
+        caption = str(intent.arguments.get("caption", ""))
+        file = {"run": run, "path": path, "checkpoint": event.checkpoint}
+        outbound.queue(
+            self.ctx, chat, caption, kind="file", thread=thread, file=file, source=source
+        )
+
+    async def _observer(self, run: str, seq: int, chat: int, event: Any) -> None:
+        ctx = self.ctx
+        source = f"{run}#{seq}"
+        text = ""
+        if isinstance(event, ToolIntended):
+            text = f"\U0001f527 {run}: {event.name} {_args(event.arguments, 600)}"
+        elif isinstance(event, ApprovalRequested):
+            text = (
+                f"\u23f8 {run} waits for a decision on {event.name} {_args(event.arguments, 600)}\n"
+                "(observers cannot decide: use the console, or toren jobs approve)"
+            )
+        elif isinstance(event, RunCompleted):
+            row = await self.pool.fetchrow(
+                "SELECT summary FROM toren.actors WHERE actor_id = $1", run
+            )
+            summary = row["summary"] if row and isinstance(row["summary"], dict) else {}
+            cost = f"${summary.get('usd_paid', '0')} for {summary.get('calls_made', 0)} model calls"
+            text = f"\u2705 {run} completed ({cost}):\n{outbound.cut(event.output, 1500)}"
+        elif isinstance(event, RunFailed | ActorFailed):
+            message = event.message if isinstance(event, RunFailed) else event.error
+            text = f"\u274c {run} failed ({event.error_class}): {outbound.cut(message, 600)}"
+        if text:
+            outbound.queue(ctx, chat, text, kind="observer", source=source)

@@ -1,0 +1,158 @@
+"""What a worker's channel actors share: each bot's API client, the database, the settings.
+
+At boot (:func:`open_channels`) the worker reads the token of every bot its agents name, serves
+the route of each bot it can run (``telegram/<bot>``: channel actors are claimed only where their
+token is), creates each bot's channel actor if it is new and wakes it. A bot whose token is
+missing is logged and left to workers that have it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import asyncpg
+import attrs
+
+from toren import Agent, ConfigError, Settings
+from toren._agents import registered_agents, serve_route
+from toren._client import Client
+from toren.actors.channel.telegram import BotApi
+from toren.channels import (
+    CHANNEL_KIND,
+    DEFAULT_API_URL,
+    Telegram,
+    Tick,
+    channel_address,
+    channel_route,
+)
+from toren.sandbox.files import open_store
+from toren.sandbox.store import WorkspaceStore
+
+log = logging.getLogger("toren.channel")
+
+
+class Unavailable(Exception):
+    """This worker does not run the bot (no token here, or no agent names it)."""
+
+
+@attrs.define
+class Bot:
+    """A bot this worker runs: its agent, its settings, its API client."""
+
+    agent: Agent
+    settings: Telegram
+    api: BotApi
+
+
+_bots: dict[str, Bot] = {}
+_pool: asyncpg.Pool | None = None
+_settings: Settings | None = None
+_store: WorkspaceStore | None = None
+
+
+def api_url(settings: Settings) -> str:
+    """The Bot API's address: Telegram's, or ``TOREN_TELEGRAM_API_URL`` (a local server)."""
+    return settings.telegram_api_url or DEFAULT_API_URL
+
+
+def configured_bots(agents: list[Agent]) -> dict[str, Agent]:
+    """Each bot named by ``agents``, with its agent.
+
+    Raises:
+        ConfigError: two agents name the same bot (a bot talks for one agent).
+    """
+    bots: dict[str, Agent] = {}
+    for agent in agents:
+        if agent.telegram is None:
+            continue
+        other = bots.get(agent.telegram.bot)
+        if other is not None:
+            raise ConfigError(
+                f"agents {other.name!r} and {agent.name!r} both use telegram bot "
+                f"{agent.telegram.bot!r}",
+                hint="A bot talks for one agent: create one bot per agent with @BotFather.",
+            )
+        bots[agent.telegram.bot] = agent
+    return bots
+
+
+async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
+    """Open the bots this worker can run and wake their channel actors; returns their names.
+
+    Raises:
+        ConfigError: two agents name the same bot.
+    """
+    global _pool, _settings
+    _pool, _settings = pool, settings
+    opened = []
+    for name, agent in configured_bots(registered_agents()).items():
+        telegram = agent.telegram
+        if telegram is None:
+            continue
+        try:
+            token = telegram.token()
+            if telegram.mode == "webhook":
+                telegram.webhook_secret()
+        except ConfigError as exc:
+            log.error("telegram bot %r of agent %r not run here: %s", name, agent.name, exc)  # noqa: TRY400
+            continue
+        _bots[name] = Bot(agent=agent, settings=telegram, api=BotApi(token, api_url(settings)))
+        serve_route(channel_route(name))
+        client = Client(pool, "")
+        address = channel_address(name)
+        args = {"bot": name, "agent": agent.name}
+        await client.spawn(CHANNEL_KIND, address, args, route=channel_route(name))
+        await client.send(address, Tick(), system=True)
+        opened.append(name)
+        log.info(
+            "telegram bot %r runs agent %r here (%s, %s)",
+            name,
+            agent.name,
+            telegram.mode,
+            telegram.delivery.replace("_", "-"),
+        )
+    return opened
+
+
+async def close_channels() -> None:
+    """Stop serving the bots and close their clients."""
+    global _store
+    for name, bot in list(_bots.items()):
+        serve_route(channel_route(name), serve=False)
+        await bot.api.close()
+    _bots.clear()
+    if _store is not None:
+        await _store.close()
+        _store = None
+
+
+def bot(name: str) -> Bot:
+    """The bot ``name`` as this worker runs it.
+
+    Raises:
+        Unavailable: this worker does not run it.
+    """
+    found = _bots.get(name)
+    if found is None:
+        raise Unavailable(f"telegram bot {name!r} is not run by this worker")
+    return found
+
+
+def pool() -> asyncpg.Pool:
+    if _pool is None:
+        raise Unavailable("channels are not open in this process")
+    return _pool
+
+
+def settings() -> Settings:
+    if _settings is None:
+        raise Unavailable("channels are not open in this process")
+    return _settings
+
+
+def store() -> WorkspaceStore:
+    """The workspace store (files the agent sends are read from its checkpoints)."""
+    global _store
+    if _store is None:
+        _store = open_store(settings())
+    return _store

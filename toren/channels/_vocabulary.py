@@ -1,0 +1,674 @@
+"""A Telegram channel actor's vocabulary: its messages, the events it records, its state.
+
+One actor per bot (kind ``toren.channel``, address ``channel/telegram/<bot>``), claimed only by
+workers that run the bot's agent and hold its token (route ``telegram/<bot>``); its lease makes
+it the bot's only poller in the cluster. Its journal is the channel's whole story:
+
+- ``update.handled``: an update from Telegram and what it did (paired a chat, reached the
+  agent, decided a call, was refused...), committed with the messages it caused, so that the
+  offset it advances and its effects are one transaction;
+- ``code.issued`` / ``chat.paired`` / ``chat.unpaired``: pairing (codes kept as hashes only);
+- ``conversation.started``: a chat's durable conversation run;
+- ``outbox.queued`` / ``outbox.sending`` / ``outbox.sent`` / ``outbox.failed``: every outbound
+  message, in order per chat, with its delivery state;
+- ``run.read``: how far the channel has read a run's journal (its replies, its approvals), in
+  the commit that queued what it read;
+- ``prompt.opened`` / ``decision.sent``: approval prompts and the decisions taken from them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from pyrsistent import PMap, PVector, pmap, pvector
+
+from toren._codec import message
+from toren._principal import Principal
+
+CHANNEL_KIND = "toren.channel"
+RECENT = 200
+"""Delivered or failed outbound messages a channel's state keeps (for the surfaces)."""
+
+
+def channel_address(bot: str) -> str:
+    """The channel actor of bot ``bot``."""
+    return f"channel/telegram/{bot}"
+
+
+def channel_route(bot: str) -> str:
+    """The route the bot's channel actor is claimed on (workers that have its token)."""
+    return f"telegram/{bot}"
+
+
+def chat_key(chat_id: int, thread: int | None = None) -> str:
+    """A conversation's key: the chat, and the thread when conversations are per thread."""
+    return str(chat_id) if thread is None else f"{chat_id}/{thread}"
+
+
+def telegram_principal(user_id: int, name: str) -> Principal:
+    """Who did something from Telegram: its user id is the identity, its name for people."""
+    shown = (name or str(user_id))[:200]
+    return Principal(kind="channel", id=f"telegram:{user_id}", name=shown, via="telegram")
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+@message("channel.tick")
+@attrs.frozen
+class Tick:
+    """Poll Telegram (or, in webhook mode, only read the runs), then arm the next tick."""
+
+
+@message("channel.flush")
+@attrs.frozen
+class Flush:
+    """Send the next outbound message due (one per step)."""
+
+
+@message("channel.send")
+@attrs.frozen(kw_only=True)
+class Send:
+    """At-most-once delivery, second step: send message ``n`` (marked sending before)."""
+
+    n: int
+
+
+@message("channel.update")
+@attrs.frozen(kw_only=True)
+class Inbound:
+    """An update Telegram posted to the webhook (enqueued with dedupe key its ``update_id``)."""
+
+    update: dict[str, Any]
+
+
+@message("channel.issue_code")
+@attrs.frozen(kw_only=True)
+class IssueCode:
+    """Record a pairing code (its hash) for the agent: answered with :class:`Answer`."""
+
+    code_hash: str
+    by: Principal
+
+
+@message("channel.unpair")
+@attrs.frozen(kw_only=True)
+class Unpair:
+    chat_id: int
+    by: Principal
+
+
+@message("channel.observe")
+@attrs.frozen(kw_only=True)
+class Observe:
+    """Make a paired chat receive a run's (or every run of an agent's) events, read-only;
+    ``stop`` ends it."""
+
+    chat_id: int
+    run: str = ""
+    agent: str = ""
+    stop: bool = False
+    by: Principal
+
+
+@message("channel.answer")
+@attrs.frozen(kw_only=True)
+class Answer:
+    ok: bool
+    detail: str
+
+
+# --- events ---------------------------------------------------------------------------------
+
+
+@message("channel.started")
+@attrs.frozen(kw_only=True)
+class ChannelStarted:
+    agent: str
+    bot_id: int
+    username: str
+    mode: str
+    delivery: str
+    at: float = 0.0
+
+
+@message("update.handled")
+@attrs.frozen(kw_only=True)
+class UpdateHandled:
+    update_id: int
+    chat_id: int | None
+    user_id: int | None
+    kind: str  # message, callback, document, photo, other
+    outcome: str  # forwarded, started, paired, pair_failed, hinted, ignored, decided, refused...
+    detail: str = ""
+    at: float = 0.0
+
+
+@message("code.issued")
+@attrs.frozen(kw_only=True)
+class CodeIssued:
+    code_hash: str
+    expires_at: float
+    by: Principal
+    at: float = 0.0
+
+
+@message("chat.paired")
+@attrs.frozen(kw_only=True)
+class ChatPaired:
+    chat_id: int
+    title: str
+    chat_type: str
+    code_hash: str
+    by: Principal
+    at: float = 0.0
+
+
+@message("pair.failed")
+@attrs.frozen(kw_only=True)
+class PairFailed:
+    """A wrong, expired or used pairing code from ``chat_id`` (counted for its rate limit)."""
+
+    chat_id: int
+    at: float = 0.0
+
+
+@message("chat.unpaired")
+@attrs.frozen(kw_only=True)
+class ChatUnpaired:
+    chat_id: int
+    by: Principal
+    at: float = 0.0
+
+
+@message("chat.blocked")
+@attrs.frozen(kw_only=True)
+class ChatBlocked:
+    chat_id: int
+    detail: str
+    at: float = 0.0
+
+
+@message("chat.unblocked")
+@attrs.frozen(kw_only=True)
+class ChatUnblocked:
+    """A blocked chat wrote again: messages to it are sent again."""
+
+    chat_id: int
+    at: float = 0.0
+
+
+@message("chat.migrated")
+@attrs.frozen(kw_only=True)
+class ChatMigrated:
+    chat_id: int
+    to: int
+    at: float = 0.0
+
+
+@message("conversation.started")
+@attrs.frozen(kw_only=True)
+class ConversationStarted:
+    key: str
+    chat_id: int
+    thread: int | None
+    run: str
+    at: float = 0.0
+
+
+@message("conversation.ended")
+@attrs.frozen(kw_only=True)
+class ConversationEnded:
+    """The run failed: the chat's next message starts a new conversation."""
+
+    key: str
+    run: str
+    at: float = 0.0
+
+
+@message("observer.changed")
+@attrs.frozen(kw_only=True)
+class ObserverChanged:
+    chat_id: int
+    run: str = ""
+    agent: str = ""
+    stop: bool = False
+    by: Principal
+    after: int = 0  # a run not read yet is read from its next event on
+    at: float = 0.0
+
+
+@message("observer.run")
+@attrs.frozen(kw_only=True)
+class ObservedRun:
+    """A run of an observed agent began: the chats observing the agent read it from now on."""
+
+    agent: str
+    run: str
+    created: float  # the run's creation time: later ones are looked for next
+
+
+@message("run.read")
+@attrs.frozen(kw_only=True)
+class RunRead:
+    """The channel read ``run``'s journal up to ``seq`` (what it says is queued in this step)."""
+
+    run: str
+    seq: int
+
+
+@message("outbox.queued")
+@attrs.frozen(kw_only=True)
+class Queued:
+    n: int
+    chat_id: int
+    kind: str  # text, prompt, notice, file
+    text: str
+    thread: int | None = None
+    reply_to: int | None = None
+    decision: str | None = None  # a prompt's decision id (its buttons carry it)
+    file: dict[str, Any] | None = None  # {run, path, checkpoint, size}
+    source: str = ""  # the run (and seq) it came from, for the surfaces
+    at: float = 0.0
+
+
+@message("outbox.sending")
+@attrs.frozen(kw_only=True)
+class Sending:
+    """At-most-once: message ``n`` is about to be sent; after a crash it is not sent again."""
+
+    n: int
+    at: float = 0.0
+
+
+@message("outbox.sent")
+@attrs.frozen(kw_only=True)
+class Sent:
+    n: int
+    message_ids: tuple[int, ...]
+    at: float = 0.0
+
+
+@message("outbox.failed")
+@attrs.frozen(kw_only=True)
+class Failed:
+    """Message ``n`` was not delivered: ``lost`` (at-most-once, a crash during its send),
+    ``blocked`` (the user blocked the bot), ``refused`` (Telegram refused it for good)."""
+
+    n: int
+    reason: str
+    detail: str = ""
+    at: float = 0.0
+
+
+@message("prompt.opened")
+@attrs.frozen(kw_only=True)
+class PromptOpened:
+    decision: str
+    run: str
+    call_id: str
+    name: str
+    chat_id: int
+    at: float = 0.0
+
+
+@message("prompt.closed")
+@attrs.frozen(kw_only=True)
+class PromptClosed:
+    """The call was decided (here or elsewhere): its buttons answer that it no longer waits."""
+
+    decision: str
+    approved: bool
+    by: str
+    at: float = 0.0
+
+
+@message("decision.sent")
+@attrs.frozen(kw_only=True)
+class DecisionSent:
+    decision: str
+    approved: bool
+    by: Principal
+    reason: str = ""
+    at: float = 0.0
+
+
+# --- state ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Chat:
+    chat_id: int
+    title: str
+    chat_type: str
+    paired_by: Principal
+    paired_at: float
+    blocked: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Outgoing:
+    queued: Queued
+    state: str = "queued"  # queued, sending, sent, lost, blocked, refused
+    message_ids: tuple[int, ...] = ()
+    chat_id: int = 0  # where it goes now (a migrated chat's new id)
+    at: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class Prompt:
+    opened: PromptOpened
+    state: str = "open"  # open, sent (a decision went to the run), closed
+    message_ids: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class Watch:
+    """A run the channel reads: its conversation chat (if any) and observer chats."""
+
+    seq: int = 0
+    conversation: str | None = None  # the chat key whose conversation it is
+    observers: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class ChannelState:
+    """The fold of a channel's journal."""
+
+    agent: str = ""
+    bot_id: int = 0
+    username: str = ""
+    offset: int = 0  # the next update id to ask for
+    updates: int = 0
+    codes: PMap[str, CodeIssued] = attrs.field(factory=pmap)  # unused codes, by hash
+    failures: PMap[str, PVector[float]] = attrs.field(factory=pmap)  # chat -> failed /pair times
+    chats: PMap[str, Chat] = attrs.field(factory=pmap)  # paired chats
+    migrated: PMap[str, int] = attrs.field(factory=pmap)  # old chat id -> new
+    conversations: PMap[str, str] = attrs.field(factory=pmap)  # chat key -> run
+    started: PMap[str, int] = attrs.field(factory=pmap)  # chat key -> conversations started
+    watches: PMap[str, Watch] = attrs.field(factory=pmap)  # run -> watch
+    agent_observers: PMap[str, tuple[int, ...]] = attrs.field(factory=pmap)  # agent -> chats
+    agent_seen: PMap[str, float] = attrs.field(factory=pmap)  # agent -> last run's creation
+    hinted: PMap[str, float] = attrs.field(factory=pmap)  # unpaired chat -> last pairing hint
+    outbox: PMap[int, Outgoing] = attrs.field(factory=pmap)  # pending and recent, by n
+    pending: PVector[int] = attrs.field(factory=pvector)  # queued or sending, in order
+    recent: PVector[int] = attrs.field(factory=pvector)  # done, oldest first (at most RECENT)
+    next_n: int = 1
+    sent: int = 0
+    failed: int = 0
+    prompts: PMap[str, Prompt] = attrs.field(factory=pmap)  # by decision id
+    prompt_of: PMap[str, str] = attrs.field(factory=pmap)  # "chat/message_id" -> decision
+    last_sent: PMap[str, float] = attrs.field(factory=pmap)  # chat -> when it was last sent to
+
+
+def _done(state: ChannelState, n: int, outgoing: Outgoing) -> ChannelState:
+    recent = state.recent.append(n)
+    outbox = state.outbox.set(n, outgoing)
+    while len(recent) > RECENT:
+        outbox = outbox.discard(recent[0])
+        recent = recent.delete(0)
+    return attrs.evolve(state, outbox=outbox, recent=recent, pending=state.pending.remove(n))
+
+
+def fold(state: ChannelState, event: Any) -> ChannelState:
+    """The state after ``event`` (pure: replay calls it for every journaled event)."""
+    if isinstance(event, UpdateHandled):
+        offset = max(state.offset, event.update_id + 1)
+        state = attrs.evolve(state, offset=offset, updates=state.updates + 1)
+        if event.outcome == "hinted" and event.chat_id is not None:
+            state = attrs.evolve(state, hinted=state.hinted.set(str(event.chat_id), event.at))
+        return state
+    if isinstance(event, ObservedRun):
+        chats = state.agent_observers.get(event.agent, ())
+        watch = state.watches.get(event.run, Watch())
+        observers = watch.observers + tuple(c for c in chats if c not in watch.observers)
+        return attrs.evolve(
+            state,
+            watches=state.watches.set(event.run, attrs.evolve(watch, observers=observers)),
+            agent_seen=state.agent_seen.set(event.agent, event.created),
+        )
+    if isinstance(event, Queued):
+        outgoing = Outgoing(queued=event, chat_id=event.chat_id, at=event.at)
+        return attrs.evolve(
+            state,
+            outbox=state.outbox.set(event.n, outgoing),
+            pending=state.pending.append(event.n),
+            next_n=max(state.next_n, event.n + 1),
+        )
+    if isinstance(event, Sending):
+        known = state.outbox.get(event.n)
+        if known is None:
+            return state
+        return attrs.evolve(
+            state, outbox=state.outbox.set(event.n, attrs.evolve(known, state="sending"))
+        )
+    if isinstance(event, Sent):
+        known = state.outbox.get(event.n)
+        if known is None or event.n not in state.pending:
+            return state
+        done = attrs.evolve(known, state="sent", message_ids=event.message_ids, at=event.at)
+        state = _done(state, event.n, done)
+        prompts, prompt_of = state.prompts, state.prompt_of
+        decision = known.queued.decision
+        if decision is not None and decision in prompts:
+            prompts = prompts.set(
+                decision, attrs.evolve(prompts[decision], message_ids=event.message_ids)
+            )
+            for mid in event.message_ids:
+                prompt_of = prompt_of.set(f"{known.chat_id}/{mid}", decision)
+        return attrs.evolve(
+            state,
+            sent=state.sent + 1,
+            prompts=prompts,
+            prompt_of=prompt_of,
+            last_sent=state.last_sent.set(str(known.chat_id), event.at),
+        )
+    if isinstance(event, Failed):
+        known = state.outbox.get(event.n)
+        if known is None or event.n not in state.pending:
+            return state
+        state = _done(state, event.n, attrs.evolve(known, state=event.reason, at=event.at))
+        return attrs.evolve(state, failed=state.failed + 1)
+    if isinstance(event, RunRead):
+        watch = state.watches.get(event.run, Watch())
+        return attrs.evolve(
+            state, watches=state.watches.set(event.run, attrs.evolve(watch, seq=event.seq))
+        )
+    if isinstance(event, ConversationStarted):
+        watch = state.watches.get(event.run, Watch())
+        return attrs.evolve(
+            state,
+            conversations=state.conversations.set(event.key, event.run),
+            started=state.started.set(event.key, state.started.get(event.key, 0) + 1),
+            watches=state.watches.set(event.run, attrs.evolve(watch, conversation=event.key)),
+        )
+    if isinstance(event, ConversationEnded):
+        conversations = state.conversations
+        if conversations.get(event.key) == event.run:
+            conversations = conversations.discard(event.key)
+        return attrs.evolve(
+            state,
+            conversations=conversations,
+            watches=_unwatch(state, event.run, conversation=True),
+        )
+    if isinstance(event, PromptOpened):
+        return attrs.evolve(state, prompts=state.prompts.set(event.decision, Prompt(opened=event)))
+    if isinstance(event, DecisionSent):
+        prompt = state.prompts.get(event.decision)
+        if prompt is None or prompt.state != "open":
+            return state
+        return attrs.evolve(
+            state, prompts=state.prompts.set(event.decision, attrs.evolve(prompt, state="sent"))
+        )
+    if isinstance(event, PromptClosed):
+        prompt = state.prompts.get(event.decision)
+        if prompt is None:
+            return state
+        return attrs.evolve(
+            state, prompts=state.prompts.set(event.decision, attrs.evolve(prompt, state="closed"))
+        )
+    if isinstance(event, CodeIssued):
+        return attrs.evolve(state, codes=state.codes.set(event.code_hash, event))
+    if isinstance(event, ChatPaired):
+        chat = Chat(
+            chat_id=event.chat_id,
+            title=event.title,
+            chat_type=event.chat_type,
+            paired_by=event.by,
+            paired_at=event.at,
+        )
+        key = str(event.chat_id)
+        return attrs.evolve(
+            state,
+            codes=state.codes.discard(event.code_hash),
+            chats=state.chats.set(key, chat),
+            failures=state.failures.discard(key),
+            hinted=state.hinted.discard(key),
+        )
+    if isinstance(event, PairFailed):
+        key = str(event.chat_id)
+        times = state.failures.get(key, pvector())
+        times = times.append(event.at)
+        if len(times) > 20:
+            times = times.delete(0)
+        return attrs.evolve(state, failures=state.failures.set(key, times))
+    if isinstance(event, ChatUnpaired):
+        return _forget_chat(state, event.chat_id)
+    if isinstance(event, ChatBlocked | ChatUnblocked):
+        return _blocked(state, event.chat_id, isinstance(event, ChatBlocked))
+    if isinstance(event, ChatMigrated):
+        return _migrated(state, event)
+    if isinstance(event, ObserverChanged):
+        return _observer(state, event)
+    if isinstance(event, ChannelStarted):
+        return attrs.evolve(state, agent=event.agent, bot_id=event.bot_id, username=event.username)
+    return state
+
+
+def _blocked(state: ChannelState, chat_id: int, blocked: bool) -> ChannelState:
+    found = state.chats.get(str(chat_id))
+    if found is None:
+        return state
+    return attrs.evolve(
+        state, chats=state.chats.set(str(chat_id), attrs.evolve(found, blocked=blocked))
+    )
+
+
+def _unwatch(
+    state: ChannelState, run: str, *, conversation: bool = False, chat: int | None = None
+) -> PMap[str, Watch]:
+    watch = state.watches.get(run)
+    if watch is None:
+        return state.watches
+    if conversation:
+        watch = attrs.evolve(watch, conversation=None)
+    if chat is not None:
+        watch = attrs.evolve(watch, observers=tuple(c for c in watch.observers if c != chat))
+    if watch.conversation is None and not watch.observers:
+        return state.watches.discard(run)
+    return state.watches.set(run, watch)
+
+
+def _forget_chat(state: ChannelState, chat_id: int) -> ChannelState:
+    key = str(chat_id)
+    watches = state.watches
+    conversations = state.conversations
+    for conv_key, run in state.conversations.items():
+        if conv_key == key or conv_key.startswith(key + "/"):
+            conversations = conversations.discard(conv_key)
+            state = attrs.evolve(state, watches=_unwatch(state, run, conversation=True))
+    for run, watch in state.watches.items():
+        if chat_id in watch.observers:
+            state = attrs.evolve(state, watches=_unwatch(state, run, chat=chat_id))
+    watches = state.watches
+    agent_observers = pmap(
+        {a: tuple(c for c in chats if c != chat_id) for a, chats in state.agent_observers.items()}
+    )
+    return attrs.evolve(
+        state,
+        chats=state.chats.discard(key),
+        conversations=conversations,
+        watches=watches,
+        agent_observers=pmap({a: c for a, c in agent_observers.items() if c}),
+    )
+
+
+def _migrated(state: ChannelState, event: ChatMigrated) -> ChannelState:
+    old, new = str(event.chat_id), str(event.to)
+    chats, conversations = state.chats, state.conversations
+    chat = chats.get(old)
+    if chat is not None:
+        chats = chats.discard(old).set(new, attrs.evolve(chat, chat_id=event.to))
+    for key, run in state.conversations.items():
+        if key == old or key.startswith(old + "/"):
+            conversations = conversations.discard(key).set(new + key[len(old) :], run)
+    outbox = state.outbox
+    for n in state.pending:
+        outgoing = outbox[n]
+        if outgoing.chat_id == event.chat_id:
+            outbox = outbox.set(n, attrs.evolve(outgoing, chat_id=event.to))
+    return attrs.evolve(
+        state,
+        chats=chats,
+        conversations=conversations,
+        outbox=outbox,
+        migrated=state.migrated.set(old, event.to),
+    )
+
+
+def _observer(state: ChannelState, event: ObserverChanged) -> ChannelState:
+    if event.agent:
+        chats = tuple(c for c in state.agent_observers.get(event.agent, ()) if c != event.chat_id)
+        if not event.stop:
+            chats = (*chats, event.chat_id)
+        observers = (
+            state.agent_observers.set(event.agent, chats)
+            if chats
+            else state.agent_observers.discard(event.agent)
+        )
+        seen = state.agent_seen
+        if event.agent not in seen:
+            seen = seen.set(event.agent, event.at)  # runs from now on
+        return attrs.evolve(state, agent_observers=observers, agent_seen=seen)
+    if event.stop:
+        return attrs.evolve(state, watches=_unwatch(state, event.run, chat=event.chat_id))
+    watch = state.watches.get(event.run, Watch(seq=event.after))
+    if event.chat_id not in watch.observers:
+        watch = attrs.evolve(watch, observers=(*watch.observers, event.chat_id))
+    return attrs.evolve(state, watches=state.watches.set(event.run, watch))
+
+
+def pending_codes(state: ChannelState, now: float) -> int:
+    """Codes issued, unused and unexpired."""
+    return sum(1 for code in state.codes.values() if code.expires_at > now)
+
+
+def summary(state: ChannelState) -> dict[str, Any]:
+    """The channel's row summary (``toren channels list``, the API, the console)."""
+    return {
+        "agent": state.agent,
+        "username": state.username,
+        "offset": state.offset,
+        "updates": state.updates,
+        "chats": [
+            {
+                "chat_id": chat.chat_id,
+                "title": chat.title,
+                "type": chat.chat_type,
+                "paired_by": chat.paired_by.name,
+                "paired_by_id": chat.paired_by.id,
+                "paired_at": chat.paired_at,
+                "blocked": chat.blocked,
+                "run": state.conversations.get(key),
+            }
+            for key, chat in sorted(state.chats.items())[:500]
+        ],
+        "pending": len(state.pending),
+        "sent": state.sent,
+        "failed": state.failed,
+        "observing": sorted(
+            [f"run {run}" for run, w in state.watches.items() if w.observers][:100]
+            + [f"agent {agent}" for agent in state.agent_observers][:100]
+        ),
+    }

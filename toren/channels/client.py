@@ -1,0 +1,173 @@
+"""Channels from outside: listing bots and chats, pairing codes, unpairing, observers, and each
+outbound message's delivery state. What the CLI and the HTTP API call.
+
+Reads come from the channel actors' rows and journals (no worker needed). Pairing, unpairing and
+observing are asked of the channel actor, which decides them in its own journal: a worker that
+runs the bot must be live.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from typing import TYPE_CHECKING, Any
+
+from toren._errors import AskTimeout, TorenError
+from toren._journal import replay
+from toren._principal import Principal
+from toren.channels._vocabulary import (
+    CHANNEL_KIND,
+    Answer,
+    ChannelState,
+    IssueCode,
+    Observe,
+    Unpair,
+    fold,
+)
+
+if TYPE_CHECKING:
+    from toren._client import Client
+
+CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I/L: read aloud, typed on a phone
+CODE_LENGTH = 10  # about 50 bits: with five tries per chat per ten minutes, not guessable
+ASK_WAIT = 10.0
+
+
+class ChannelError(TorenError):
+    """A channel request that cannot be done (the message says why and what to do)."""
+
+
+def new_code() -> str:
+    """A fresh pairing code."""
+    return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
+
+
+def code_hash(code: str) -> str:
+    """How a code is recorded (the same function the channel checks ``/pair`` with): its
+    SHA-256, so the journal never holds a usable code."""
+    return hashlib.sha256(code.strip().upper().encode()).hexdigest()
+
+
+async def channels(client: Client) -> list[dict[str, Any]]:
+    """Every channel: its bot, agent, chats and delivery counts (from its row)."""
+    rows = await client.pool.fetch(
+        "SELECT actor_id, args, summary, status FROM toren.actors WHERE kind = $1 "
+        "ORDER BY actor_id",
+        CHANNEL_KIND,
+    )
+    found = []
+    for row in rows:
+        summary = row["summary"] if isinstance(row["summary"], dict) else {}
+        args = row["args"] if isinstance(row["args"], dict) else {}
+        found.append(
+            {
+                "channel": row["actor_id"],
+                "bot": args.get("bot", row["actor_id"].rsplit("/", 1)[-1]),
+                "agent": summary.get("agent") or args.get("agent", ""),
+                "status": row["status"],
+                **{k: v for k, v in summary.items() if k not in ("agent", "bot")},
+            }
+        )
+    return found
+
+
+async def channel_of(client: Client, agent: str) -> str:
+    """The channel actor of ``agent``'s bot.
+
+    Raises:
+        ChannelError: no worker has run a bot for ``agent``.
+    """
+    for found in await channels(client):
+        if found["agent"] == agent:
+            return str(found["channel"])
+    raise ChannelError(
+        f"agent {agent!r} has no Telegram channel: give it [agents.{agent}.telegram] (bot, "
+        "token_env) and start a worker that has the token (docs/channels.md)"
+    )
+
+
+async def _ask(client: Client, channel: str, msg: Any) -> Answer:
+    try:
+        answer = await client.ask(channel, msg, timeout=ASK_WAIT, system=True)
+    except AskTimeout:
+        raise ChannelError(
+            f"{channel} did not answer in {ASK_WAIT:g} s: is a worker with the bot's token "
+            "running? (`toren workers`)"
+        ) from None
+    if not isinstance(answer, Answer):
+        raise ChannelError(f"{channel} answered {answer!r}")
+    if not answer.ok:
+        raise ChannelError(answer.detail)
+    return answer
+
+
+async def pair(client: Client, agent: str, *, by: Principal) -> tuple[str, float]:
+    """A single-use pairing code for ``agent``'s bot, and when it expires (epoch seconds).
+
+    Raises:
+        ChannelError: no channel, no worker answered, or too many codes are pending.
+    """
+    channel = await channel_of(client, agent)
+    code = new_code()
+    answer = await _ask(client, channel, IssueCode(code_hash=code_hash(code), by=by))
+    return code, float(answer.detail)
+
+
+async def unpair(client: Client, agent: str, chat_id: int, *, by: Principal) -> str:
+    """Unpair a chat: it no longer reaches the agent (its conversation run is left as is)."""
+    channel = await channel_of(client, agent)
+    return (await _ask(client, channel, Unpair(chat_id=chat_id, by=by))).detail
+
+
+async def observe(
+    client: Client,
+    agent: str,
+    chat_id: int,
+    *,
+    run: str = "",
+    observed_agent: str = "",
+    stop: bool = False,
+    by: Principal,
+) -> str:
+    """Make a paired chat of ``agent``'s bot observe ``run`` or every new run of
+    ``observed_agent``, read-only (or stop)."""
+    if bool(run) == bool(observed_agent):
+        raise ChannelError("observe either a run or an agent")
+    channel = await channel_of(client, agent)
+    msg = Observe(chat_id=chat_id, run=run, agent=observed_agent, stop=stop, by=by)
+    return (await _ask(client, channel, msg)).detail
+
+
+async def read_channel(client: Client, channel: str) -> ChannelState:
+    """A channel's state, folded here from its journal (and snapshot)."""
+    rebuilt = await replay(client.pool, channel, ChannelState(), fold, snapshots=(ChannelState, 1))
+    state: ChannelState = rebuilt.state
+    return state
+
+
+async def messages(client: Client, agent: str, chat_id: int | None = None) -> list[dict[str, Any]]:
+    """The channel's outbound messages still pending and the last ones delivered or failed,
+    oldest first, with their delivery state."""
+    state = await read_channel(client, await channel_of(client, agent))
+    out = []
+    for n in sorted(state.outbox):
+        outgoing = state.outbox[n]
+        if chat_id is not None and chat_id not in (outgoing.chat_id, outgoing.queued.chat_id):
+            continue
+        queued = outgoing.queued
+        out.append(
+            {
+                "n": n,
+                "chat_id": outgoing.chat_id,
+                "kind": queued.kind,
+                "state": outgoing.state,
+                "text": queued.text[:300],
+                "queued_at": queued.at,
+                "at": outgoing.at,
+                "age": round(time.time() - queued.at, 1),
+                "message_ids": list(outgoing.message_ids),
+                "source": queued.source,
+            }
+        )
+    return out
