@@ -1,0 +1,53 @@
+"""Agents reached over Telegram, for the channel tests (their bots talk to a local Bot API
+server; tokens come from the environment the test sets)."""
+
+from __future__ import annotations
+
+from toren import Agent, ToolContext, tool
+from toren.channels import Telegram
+
+MODEL = "anthropic/claude-sonnet-4-6"
+APPROVER = 4242
+TOKEN_ENV = "TOREN_TEST_TELEGRAM_TOKEN"
+BRIEF_TOKEN_ENV = "TOREN_TEST_TELEGRAM_BRIEF_TOKEN"
+ONCE_TOKEN_ENV = "TOREN_TEST_TELEGRAM_ONCE_TOKEN"
+
+
+@tool(effects="external", idempotency="keyed", approval="always")
+async def refund(ctx: ToolContext, amount: int) -> str:
+    """Refund an amount to the customer."""
+    return f"refunded {amount}"
+
+
+# Replies to each message; refunds only with an approver's decision.
+teller = Agent(
+    name="teller",
+    model=MODEL,
+    system="teller",
+    tools=[refund],
+    telegram=Telegram(
+        bot="teller", token_env=TOKEN_ENV, approvers=[APPROVER], poll_timeout=1, chat_interval=0
+    ),
+)
+# Its pairing codes last a second.
+brief = Agent(
+    name="brief",
+    model=MODEL,
+    system="brief",
+    telegram=Telegram(
+        bot="brief", token_env=BRIEF_TOKEN_ENV, poll_timeout=1, chat_interval=0, pair_code_ttl=1
+    ),
+)
+# At-most-once delivery.
+once = Agent(
+    name="once",
+    model=MODEL,
+    system="once",
+    telegram=Telegram(
+        bot="once",
+        token_env=ONCE_TOKEN_ENV,
+        poll_timeout=1,
+        chat_interval=0,
+        delivery="at_most_once",
+    ),
+)

@@ -1,0 +1,120 @@
+"""What the Telegram channel tests share: a model that answers chats, the local Bot API server
+with the test bots' tokens, and waits on what a chat received."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from tests import telegram_app
+from tests.conftest import wait_for
+from toren import Client
+from toren._model import ToolCall
+from toren.testing import AnthropicServer, Reply
+from toren.testing.telegram_server import TelegramServer
+
+TOKENS = {
+    telegram_app.TOKEN_ENV: "1001:teller-token-for-tests",
+    telegram_app.BRIEF_TOKEN_ENV: "1002:brief-token-for-tests",
+    telegram_app.ONCE_TOKEN_ENV: "1003:once-token-for-tests",
+}
+TELLER = TOKENS[telegram_app.TOKEN_ENV]
+BRIEF = TOKENS[telegram_app.BRIEF_TOKEN_ENV]
+ONCE = TOKENS[telegram_app.ONCE_TOKEN_ENV]
+_ids = itertools.count(1)
+
+
+def _last_user(body: dict[str, Any]) -> tuple[str, list[str]]:
+    """The last user turn's text and tool results."""
+    message = body["messages"][-1]
+    content = message["content"]
+    if isinstance(content, str):
+        return content, []
+    texts, results = [], []
+    for block in content:
+        if block.get("type") == "text":
+            texts.append(block.get("text", ""))
+        elif block.get("type") == "tool_result":
+            c = block.get("content")
+            if isinstance(c, list):
+                c = "".join(x.get("text", "") for x in c)
+            results.append(str(c))
+    return "\n".join(texts), results
+
+
+def answer(body: dict[str, Any], n: int) -> Reply:
+    """``refund N`` asks for a refund (a tool call needing approval); ``long N`` answers N
+    characters; ``send PATH`` sends a workspace file; anything else is echoed."""
+    text, results = _last_user(body)
+    if results:
+        return Reply(f"done: {' | '.join(results)}")
+    if m := re.search(r"refund (\d+)", text):
+        call = ToolCall(id=f"c{next(_ids)}", name="refund", arguments={"amount": int(m[1])})
+        return Reply([call])
+    if m := re.search(r"long (\d+)", text):
+        size = int(m[1])
+        lines = "".join(f"line {i:06d} of a long answer\n" for i in range(size // 28 + 1))
+        return Reply(lines[:size])
+    if m := re.search(r"send (\S+)", text):
+        call = ToolCall(id=f"c{next(_ids)}", name="send_file", arguments={"path": m[1]})
+        return Reply([call])
+    return Reply(f"echo: {text}")
+
+
+@contextlib.asynccontextmanager
+async def chat_model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
+    from toren.actors.run import close_providers
+
+    async with AnthropicServer(answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        try:
+            yield server
+        finally:
+            await close_providers()
+
+
+@contextlib.asynccontextmanager
+async def telegram(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TelegramServer]:
+    """The local Bot API server with the three test bots; their tokens in the environment."""
+    async with TelegramServer(token=TELLER) as server:
+        server.add_bot(BRIEF, username="brief_test_bot")
+        server.add_bot(ONCE, username="once_test_bot")
+        for name, value in TOKENS.items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+async def texts(server: TelegramServer, chat_id: int, token: str = TELLER) -> list[str]:
+    return [m.text for m in server.sent(chat_id, token=token)]
+
+
+async def received(
+    server: TelegramServer,
+    chat_id: int,
+    check: Callable[[str], bool],
+    *,
+    token: str = TELLER,
+    timeout: float = 30.0,
+) -> Any:
+    """Wait for a message to ``chat_id`` whose text passes ``check``; returns it."""
+
+    async def found() -> Any:
+        for m in server.sent(chat_id, token=token):
+            if check(m.text or ""):
+                return m
+        return None
+
+    return await wait_for(found, timeout=timeout, what=f"a message to chat {chat_id}")
+
+
+async def channel_row(client: Client, bot: str) -> dict[str, Any] | None:
+    row = await client.pool.fetchrow(
+        "SELECT summary FROM toren.actors WHERE actor_id = $1", f"channel/telegram/{bot}"
+    )
+    return row["summary"] if row and isinstance(row["summary"], dict) else None

@@ -1,0 +1,124 @@
+"""The Telegram channel against a local Bot API server, through the real python-telegram-bot
+client: pairing, conversations, approvals by button and by reply, the outbox's limits and
+refusals, hostile text, groups."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
+from tests import telegram_app
+from tests.conftest import person, running_worker, wait_for
+from tests.telegram_support import BRIEF, channel_row, chat_model, received, telegram
+from toren import Client
+from toren._app import load_app
+from toren.channels.client import ChannelError, pair
+from toren.runs import read_run
+from toren.testing.telegram_server import TelegramServer
+
+pytestmark = pytest.mark.anyio
+
+ALICE = 501  # a user who pairs and talks
+APPROVER = telegram_app.APPROVER
+
+
+@pytest.fixture
+async def bots(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[TelegramServer, Any]]:
+    load_app("tests.telegram_app")
+    async with (
+        telegram(monkeypatch) as server,
+        chat_model(monkeypatch) as model,
+        running_worker(db_url, telegram_api_url=server.url),
+    ):
+        yield server, model
+
+
+async def paired(client: Client, server: TelegramServer, chat_id: int, user: int = ALICE) -> None:
+    code, _ = await pair(client, "teller", by=person("op"))
+    server.push_message(chat_id, f"/pair {code}", user_id=user)
+    await received(server, chat_id, lambda t: t.startswith("Paired with teller"))
+
+
+async def test_an_unpaired_chat_is_hinted_once_and_reaches_no_agent(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, model = bots
+    server.push_message(100, "hello", user_id=ALICE)
+    await received(server, 100, lambda t: "not paired" in t)
+    server.push_message(100, "hello again", user_id=ALICE)
+
+    async def handled() -> bool:
+        summary = await channel_row(client, "teller")
+        return bool(summary and summary["updates"] >= 2)
+
+    await wait_for(handled, what="both updates handled")
+    assert len(server.sent(100)) == 1  # one hint a minute at most
+    assert model.requests == []  # nothing reached the agent
+    runs = await client.pool.fetchval("SELECT count(*) FROM toren.actors WHERE kind = 'toren.run'")
+    assert runs == 0
+
+
+async def test_wrong_expired_and_reused_codes_fail_and_a_paired_chat_talks_to_its_agent(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, model = bots
+    server.push_message(100, "/pair WRONGCODE1", user_id=ALICE)
+    await received(server, 100, lambda t: "wrong, used or expired" in t)
+
+    code, _expires = await pair(client, "teller", by=person("op"))
+    server.push_message(100, f"/pair {code.lower()}", user_id=ALICE)  # typed in lower case
+    await received(server, 100, lambda t: t.startswith("Paired with teller"))
+    server.push_message(200, f"/pair {code}", user_id=ALICE + 1)  # used already
+    await received(server, 200, lambda t: "wrong, used or expired" in t)
+
+    brief_code, brief_expires = await pair(client, "brief", by=person("op"))
+    await wait_for(lambda: _past(brief_expires), what="the brief code's expiry")
+    server.push_message(300, f"/pair {brief_code}", user_id=ALICE, token=BRIEF)
+    await received(server, 300, lambda t: "wrong, used or expired" in t, token=BRIEF)
+
+    server.push_message(100, "hello teller", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: hello teller")
+    server.push_message(100, "and again", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: and again")
+
+    summary = await channel_row(client, "teller")
+    assert summary is not None
+    [chat] = summary["chats"]
+    assert chat["chat_id"] == 100
+    assert chat["paired_by_id"] == f"telegram:{ALICE}"
+    state = await read_run(client, chat["run"])  # one conversation, both messages in it
+    assert state.status == "completed"
+    assert len(model.requests) == 2
+
+
+async def test_failed_pairs_are_rate_limited_per_chat(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    for i in range(5):
+        server.push_message(100, f"/pair GUESS{i:05d}", user_id=ALICE)
+    await wait_for(lambda: _count(server, 100, "wrong, used or expired", 5), what="5 failures")
+    code, _ = await pair(client, "teller", by=person("op"))
+    server.push_message(100, f"/pair {code}", user_id=ALICE)  # right, but too late
+    await received(server, 100, lambda t: t.startswith("Too many wrong codes"))
+    server.push_message(101, f"/pair {code}", user_id=ALICE)  # another chat is not held back
+    await received(server, 101, lambda t: t.startswith("Paired with teller"))
+
+
+async def test_pair_needs_a_channel(client: Client, bots: tuple[TelegramServer, Any]) -> None:
+    with pytest.raises(ChannelError, match="has no Telegram channel"):
+        await pair(client, "nobody", by=person("op"))
+
+
+async def _past(when: float) -> bool:
+    return time.time() > when
+
+
+async def _count(server: TelegramServer, chat: int, text: str, n: int) -> bool:
+    return sum(text in (m.text or "") for m in server.sent(chat)) >= n
