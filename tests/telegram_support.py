@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from tests import telegram_app
-from tests.conftest import wait_for
+from tests.conftest import person, running_worker, wait_for
 from toren import Client
+from toren._app import load_app
 from toren._model import ToolCall
+from toren.channels.client import pair
 from toren.testing import AnthropicServer, Reply
 from toren.testing.telegram_server import TelegramServer
 
@@ -27,6 +29,8 @@ TELLER = TOKENS[telegram_app.TOKEN_ENV]
 BRIEF = TOKENS[telegram_app.BRIEF_TOKEN_ENV]
 ONCE = TOKENS[telegram_app.ONCE_TOKEN_ENV]
 _ids = itertools.count(1)
+ALICE = 501  # a user who pairs and talks
+APPROVER = telegram_app.APPROVER
 
 
 def _last_user(body: dict[str, Any]) -> tuple[str, list[str]]:
@@ -118,3 +122,23 @@ async def channel_row(client: Client, bot: str) -> dict[str, Any] | None:
         "SELECT summary FROM toren.actors WHERE actor_id = $1", f"channel/telegram/{bot}"
     )
     return row["summary"] if row and isinstance(row["summary"], dict) else None
+
+
+@pytest.fixture
+async def bots(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[TelegramServer, Any]]:
+    load_app("tests.telegram_app")
+    async with (
+        telegram(monkeypatch) as server,
+        chat_model(monkeypatch) as model,
+        running_worker(db_url, telegram_api_url=server.url),
+    ):
+        yield server, model
+
+
+async def paired(client: Client, server: TelegramServer, chat_id: int, user: int = ALICE) -> None:
+    """Pair ``chat_id`` with the teller agent (a code issued, ``/pair CODE`` sent by ``user``)."""
+    code, _ = await pair(client, "teller", by=person("op"))
+    server.push_message(chat_id, f"/pair {code}", user_id=user)
+    await received(server, chat_id, lambda t: t.startswith("Paired with teller"))

@@ -5,44 +5,21 @@ refusals, hostile text, groups."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
-from tests import telegram_app
-from tests.conftest import person, running_worker, wait_for
-from tests.telegram_support import BRIEF, channel_row, chat_model, received, telegram
+from tests.conftest import person, wait_for
+from tests.telegram_support import ALICE, BRIEF, bots, channel_row, received
 from toren import Client
-from toren._app import load_app
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio
 
-ALICE = 501  # a user who pairs and talks
-APPROVER = telegram_app.APPROVER
-
-
-@pytest.fixture
-async def bots(
-    db_url: str, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[TelegramServer, Any]]:
-    load_app("tests.telegram_app")
-    async with (
-        telegram(monkeypatch) as server,
-        chat_model(monkeypatch) as model,
-        running_worker(db_url, telegram_api_url=server.url),
-    ):
-        yield server, model
-
-
-async def paired(client: Client, server: TelegramServer, chat_id: int, user: int = ALICE) -> None:
-    code, _ = await pair(client, "teller", by=person("op"))
-    server.push_message(chat_id, f"/pair {code}", user_id=user)
-    await received(server, chat_id, lambda t: t.startswith("Paired with teller"))
+__all__ = ["bots"]  # the fixture
 
 
 async def test_an_unpaired_chat_is_hinted_once_and_reaches_no_agent(

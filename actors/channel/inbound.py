@@ -441,7 +441,7 @@ class Inbound:
 
     def _reply_decision(self, update: Update, decision: str) -> tuple[str, str]:
         words = update.text.strip().split(maxsplit=1)
-        first = words[0].lower().strip(".!,") if words else ""
+        first = words[0].lower().strip(".!,:;") if words else ""
         if first not in _YES | _NO:
             self._say(update, "Reply with approve or deny (and a reason, if you like) to decide.")
             return "ignored", "a reply to a prompt that decides nothing"

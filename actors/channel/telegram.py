@@ -11,9 +11,17 @@ from __future__ import annotations
 
 import datetime as dtm
 import logging
+import os
+from pathlib import PurePosixPath
 from typing import Any
 
+import anyio
 import attrs
+
+# RetryAfter.retry_after as a timedelta, the behaviour PTB moves to (without it, every RetryAfter
+# warns that it is deprecated). Toren reads either form.
+os.environ.setdefault("PTB_TIMEDELTA", "true")
+
 import telegram
 from telegram import InlineKeyboardButton, InlineKeyboardMarkup, ReplyParameters
 from telegram.error import (
@@ -197,6 +205,14 @@ class BotApi:
         """
         try:
             file = await self.bot.get_file(file_id)
+            # PTB reads a file_path naming a file on this machine from disk instead of
+            # downloading it: a Bot API server (or whoever poses as one) could have a local
+            # file put into the workspace. Only a relative path without .. is downloaded.
+            path = PurePosixPath(file.file_path or "")
+            local = await anyio.Path(str(path)).exists()
+            if not file.file_path or path.is_absolute() or ".." in path.parts or local:
+                shown = str(path)[:80]
+                raise SendError("refused", f"the server gave an unsafe file path {shown!r}")
             if file.file_size is not None and file.file_size > cap:
                 raise SendError("refused", f"the file is {file.file_size} bytes, over {cap}")
             data = bytes(await file.download_as_bytearray())

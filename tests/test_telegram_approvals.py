@@ -1,0 +1,141 @@
+"""Approvals from Telegram: a prompt with Approve / Deny buttons whose callback data is a short
+opaque id, a text reply to the prompt, only configured approvers deciding (recorded as their
+Telegram user), stale buttons, observers who cannot decide."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
+from tests.conftest import person, wait_for
+from tests.telegram_support import ALICE, APPROVER, bots, channel_row, paired, received
+from toren import Client
+from toren.channels.client import ChannelError, observe
+from toren.runs import read_run
+from toren.testing.telegram_server import TelegramServer
+
+pytestmark = pytest.mark.anyio
+__all__ = ["bots"]  # the fixture
+
+STRANGER = 777
+
+
+def buttons(message: Any) -> list[tuple[str, str]]:
+    rows = (message.reply_markup or {}).get("inline_keyboard", [])
+    return [(b["text"], b["callback_data"]) for row in rows for b in row]
+
+
+async def conversation(client: Client, chat_id: int) -> str:
+    summary = await channel_row(client, "teller")
+    assert summary is not None
+    [run] = [c["run"] for c in summary["chats"] if c["chat_id"] == chat_id]
+    return str(run)
+
+
+async def decisions(client: Client, run_id: str) -> list[dict[str, Any]]:
+    rows = await client.pool.fetch(
+        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'approval.decided' "
+        "ORDER BY seq",
+        run_id,
+    )
+    return [r["data"] for r in rows]
+
+
+async def answer_to(server: TelegramServer, n: int) -> str:
+    async def answered() -> str | None:
+        answers = server.callback_answers
+        return (answers[n - 1].text or "") if len(answers) >= n else None
+
+    return str(await wait_for(answered, what=f"callback answer {n}"))
+
+
+async def test_a_button_decides_only_for_an_approver_and_a_stale_one_says_so(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    await paired(client, server, 100)
+    server.push_message(100, "please refund 5", user_id=ALICE)
+    prompt = await received(server, 100, lambda t: "asks to run refund" in t)
+    assert '"amount": 5' in prompt.text
+    [(approve, approve_data), (deny, _deny_data)] = buttons(prompt)
+    assert (approve, deny) == ("Approve", "Deny")
+    assert 1 <= len(approve_data.encode()) <= 64  # Telegram's limit; the server enforces it
+    run_id = await conversation(client, 100)
+    opaque = approve_data.split(":", 1)[1]
+    assert run_id.removeprefix("run/") not in opaque  # nothing of the run or the call in it
+    assert "refund" not in opaque
+
+    server.push_callback(100, prompt.message_id, approve_data, user_id=STRANGER)
+    assert "Only the agent's approvers" in await answer_to(server, 1)
+    assert (await read_run(client, run_id)).status == "parked"
+
+    server.push_callback(100, prompt.message_id, approve_data, user_id=APPROVER)
+    assert await answer_to(server, 2) == "Approved."
+    await received(server, 100, lambda t: t == "done: refunded 5")
+    [decision] = await decisions(client, run_id)
+    assert decision["approved"] is True
+    assert decision["by"] == {
+        "kind": "channel",
+        "id": f"telegram:{APPROVER}",
+        "name": f"user{APPROVER}",
+        "via": "telegram",
+    }
+
+    server.push_callback(100, prompt.message_id, approve_data, user_id=APPROVER)  # again
+    assert "no longer waits" in await answer_to(server, 3)
+    server.push_callback(100, prompt.message_id, "a:not-a-known-id", user_id=APPROVER)
+    assert "not known" in await answer_to(server, 4)
+    assert len(await decisions(client, run_id)) == 1
+
+
+async def test_a_reply_to_the_prompt_decides_with_its_reason(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    await paired(client, server, 100)
+    server.push_message(100, "refund 7", user_id=ALICE)
+    prompt = await received(server, 100, lambda t: "asks to run refund" in t)
+    run_id = await conversation(client, 100)
+
+    server.push_message(100, "deny", user_id=STRANGER, reply_to=prompt.message_id)
+    await received(server, 100, lambda t: t.startswith("Only the agent's approvers"))
+    server.push_message(100, "maybe", user_id=APPROVER, reply_to=prompt.message_id)
+    await received(server, 100, lambda t: t.startswith("Reply with approve or deny"))
+    assert (await read_run(client, run_id)).status == "parked"
+
+    server.push_message(100, "deny: too much", user_id=APPROVER, reply_to=prompt.message_id)
+    await received(server, 100, lambda t: t.startswith("Denied by"))
+    await received(server, 100, lambda t: t.startswith("done:") and "denied" in t)
+    [decision] = await decisions(client, run_id)
+    assert decision["approved"] is False
+    assert decision["reason"] == "too much"
+    assert decision["by"]["id"] == f"telegram:{APPROVER}"
+
+
+async def test_an_observer_sees_a_run_and_cannot_decide(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    await paired(client, server, 100)
+    await paired(client, server, 900, user=APPROVER)  # the observing chat
+    with pytest.raises(ChannelError, match="not paired"):
+        await observe(client, "teller", 901, observed_agent="teller", by=person("op"))
+    await observe(client, "teller", 900, observed_agent="teller", by=person("op"))
+    await received(server, 900, lambda t: "observes (read-only)" in t)
+
+    server.push_message(100, "refund 9", user_id=ALICE)
+    await received(server, 100, lambda t: "asks to run refund" in t)
+    seen = await received(server, 900, lambda t: "waits for a decision on refund" in t)
+    assert buttons(seen) == []  # nothing to press
+    server.push_message(900, "approve", user_id=APPROVER, reply_to=seen.message_id)
+    run_id = await conversation(client, 100)
+
+    async def forwarded() -> bool:  # the reply went to the observer chat's own conversation
+        summary = await channel_row(client, "teller")
+        return bool(summary and any(c["chat_id"] == 900 and c["run"] for c in summary["chats"]))
+
+    await wait_for(forwarded, what="the observer's reply handled")
+    assert await decisions(client, run_id) == []
+    assert (await read_run(client, run_id)).status == "parked"
