@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from toren import Agent, ToolContext, tool
 from toren.channels import Telegram
+from toren.sandbox import Sandbox
 
 MODEL = "anthropic/claude-sonnet-4-6"
 APPROVER = 4242
 TOKEN_ENV = "TOREN_TEST_TELEGRAM_TOKEN"
 BRIEF_TOKEN_ENV = "TOREN_TEST_TELEGRAM_BRIEF_TOKEN"
 ONCE_TOKEN_ENV = "TOREN_TEST_TELEGRAM_ONCE_TOKEN"
+FILER_TOKEN_ENV = "TOREN_TEST_TELEGRAM_FILER_TOKEN"
 
 
 @tool(effects="external", idempotency="keyed", approval="always")
@@ -49,5 +51,19 @@ once = Agent(
         poll_timeout=1,
         chat_interval=0,
         delivery="at_most_once",
+    ),
+)
+# Has a workspace: takes files from the chat (at most 64 KiB) and sends files back.
+filer = Agent(
+    name="filer",
+    model=MODEL,
+    system="filer",
+    sandbox=Sandbox(allow=["*"], idle_stop="1h"),
+    telegram=Telegram(
+        bot="filer",
+        token_env=FILER_TOKEN_ENV,
+        poll_timeout=1,
+        chat_interval=0,
+        max_file_bytes=64 * 1024,
     ),
 )
