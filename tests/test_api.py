@@ -334,6 +334,9 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/messages",
         "/runs/{run}/approvals",
         "/runs/{run}/cancel",
+        "/channels",
+        "/channels/{bot}/messages",
+        "/telegram/{bot}",
         "/healthz",
         "/metrics",
     }

@@ -28,6 +28,7 @@ from toren._agent_config import (
 )
 from toren._agents import agents_in, check
 from toren._app import load_app, loaded_agents
+from toren._cli_channels import register as register_channel_commands
 from toren._cli_common import database_url, out, print_error, run_async, run_reporting
 from toren._cli_runs import register as register_run_commands
 from toren._cli_sandboxes import register as register_sandbox_commands
@@ -262,6 +263,7 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
 
 register_run_commands(main)
 register_sandbox_commands(main)
+register_channel_commands(main)
 register_serve_commands(main)
 
 

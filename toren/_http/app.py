@@ -5,8 +5,9 @@ Every API route needs a bearer token (``Authorization: Bearer trn_...``) or a co
 cookie, and the scope its route asks for: ``read`` for reads, ``operate`` to start, send and
 cancel, ``approve`` to decide. ``/healthz`` answers anyone (worker details only to a caller
 who authenticates); the console's static page and its sign-in form need nothing (they hold no
-data). Writes made with a session cookie must carry the session's CSRF token in
-``X-CSRF-Token`` and, if the browser sends an ``Origin``, come from this origin.
+data); Telegram's webhook (``POST /telegram/{bot}``) is checked by its bot's secret instead
+(:mod:`toren._http.channels`). Writes made with a session cookie must carry the session's CSRF
+token in ``X-CSRF-Token`` and, if the browser sends an ``Origin``, come from this origin.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pydantic
 from aiohttp import web
 
 from toren._client import Client
-from toren._http import console, metrics, runs
+from toren._http import channels, console, metrics, runs
 from toren._http.auth import TOKENS, authenticate
 from toren._http.common import (
     ACCESS,
@@ -104,7 +105,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
 async def authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who the caller is (401 if no one), and whether the route's scope allows it (403)."""
     key = (request.method, request.path)
-    if key in _OPEN or request.path.startswith("/static/"):
+    if key in _OPEN or request.path.startswith("/static/") or channels.is_webhook(request):
         return await handler(request)
     caller = await authenticate(request, optional=key in _OPTIONAL)
     if caller is None:
@@ -173,6 +174,7 @@ def create_app(client: Client, options: ServerOptions | None = None) -> web.Appl
     app.on_response_prepare.append(_headers)
     metrics.install(app)
     runs.install(app)
+    channels.install(app)
     console.install(app)
     app.router.add_get("/openapi.json", _openapi)
     return app

@@ -230,3 +230,74 @@ class Problem(BaseModel):
     status: int
     detail: str
     errors: list[FieldError] = []
+
+
+BOT_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+class ChannelChat(BaseModel):
+    """A chat paired with a channel's bot."""
+
+    chat_id: int
+    title: str = Field(description="The chat's title or its user's name, as Telegram gave it.")
+    type: str = Field(description="`private`, `group`, `supergroup` (as Telegram gave it).")
+    paired_by: str = Field(description="The name of the Telegram user who sent the code.")
+    paired_by_id: str = Field(description="Their stable identity: `telegram:<user id>`.")
+    paired_at: str
+    blocked: bool = Field(
+        description="The user blocked the bot: nothing is sent until they write again."
+    )
+    run: str | None = Field(description="The chat's conversation run, once it wrote.")
+
+
+class Channel(BaseModel):
+    """A Telegram bot's channel (``channel/telegram/<bot>``), from its row's summary."""
+
+    bot: str
+    channel: str = Field(description="The channel actor's id: `channel/telegram/<bot>`.")
+    agent: str
+    username: str = Field(description="The bot's @username (empty until a worker started it).")
+    status: str = Field(description="The channel actor's status: `live`, `failed`, `stopped`.")
+    chats: list[ChannelChat]
+    pending: int = Field(description="Outbound messages queued or being sent.")
+    sent: int
+    failed: int = Field(description="Outbound messages lost, blocked or refused.")
+    updates: int = Field(description="Updates from Telegram handled.")
+    observing: list[str] = Field(description="Runs and agents its chats observe.")
+
+
+class ChannelList(BaseModel):
+    channels: list[Channel]
+
+
+class OutboundMessage(BaseModel):
+    """One outbound message of a channel and its delivery state."""
+
+    n: int = Field(description="Its number in the channel's outbox (in order).")
+    chat_id: int = Field(description="Where it goes (a migrated chat's new id).")
+    kind: str = Field(
+        description="`text` (a run's reply), `prompt` (an approval prompt), `notice`, "
+        "`observer`, `file`."
+    )
+    state: str = Field(
+        description="`queued`, `sending` (at-most-once: being sent), `sent`, `lost` "
+        "(at-most-once: the worker stopped during its send), `blocked` (the user blocked the "
+        "bot), `refused` (Telegram refused it for good)."
+    )
+    text: str = Field(description="Its first 300 characters.")
+    queued_at: str
+    at: str = Field(description="When its state last changed.")
+    age_seconds: float = Field(description="Seconds since it was queued.")
+    message_ids: list[int] = Field(description="Telegram's ids of what was sent.")
+    source: str = Field(description="What caused it: `run/<uuid>#<seq>`, or empty.")
+
+
+class ChannelMessages(BaseModel):
+    bot: str
+    messages: list[OutboundMessage] = Field(
+        description="Pending ones and the last 200 delivered or failed, oldest first."
+    )
+
+
+class WebhookAck(BaseModel):
+    ok: Literal[True] = True

@@ -22,6 +22,9 @@ _MODELS: list[type[pydantic.BaseModel]] = [
     m.Accepted,
     m.Health,
     m.Problem,
+    m.ChannelList,
+    m.ChannelMessages,
+    m.WebhookAck,
 ]
 
 
@@ -53,6 +56,13 @@ _AUTH_FAIL = {
     "429": _problem("Too many failed authentications from this address (see Retry-After)."),
 }
 _NOT_FOUND = {"404": _problem("No such run.")}
+_BOT_PARAM = {
+    "name": "bot",
+    "in": "path",
+    "required": True,
+    "description": "The bot's name (`[agents.NAME.telegram] bot`), not its @username.",
+    "schema": {"type": "string"},
+}
 _INVALID = {
     "400": _problem("The body is not JSON."),
     "413": _problem("The body is too large."),
@@ -175,6 +185,7 @@ def document() -> dict[str, Any]:
             "post": _write("Approve or deny what the run waits for", m.ApprovalBody, accepted)
         },
         "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
+        **_channel_paths(),
         "/healthz": {
             "get": {
                 "summary": "Database reachable and live workers; to an authenticated caller also "
@@ -213,7 +224,93 @@ def document() -> dict[str, Any]:
                     "description": "`toren tokens create`",
                 },
                 "session": {"type": "apiKey", "in": "cookie", "name": "toren_session"},
+                "telegram": {
+                    "type": "apiKey",
+                    "in": "header",
+                    "name": "X-Telegram-Bot-Api-Secret-Token",
+                    "description": "The bot's webhook secret (its `webhook_secret_env`), which "
+                    "Telegram sends with each update.",
+                },
             },
         },
         "paths": paths,
+    }
+
+
+def _channel_paths() -> dict[str, Any]:
+    """The channels' routes: bots and chats, delivery states, Telegram's webhook."""
+    return {
+        "/channels": {
+            "get": {
+                "summary": "Telegram channels, with their paired chats and delivery counts",
+                "responses": {
+                    "200": {"description": "Every channel.", **_json(m.ChannelList)},
+                    **_AUTH_FAIL,
+                },
+            }
+        },
+        "/channels/{bot}/messages": {
+            "get": {
+                "summary": "A channel's outbound messages and their delivery states",
+                "parameters": [
+                    _BOT_PARAM,
+                    {
+                        "name": "chat",
+                        "in": "query",
+                        "description": "Only the messages to this chat.",
+                        "schema": {
+                            "type": "integer",
+                            "minimum": -(2**63),
+                            "maximum": 2**63 - 1,
+                        },
+                    },
+                ],
+                "responses": {
+                    "200": {"description": "Oldest first.", **_json(m.ChannelMessages)},
+                    **_AUTH_FAIL,
+                    "404": _problem("No channel for this bot."),
+                    "422": _problem("`chat` is not an integer."),
+                },
+            }
+        },
+        "/telegram/{bot}": {
+            "post": {
+                "summary": "Telegram's webhook: an update for the bot's channel",
+                "description": "Called by Telegram, not by API clients: checked with the bot's "
+                "secret (`X-Telegram-Bot-Api-Secret-Token`), not a bearer token. The update is "
+                "enqueued once per `update_id` before the `200`.",
+                "security": [{"telegram": []}],
+                "parameters": [_BOT_PARAM],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "required": ["update_id"],
+                                "properties": {
+                                    "update_id": {
+                                        "type": "integer",
+                                        "minimum": 0,
+                                        "maximum": 2**63 - 1,
+                                    }
+                                },
+                                "description": "A Telegram `Update` (at most 1 MiB).",
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "200": {"description": "Enqueued (or a repeat).", **_json(m.WebhookAck)},
+                    "400": _problem("Not a JSON object with an integer `update_id`."),
+                    "401": _problem(
+                        "No channel for this bot, no secret set for it in the server's "
+                        "environment, or a missing or wrong secret."
+                    ),
+                    "413": _problem("The body is larger than 1 MiB."),
+                    "429": _problem("Too many failed requests from this address."),
+                    "503": _problem("The channel takes no updates now (see Retry-After)."),
+                },
+            }
+        },
     }

@@ -53,7 +53,7 @@ async function api(path, options = {}) {
 }
 
 function show(section) {
-  for (const id of ["signin", "runs", "run"]) $(id).hidden = id !== section;
+  for (const id of ["signin", "runs", "run", "channels"]) $(id).hidden = id !== section;
 }
 
 async function start() {
@@ -63,6 +63,7 @@ async function start() {
     csrf = me.csrf;
     $("who").textContent = `signed in as ${me.name} (${me.scopes.join(", ")})`;
     $("signout").hidden = false;
+    $("nav").hidden = false;
   } catch (e) {
     show("signin");
     return;
@@ -81,6 +82,12 @@ function route() {
   if (listTimer) { clearInterval(listTimer); listTimer = null; }
   const match = location.hash.match(/^#\/runs\/([0-9a-f-]+)$/);
   if (match) { openRun(match[1]); return; }
+  if (location.hash === "#/channels") {
+    show("channels");
+    loadChannels();
+    listTimer = setInterval(loadChannels, 2000);
+    return;
+  }
   show("runs");
   loadRuns();
   listTimer = setInterval(loadRuns, 2000);
@@ -98,6 +105,82 @@ async function loadRuns() {
   for (const row of $("runs-body").querySelectorAll("tr")) {
     row.onclick = () => { location.hash = `#/runs/${row.dataset.run}`; };
   }
+}
+
+// The Channels page: each Telegram bot, its paired chats, and every outbound message it keeps
+// with its delivery state. Titles, names and texts come from Telegram users and from runs: they
+// go in as text (el), never as HTML.
+async function loadChannels() {
+  const { channels } = await api("/channels");
+  const outboxes = await Promise.all(channels.map((c) =>
+    api(`/channels/${encodeURIComponent(c.bot)}/messages`).catch(() => ({ messages: [] }))));
+  $("channels-none").hidden = channels.length > 0;
+  $("channels-list").replaceChildren(...channels.map((c, i) => channelView(c, outboxes[i].messages)));
+}
+
+function table(head, rows, empty) {
+  const t = el("table", "list");
+  const tr = el("tr");
+  for (const h of head) tr.append(el("th", "", h));
+  const thead = el("thead");
+  thead.append(tr);
+  const body = el("tbody");
+  for (const cells of rows) {
+    const row = el("tr");
+    for (const cell of cells) {
+      const td = el("td");
+      td.append(cell instanceof Node ? cell : visible(cell));
+      row.append(td);
+    }
+    body.append(row);
+  }
+  if (!rows.length) {
+    const row = el("tr");
+    const td = el("td", "note", empty);
+    td.colSpan = head.length;
+    row.append(td);
+    body.append(row);
+  }
+  t.append(thead, body);
+  return t;
+}
+
+function runLink(run) {
+  if (!/^run\/[0-9a-f-]{36}$/.test(run || "")) return "-";
+  const a = el("a", "", run);
+  a.href = `#/runs/${run.slice(4)}`;
+  return a;
+}
+
+function ago(seconds) {
+  for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+    if (seconds >= size) return `${Math.floor(seconds / size)}${unit} ago`;
+  }
+  return `${Math.floor(Math.max(0, seconds))}s ago`;
+}
+
+function channelView(c, messages) {
+  const box = el("div", "channel");
+  box.dataset.bot = c.bot;
+  const head = el("h2");
+  head.append(el("span", `badge ${c.status}`, c.status), " ", el("span", "", c.bot),
+    " ", el("span", "muted", c.username ? `@${c.username}` : ""));
+  box.append(head, el("p", "facts", `agent ${c.agent} · ${c.chats.length} paired chat(s) · ` +
+    `${c.pending} pending, ${c.sent} sent, ${c.failed} failed · ${c.updates} updates`));
+  box.append(el("h3", "", "Paired chats"));
+  box.append(table(["Chat", "Title", "Type", "Paired by", "Blocked", "Conversation"],
+    c.chats.map((chat) => [String(chat.chat_id), chat.title, chat.type,
+      `${chat.paired_by} (${chat.paired_by_id})`, chat.blocked ? "yes" : "no", runLink(chat.run)]),
+    "no chat is paired: `toren channels pair AGENT` prints a code to send to the bot"));
+  box.append(el("h3", "", "Outbound messages"));
+  const now = Date.now();
+  box.append(table(["#", "Chat", "Kind", "State", "Queued", "Text"],
+    messages.slice().reverse().map((m) => [String(m.n), String(m.chat_id), m.kind,
+      el("span", `badge state ${m.state}`, m.state),
+      ago((now - new Date(m.queued_at).getTime()) / 1000),
+      m.text.length > 80 ? `${m.text.slice(0, 80)}...` : m.text]),
+    "no outbound message yet"));
+  return box;
 }
 
 async function openRun(uuid) {
