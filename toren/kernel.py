@@ -6,6 +6,7 @@ and only this, so that the kernel's internals can change without touching them.
 """
 
 from toren._actor import actor_kinds
+from toren._codec import decode
 from toren._db import (
     TRANSIENT_DB_ERRORS,
     EmbeddedPostgres,
@@ -53,6 +54,7 @@ __all__ = [
     "code_version",
     "connect",
     "create_pool",
+    "decode",
     "housekeep",
     "json_text",
     "kill_point",

@@ -21,7 +21,7 @@ from typing import Any
 
 from telegram.error import TelegramError
 
-from toren import Actor, ChildFailed, Context, PoisonMessage
+from toren import Actor, ChildFailed, ConfigError, Context, PoisonMessage
 from toren.actors.channel import outbound, runtime
 from toren.actors.channel.inbound import Inbound as InboundHandler
 from toren.actors.channel.reading import Reader
@@ -150,8 +150,9 @@ class ChannelActor(Actor[ChannelState]):
         bot_id, username = await bot.api.get_me()
         if settings.mode == "polling":
             await bot.api.delete_webhook()  # getUpdates answers 409 while a webhook is set
+        elif settings.webhook_url is None:  # Telegram(...) refuses webhook mode without it
+            raise ConfigError(f"telegram bot {self.bot_name!r}: webhook mode needs webhook_url")
         else:
-            assert settings.webhook_url is not None
             await bot.api.set_webhook(settings.webhook_url, settings.webhook_secret())
         state = ctx.state
         known = (state.agent, state.bot_id, state.username)
@@ -180,6 +181,7 @@ class ChannelActor(Actor[ChannelState]):
         """An update the webhook enqueued (dedupe key: its update id)."""
         bot = runtime.bot(self.bot_name)
         if not ctx.state.username:
+            ctx.ensure_lease()
             bot_id, username = await bot.api.get_me()
             ctx.emit(
                 ChannelStarted(
@@ -210,7 +212,7 @@ class ChannelActor(Actor[ChannelState]):
         if n is None:
             self._arm_flush(ctx)
             return
-        outgoing = ctx.state.outbox[n]
+        outgoing = ctx.state.outbox[str(n)]
         chat = ctx.state.chats.get(str(outgoing.chat_id))
         if chat is not None and chat.blocked:
             ctx.emit(Failed(n=n, reason="blocked", detail="the user blocked the bot", at=now))
@@ -224,7 +226,7 @@ class ChannelActor(Actor[ChannelState]):
 
     async def _send(self, ctx: Context[ChannelState], msg: Send) -> None:
         """At-most-once, second step: send a message recorded ``sending``."""
-        outgoing = ctx.state.outbox.get(msg.n)
+        outgoing = ctx.state.outgoing(msg.n)
         if outgoing is None or outgoing.state != "sending" or msg.n not in ctx.state.pending:
             return
         envelope = ctx.envelope
@@ -243,7 +245,7 @@ class ChannelActor(Actor[ChannelState]):
         self._arm_flush(ctx)
 
     async def _deliver(self, ctx: Context[ChannelState], bot: runtime.Bot, n: int) -> None:
-        outgoing = ctx.state.outbox[n]
+        outgoing = ctx.state.outbox[str(n)]
         ctx.ensure_lease()
         kill_point("telegram.sending")
         try:
@@ -259,7 +261,7 @@ class ChannelActor(Actor[ChannelState]):
     def _undelivered(
         self, ctx: Context[ChannelState], bot: runtime.Bot, n: int, exc: SendError
     ) -> None:
-        outgoing = ctx.state.outbox[n]
+        outgoing = ctx.state.outbox[str(n)]
         chat, now = outgoing.chat_id, time.time()
         at_most_once = bot.settings.delivery == "at_most_once"
         if exc.action == "retry":

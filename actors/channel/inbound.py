@@ -20,8 +20,7 @@ from typing import Any
 
 import attrs
 
-from toren import Context
-from toren._agents import agent_route
+from toren import Context, InternalError
 from toren.actors.channel import outbound, runtime
 from toren.actors.channel.telegram import SendError
 from toren.channels import (
@@ -39,7 +38,7 @@ from toren.channels import (
 )
 from toren.channels.client import code_hash
 from toren.kernel import route_served, utf8_size
-from toren.runs import RUN_KIND, Decide, Say, StartRun
+from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
 log = logging.getLogger("toren.channel")
@@ -75,6 +74,13 @@ class Update:
     file_name: str = ""
     file_size: int | None = None
     migrate_to: int | None = None
+
+    @property
+    def chat(self) -> int:
+        """The chat it came from (the caller checked that it has one)."""
+        if self.chat_id is None:
+            raise InternalError(f"update {self.update_id} has no chat")
+        return self.chat_id
 
 
 def _int(value: Any) -> int | None:
@@ -242,8 +248,7 @@ class Inbound:
 
     def _pair(self, update: Update, code: str) -> tuple[str, str]:
         ctx, now = self.ctx, time.time()
-        chat_id = update.chat_id
-        assert chat_id is not None
+        chat_id = update.chat
         recent = [t for t in ctx.state.failures.get(str(chat_id), ()) if t > now - PAIR_WINDOW]
         if len(recent) >= PAIR_TRIES:
             self._say(update, "Too many wrong codes from this chat: wait ten minutes.")
@@ -283,10 +288,9 @@ class Inbound:
     # -- conversations ---------------------------------------------------------------------
 
     def _say(self, update: Update, text: str) -> None:
-        assert update.chat_id is not None
         outbound.queue(
             self.ctx,
-            update.chat_id,
+            update.chat,
             text,
             kind="notice",
             thread=update.thread,
@@ -294,9 +298,8 @@ class Inbound:
         )
 
     def _key(self, update: Update) -> str:
-        assert update.chat_id is not None
         per_thread = self.bot.settings.per_thread
-        return chat_key(update.chat_id, update.thread if per_thread else None)
+        return chat_key(update.chat, update.thread if per_thread else None)
 
     async def _conversation(self, update: Update, text: str) -> tuple[str, bool]:
         """The chat's conversation run, started with ``text`` if it has none (or its last
@@ -320,7 +323,7 @@ class Inbound:
         ctx.send(run, StartRun(agent=agent, input=text, by=who), dedupe_key="start")
         ctx.emit(
             ConversationStarted(
-                key=key, chat_id=update.chat_id or 0, thread=update.thread, run=run, at=time.time()
+                key=key, chat_id=update.chat, thread=update.thread, run=run, at=time.time()
             )
         )
         return run, True

@@ -17,7 +17,7 @@ from toren import Context, TorenError
 from toren.actors.channel import runtime
 from toren.actors.channel.telegram import SendError
 from toren.channels import TEXT_LIMIT, ChannelState, Outgoing, Queued, Telegram
-from toren.sandbox._tools import SEND_MAX
+from toren.sandbox import SEND_MAX
 from toren.sandbox.checkpoints import read_file
 from toren.sandbox.store import StoreError
 
@@ -142,7 +142,7 @@ def next_due(
     soonest: float | None = None
     seen: set[int] = set()
     for n in state.pending:
-        outgoing = state.outbox[n]
+        outgoing = state.outbox[str(n)]
         chat = outgoing.chat_id
         if chat in seen:
             continue

@@ -14,9 +14,7 @@ import secrets
 import time
 from typing import Any
 
-from toren import Context
-from toren._actor import ActorFailed
-from toren._codec import decode
+from toren import ActorFailed, Context
 from toren.actors.channel import outbound, runtime
 from toren.channels import (
     ChannelState,
@@ -26,6 +24,7 @@ from toren.channels import (
     PromptOpened,
     RunRead,
 )
+from toren.kernel import decode
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,

@@ -13,9 +13,7 @@ import logging
 import asyncpg
 import attrs
 
-from toren import Agent, ConfigError, Settings
-from toren._agents import registered_agents, serve_route
-from toren._client import Client
+from toren import Agent, Client, ConfigError, Settings
 from toren.actors.channel.telegram import BotApi
 from toren.channels import (
     CHANNEL_KIND,
@@ -25,6 +23,7 @@ from toren.channels import (
     channel_address,
     channel_route,
 )
+from toren.runs import registered_agents, serve_route
 from toren.sandbox.files import open_store
 from toren.sandbox.store import WorkspaceStore
 
@@ -100,8 +99,14 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
         serve_route(channel_route(name))
         client = Client(pool, "")
         address = channel_address(name)
-        args = {"bot": name, "agent": agent.name}
-        await client.spawn(CHANNEL_KIND, address, args, route=channel_route(name))
+        # What the surfaces need without the app: the agent, where the webhook's secret is.
+        args = {"bot": name, "agent": agent.name, "webhook_secret_env": telegram.webhook_secret_env}
+        if not await client.spawn(CHANNEL_KIND, address, args, route=channel_route(name)):
+            await pool.execute(
+                "UPDATE toren.actors SET args = $2 WHERE actor_id = $1 AND args <> $2",
+                address,
+                args,
+            )
         await client.send(address, Tick(), system=True)
         opened.append(name)
         log.info(

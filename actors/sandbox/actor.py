@@ -42,6 +42,7 @@ from toren.kernel import kill_point
 from toren.sandbox import (
     CHANGES_WORKSPACE,
     SANDBOX_KIND,
+    SEND_MAX,
     WORKSPACE,
     Checkpointed,
     Command,
@@ -64,7 +65,6 @@ from toren.sandbox import (
     run_of,
     summary,
 )
-from toren.sandbox._tools import SEND_MAX
 from toren.sandbox.checkpoints import Manifest, checkpoint, load_manifest, restore
 from toren.sandbox.store import StoreError, WorkspaceStore
 

@@ -156,8 +156,7 @@ def delivery(state: ChannelState, chat: int | None = None) -> list[OutboundMessa
     outbox order) with their delivery state; only those to ``chat`` if given."""
     now = time.time()
     shown = []
-    for n in sorted(state.outbox):
-        outgoing = state.outbox[n]
+    for n, outgoing in state.in_order():
         queued = outgoing.queued
         if chat is not None and chat not in (outgoing.chat_id, queued.chat_id):
             continue

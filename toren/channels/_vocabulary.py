@@ -23,6 +23,7 @@ from typing import Any
 import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
 
+import toren.runs.state  # noqa: F401  (teaches the converter persistent maps: for snapshots)
 from toren._codec import message
 from toren._principal import Principal
 
@@ -391,7 +392,7 @@ class ChannelState:
     agent_observers: PMap[str, tuple[int, ...]] = attrs.field(factory=pmap)  # agent -> chats
     agent_seen: PMap[str, float] = attrs.field(factory=pmap)  # agent -> last run's creation
     hinted: PMap[str, float] = attrs.field(factory=pmap)  # unpaired chat -> last pairing hint
-    outbox: PMap[int, Outgoing] = attrs.field(factory=pmap)  # pending and recent, by n
+    outbox: PMap[str, Outgoing] = attrs.field(factory=pmap)  # pending and recent, by str(n)
     pending: PVector[int] = attrs.field(factory=pvector)  # queued or sending, in order
     recent: PVector[int] = attrs.field(factory=pvector)  # done, oldest first (at most RECENT)
     next_n: int = 1
@@ -401,12 +402,20 @@ class ChannelState:
     prompt_of: PMap[str, str] = attrs.field(factory=pmap)  # "chat/message_id" -> decision
     last_sent: PMap[str, float] = attrs.field(factory=pmap)  # chat -> when it was last sent to
 
+    def outgoing(self, n: int) -> Outgoing | None:
+        """Outbound message ``n`` (pending, or among the recent ones)."""
+        return self.outbox.get(str(n))
+
+    def in_order(self) -> list[tuple[int, Outgoing]]:
+        """The outbound messages kept (pending and recent), in the order they were queued."""
+        return sorted((int(n), outgoing) for n, outgoing in self.outbox.items())
+
 
 def _done(state: ChannelState, n: int, outgoing: Outgoing) -> ChannelState:
     recent = state.recent.append(n)
-    outbox = state.outbox.set(n, outgoing)
+    outbox = state.outbox.set(str(n), outgoing)
     while len(recent) > RECENT:
-        outbox = outbox.discard(recent[0])
+        outbox = outbox.discard(str(recent[0]))
         recent = recent.delete(0)
     return attrs.evolve(state, outbox=outbox, recent=recent, pending=state.pending.remove(n))
 
@@ -432,19 +441,19 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         outgoing = Outgoing(queued=event, chat_id=event.chat_id, at=event.at)
         return attrs.evolve(
             state,
-            outbox=state.outbox.set(event.n, outgoing),
+            outbox=state.outbox.set(str(event.n), outgoing),
             pending=state.pending.append(event.n),
             next_n=max(state.next_n, event.n + 1),
         )
     if isinstance(event, Sending):
-        known = state.outbox.get(event.n)
+        known = state.outbox.get(str(event.n))
         if known is None:
             return state
         return attrs.evolve(
-            state, outbox=state.outbox.set(event.n, attrs.evolve(known, state="sending"))
+            state, outbox=state.outbox.set(str(event.n), attrs.evolve(known, state="sending"))
         )
     if isinstance(event, Sent):
-        known = state.outbox.get(event.n)
+        known = state.outbox.get(str(event.n))
         if known is None or event.n not in state.pending:
             return state
         done = attrs.evolve(known, state="sent", message_ids=event.message_ids, at=event.at)
@@ -465,7 +474,7 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
             last_sent=state.last_sent.set(str(known.chat_id), event.at),
         )
     if isinstance(event, Failed):
-        known = state.outbox.get(event.n)
+        known = state.outbox.get(str(event.n))
         if known is None or event.n not in state.pending:
             return state
         state = _done(state, event.n, attrs.evolve(known, state=event.reason, at=event.at))
@@ -605,9 +614,9 @@ def _migrated(state: ChannelState, event: ChatMigrated) -> ChannelState:
             conversations = conversations.discard(key).set(new + key[len(old) :], run)
     outbox = state.outbox
     for n in state.pending:
-        outgoing = outbox[n]
+        outgoing = outbox[str(n)]
         if outgoing.chat_id == event.chat_id:
-            outbox = outbox.set(n, attrs.evolve(outgoing, chat_id=event.to))
+            outbox = outbox.set(str(n), attrs.evolve(outgoing, chat_id=event.to))
     return attrs.evolve(
         state,
         chats=chats,

@@ -23,6 +23,7 @@ from toren.channels._vocabulary import (
     IssueCode,
     Observe,
     Unpair,
+    channel_route,
     fold,
 )
 
@@ -78,9 +79,20 @@ async def channel_of(client: Client, agent: str) -> str:
     Raises:
         ChannelError: no worker has run a bot for ``agent``.
     """
-    for found in await channels(client):
-        if found["agent"] == agent:
-            return str(found["channel"])
+    from toren._leases import route_served
+
+    found = [c for c in await channels(client) if c["agent"] == agent and c["status"] == "live"]
+    if len(found) > 1:  # the agent's bot was renamed: the old channel's row stays
+        served = [c for c in found if await route_served(client.pool, channel_route(c["bot"]))]
+        found = served or found
+    if len(found) == 1:
+        return str(found[0]["channel"])
+    if found:
+        names = ", ".join(str(c["bot"]) for c in found)
+        raise ChannelError(
+            f"agent {agent!r} has several Telegram channels ({names}) and no live worker runs "
+            "exactly one of them: start the worker that runs the bot you mean"
+        )
     raise ChannelError(
         f"agent {agent!r} has no Telegram channel: give it [agents.{agent}.telegram] (bot, "
         "token_env) and start a worker that has the token (docs/channels.md)"
@@ -151,8 +163,7 @@ async def messages(client: Client, agent: str, chat_id: int | None = None) -> li
     oldest first, with their delivery state."""
     state = await read_channel(client, await channel_of(client, agent))
     out = []
-    for n in sorted(state.outbox):
-        outgoing = state.outbox[n]
+    for n, outgoing in state.in_order():
         if chat_id is not None and chat_id not in (outgoing.chat_id, outgoing.queued.chat_id):
             continue
         queued = outgoing.queued

@@ -20,6 +20,7 @@ from toren._agents import (
     agent_named,
     agent_route,
     call_tool_name,
+    registered_agents,
     serve_route,
     served_routes,
 )
@@ -199,6 +200,7 @@ __all__ = [
     "occurrences_of",
     "read_run",
     "receipt",
+    "registered_agents",
     "retry",
     "run_agent",
     "run_status",

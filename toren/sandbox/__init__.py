@@ -16,7 +16,7 @@ from toren.sandbox._settings import (
     configured,
     parse_size,
 )
-from toren.sandbox._tools import is_sandbox_tool, sandbox_tools
+from toren.sandbox._tools import SEND_MAX, is_sandbox_tool, sandbox_tools
 from toren.sandbox._vocabulary import (
     CHANGES_WORKSPACE,
     SANDBOX_KIND,
@@ -49,6 +49,7 @@ __all__ = [
     "DEFAULT_IMAGE",
     "SANDBOX_KIND",
     "SANDBOX_ROUTE",
+    "SEND_MAX",
     "SETTABLE",
     "TOOLS",
     "WORKSPACE",

@@ -1,0 +1,101 @@
+"""The channel's state: its fold over a journal (pairing, the outbox, prompts, watches,
+migrations, observers) and its snapshot, read back equal to the fold."""
+
+from __future__ import annotations
+
+import pytest
+
+from toren import Client
+from toren._snapshots import encode, read, write
+from toren.channels import (
+    ChannelState,
+    ChatMigrated,
+    ChatPaired,
+    ChatUnpaired,
+    CodeIssued,
+    ConversationStarted,
+    Failed,
+    ObserverChanged,
+    PairFailed,
+    PromptOpened,
+    Queued,
+    RunRead,
+    Sending,
+    Sent,
+    fold,
+    telegram_principal,
+)
+from toren.channels._vocabulary import RECENT
+
+pytestmark = pytest.mark.anyio
+WHO = telegram_principal(7, "ann")
+
+
+def journal() -> list[object]:
+    events: list[object] = [
+        CodeIssued(code_hash="h1", expires_at=10.0, by=WHO, at=1.0),
+        PairFailed(chat_id=9, at=1.5),
+        ChatPaired(chat_id=5, title="ann", chat_type="private", code_hash="h1", by=WHO, at=2.0),
+        ConversationStarted(key="5", chat_id=5, thread=None, run="run/a", at=2.0),
+        ObserverChanged(chat_id=5, agent="teller", by=WHO, at=2.0),
+        ObserverChanged(chat_id=5, run="run/b", by=WHO, after=3, at=2.0),
+        RunRead(run="run/a", seq=4),
+    ]
+    for n in range(1, RECENT + 20):
+        events.append(Queued(n=n, chat_id=5, kind="text", text=f"m{n}", at=3.0))
+        events.append(Sent(n=n, message_ids=(n,), at=3.0))
+    n = RECENT + 20
+    events += [
+        Queued(n=n, chat_id=5, kind="prompt", text="p", decision="d1", at=4.0),
+        PromptOpened(decision="d1", run="run/a", call_id="c1", name="refund", chat_id=5, at=4.0),
+        Sending(n=n, at=4.0),
+        Sent(n=n, message_ids=(900,), at=4.0),
+        Queued(n=n + 1, chat_id=5, kind="text", text="lost", at=5.0),
+        Sending(n=n + 1, at=5.0),
+        Failed(n=n + 1, reason="lost", at=5.0),
+        Queued(n=n + 2, chat_id=5, kind="text", text="after the upgrade", at=6.0),
+        ChatMigrated(chat_id=5, to=-1005, at=6.0),
+    ]
+    return events
+
+
+def folded() -> ChannelState:
+    state = ChannelState()
+    for event in journal():
+        state = fold(state, event)
+    return state
+
+
+def test_the_fold_keeps_pending_messages_and_the_recent_ones() -> None:
+    state = folded()
+    assert len(state.recent) == RECENT  # older delivered messages are forgotten
+    assert list(state.pending) == [RECENT + 22]
+    pending = state.outgoing(RECENT + 22)
+    assert pending is not None
+    assert pending.chat_id == -1005  # follows the migration
+    assert "-1005" in state.chats
+    assert state.conversations == {"-1005": "run/a"}
+    assert state.prompt_of["5/900"] == "d1"
+    lost = state.outgoing(RECENT + 21)
+    assert lost is not None
+    assert lost.state == "lost"
+    assert (state.sent, state.failed) == (RECENT + 20, 1)
+    assert state.watches["run/b"].seq == 3
+    assert state.codes == {}  # used
+    assert list(state.failures["9"]) == [1.5]
+
+
+def test_unpairing_forgets_the_chat_its_conversation_and_its_observations() -> None:
+    state = fold(folded(), ChatUnpaired(chat_id=-1005, by=WHO, at=7.0))
+    assert state.chats == {}
+    assert state.conversations == {}
+
+
+async def test_the_snapshot_reads_back_as_the_fold(client: Client) -> None:
+    state = folded()
+    await client.spawn("toren.channel", "channel/telegram/snap", {"bot": "snap"})
+    assert await write(client.pool, "channel/telegram/snap", 1, 99, encode(state, 99))
+    async with client.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
+        found = await read(conn, "channel/telegram/snap", ChannelState, 1)
+    assert found is not None
+    assert found == (state, 99)
