@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +25,7 @@ import anyio
 import pytest
 
 from tests import telegram_app
-from tests.conftest import running_worker, wait_for
+from tests.conftest import ROOT, running_worker, wait_for
 from tests.telegram_support import TELLER, channel_row, chat_model, received, telegram
 from tests.test_api import api, session
 from tests.test_cli import toren
@@ -531,3 +535,105 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
 
 async def _webhook_set(server: TelegramServer) -> bool:
     return bool(server.calls("setWebhook"))
+
+
+async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles_nothing(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``toren serve`` frozen right after it enqueued an update, before its 200, and killed:
+    Telegram gets no answer and posts the update again to the next server; the channel handles
+    it once."""
+    from toren import Agent, _agents
+    from toren.channels import Telegram
+
+    monkeypatch.setattr(_agents, "_registry", {})
+    monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "TOREN_DATABASE_URL": db_url,
+        "TELEGRAM_WEBHOOK_SECRET": SECRET,
+        "TOREN_KILL_POINT": "telegram.enqueued",
+        "TOREN_KILL_POINT_DIR": str(tmp_path),
+    }
+    async with telegram(monkeypatch) as server:
+        crashed = Agent(
+            name="crashed",
+            model=telegram_app.MODEL,
+            system="crashed",
+            telegram=Telegram(
+                bot="crashed",
+                token_env=telegram_app.TOKEN_ENV,
+                mode="webhook",
+                webhook_url=f"{base}/telegram/crashed",
+                poll_timeout=1,
+                chat_interval=0,
+            ),
+        )
+        _agents.register_agents([crashed])
+        async with running_worker(db_url, telegram_api_url=server.url):
+            await wait_for(lambda: _webhook_set(server), what="the webhook set")
+            statuses: list[int] = []
+            first = _serve(port, env)
+            try:
+                await wait_for(lambda: _answers(base), timeout=60, what="the first server")
+                update_id = server.push_message(100, "hello", user_id=ALICE)
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_deliver_into, server, update_id, statuses)
+                    await wait_for(lambda: _hit(tmp_path), timeout=30, what="the kill point")
+                    first.kill()  # frozen after the enqueue, before the 200
+                assert statuses == [0]  # Telegram got no answer
+            finally:
+                first.kill()
+                first.wait(10)
+            del env["TOREN_KILL_POINT"]
+            second = _serve(port, env)
+            try:
+                await wait_for(lambda: _answers(base), timeout=60, what="the second server")
+                assert await server.deliver(update_id) == 200  # Telegram's retry
+                await received(server, 100, lambda t: "not paired" in t)
+
+                async def handled() -> list[Any]:
+                    return await client.pool.fetch(
+                        "SELECT data->>'update_id' AS id FROM toren.journal "
+                        "WHERE actor_id = 'channel/telegram/crashed' AND type = 'update.handled'"
+                    )
+
+                assert [int(r["id"]) for r in await wait_for(handled)] == [update_id]
+            finally:
+                second.kill()
+                second.wait(10)
+    assert len(server.sent(100, token=TELLER)) == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _serve(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "toren", "serve", "--port", str(port)],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+async def _answers(base: str) -> bool:
+    try:
+        async with aiohttp.ClientSession() as s, s.get(f"{base}/healthz") as r:
+            return r.status == 200
+    except aiohttp.ClientError:
+        return False
+
+
+async def _hit(folder: Path) -> bool:
+    return (folder / "hit").exists()
+
+
+async def _deliver_into(server: TelegramServer, update_id: int, statuses: list[int]) -> None:
+    statuses.append(await server.deliver(update_id))

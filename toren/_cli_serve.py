@@ -11,6 +11,7 @@ from toren._config import Settings
 from toren._db import connect
 from toren._errors import ConfigError
 from toren._http import ServerOptions
+from toren._killpoints import arm as arm_kill_points
 from toren._serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
 from toren._terminal import plain
 from toren._tokens import SCOPES, create_token, list_tokens, revoke_token
@@ -80,6 +81,10 @@ async def serve(ctx: click.Context, host: str, port: int) -> None:
             f"[yellow]listening on {host}:[/yellow] anyone who can reach it and holds a token "
             "can drive runs; put TLS in front of it."
         )
+    try:
+        arm_kill_points()  # the webhook route's kill point (chaos and the webhook crash test)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     settings = _settings(ctx)
     await serve_forever(
         database_url(settings), host=host, port=port, options=ServerOptions.of(settings)

@@ -62,6 +62,7 @@ POINTS: dict[str, str] = {
     "telegram.polled": "a channel has updates from getUpdates, not yet recorded",
     "telegram.sending": "a channel is about to send a message whose record is queued",
     "telegram.sent": "Telegram accepted a channel's message, its delivery not yet recorded",
+    "telegram.enqueued": "the webhook route enqueued an update for its channel, not yet answered",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"

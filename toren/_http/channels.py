@@ -38,6 +38,7 @@ from toren._http.models import (
     OutboundMessage,
     WebhookAck,
 )
+from toren._killpoints import kill_point
 from toren.channels import CHANNEL_KIND, ChannelState, Inbound, Telegram, channel_address
 from toren.channels._settings import BOT_NAME
 from toren.channels.client import channels, read_channel
@@ -229,6 +230,7 @@ async def webhook(request: web.Request) -> web.Response:
             "the channel takes no updates now",
             headers={"Retry-After": "60"},
         ) from exc
+    kill_point("telegram.enqueued")
     return json(WebhookAck())
 
 
