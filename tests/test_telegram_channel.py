@@ -11,7 +11,7 @@ import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import person, wait_for
-from tests.telegram_support import ALICE, BRIEF, bots, channel_row, received
+from tests.telegram_support import ALICE, BRIEF, bots, channel_row, paired, received
 from toren import Client
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
@@ -99,3 +99,26 @@ async def _past(when: float) -> bool:
 
 async def _count(server: TelegramServer, chat: int, text: str, n: int) -> bool:
     return sum(text in (m.text or "") for m in server.sent(chat)) >= n
+
+
+async def test_odd_and_hostile_updates_are_recorded_and_the_bot_goes_on(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, model = bots
+    await paired(client, server, 100)
+    server.push_message(100, "first", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: first")
+    [first] = [m for m in server.sent(100) if m.text == "echo: first"]
+    server.push_edited_message(100, first.message_id, "edited")  # not a new message
+    server.push_raw({"message": {"chat": {"id": "100"}, "text": 5, "from": []}})
+    server.push_raw({"callback_query": {"id": 5, "data": {"a": 1}, "message": "x"}})
+    server.push_raw({"poll": {"id": "1"}, "message": None})
+    server.push_message(100, "second", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: second")
+    rows = await client.pool.fetch(
+        "SELECT data->>'outcome' AS outcome FROM toren.journal "
+        "WHERE actor_id = 'channel/telegram/teller' AND type = 'update.handled' ORDER BY seq"
+    )
+    outcomes = [r["outcome"] for r in rows]
+    assert outcomes[-5:] == ["ignored", "ignored", "ignored", "ignored", "forwarded"]
+    assert len(model.requests) == 2  # only the two real messages reached the agent

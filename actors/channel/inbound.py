@@ -37,7 +37,7 @@ from toren.channels import (
     telegram_principal,
 )
 from toren.channels.client import code_hash
-from toren.kernel import route_served, utf8_size
+from toren.kernel import TRANSIENT_DB_ERRORS, route_served, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
@@ -49,6 +49,7 @@ HINT_EVERY = 60.0
 _NAMESPACE = uuid.UUID("5d0f3c1e-8b7a-4e2f-9c61-2a4b8e7d9f30")
 _YES = {"approve", "approved", "yes", "y", "ok", "allow", "\u2705", "\U0001f44d"}
 _NO = {"deny", "denied", "no", "n", "reject", "refuse", "\u274c", "\U0001f44e"}
+_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, OSError)  # tried again
 _CALLBACK = re.compile(r"([ad]):([A-Za-z0-9_-]{1,40})")
 
 
@@ -101,7 +102,8 @@ def parse(raw: dict[str, Any], bot_id: int) -> Update | None:
     if update_id is None:
         return None
     callback = _dict(raw.get("callback_query"))
-    message = _dict(raw.get("message") or raw.get("edited_message") or callback.get("message"))
+    # An edited message is not a new one: it is recorded and ignored (kind "other").
+    message = _dict(raw.get("message") or callback.get("message"))
     chat = _dict(message.get("chat"))
     user = _dict(callback.get("from") or message.get("from"))
     reply = _dict(message.get("reply_to_message"))
@@ -193,7 +195,14 @@ class Inbound:
             return
         if polling and update.update_id < ctx.state.offset:
             return  # handled before (Telegram sent it again: the offset was not confirmed)
-        outcome, detail = await self._dispatch(update)
+        try:
+            outcome, detail = await self._dispatch(update)
+        except _RETRIED:
+            raise  # tried again: the update is handled when the database answers
+        except Exception as exc:  # a bug, or an update nothing foresaw
+            # Recorded and passed: one update must not stop the bot for ever.
+            log.exception("%s: update %d could not be handled", self.actor_id, update.update_id)
+            outcome, detail = "error", f"{type(exc).__name__}: {exc}"
         ctx.emit(
             UpdateHandled(
                 update_id=update.update_id,

@@ -10,7 +10,7 @@
 
 The token is read by the worker from the environment variable or the file named here, when the
 channel starts; it is never written to the journal, a log line or an error (URLs holding it are
-redacted, :func:`redact`).
+redacted, :func:`redact`, as every log line is).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import attrs
 
 from toren._agents import parse_duration
 from toren._errors import ConfigError
+from toren._logging import redact as redact
 
 BOT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_API_URL = "https://api.telegram.org"
@@ -33,14 +34,6 @@ TEXT_LIMIT = 4096
 
 Delivery = Literal["at_least_once", "at_most_once"]
 Mode = Literal["polling", "webhook"]
-
-_TOKEN = re.compile(r"\d{3,}:[A-Za-z0-9_-]{10,}")
-
-
-def redact(text: str) -> str:
-    """``text`` with anything shaped like a bot token (``123456:ABC...``) replaced."""
-    return _TOKEN.sub("<bot token>", text)
-
 
 def _bot(inst: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not BOT_NAME.fullmatch(value):
