@@ -468,10 +468,11 @@ async def test_a_cancelled_runs_command_in_flight_runs_to_its_end(
     async with model(steps, monkeypatch), sandboxed(db_url, tmp_path, sandbox_reap_seconds=2.0):
         run_id = await start_run(client, "prober", "sleep")
         runs.append(run_id)
-        await wait_for(lambda: docker.find(run_id), timeout=60, what="the container")
-        await anyio.sleep(2)  # the command runs
+        await wait_for(lambda: _sleeping(docker, run_id), timeout=60, what="the command running")
         await cancel(client, run_id, by=person("ana"))
-        await anyio.sleep(8)  # the reaper has had four rounds; the command has 10 s left
+        # An absence window, bounded: the container must NOT go while the command runs. In 8 s
+        # the reaper (every 2 s) has had four rounds; the command still has 10 s or more left.
+        await anyio.sleep(8)
         alive = await docker.find(run_id)
         await wait_for(
             lambda: _finished(client, run_id), timeout=60, what="the sandbox's command.finished"
@@ -483,6 +484,16 @@ async def test_a_cancelled_runs_command_in_flight_runs_to_its_end(
         f"reported {finished['state']}: {[t for t, _ in events]}"
     )
     assert finished["state"] == "finished"
+
+
+async def _sleeping(docker: Docker, run_id: str) -> bool:
+    """Whether the run's container runs the test's ``sleep 20`` (seen by ``pgrep`` inside)."""
+    found = await docker.find(run_id)
+    if found is None:
+        return False
+    command = ["docker", "exec", found.container_id, "pgrep", "-f", "sleep 20"]
+    done = await anyio.run_process(command, check=False)
+    return done.returncode == 0
 
 
 async def _finished(client: Client, run_id: str) -> bool:

@@ -5,7 +5,7 @@ no Docker anywhere, and at-most-once commands across a worker's SIGKILL."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -255,10 +255,13 @@ async def test_a_command_in_flight_when_its_worker_is_killed_is_killed_and_not_r
         container = await wait_for(lambda: docker.find(run_id), timeout=60)
 
         async def started() -> bool:
-            data, _ = await docker.read_file(container.container_id, "log.txt", 100)
+            try:
+                data, _ = await docker.read_file(container.container_id, "log.txt", 100)
+            except FileNotFoundError:  # the command has not written it yet
+                return False
             return data == b"start\n"
 
-        await wait_for(_tolerant(started), timeout=60, what="the long command started")
+        await wait_for(started, timeout=60, what="the long command started")
         first.signal(signal.SIGKILL)
         first.wait(10)
         second = workers("tests.sandbox_app", sandboxes="true", workspace_store=store)
@@ -278,16 +281,6 @@ async def test_a_command_in_flight_when_its_worker_is_killed_is_killed_and_not_r
 
 async def _waiting(client: Client, run_id: str) -> bool:
     return bool(waiting_on(await read_run(client, run_id)))
-
-
-def _tolerant(predicate: Callable[[], Any]) -> Callable[[], Any]:
-    async def check() -> Any:
-        try:
-            return await predicate()
-        except Exception:
-            return False
-
-    return check
 
 
 @pytest.fixture
