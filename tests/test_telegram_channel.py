@@ -11,7 +11,7 @@ import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import person, wait_for
-from tests.telegram_support import ALICE, BRIEF, bots, channel_row, paired, received
+from tests.telegram_support import ALICE, BRIEF, TELLER, bots, channel_row, paired, received
 from toren import Client
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
@@ -122,3 +122,39 @@ async def test_odd_and_hostile_updates_are_recorded_and_the_bot_goes_on(
     outcomes = [r["outcome"] for r in rows]
     assert outcomes[-5:] == ["ignored", "ignored", "ignored", "ignored", "forwarded"]
     assert len(model.requests) == 2  # only the two real messages reached the agent
+
+
+async def test_the_token_is_in_no_table(client: Client, bots: tuple[TelegramServer, Any]) -> None:
+    server, _ = bots
+    await paired(client, server, 100)
+    server.push_message(100, "hello", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: hello")
+    secret = TELLER.split(":", 1)[1]
+    for table in ("journal", "mailbox", "deadletters", "actors", "snapshots"):
+        found = await client.pool.fetchval(
+            f"SELECT count(*) FROM toren.{table} t WHERE t::text LIKE $1",
+            f"%{secret}%",
+        )
+        assert found == 0, table
+
+
+def test_log_lines_are_redacted_of_bot_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from toren._logging import configure
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        configure("DEBUG")
+        logging.getLogger("telegram.Bot").debug("Set Bot API URL: %s", f"https://x/bot{TELLER}")
+        try:
+            raise ValueError(f"refused https://x/bot{TELLER}/getMe")
+        except ValueError:
+            logging.getLogger("toren.channel").exception("failed")
+    finally:
+        root.handlers[:], root.level = handlers, level
+    err = capsys.readouterr().err
+    assert "Set Bot API URL: https://x/bot<bot token>" in err
+    assert "refused https://x/bot<bot token>/getMe" in err  # in the traceback too
+    assert TELLER.split(":", 1)[1] not in err
