@@ -22,6 +22,7 @@ from toren.channels import (
     RunRead,
     Sending,
     Sent,
+    UpdateHandled,
     fold,
     telegram_principal,
 )
@@ -99,3 +100,17 @@ async def test_the_snapshot_reads_back_as_the_fold(client: Client) -> None:
         found = await read(conn, "channel/telegram/snap", ChannelState, 1)
     assert found is not None
     assert found == (state, 99)
+
+
+def test_a_run_whose_turn_ended_is_read_again_only_once_sent_something() -> None:
+    state = fold(ChannelState(), ConversationStarted(key="5", chat_id=5, thread=None, run="run/a"))
+    assert state.watches["run/a"].active
+    state = fold(state, RunRead(run="run/a", seq=9, done=True))  # its reply read: turn over
+    assert not state.watches["run/a"].active
+    state = fold(state, RunRead(run="run/a", seq=9))  # read at a sweep: nothing new, no change
+    state = fold(state, RunRead(run="run/a", seq=9, done=True))
+    handled = UpdateHandled(
+        update_id=1, chat_id=5, user_id=7, kind="message", outcome="forwarded", run="run/a"
+    )
+    state = fold(state, handled)  # the chat wrote again: read at every tick until it answers
+    assert state.watches["run/a"].active

@@ -56,6 +56,7 @@ from toren.kernel import kill_point
 log = logging.getLogger("toren.channel")
 
 _BACKOFF_CAP = 60.0
+SWEEP = 20  # ticks between two reads of every watched run (about a minute while idle)
 
 
 class ChannelActor(Actor[ChannelState]):
@@ -77,6 +78,7 @@ class ChannelActor(Actor[ChannelState]):
         self.bot_name = str(args.get("bot") or actor_id.rsplit("/", 1)[-1])
         self._started = False  # this activation set the bot up (webhook deleted or set)
         self._failures = 0  # polls failed in a row (backoff)
+        self._ticks = 0  # every SWEEP-th reads every watched run, not only the active ones
         self._limits = outbound.Limits()
 
     def initial_state(self) -> ChannelState:
@@ -115,6 +117,10 @@ class ChannelActor(Actor[ChannelState]):
         try:
             if not self._started:
                 await self._start(ctx, bot)
+            # The runs first: what the updates below send a run makes it read again from the
+            # next tick on, and its reply is read then (see Reader).
+            self._ticks += 1
+            await Reader(ctx, sweep=self._ticks % SWEEP == 1).read()
             if polling:
                 due, wait = outbound.next_due(ctx.state, time.time(), settings, self._limits)
                 timeout = settings.poll_timeout
@@ -138,9 +144,9 @@ class ChannelActor(Actor[ChannelState]):
                 delay,
             )
             ctx.set_timer("tick", delay, Tick())
+            self._arm_flush(ctx)
             return
         self._failures = 0
-        await Reader(ctx).read()
         self._arm_flush(ctx)
         ctx.set_timer("tick", 0.0 if polling else settings.poll_timeout, Tick())
 
@@ -193,8 +199,8 @@ class ChannelActor(Actor[ChannelState]):
                     at=time.time(),
                 )
             )
-        await InboundHandler(ctx, bot, self.actor_id).handle(msg.update, polling=False)
         await Reader(ctx).read()
+        await InboundHandler(ctx, bot, self.actor_id).handle(msg.update, polling=False)
         self._arm_flush(ctx)
 
     # -- outbound --------------------------------------------------------------------------

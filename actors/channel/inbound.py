@@ -185,6 +185,7 @@ class Inbound:
         self.ctx = ctx
         self.bot = bot
         self.actor_id = actor_id
+        self._sent_to = ""  # the run the update being handled was sent to
 
     async def handle(self, raw: dict[str, Any], *, polling: bool) -> None:
         """Handle one raw update and record it (``update.handled``)."""
@@ -195,6 +196,7 @@ class Inbound:
             return
         if polling and update.update_id < ctx.state.offset:
             return  # handled before (Telegram sent it again: the offset was not confirmed)
+        self._sent_to = ""
         try:
             outcome, detail = await self._dispatch(update)
         except _RETRIED:
@@ -211,6 +213,7 @@ class Inbound:
                 kind=update.kind,
                 outcome=outcome,
                 detail=detail[:500],
+                run=self._sent_to,
                 at=time.time(),
             )
         )
@@ -322,6 +325,7 @@ class Inbound:
                 "SELECT summary->>'status' FROM toren.actors WHERE actor_id = $1", run
             )
             if status != "failed":
+                self._sent_to = run
                 return run, False
             ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
         count = ctx.state.started.get(key, 0)
@@ -335,6 +339,7 @@ class Inbound:
                 key=key, chat_id=update.chat, thread=update.thread, run=run, at=time.time()
             )
         )
+        self._sent_to = run
         return run, True
 
     async def _forward(self, update: Update, text: str) -> tuple[str, str]:

@@ -53,6 +53,7 @@ FROM toren.actors
 WHERE kind = 'toren.run' AND args->>'agent' = $1 AND created_at > to_timestamp($2)
 ORDER BY created_at LIMIT 50
 """
+_TURN_ENDS = {"run.completed", "run.failed", "toren.failed"}
 _INTERESTING = {
     "run.completed",
     "run.failed",
@@ -74,25 +75,35 @@ def _args(arguments: Any, limit: int) -> str:
 
 
 class Reader:
-    """Reads the watched runs for one channel step."""
+    """Reads the watched runs for one channel step.
 
-    def __init__(self, ctx: Context[ChannelState]) -> None:
+    A run whose turn has ended (its last event that mattered completed or failed it) is read
+    again when the channel sends it something (a step reads the runs before it handles updates,
+    so that what an update sends a run wakes it after that step's reads); ``sweep`` reads every
+    watched run (a run someone
+    else sent a message to, from the CLI or the console), so that the cost of a tick grows with
+    the conversations going on, not with every conversation the bot ever had."""
+
+    def __init__(self, ctx: Context[ChannelState], *, sweep: bool = False) -> None:
         self.ctx = ctx
         self.pool = runtime.pool()
+        self.sweep = sweep
 
     async def read(self) -> None:
         await self._discover()
         watches = self.ctx.state.watches
-        if not watches:
+        runs = sorted(r for r, w in watches.items() if w.active or self.sweep)
+        if not runs:
             return
-        runs = sorted(watches)
         rows = await self.pool.fetch(_NEW_EVENTS, runs, [watches[r].seq for r in runs], BATCH)
         last: dict[str, int] = {}
+        done: dict[str, bool] = {}
         for row in rows:
             run, seq = row["actor_id"], row["seq"]
             last[run] = seq
             if row["type"] not in _INTERESTING:
                 continue
+            done[run] = row["type"] in _TURN_ENDS
             try:
                 event = decode(row["type"], row["data"])
             except Exception:  # noqa: BLE001  (a type this version cannot read: skipped, logged)
@@ -100,7 +111,7 @@ class Reader:
                 continue
             await self._event(run, seq, event)
         for run, seq in last.items():
-            self.ctx.emit(RunRead(run=run, seq=seq))
+            self.ctx.emit(RunRead(run=run, seq=seq, done=done.get(run, False)))
 
     async def _discover(self) -> None:
         """Runs of observed agents that began since the last look."""

@@ -35,6 +35,7 @@ TEXT_LIMIT = 4096
 Delivery = Literal["at_least_once", "at_most_once"]
 Mode = Literal["polling", "webhook"]
 
+
 def _bot(inst: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not BOT_NAME.fullmatch(value):
         raise ConfigError(

@@ -143,6 +143,7 @@ class UpdateHandled:
     kind: str  # message, callback, document, photo, other
     outcome: str  # forwarded, started, paired, pair_failed, hinted, ignored, decided, refused...
     detail: str = ""
+    run: str = ""  # the run it was sent to, if any
     at: float = 0.0
 
 
@@ -257,6 +258,7 @@ class RunRead:
 
     run: str
     seq: int
+    done: bool = False  # the last of it that mattered ended the run's turn: read it less often
 
 
 @message("outbox.queued")
@@ -371,6 +373,9 @@ class Watch:
     seq: int = 0
     conversation: str | None = None  # the chat key whose conversation it is
     observers: tuple[int, ...] = ()
+    # Read at every tick while active; once the run has ended its turn (completed or failed),
+    # only when the channel sends it something, and at the sweep every few ticks.
+    active: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -427,6 +432,8 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         state = attrs.evolve(state, offset=offset, updates=state.updates + 1)
         if event.outcome == "hinted" and event.chat_id is not None:
             state = attrs.evolve(state, hinted=state.hinted.set(str(event.chat_id), event.at))
+        if event.run:  # the run was sent something: read it at every tick again
+            state = _woken(state, event.run)
         return state
     if isinstance(event, ObservedRun):
         chats = state.agent_observers.get(event.agent, ())
@@ -481,9 +488,8 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         return attrs.evolve(state, failed=state.failed + 1)
     if isinstance(event, RunRead):
         watch = state.watches.get(event.run, Watch())
-        return attrs.evolve(
-            state, watches=state.watches.set(event.run, attrs.evolve(watch, seq=event.seq))
-        )
+        watch = attrs.evolve(watch, seq=event.seq, active=not event.done)
+        return attrs.evolve(state, watches=state.watches.set(event.run, watch))
     if isinstance(event, ConversationStarted):
         watch = state.watches.get(event.run, Watch())
         return attrs.evolve(
@@ -507,9 +513,8 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         prompt = state.prompts.get(event.decision)
         if prompt is None or prompt.state != "open":
             return state
-        return attrs.evolve(
-            state, prompts=state.prompts.set(event.decision, attrs.evolve(prompt, state="sent"))
-        )
+        prompts = state.prompts.set(event.decision, attrs.evolve(prompt, state="sent"))
+        return _woken(attrs.evolve(state, prompts=prompts), prompt.opened.run)
     if isinstance(event, PromptClosed):
         prompt = state.prompts.get(event.decision)
         if prompt is None:
@@ -553,6 +558,13 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
     if isinstance(event, ChannelStarted):
         return attrs.evolve(state, agent=event.agent, bot_id=event.bot_id, username=event.username)
     return state
+
+
+def _woken(state: ChannelState, run: str) -> ChannelState:
+    watch = state.watches.get(run)
+    if watch is None or watch.active:
+        return state
+    return attrs.evolve(state, watches=state.watches.set(run, attrs.evolve(watch, active=True)))
 
 
 def _blocked(state: ChannelState, chat_id: int, blocked: bool) -> ChannelState:
