@@ -26,14 +26,17 @@ from chaos.matrix import (
     clean_call_run,
     clean_run,
     clean_sandbox_run,
+    clean_telegram_run,
     sandbox_cells,
     summary,
     table,
+    telegram_cells,
 )
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
+from chaos.telegram import TelegramExpected
 
 console = Console()
 
@@ -44,6 +47,7 @@ async def _cells(
     expected: Expected,
     call: CallExpected,
     sandbox: SandboxExpected | None,
+    telegram: TelegramExpected,
     label: str,
 ) -> list[CellResult]:
     results = []
@@ -59,7 +63,14 @@ async def _cells(
             progress.update(
                 task, description=f"{label}: {cell.point}#{cell.occurrence} {cell.fault}"
             )
-            clean = {"chaos": expected, "call": call, "sandbox": sandbox, "rerunnable": sandbox}
+            clean = {
+                "chaos": expected,
+                "call": call,
+                "sandbox": sandbox,
+                "rerunnable": sandbox,
+                "at_least_once": telegram,
+                "at_most_once": telegram,
+            }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
                 console.print(f"[red]FAIL[/red] {cell.slug}: {'; '.join(result.problems)}")
@@ -84,6 +95,7 @@ async def main(
         async with Harness(server.url, workdir / "cells") as harness:
             expected = await clean_run(harness)
             call = await clean_call_run(harness)
+            telegram = await clean_telegram_run(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -107,10 +119,14 @@ async def main(
                         if sandbox is not None and (only is None or only in c.point)
                     ],
                 ),
+                (
+                    "Kill matrix: Telegram channels",
+                    [c for c in telegram_cells() if only is None or only in c.point],
+                ),
             ):
                 if not todo:
                     continue
-                results = await _cells(harness, todo, expected, call, sandbox, "matrix")
+                results = await _cells(harness, todo, expected, call, sandbox, telegram, "matrix")
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
                 ok = ok and all(r.passed for r in results)
@@ -132,7 +148,7 @@ async def main(
                 async with Harness(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
-                    red = await _cells(mutated, todo, expected, call, sandbox, name)
+                    red = await _cells(mutated, todo, expected, call, sandbox, telegram, name)
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))
                 for r in red:

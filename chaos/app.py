@@ -1,5 +1,5 @@
 """The app the chaos matrix runs: one agent whose run touches every kind of step, two that make
-a cross-agent call, and two whose tools run in a sandbox.
+a cross-agent call, two whose tools run in a sandbox, and two reached through Telegram bots.
 
 The scripted model (see :func:`chaos.servers.script`) has the ``chaos`` agent open a ticket (a
 keyed external effect), refund the customer (a keyed external effect that needs an approval),
@@ -7,7 +7,9 @@ sleep on a durable timer, and answer. The ``caller`` agent calls the ``callee`` 
 run opens a ticket and answers) and answers with what the callee said: the call cells' run.
 The ``sandboxed`` agent writes a
 script into its workspace and runs it twice (see :data:`chaos.servers.SANDBOX_CALLS`): the sandbox
-cells' run; ``rerunnable`` is the same with its sandbox declared rerunnable. The effects go to
+cells' run; ``rerunnable`` is the same with its sandbox declared rerunnable. ``chatty`` and
+``chatty_once`` answer a Telegram chat (the Telegram cells), delivering at least once and at most
+once. The effects go to
 the harness's :class:`chaos.servers.EffectServer`, which applies each idempotency key once and
 counts every request.
 
@@ -23,6 +25,7 @@ import os
 import aiohttp
 
 from toren import Agent, ToolContext, durable_sleep, tool
+from toren.channels import Telegram
 from toren.sandbox import Sandbox
 
 
@@ -90,6 +93,39 @@ rerunnable = Agent(
     system="sandbox: You run scripts in your workspace.",
     sandbox=Sandbox(
         allow=_STEPS, command_timeout="60s", memory="256MiB", idle_stop="1h", rerunnable=True
+    ),
+)
+
+# The Telegram cells' agents: each answers a chat through its own bot, one delivering at least
+# once, the other at most once. A worker runs a bot only with its token, which the harness gives
+# the workers of a Telegram cell alone (each cell its own token and Bot API server); the others
+# log that the bots are not run there.
+TELEGRAM_TOKEN_ENV = {
+    "at_least_once": "CHAOS_TELEGRAM_TOKEN",
+    "at_most_once": "CHAOS_TELEGRAM_ONCE_TOKEN",
+}
+chatty = Agent(
+    name="chatty",
+    model="anthropic/claude-sonnet-4-6",
+    system="telegram: You answer people in a chat.",
+    telegram=Telegram(
+        bot="chaos_chatty",
+        token_env=TELEGRAM_TOKEN_ENV["at_least_once"],
+        delivery="at_least_once",
+        poll_timeout=1,
+        chat_interval=0,
+    ),
+)
+chatty_once = Agent(
+    name="chatty_once",
+    model="anthropic/claude-sonnet-4-6",
+    system="telegram: You answer people in a chat.",
+    telegram=Telegram(
+        bot="chaos_chatty_once",
+        token_env=TELEGRAM_TOKEN_ENV["at_most_once"],
+        delivery="at_most_once",
+        poll_timeout=1,
+        chat_interval=0,
     ),
 )
 

@@ -19,15 +19,28 @@ from rich.console import Console
 
 from chaos.calls import CallExpected
 from chaos.harness import CellResult, Harness
-from chaos.matrix import clean_call_run, clean_run, clean_sandbox_run, summary, table
+from chaos.matrix import (
+    clean_call_run,
+    clean_run,
+    clean_sandbox_run,
+    clean_telegram_run,
+    summary,
+    table,
+)
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
+from chaos.telegram import TelegramExpected
 from toren._db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
 # The titles under which the matrices' cells are recorded (the rest are mutations' cells).
-MATRICES = ("Kill matrix", "Kill matrix: cross-agent calls", "Kill matrix: sandboxes")
+MATRICES = (
+    "Kill matrix",
+    "Kill matrix: cross-agent calls",
+    "Kill matrix: sandboxes",
+    "Kill matrix: Telegram channels",
+)
 SCENARIOS: list[ScenarioResult] = []
 SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
 
@@ -86,6 +99,11 @@ async def sandbox_expected(harness: Harness) -> SandboxExpected:
         SKIPPED.append(f"sandbox cells skipped: no Docker or no sandbox image here: {missing}")
         pytest.skip(SKIPPED[-1])
     return await clean_sandbox_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def telegram_expected(harness: Harness) -> TelegramExpected:
+    return await clean_telegram_run(harness)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

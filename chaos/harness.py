@@ -19,14 +19,17 @@ Every cell checks that its fault landed (the point was reached; the process died
 sessions were terminated and the worker logged that it lost its lock; the process was seen
 stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
 
-A cell runs one of four shapes: the ``chaos`` agent's run (below), a cross-agent call (``call``
+A cell runs one of six shapes: the ``chaos`` agent's run (below), a cross-agent call (``call``
 cells: the ``caller`` agent calls the ``callee`` agent, whose child run makes two model calls and
-one keyed effect, and answers with its output; judged by :mod:`chaos.calls`), or a run whose
+one keyed effect, and answers with its output; judged by :mod:`chaos.calls`), a run whose
 tools run in its sandbox on real Docker (``sandbox`` cells, and ``rerunnable`` ones whose sandbox
-may run a command again; judged by :mod:`chaos.sandbox`). The points' occurrences count in the
-victim process, which runs caller and child, or run and sandbox, alike. A third point on the
-harness's side is ``sandbox.in_flight``: the long command runs in the container (its first line
-is in the workspace).
+may run a command again; judged by :mod:`chaos.sandbox`), or a Telegram chat whose bot delivers
+``at_least_once`` or ``at_most_once`` (driven and judged by :mod:`chaos.telegram`, with this
+module's faults). The points' occurrences count in the victim process, which runs caller and
+child, run and sandbox, or channel and conversation alike. A third point on the harness's side
+is ``sandbox.in_flight``: the long command runs in the container (its first line is in the
+workspace); the Telegram cells add ``telegram.in_flight`` and ``telegram.delivered``, a send the
+Bot API server holds before or after delivering it.
 
 Cells at a decision's points (``DECISION_POINTS``) also send decisions that must not be applied,
 each naming in its ``reason`` the call its sender meant (the oracle compares):
@@ -50,7 +53,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 import anyio
@@ -83,19 +86,34 @@ from toren.runs import DecisionOutcome, decide, read_run, start_run, waiting_on
 from toren.sandbox import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
+if TYPE_CHECKING:
+    from chaos.telegram import TelegramExpected, TelegramObserved
+
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
-Shape = Literal["chaos", "call", "sandbox", "rerunnable"]
+Shape = Literal["chaos", "call", "sandbox", "rerunnable", "at_least_once", "at_most_once"]
 SANDBOX_SHAPES = ("sandbox", "rerunnable")
+# A Telegram cell's shape is its bot's delivery; the run is started by the chat, not the harness.
+TELEGRAM_SHAPES = ("at_least_once", "at_most_once")
 AGENTS: dict[Shape, str] = {
     "chaos": "chaos",
     "call": "caller",
     "sandbox": "sandboxed",
     "rerunnable": "rerunnable",
+    "at_least_once": "chatty",
+    "at_most_once": "chatty_once",
 }
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
-HARNESS_POINTS = ("model.in_flight", "tool.in_flight", "sandbox.in_flight")
+# telegram.in_flight: the Bot API server holds a send before it takes effect; telegram.delivered:
+# it delivered the message and holds the answer (see chaos.telegram).
+HARNESS_POINTS = (
+    "model.in_flight",
+    "tool.in_flight",
+    "sandbox.in_flight",
+    "telegram.in_flight",
+    "telegram.delivered",
+)
 # Where a decision is in flight: cells here send stale, repeated and concurrent decisions too.
 DECISION_POINTS = frozenset(
     {
@@ -127,7 +145,8 @@ class Cell:
     fault: Fault | None  # None: the clean run
     decisions: bool = attrs.field()  # also send stale, repeated and concurrent decisions
 
-    shape: Shape = "chaos"  # the chaos agent's run, a cross-agent call, a sandboxed run
+    # the chaos agent's run, a cross-agent call, a sandboxed run, a Telegram chat (by delivery)
+    shape: Shape = "chaos"
 
     @decisions.default
     def _at_a_decision(self) -> bool:
@@ -239,10 +258,19 @@ class Harness:
         return env
 
     async def run_cell(
-        self, cell: Cell, expected: Expected | CallExpected | SandboxExpected | None
-    ) -> tuple[CellResult, Observed | CallObserved | SandboxObserved]:
+        self,
+        cell: Cell,
+        expected: Expected | CallExpected | SandboxExpected | TelegramExpected | None,
+    ) -> tuple[CellResult, Observed | CallObserved | SandboxObserved | TelegramObserved]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
+        if cell.shape in TELEGRAM_SHAPES:
+            # Imported here: chaos.telegram builds on this module (its execution and faults).
+            from chaos.telegram import TelegramExpected, run_telegram_cell
+
+            if expected is not None and not isinstance(expected, TelegramExpected):
+                raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")
+            return await run_telegram_cell(self, cell, expected)
         prefix = f"{self.mutation}/" if self.mutation else ""
         folder = self.workdir / f"{prefix}{cell.slug}"
         folder.mkdir(parents=True, exist_ok=True)

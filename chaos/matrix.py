@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
+import attrs
 from rich.table import Table
 
 from chaos.calls import CallExpected, CallObserved
@@ -12,6 +13,7 @@ from chaos.harness import (
     DECISION_POINTS,
     FAULTS,
     HARNESS_POINTS,
+    TELEGRAM_SHAPES,
     Cell,
     CellResult,
     Fault,
@@ -20,7 +22,8 @@ from chaos.harness import (
 )
 from chaos.oracle import Expected, Observed, judge
 from chaos.sandbox import SandboxExpected, SandboxObserved, judge_sandbox
-from chaos.servers import SANDBOX_CALLS, SANDBOX_COMMANDS
+from chaos.servers import SANDBOX_CALLS, SANDBOX_COMMANDS, TELEGRAM_REPLIES
+from chaos.telegram import TelegramExpected, TelegramObserved, judge_telegram
 
 # (point, occurrence): the occurrence picks a moment in the middle of the scripted run (see
 # docs/chaos.md for the run's steps). A clean run is traced first (and one that sends the decision
@@ -144,6 +147,39 @@ def sandbox_cells() -> list[Cell]:
     return [Cell(p, k, f, shape=shape) for p, k, faults, shape in SANDBOX_POINTS for f in faults]
 
 
+# The Telegram cells: (point, occurrence, faults), each for both deliveries (the cell's shape),
+# and those of at-most-once delivery alone. The victim runs the channel and the conversation run;
+# its sends, in queue order: 1 the pairing notice, 2 answer 1, 3-5 answer 2's three pieces, 6
+# answer 3; its update.handled commits: 1 the pairing and message 1 (its first poll), 2 message 2,
+# 3 message 3. The held sends (telegram.in_flight, telegram.delivered) are answer 2's first piece.
+TELEGRAM_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("telegram.polled", 1, ("sigkill", "pg_terminate")),  # /pair and message 1, not recorded
+    ("committed:update.handled", 1, ("sigkill",)),  # paired, the run started: recorded
+    ("committed:update.handled", 2, ("sigkill", "pg_terminate")),  # message 2 sent to the run
+    ("telegram.sending", 4, ("sigkill", "pg_terminate")),  # answer 2's second piece, about to go
+    ("telegram.in_flight", 1, ("sigkill", "pg_terminate")),  # held before Telegram acts on it
+    ("telegram.delivered", 1, ("sigkill",)),  # Telegram delivered it; its answer held
+    ("telegram.sent", 4, ("sigkill", "pg_terminate")),  # delivered, its delivery not recorded
+)
+# At most once: the piece recorded sending, its send step (channel.send) not yet handled.
+AT_MOST_ONCE_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("committed:outbox.sending", 4, ("sigkill",)),
+)
+
+
+def telegram_cells() -> list[Cell]:
+    both: list[tuple[str, int, Fault, Shape]] = [
+        (p, k, f, shape)
+        for p, k, faults in TELEGRAM_POINTS
+        for f in faults
+        for shape in TELEGRAM_SHAPES
+    ]
+    once: list[tuple[str, int, Fault, Shape]] = [
+        (p, k, f, "at_most_once") for p, k, faults in AT_MOST_ONCE_POINTS for f in faults
+    ]
+    return [Cell(p, k, f, shape=shape) for p, k, f, shape in both + once]
+
+
 # Each mutation runs where the protection it removes is what saves the run.
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
@@ -179,6 +215,17 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
         Cell("sandbox.executed", 4, "sigkill", shape="sandbox"),
         Cell("sandbox.in_flight", 1, "sigkill", shape="sandbox"),
     ),
+    # The updates of a poll confirmed to Telegram (the next getUpdates' offset) before they are
+    # recorded: a crash in between and Telegram never gives them again.
+    "telegram-confirm-before-record": (
+        Cell("telegram.polled", 1, "sigkill", shape="at_least_once"),
+    ),
+    # At-most-once without its sending record: a crash between a send and its record sends the
+    # piece again.
+    "telegram-send-unrecorded": (
+        Cell("telegram.sent", 4, "sigkill", shape="at_most_once"),
+        Cell("telegram.delivered", 1, "sigkill", shape="at_most_once"),
+    ),
 }
 
 
@@ -191,6 +238,8 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "unbound-decisions": "was applied to call",
     "child-end-after-commit": "its caller never recorded its end",
     "sandbox-runs-again": "ran 2 times",
+    "telegram-confirm-before-record": "handled 0 times, expected once (lost)",
+    "telegram-send-unrecorded": "delivered twice, in an at-most-once cell",
 }
 
 
@@ -361,6 +410,58 @@ async def clean_sandbox_run(harness: Harness) -> SandboxExpected:
     if short:
         raise RuntimeError(f"the clean sandbox run does not reach: {', '.join(short)}")
     return expected
+
+
+async def clean_telegram_run(harness: Harness) -> TelegramExpected:
+    """Run the Telegram chat without a fault, with each delivery (the expected result: the same
+    but for the agent's name in the pairing notice), and check that each reaches every point of
+    its cells as often as they need.
+
+    Raises:
+        RuntimeError: a clean run failed, is not the chat the cells count on, or misses a point.
+    """
+    found: list[TelegramExpected] = []
+    for shape in TELEGRAM_SHAPES:
+        cell = Cell("clean", 0, None, shape=shape)
+        result, seen = await harness.run_cell(cell, None)
+        if not isinstance(seen, TelegramObserved):
+            raise TypeError("the clean Telegram run observed as another shape")
+        queued = tuple(
+            row.data["text"] for row in seen.channel_journal if row.type == "outbox.queued"
+        )
+        expected = TelegramExpected(
+            output=seen.state.output or "",
+            steps=len(seen.state.calls),
+            queued={shape: queued},
+            outcomes=tuple(
+                row.data["outcome"] for row in seen.channel_journal if row.type == "update.handled"
+            ),
+        )
+        problems = [*result.problems, *judge_telegram(seen, expected).problems]
+        answers = (queued[1], "".join(queued[2:5]), queued[5]) if len(queued) == 6 else ()
+        if answers != TELEGRAM_REPLIES or not queued[0].startswith("Paired with"):
+            problems.append(
+                f"queued {[q[:30] for q in queued]}: not the pairing notice, then the three "
+                "answers, the second in three pieces"
+            )
+        first = found[0] if found else expected
+        if (first.output, first.steps, first.outcomes) != (
+            expected.output,
+            expected.steps,
+            expected.outcomes,
+        ):
+            problems.append(f"the clean runs of the two deliveries differ: {first} {expected}")
+        if problems:
+            raise RuntimeError(f"the clean {shape} Telegram run failed: {problems}")
+        points = [(p, k) for p, k, _ in TELEGRAM_POINTS]
+        if shape == "at_most_once":
+            points += [(p, k) for p, k, _ in AT_MOST_ONCE_POINTS]
+        short = _unreached(harness, cell, points)
+        if short:
+            raise RuntimeError(f"the clean {shape} Telegram run does not reach: {', '.join(short)}")
+        found.append(expected)
+    queued = {shape: q for e in found for shape, q in e.queued.items()}
+    return attrs.evolve(found[0], queued=queued)
 
 
 def _unreached(harness: Harness, clean: Cell, points: list[tuple[str, int]]) -> list[str]:

@@ -19,6 +19,12 @@ switch for them.
 - ``sandbox-runs-again``: a sandboxed call whose step was cut (its ``sandbox.go`` handled again)
   is run again instead of looked for in the container (as if every sandbox were declared
   rerunnable): a command in flight at a crash runs twice.
+- ``telegram-confirm-before-record``: a channel confirms a poll's updates to Telegram (the offset
+  of a second ``getUpdates``) as soon as it has them, before the step that records them and what
+  they cause: a crash in between and Telegram never gives them again.
+- ``telegram-send-unrecorded``: a bot declared at most once sends as at least once, without
+  recording ``outbox.sending`` in a step of its own first: a crash between a send and its record
+  sends the message again.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ MUTATIONS = (
     "unbound-decisions",
     "child-end-after-commit",
     "sandbox-runs-again",
+    "telegram-confirm-before-record",
+    "telegram-send-unrecorded",
 )
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
@@ -169,6 +177,38 @@ def _sandbox_runs_again() -> None:
     SandboxActor._exec = exec_rerunnable  # type: ignore[method-assign]
 
 
+def _telegram_confirm_before_record() -> None:
+    from toren.actors.channel.telegram import BotApi
+
+    fetch = BotApi.get_updates
+
+    async def get_updates(self: BotApi, offset: int, wait: float) -> list[dict[str, Any]]:
+        updates = await fetch(self, offset, wait)
+        ids = [u["update_id"] for u in updates if isinstance(u.get("update_id"), int)]
+        if ids:
+            await fetch(self, max(ids) + 1, 0)  # confirmed now, recorded later
+        return updates
+
+    BotApi.get_updates = get_updates  # type: ignore[method-assign]
+
+
+def _telegram_send_unrecorded() -> None:
+    import attrs
+
+    from toren.actors.channel import runtime
+
+    bot = runtime.bot
+
+    def sends_at_least_once(name: str) -> runtime.Bot:
+        found = bot(name)
+        if found.settings.delivery != "at_most_once":
+            return found
+        settings = attrs.evolve(found.settings, delivery="at_least_once")
+        return attrs.evolve(found, settings=settings)
+
+    runtime.bot = sends_at_least_once
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -182,6 +222,8 @@ def load(name: str) -> None:
         "unbound-decisions": _unbound_decisions,
         "child-end-after-commit": _child_end_after_commit,
         "sandbox-runs-again": _sandbox_runs_again,
+        "telegram-confirm-before-record": _telegram_confirm_before_record,
+        "telegram-send-unrecorded": _telegram_send_unrecorded,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -39,7 +39,7 @@ def agent_of(request: dict[str, Any]) -> str:
     if isinstance(system, list):
         system = "".join(b.get("text", "") for b in system)
     name, colon, _ = str(system).partition(":")
-    return name if colon and name in ("caller", "callee", "sandbox") else ""
+    return name if colon and name in ("caller", "callee", "sandbox", "telegram") else ""
 
 
 def child_input(parent_input: str) -> str:
@@ -117,10 +117,32 @@ def sandbox_script(request: dict[str, Any]) -> Reply:
     return Reply(SANDBOX_FINAL, latency=SANDBOX_LATENCY)
 
 
+# The Telegram cells' answers, one per message of the chat, by position: the second is long
+# enough to go out as three Telegram messages (4096 UTF-16 units each; the emoji count two), each
+# piece distinct, so that the chat shows the order they arrived in.
+TELEGRAM_LATENCY = 0.05
+TELEGRAM_REPLIES = (
+    "First answer: the case is open.",
+    "".join(
+        f"{i:03d} \N{SLIGHTLY SMILING FACE} the long answer goes on, line by line, till it is cut\n"
+        for i in range(155)
+    ),
+    "Third answer: glad to help.",
+)
+
+
+def telegram_script(request: dict[str, Any]) -> Reply:
+    """The Telegram cells: the k-th message of the chat gets the k-th answer."""
+    step = position(request)
+    return Reply(TELEGRAM_REPLIES[min(step, len(TELEGRAM_REPLIES) - 1)], latency=TELEGRAM_LATENCY)
+
+
 def script(request: dict[str, Any], _n: int) -> Reply:
     """Answer by conversation position, so a call repeated after a crash gets the same answer."""
     if agent_of(request) == "sandbox":
         return sandbox_script(request)
+    if agent_of(request) == "telegram":
+        return telegram_script(request)
     if agent_of(request):
         return call_script(request)
     step = position(request)

@@ -9,7 +9,7 @@ import pytest
 
 from chaos.calls import CallExpected
 from chaos.conftest import MATRICES, SCENARIOS, record
-from chaos.harness import SANDBOX_SHAPES, Cell, Harness
+from chaos.harness import Cell, Harness, Shape
 from chaos.matrix import (
     MUTATION_CELLS,
     MUTATION_EVIDENCE,
@@ -17,11 +17,13 @@ from chaos.matrix import (
     caught,
     cells,
     sandbox_cells,
+    telegram_cells,
 )
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
+from chaos.telegram import TelegramExpected
 from toren._db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio
@@ -57,6 +59,29 @@ async def test_sandbox_cell(
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", telegram_cells(), ids=lambda c: f"telegram-{c.shape}-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_telegram_cell(
+    cell: Cell, harness: Harness, telegram_expected: TelegramExpected
+) -> None:
+    result, _ = await harness.run_cell(cell, telegram_expected)
+    record(MATRICES[3], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
+# The clean run each shape's cells are judged against (a fixture: asked for only when needed).
+CLEAN: dict[Shape, str] = {
+    "chaos": "expected",
+    "call": "call_expected",
+    "sandbox": "sandbox_expected",  # without Docker: skipped (failed in CI)
+    "rerunnable": "sandbox_expected",
+    "at_least_once": "telegram_expected",
+    "at_most_once": "telegram_expected",
+}
+
+
 def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
     assert set(MUTATION_CELLS) == set(MUTATIONS) == set(MUTATION_EVIDENCE)
 
@@ -66,14 +91,10 @@ async def test_mutation_turns_cells_red(
     name: str,
     chaos_server: EmbeddedPostgres,
     chaos_workdir: Path,
-    expected: Expected,
-    call_expected: CallExpected,
     request: pytest.FixtureRequest,
 ) -> None:
     shapes = {cell.shape for cell in MUTATION_CELLS[name]}
-    # Asked for only here: without Docker it skips (or fails in CI) the sandbox mutations alone.
-    sandbox = request.getfixturevalue("sandbox_expected") if shapes & {*SANDBOX_SHAPES} else None
-    clean = {"chaos": expected, "call": call_expected, "sandbox": sandbox, "rerunnable": sandbox}
+    clean = {shape: request.getfixturevalue(CLEAN[shape]) for shape in shapes}
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
         results = [(await h.run_cell(cell, clean[cell.shape]))[0] for cell in MUTATION_CELLS[name]]
     record(f"Mutation {name}", *results)
