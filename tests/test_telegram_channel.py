@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
-from tests.conftest import person, wait_for
+from tests.conftest import WorkerFactory, person, wait_for
 from tests.telegram_support import ALICE, BRIEF, TELLER, bots, channel_row, paired, received
 from toren import Client
 from toren.channels.client import ChannelError, pair
@@ -158,3 +158,35 @@ def test_log_lines_are_redacted_of_bot_tokens(capsys: pytest.CaptureFixture[str]
     assert "Set Bot API URL: https://x/bot<bot token>" in err
     assert "refused https://x/bot<bot token>/getMe" in err  # in the traceback too
     assert TELLER.split(":", 1)[1] not in err
+
+
+async def test_one_poller_per_bot_across_workers_and_another_takes_over(
+    client: Client, workers: WorkerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two worker processes run the bot: only the channel's owner polls (Telegram would end one
+    of two polls with 409). SIGKILLed, the owner's channel is taken over by the other."""
+    from tests.telegram_support import chat_model, telegram
+
+    async with telegram(monkeypatch) as server, chat_model(monkeypatch):
+        started = [workers("tests.telegram_app", telegram_api_url=server.url) for _ in range(2)]
+        await wait_for(lambda: channel_row(client, "teller"), timeout=60, what="the channel")
+        await paired(client, server, 100)
+        for i in range(5):
+            server.push_message(100, f"m{i}", user_id=ALICE)
+        await received(server, 100, lambda t: t.startswith("echo:") and "m4" in t, timeout=60)
+        owner = await client.pool.fetchval(
+            "SELECT w.pid FROM toren.actors a JOIN toren.workers w ON w.worker_id = a.owner "
+            "WHERE a.actor_id = 'channel/telegram/teller'"
+        )
+        [victim] = [w for w in started if w.pid == owner]
+        victim.kill()
+        server.push_message(100, "after", user_id=ALICE)
+        await received(server, 100, lambda t: t == "echo: after", timeout=60)
+    conflicts = [c for c in server.calls("getUpdates") if c.status == 409]
+    assert conflicts == []  # never two pollers at once
+    rows = await client.pool.fetch(
+        "SELECT data->>'update_id' AS id FROM toren.journal "
+        "WHERE actor_id = 'channel/telegram/teller' AND type = 'update.handled'"
+    )
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) == 7  # /pair, five messages, one after: each once

@@ -333,7 +333,10 @@ class Inbound:
         run = f"run/{uuid.uuid5(_NAMESPACE, name)}"
         agent = self.bot.agent.name
         ctx.spawn(RUN_KIND, run, {"agent": agent}, route=agent_route(agent))
-        ctx.send(run, StartRun(agent=agent, input=text, by=who), dedupe_key="start")
+        # On the system lane, as the chat's later messages (run.say) are: a run takes its
+        # system lane first, so a start on the user lane would come after them.
+        start = StartRun(agent=agent, input=text, by=who)
+        ctx.send(run, start, dedupe_key="start", system=True)
         ctx.emit(
             ConversationStarted(
                 key=key, chat_id=update.chat, thread=update.thread, run=run, at=time.time()
