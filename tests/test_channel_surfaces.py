@@ -491,26 +491,12 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
 ) -> None:
     """End to end: the worker sets the webhook at the API's address; Telegram's posts there
     reach the channel, and a repeated post is handled once."""
-    from toren import Agent, _agents
-    from toren.channels import Telegram
+    from toren import _agents
 
     monkeypatch.setattr(_agents, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
     async with api(db_url) as base, telegram(monkeypatch) as server:
-        hooked = Agent(
-            name="hooked",
-            model=telegram_app.MODEL,
-            system="hooked",
-            telegram=Telegram(
-                bot="hooked",
-                token_env=telegram_app.TOKEN_ENV,
-                mode="webhook",
-                webhook_url=f"{base}/telegram/hooked",
-                poll_timeout=1,
-                chat_interval=0,
-            ),
-        )
-        _agents.register_agents([hooked])
+        _agents.register_agents([webhook_agent("hooked", base)])
         async with running_worker(db_url, telegram_api_url=server.url):
             await wait_for(lambda: _webhook_set(server), what="the webhook set")
             first = server.push_message(100, "hello", user_id=ALICE)
@@ -533,6 +519,22 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
     assert len(server.sent(100, token=TELLER)) == 1  # one hint a minute
 
 
+def webhook_agent(name: str, base: str) -> Any:
+    """An agent whose bot (named as it) takes its updates at ``base``'s webhook route."""
+    from toren import Agent
+    from toren.channels import Telegram
+
+    telegram = Telegram(
+        bot=name,
+        token_env=telegram_app.TOKEN_ENV,
+        mode="webhook",
+        webhook_url=f"{base}/telegram/{name}",
+        poll_timeout=1,
+        chat_interval=0,
+    )
+    return Agent(name=name, model=telegram_app.MODEL, system=name, telegram=telegram)
+
+
 async def _webhook_set(server: TelegramServer) -> bool:
     return bool(server.calls("setWebhook"))
 
@@ -543,8 +545,7 @@ async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles
     """``toren serve`` frozen right after it enqueued an update, before its 200, and killed:
     Telegram gets no answer and posts the update again to the next server; the channel handles
     it once."""
-    from toren import Agent, _agents
-    from toren.channels import Telegram
+    from toren import _agents
 
     monkeypatch.setattr(_agents, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
@@ -558,20 +559,7 @@ async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles
         "TOREN_KILL_POINT_DIR": str(tmp_path),
     }
     async with telegram(monkeypatch) as server:
-        crashed = Agent(
-            name="crashed",
-            model=telegram_app.MODEL,
-            system="crashed",
-            telegram=Telegram(
-                bot="crashed",
-                token_env=telegram_app.TOKEN_ENV,
-                mode="webhook",
-                webhook_url=f"{base}/telegram/crashed",
-                poll_timeout=1,
-                chat_interval=0,
-            ),
-        )
-        _agents.register_agents([crashed])
+        _agents.register_agents([webhook_agent("crashed", base)])
         async with running_worker(db_url, telegram_api_url=server.url):
             await wait_for(lambda: _webhook_set(server), what="the webhook set")
             statuses: list[int] = []
