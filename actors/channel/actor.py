@@ -124,8 +124,8 @@ class ChannelActor(Actor[ChannelState]):
             if polling:
                 due, wait = outbound.next_due(ctx.state, time.time(), settings, self._limits)
                 timeout = settings.poll_timeout
-                if due is not None:
-                    timeout = 0
+                if due is not None or outbound.sending(ctx.state):
+                    timeout = 0  # a send is due, or its second step (at most once) waits
                 elif wait is not None:
                     timeout = min(timeout, max(1.0, wait))
                 ctx.ensure_lease()

@@ -130,6 +130,11 @@ class Limits:
         return max(wait, 0.0)
 
 
+def sending(state: ChannelState) -> bool:
+    """Whether a message recorded ``sending`` waits for its send step (at-most-once)."""
+    return any(state.outbox[str(n)].state == "sending" for n in state.pending)
+
+
 def next_due(
     state: ChannelState, now: float, settings: Telegram, limits: Limits
 ) -> tuple[int | None, float | None]:
