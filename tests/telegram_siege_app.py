@@ -34,5 +34,5 @@ siegespin = Agent(
     name="siegespin",
     model=MODEL,
     system="siegespin",
-    telegram=Telegram(bot="siegespin", token_env=SPIN_TOKEN_ENV, poll_timeout=0.5, chat_interval=0),
+    telegram=Telegram(bot="siegespin", token_env=SPIN_TOKEN_ENV, poll_timeout=1, chat_interval=0),
 )

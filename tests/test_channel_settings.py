@@ -23,7 +23,7 @@ MODEL = "anthropic/claude-sonnet-4-6"
         ({"bot": "b", "approvers": 5}, "must be a list of user ids"),
         ({"bot": "b", "delivery": "exactly_once"}, "delivery must be one of"),
         ({"bot": "b", "mode": "webhook"}, "webhook mode needs webhook_url"),
-        ({"bot": "b", "poll_timeout": 0}, "poll_timeout must be positive"),
+        ({"bot": "b", "poll_timeout": 0.5}, "poll_timeout must be at least 1 second"),
         ({"bot": "b", "chat_interval": -1}, "chat_interval must be 0 or more"),
     ],
 )

@@ -1,10 +1,10 @@
-"""Attacks on the Telegram channel (issue 16 review): each test here FAILS on the reviewed code
-(599fc0c, and still at f983468) and shows one finding, for the lead to fix (not skipped, not
-xfailed). They run against the local Bot API server and the real python-telegram-bot client,
-with a running worker (in this process, or a real ``toren worker`` whose DEBUG log is read)
-unless a test says otherwise; the file tests need Docker, as tests/test_telegram_files.py does.
+"""Attacks on the Telegram channel (issue 16 review): each test here failed on the reviewed code
+(599fc0c, and still at f983468) and showed one finding; each passes since its fix. They run
+against the local Bot API server and the real python-telegram-bot client, with a running
+worker (in this process, or a real ``toren worker`` whose DEBUG log is read) unless a test
+says otherwise; the file tests need Docker, as tests/test_telegram_files.py does.
 
-Findings, each with its test (the docstring says what breaks and a suggested fix):
+Findings, each with its test (the docstring says what broke and the fix suggested):
 
 1. HIGH   a Bot API file path the worker's ``stat()`` refuses raises OSError, taken for a database
           error: the tick is retried for ever and the bot never answers anyone again
@@ -77,7 +77,7 @@ from tests.telegram_support import (
     received,
     telegram,
 )
-from toren import Client
+from toren import Client, ConfigError
 from toren._app import load_app
 from toren.channels import ChannelState, PairFailed, UpdateHandled, fold
 from toren.channels.client import ChannelError, messages, pair, unpair
@@ -525,9 +525,13 @@ async def test_a_poll_timeout_under_a_second_still_long_polls(
     """``poll_timeout`` accepts any positive number (the docs: "Seconds a long poll waits"), but
     ``BotApi.get_updates`` sends ``int(wait)``: 0.5 becomes 0, Telegram answers at once, and the
     channel polls (and commits a step with a timer) back to back, hundreds of times a second,
-    for as long as the bot runs. Fix: round up (``max(1, math.ceil(wait))``) or refuse
-    ``poll_timeout`` under 1 in the settings."""
+    for as long as the bot runs. Fixed: ``poll_timeout`` under 1 is refused, and the wait sent
+    is rounded up; the bot below polls at the least allowed, 1 s."""
     from toren import _agents
+    from toren.channels import Telegram
+
+    with pytest.raises(ConfigError, match="at least 1 second"):
+        Telegram(bot="spin", poll_timeout=0.5)
 
     monkeypatch.setattr(_agents, "_registry", {})
     _agents.register_agents([siege.siegespin])
@@ -696,7 +700,7 @@ async def test_a_start_code_in_a_paired_chat_is_not_forwarded_to_the_agent(
         "SELECT count(*) FROM toren.journal WHERE data::text LIKE $1", f"%{code}%"
     )
     assert found == 0
-    assert not [r for r in model.requests if code in str(r.body)]
+    assert not [r for r in model.requests if code in str(r)]
 
 
 # --- LOW: at-most-once loses a message it never sent ------------------------------------------

@@ -81,11 +81,15 @@ async def test_failed_pairs_are_rate_limited_per_chat(
     for i in range(5):
         server.push_message(100, f"/pair GUESS{i:05d}", user_id=ALICE)
     await wait_for(lambda: _count(server, 100, "wrong, used or expired", 5), what="5 failures")
+    assert "none is checked for ten minutes" in (server.sent(100)[-1].text or "")  # told once
     code, _ = await pair(client, "teller", by=person("op"))
-    server.push_message(100, f"/pair {code}", user_id=ALICE)  # right, but too late
-    await received(server, 100, lambda t: t.startswith("Too many wrong codes"))
+    server.push_message(100, f"/pair {code}", user_id=ALICE)  # right, but too late: silence
     server.push_message(101, f"/pair {code}", user_id=ALICE)  # another chat is not held back
     await received(server, 101, lambda t: t.startswith("Paired with teller"))
+    summary = await channel_row(client, "teller")
+    assert summary is not None
+    assert [c["chat_id"] for c in summary["chats"]] == [101]
+    assert len(server.sent(100)) == 5  # no answer to the attempt past the limit
 
 
 async def test_pair_needs_a_channel(client: Client, bots: tuple[TelegramServer, Any]) -> None:

@@ -37,6 +37,7 @@ from toren._errors import (
 from toren._journal import rebuild, save_snapshot, snapshot_spec
 from toren._killpoints import kill_point, kill_points_for
 from toren._leases import Claim, LeaseClock, release_claim, release_if_idle
+from toren._logging import redact
 from toren._mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
 
 log = logging.getLogger("toren.host")
@@ -423,8 +424,9 @@ class ActorHost:
 
 def _describe(exc: BaseException) -> str:
     """The exception's type and message, at most 2,000 characters (what failure columns and a
-    run's ``internal`` failure hold; an exception can carry a hostile, huge message)."""
-    text = "".join(traceback.format_exception_only(exc)).strip()
+    run's ``internal`` failure hold; an exception can carry a hostile, huge message), with
+    anything shaped like a bot token removed (an HTTP client's error may quote its URL)."""
+    text = redact("".join(traceback.format_exception_only(exc)).strip())
     return text if len(text) <= 2000 else f"{text[:2000]}... ({len(text)} characters)"
 
 

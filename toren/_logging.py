@@ -8,11 +8,13 @@ import sys
 import time
 
 _BOT_TOKEN = re.compile(r"\d{3,}:[A-Za-z0-9_-]{10,}")
+_SECRET_TOKEN = re.compile(r"""(secret_token['"]?\s*[:=]\s*['"]?)[A-Za-z0-9_-]+""")
 
 
 def redact(text: str) -> str:
-    """``text`` with anything shaped like a Telegram bot token (``123456:ABC...``) replaced."""
-    return _BOT_TOKEN.sub("<bot token>", text)
+    """``text`` with anything shaped like a Telegram bot token (``123456:ABC...``) replaced,
+    and a webhook's ``secret_token`` value (python-telegram-bot logs a call's parameters)."""
+    return _SECRET_TOKEN.sub(r"\1<secret>", _BOT_TOKEN.sub("<bot token>", text))
 
 
 class _Redacting(logging.Formatter):

@@ -19,7 +19,7 @@ import logging
 import time
 from typing import Any
 
-from telegram.error import TelegramError
+from telegram.error import InvalidToken, TelegramError
 
 from toren import Actor, ChildFailed, ConfigError, Context, PoisonMessage
 from toren.actors.channel import outbound, runtime
@@ -56,6 +56,10 @@ from toren.kernel import kill_point
 log = logging.getLogger("toren.channel")
 
 _BACKOFF_CAP = 60.0
+# Sends whose step stopped before sending (a lapsed lease, the database), in this process: a
+# step handled again may send them, even at most once. Kept across activations (a lapsed lease
+# ends the activation); another process does not know, and records such a message lost.
+_UNSENT: set[tuple[str, int]] = set()
 SWEEP = 20  # ticks between two reads of every watched run (about a minute while idle)
 
 
@@ -137,6 +141,18 @@ class ChannelActor(Actor[ChannelState]):
         except (TelegramError, SendError) as exc:
             self._failures += 1
             delay = min(2.0**self._failures, _BACKOFF_CAP)
+            if isinstance(exc, InvalidToken):
+                where = settings.token_file or settings.token_env
+                log.error(  # noqa: TRY400  (what to fix, not where it failed)
+                    "%s: Telegram refuses the bot token read from %s: check it with @BotFather "
+                    "(a revoked or mistyped token); trying again in %.0f s",
+                    ctx.actor_id,
+                    where,
+                    delay,
+                )
+                ctx.set_timer("tick", delay, Tick())
+                self._arm_flush(ctx)
+                return
             log.warning(
                 "%s: Telegram did not answer (%s); trying again in %.0f s",
                 ctx.actor_id,
@@ -236,7 +252,10 @@ class ChannelActor(Actor[ChannelState]):
         if outgoing is None or outgoing.state != "sending" or msg.n not in ctx.state.pending:
             return
         envelope = ctx.envelope
-        if envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0):
+        again = envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0)
+        # A step of this activation that failed before its send (a lapsed lease, the database)
+        # left the message here: nothing was sent, so it may be.
+        if again and (ctx.actor_id, msg.n) not in _UNSENT:
             log.warning(
                 "%s: message %d to chat %d may have been sent before a crash; at-most-once "
                 "delivery does not send it again",
@@ -252,8 +271,10 @@ class ChannelActor(Actor[ChannelState]):
 
     async def _deliver(self, ctx: Context[ChannelState], bot: runtime.Bot, n: int) -> None:
         outgoing = ctx.state.outbox[str(n)]
+        _UNSENT.add((ctx.actor_id, n))
         ctx.ensure_lease()
         kill_point("telegram.sending")
+        _UNSENT.discard((ctx.actor_id, n))  # from here on, Telegram may have it
         try:
             ids = await outbound.deliver(bot, outgoing)
         except SendError as exc:
@@ -270,7 +291,18 @@ class ChannelActor(Actor[ChannelState]):
         outgoing = ctx.state.outbox[str(n)]
         chat, now = outgoing.chat_id, time.time()
         at_most_once = bot.settings.delivery == "at_most_once"
-        if exc.action == "retry":
+        if exc.action == "retry" and at_most_once and exc.ambiguous:
+            log.warning(
+                "%s: message %d to chat %d got no answer from Telegram (%s); at-most-once "
+                "delivery does not send it again: recorded lost",
+                ctx.actor_id,
+                n,
+                chat,
+                exc.detail,
+            )
+            detail = f"no answer from Telegram, it may have been delivered: {exc.detail[:200]}"
+            ctx.emit(Failed(n=n, reason="lost", detail=detail, at=now))
+        elif exc.action == "retry":
             log.warning(
                 "%s: message %d to chat %d not sent (%s); again in %.1f s",
                 ctx.actor_id,
@@ -299,6 +331,9 @@ class ChannelActor(Actor[ChannelState]):
     def _issue(self, ctx: Context[ChannelState], msg: IssueCode) -> None:
         settings = runtime.bot(self.bot_name).settings
         now = time.time()
+        if msg.until and now > msg.until:  # the CLI gave up: nobody will ever see this code
+            log.warning("%s: a pairing code asked for too late was not issued", ctx.actor_id)
+            return
         if pending_codes(ctx.state, now) >= settings.max_pending_codes:
             detail = (
                 f"{settings.max_pending_codes} codes are pending (the cap): use one, or wait "

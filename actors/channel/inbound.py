@@ -32,8 +32,10 @@ from toren.channels import (
     ConversationStarted,
     DecisionSent,
     PairFailed,
+    Prompt,
     UpdateHandled,
     chat_key,
+    redact,
     telegram_principal,
 )
 from toren.channels.client import code_hash
@@ -170,12 +172,15 @@ def _addressed(update: Update, username: str) -> tuple[bool, str]:
     return update.reply_to_bot, text
 
 
-def _command(text: str) -> tuple[str, str]:
-    """``/cmd ARG`` as (``/cmd``, ``ARG``); ("", "") for text that is not a command."""
-    match = re.fullmatch(r"\s*(/[A-Za-z_]{1,32})(?:@\w+)?(?:\s+(.*))?", text, re.DOTALL)
+def _command(text: str, username: str) -> tuple[str, str]:
+    """``/cmd ARG`` (or ``/cmd@thisbot ARG``) as (``/cmd``, ``ARG``); ("", "") for text that is
+    not a command, or is one for another bot (``/cmd@otherbot``)."""
+    match = re.fullmatch(r"\s*(/[A-Za-z_]{1,32})(?:@(\w+))?(?:\s+(.*))?", text, re.DOTALL)
     if match is None:
         return "", ""
-    return match.group(1).lower(), (match.group(2) or "").strip()
+    if match.group(2) and match.group(2).lower() != username.lower():
+        return "", ""
+    return match.group(1).lower(), (match.group(3) or "").strip()
 
 
 class Inbound:
@@ -212,7 +217,7 @@ class Inbound:
                 user_id=update.user_id,
                 kind=update.kind,
                 outcome=outcome,
-                detail=detail[:500],
+                detail=redact(detail)[:500],
                 run=self._sent_to,
                 at=time.time(),
             )
@@ -232,24 +237,24 @@ class Inbound:
         text = update.text
         if update.chat_type in ("group", "supergroup"):
             addressed, text = _addressed(update, state.username)
-            command, _ = _command(text)
+            command, _ = _command(text, state.username)
             if not addressed and not command.startswith("/pair"):
                 return "ignored", "not addressed to the bot"
         update = attrs.evolve(update, text=text)
-        command, argument = _command(text)
+        command, argument = _command(text, state.username)
         if paired is None:
             if command in ("/pair", "/start") and argument:
                 return self._pair(update, argument)
             return self._hint(update)
         if paired.blocked:
             self.ctx.emit(ChatUnblocked(chat_id=chat_id, at=time.time()))
-        if command == "/pair":
-            self._say(update, f"This chat is already paired with {state.agent}.")
+        if command in ("/pair", "/start"):  # never forwarded: its argument may be a code
+            self._say(update, f"This chat is paired with {state.agent}: write to talk to it.")
             return "ignored", "already paired"
         if update.reply_to is not None:
             decision = state.prompt_of.get(f"{chat_id}/{update.reply_to}")
             if decision is not None:
-                return self._reply_decision(update, decision)
+                return await self._reply_decision(update, decision)
         if update.kind in ("document", "photo"):
             return await self._file(update)
         if not text.strip():
@@ -262,14 +267,16 @@ class Inbound:
         ctx, now = self.ctx, time.time()
         chat_id = update.chat
         recent = [t for t in ctx.state.failures.get(str(chat_id), ()) if t > now - PAIR_WINDOW]
-        if len(recent) >= PAIR_TRIES:
-            self._say(update, "Too many wrong codes from this chat: wait ten minutes.")
+        if len(recent) >= PAIR_TRIES:  # told once, with the last failure: silent until then
             return "pair_refused", "rate limited"
         digest = code_hash(code)
         issued = ctx.state.codes.get(digest)
         if issued is None or issued.expires_at <= now:
             ctx.emit(PairFailed(chat_id=chat_id, at=now))
-            self._say(update, "That code is wrong, used or expired. Ask for a new one.")
+            text = "That code is wrong, used or expired. Ask for a new one."
+            if len(recent) + 1 >= PAIR_TRIES:
+                text += " Too many wrong codes from this chat: none is checked for ten minutes."
+            self._say(update, text)
             return "pair_failed", "unknown or expired code"
         who = telegram_principal(update.user_id or 0, update.user_name)
         ctx.emit(
@@ -321,13 +328,21 @@ class Inbound:
         who = telegram_principal(update.user_id or 0, update.user_name)
         run = ctx.state.conversations.get(key)
         if run is not None:
-            status = await runtime.pool().fetchval(
-                "SELECT summary->>'status' FROM toren.actors WHERE actor_id = $1", run
+            row = await runtime.pool().fetchrow(
+                "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
+                "FROM toren.actors WHERE actor_id = $1",
+                run,
             )
-            if status != "failed":
+            if row is None or row["status"] != "failed":
                 self._sent_to = run
                 return run, False
+            # It failed before the channel read its end: say so here, since the conversation
+            # is not read any more.
             ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
+            self._say(
+                update,
+                f"The conversation failed ({row['error_class']}): this message starts a new one.",
+            )
         count = ctx.state.started.get(key, 0)
         name = f"{self.actor_id}\0{key}\0{count}"
         run = f"run/{uuid.uuid5(_NAMESPACE, name)}"
@@ -364,6 +379,10 @@ class Inbound:
         if agent.sandbox is None:
             self._say(update, f"{agent.name} has no workspace: it cannot take files.")
             return "refused", "no sandbox"
+        cap = runtime.settings().max_message_bytes
+        if utf8_size(update.text) > cap:
+            self._say(update, f"That caption is over {cap} bytes: send it in parts.")
+            return "refused", f"a caption of {utf8_size(update.text)} bytes, over {cap}"
         size = update.file_size
         if size is not None and size > settings.max_file_bytes:
             self._say(update, f"That file is {size} bytes; at most {settings.max_file_bytes}.")
@@ -374,7 +393,7 @@ class Inbound:
         try:
             data = await self.bot.api.download(update.file_id, settings.max_file_bytes)
         except SendError as exc:
-            self._say(update, f"That file could not be fetched: {exc.detail}")
+            self._say(update, f"That file could not be fetched: {redact(exc.detail)}")
             return "refused", exc.detail
         name = _safe_name(update.file_name) or f"file-{update.update_id}"
         path = f"uploads/{name}"
@@ -404,7 +423,9 @@ class Inbound:
         return user_id is not None and user_id in self.bot.settings.approvers
 
     def _decide(self, update: Update, decision: str, approved: bool, reason: str) -> str:
-        """Send a decision to the run; returns what to tell the user."""
+        """Send a decision to the run; returns what to tell the user. The chat is told who
+        decided when the channel reads the decision in the run's journal (what the run applied,
+        not what was asked), or now for a child run's call (its journal is not read here)."""
         ctx = self.ctx
         prompt = ctx.state.prompts[decision]
         who = telegram_principal(update.user_id or 0, update.user_name)
@@ -426,54 +447,78 @@ class Inbound:
             )
         )
         verb = "Approved" if approved else "Denied"
-        outbound.queue(
-            ctx,
-            prompt.opened.chat_id,
-            f"{verb} by {who.name}: {prompt.opened.name}.",
-            kind="notice",
-            thread=update.thread,
-        )
+        if prompt.opened.run not in ctx.state.watches:
+            outbound.queue(
+                ctx,
+                prompt.opened.chat_id,
+                f"{verb} by {who.name}: {prompt.opened.name}.",
+                kind="notice",
+                thread=update.thread,
+            )
         return f"{verb}."
 
+    def _prompt_here(self, update: Update, decision: str) -> Prompt | None:
+        """The prompt ``decision`` if it was sent to this chat (or to the group this chat
+        was before it became a supergroup), and this chat is paired."""
+        state = self.ctx.state
+        prompt = state.prompts.get(decision)
+        if prompt is None or str(update.chat) not in state.chats:
+            return None
+        chat = prompt.opened.chat_id
+        if update.chat_id not in (chat, state.migrated.get(str(chat))):
+            return None
+        return prompt
+
+    async def _waits(self, prompt: Prompt) -> bool:
+        """Whether the prompt's call still waits for a decision (by the run's row: a decision
+        made elsewhere may not be read here yet). The run refuses a late one anyway."""
+        waiting = await runtime.pool().fetchval(
+            "SELECT summary->'waiting_on' FROM toren.actors WHERE actor_id = $1",
+            prompt.opened.run,
+        )
+        return isinstance(waiting, list) and prompt.opened.call_id in waiting
+
+    async def _refusal(self, update: Update, decision: str) -> tuple[str, str, str] | None:
+        """Why ``update`` cannot decide ``decision``: (outcome, detail, what to tell the
+        user), or None if it can."""
+        if not self._may_decide(update.user_id):
+            text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
+            return "refused", f"user {update.user_id} is not an approver", text
+        prompt = self.ctx.state.prompts[decision]
+        if prompt.state != "open" or not await self._waits(prompt):
+            text = "This call no longer waits for a decision."
+            return "stale", f"decision {decision} does not wait", text
+        return None
+
     async def _callback(self, update: Update) -> tuple[str, str]:
-        ctx, api = self.ctx, self.bot.api
+        api = self.bot.api
+        self.ctx.ensure_lease()  # answering is an effect, as a send is
         match = _CALLBACK.fullmatch(update.callback_data)
         if match is None:
             await api.answer_callback(update.callback_id, "This button is not one of mine.")
             return "ignored", "unknown button"
         approved, decision = match.group(1) == "a", match.group(2)
-        prompt = ctx.state.prompts.get(decision)
-        if prompt is None or prompt.opened.chat_id != update.chat_id:
+        if update.chat_id is None or self._prompt_here(update, decision) is None:
             await api.answer_callback(update.callback_id, "This button is not known here.")
             return "stale", "unknown decision"
-        if not self._may_decide(update.user_id):
-            text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
-            await api.answer_callback(update.callback_id, text)
-            return "refused", f"user {update.user_id} is not an approver"
-        if prompt.state != "open":
-            await api.answer_callback(
-                update.callback_id, "This call no longer waits for a decision."
-            )
-            return "stale", f"decision {decision} is {prompt.state}"
+        refused = await self._refusal(update, decision)
+        if refused is not None:
+            await api.answer_callback(update.callback_id, refused[2])
+            return refused[0], refused[1]
         answer = self._decide(update, decision, approved, "by a button in Telegram")
         await api.answer_callback(update.callback_id, answer)
         return "decided", decision
 
-    def _reply_decision(self, update: Update, decision: str) -> tuple[str, str]:
+    async def _reply_decision(self, update: Update, decision: str) -> tuple[str, str]:
         words = update.text.strip().split(maxsplit=1)
         first = words[0].lower().strip(".!,:;") if words else ""
         if first not in _YES | _NO:
             self._say(update, "Reply with approve or deny (and a reason, if you like) to decide.")
             return "ignored", "a reply to a prompt that decides nothing"
-        if not self._may_decide(update.user_id):
-            self._say(
-                update, f"Only the agent's approvers can decide (your user id: {update.user_id})."
-            )
-            return "refused", f"user {update.user_id} is not an approver"
-        prompt = self.ctx.state.prompts[decision]
-        if prompt.state != "open":
-            self._say(update, "This call no longer waits for a decision.")
-            return "stale", f"decision {decision} is {prompt.state}"
+        refused = await self._refusal(update, decision)
+        if refused is not None:
+            self._say(update, refused[2])
+            return refused[0], refused[1]
         reason = words[1] if len(words) > 1 else "by a reply in Telegram"
         self._decide(update, decision, first in _YES, reason)
         return "decided", decision

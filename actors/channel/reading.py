@@ -155,16 +155,19 @@ class Reader:
         elif isinstance(event, ApprovalDecided):
             for decision, prompt in ctx.state.prompts.items():
                 opened = prompt.opened
-                if (
-                    opened.run == run
-                    and opened.call_id == event.call_id
-                    and prompt.state != "closed"
-                ):
-                    ctx.emit(
-                        PromptClosed(
-                            decision=decision, approved=event.approved, by=event.who, at=time.time()
-                        )
+                if opened.run != run or opened.call_id != event.call_id:
+                    continue
+                if prompt.state == "closed":
+                    continue
+                ctx.emit(
+                    PromptClosed(
+                        decision=decision, approved=event.approved, by=event.who, at=time.time()
                     )
+                )
+                verb = "Approved" if event.approved else "Denied"
+                via = f" ({event.channel})" if event.channel != "telegram" else ""
+                text = f"{verb} by {event.who}{via}: {opened.name}."
+                outbound.queue(ctx, opened.chat_id, text, kind="notice", thread=thread)
         elif isinstance(event, RunFailed | ActorFailed):
             message = event.message if isinstance(event, RunFailed) else event.error
             text = (

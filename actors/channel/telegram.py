@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dtm
 import logging
+import math
 import os
-from pathlib import PurePosixPath
+import re
 from typing import Any
 
-import anyio
 import attrs
+import httpx
 
 # RetryAfter.retry_after as a timedelta, the behaviour PTB moves to (without it, every RetryAfter
 # warns that it is deprecated). Toren reads either form.
@@ -57,6 +58,9 @@ class SendError(Exception):
     detail: str
     retry_after: float = 0.0
     new_chat_id: int = 0
+    # Telegram may have delivered it (no answer came: a read timeout, a dropped connection, a
+    # 5xx): sending again may send twice.
+    ambiguous: bool = False
 
     def __str__(self) -> str:
         return f"{self.action}: {self.detail}"
@@ -64,6 +68,12 @@ class SendError(Exception):
 
 def _seconds(value: int | dtm.timedelta) -> float:
     return value.total_seconds() if isinstance(value, dtm.timedelta) else float(value)
+
+
+def _unsent(exc: Exception) -> bool:
+    """Whether the request cannot have reached Telegram (no connection was made)."""
+    cause = exc.__cause__
+    return isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
 
 
 def classify(exc: Exception) -> SendError:
@@ -76,12 +86,15 @@ def classify(exc: Exception) -> SendError:
     if isinstance(exc, Forbidden):
         return SendError("blocked", detail)
     if isinstance(exc, InvalidToken):
-        return SendError("retry", "the bot token was refused", retry_after=30.0)
+        return SendError("retry", "Telegram refused the bot token", retry_after=30.0)
     if isinstance(exc, BadRequest):
         return SendError("refused", detail)
     if isinstance(exc, TimedOut | NetworkError):
-        return SendError("retry", detail, retry_after=2.0)
-    return SendError("retry", detail, retry_after=5.0)
+        return SendError("retry", detail, retry_after=2.0, ambiguous=not _unsent(exc))
+    return SendError("retry", detail, retry_after=5.0, ambiguous=True)
+
+
+_FILE_PATH = re.compile(r"[A-Za-z0-9_.-][A-Za-z0-9_./-]{0,511}")
 
 
 class BotApi:
@@ -89,6 +102,7 @@ class BotApi:
 
     def __init__(self, token: str, api_url: str) -> None:
         base = api_url.rstrip("/")
+        self._files = f"{base}/file/bot{token}"  # never logged: holds the token
         # Our own request objects, so that closing them is ours to do (the bot is never
         # initialize()d: that would call getMe at boot, and an outage would stop the worker).
         self._requests = (HTTPXRequest(connection_pool_size=4), HTTPXRequest())
@@ -118,7 +132,7 @@ class BotApi:
     async def get_updates(self, offset: int, wait: float) -> list[dict[str, Any]]:
         """Raw updates from ``offset`` on, waiting up to ``wait`` seconds for one."""
         kwargs: dict[str, Any] = {
-            "timeout": int(wait),
+            "timeout": math.ceil(wait),
             "limit": 100,
             "allowed_updates": list(ALLOWED_UPDATES),
         }
@@ -198,26 +212,42 @@ class BotApi:
             )
 
     async def download(self, file_id: str, cap: int) -> bytes:
-        """A file a user sent, at most ``cap`` bytes.
+        """A file a user sent, at most ``cap`` bytes (counted as they arrive, whatever size
+        the Bot API announced).
+
+        The file's path from ``getFile`` is checked (relative, no ``..``, a plain alphabet)
+        and fetched here: python-telegram-bot would read a path naming a file on this machine
+        from disk, and its errors quote the URL, which holds the token.
 
         Raises:
-            SendError: it could not be fetched (``refused``: too large or gone).
+            SendError: it could not be fetched (``refused``: too large, gone, an unusable path).
         """
         try:
-            file = await self.bot.get_file(file_id)
-            # PTB reads a file_path naming a file on this machine from disk instead of
-            # downloading it: a Bot API server (or whoever poses as one) could have a local
-            # file put into the workspace. Only a relative path without .. is downloaded.
-            path = PurePosixPath(file.file_path or "")
-            local = await anyio.Path(str(path)).exists()
-            if not file.file_path or path.is_absolute() or ".." in path.parts or local:
-                shown = str(path)[:80]
-                raise SendError("refused", f"the server gave an unsafe file path {shown!r}")
-            if file.file_size is not None and file.file_size > cap:
-                raise SendError("refused", f"the file is {file.file_size} bytes, over {cap}")
-            data = bytes(await file.download_as_bytearray())
+            info = await self.bot.do_api_request("getfile", api_kwargs={"file_id": file_id})
         except TelegramError as exc:
             raise classify(exc) from None
-        if len(data) > cap:
-            raise SendError("refused", f"the file is {len(data)} bytes, over {cap}")
-        return data
+        info = info if isinstance(info, dict) else {}
+        path, size = info.get("file_path"), info.get("file_size")
+        if not isinstance(path, str) or not _FILE_PATH.fullmatch(path) or ".." in path.split("/"):
+            raise SendError("refused", "the Bot API gave no usable path for the file")
+        if isinstance(size, int) and size > cap:
+            raise SendError("refused", f"the file is {size} bytes, over {cap}")
+        data = bytearray()
+        try:
+            async with (
+                httpx.AsyncClient(timeout=120) as http,
+                http.stream("GET", f"{self._files}/{path}") as response,
+            ):
+                if response.status_code != 200:
+                    raise SendError(
+                        "refused", f"the file could not be fetched ({response.status_code})"
+                    )
+                async for chunk in response.aiter_bytes():
+                    data += chunk
+                    if len(data) > cap:
+                        raise SendError("refused", f"the file is over {cap} bytes")
+        except httpx.HTTPError as exc:
+            raise SendError(
+                "refused", f"the file could not be fetched ({type(exc).__name__})"
+            ) from None
+        return bytes(data)

@@ -72,6 +72,11 @@ def _positive(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ConfigError(f"telegram {attribute.name} must be positive, got {value!r}")
 
 
+def _at_least_one(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value >= 1:  # Telegram's long poll counts whole seconds: less would not wait
+        raise ConfigError(f"telegram {attribute.name} must be at least 1 second, got {value!r}")
+
+
 def _not_negative(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if not value >= 0:
         raise ConfigError(f"telegram {attribute.name} must be 0 or more, got {value!r}")
@@ -117,7 +122,7 @@ class Telegram:
     webhook_url: str | None = None
     webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"  # noqa: S105  (a name)
     per_thread: bool = False
-    poll_timeout: float = attrs.field(default=3.0, converter=float, validator=_positive)
+    poll_timeout: float = attrs.field(default=3.0, converter=float, validator=_at_least_one)
     chat_interval: float = attrs.field(default=1.0, converter=float, validator=_not_negative)
     global_per_second: float = attrs.field(default=30.0, converter=float, validator=_positive)
     max_file_bytes: int = attrs.field(default=20 * 1024 * 1024, validator=_positive)

@@ -30,6 +30,10 @@ from toren._principal import Principal
 CHANNEL_KIND = "toren.channel"
 RECENT = 200
 """Delivered or failed outbound messages a channel's state keeps (for the surfaces)."""
+FORGET_AFTER = 600.0
+"""Seconds after which an unpaired chat's hint and failed codes are forgotten (their windows:
+a minute for hints, ten minutes for failed codes)."""
+_PRUNE = 64  # every this many unpaired chats remembered, the expired ones are dropped
 
 
 def channel_address(bot: str) -> str:
@@ -91,6 +95,7 @@ class IssueCode:
 
     code_hash: str
     by: Principal
+    until: float = 0.0  # the asker gives up then: a code recorded later would be one nobody saw
 
 
 @message("channel.unpair")
@@ -431,7 +436,10 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         offset = max(state.offset, event.update_id + 1)
         state = attrs.evolve(state, offset=offset, updates=state.updates + 1)
         if event.outcome == "hinted" and event.chat_id is not None:
-            state = attrs.evolve(state, hinted=state.hinted.set(str(event.chat_id), event.at))
+            hinted = state.hinted.set(str(event.chat_id), event.at)
+            if len(hinted) % _PRUNE == 0:  # what strangers leave: dropped once past its window
+                hinted = pmap({c: t for c, t in hinted.items() if t > event.at - FORGET_AFTER})
+            state = attrs.evolve(state, hinted=hinted)
         if event.run:  # the run was sent something: read it at every tick again
             state = _woken(state, event.run)
         return state
@@ -546,7 +554,12 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         times = times.append(event.at)
         if len(times) > 20:
             times = times.delete(0)
-        return attrs.evolve(state, failures=state.failures.set(key, times))
+        failures = state.failures.set(key, times)
+        if len(failures) % _PRUNE == 0:
+            failures = pmap(
+                {c: t for c, t in failures.items() if t and t[-1] > event.at - FORGET_AFTER}
+            )
+        return attrs.evolve(state, failures=failures)
     if isinstance(event, ChatUnpaired):
         return _forget_chat(state, event.chat_id)
     if isinstance(event, ChatBlocked | ChatUnblocked):
@@ -621,9 +634,13 @@ def _migrated(state: ChannelState, event: ChatMigrated) -> ChannelState:
     chat = chats.get(old)
     if chat is not None:
         chats = chats.discard(old).set(new, attrs.evolve(chat, chat_id=event.to))
+    watches = state.watches
     for key, run in state.conversations.items():
         if key == old or key.startswith(old + "/"):
-            conversations = conversations.discard(key).set(new + key[len(old) :], run)
+            moved = new + key[len(old) :]
+            conversations = conversations.discard(key).set(moved, run)
+            if run in watches:
+                watches = watches.set(run, attrs.evolve(watches[run], conversation=moved))
     outbox = state.outbox
     for n in state.pending:
         outgoing = outbox[str(n)]
@@ -633,6 +650,7 @@ def _migrated(state: ChannelState, event: ChatMigrated) -> ChannelState:
         state,
         chats=chats,
         conversations=conversations,
+        watches=watches,
         outbox=outbox,
         migrated=state.migrated.set(old, event.to),
     )

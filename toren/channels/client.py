@@ -122,7 +122,8 @@ async def pair(client: Client, agent: str, *, by: Principal) -> tuple[str, float
     """
     channel = await channel_of(client, agent)
     code = new_code()
-    answer = await _ask(client, channel, IssueCode(code_hash=code_hash(code), by=by))
+    until = time.time() + ASK_WAIT
+    answer = await _ask(client, channel, IssueCode(code_hash=code_hash(code), by=by, until=until))
     return code, float(answer.detail)
 
 
