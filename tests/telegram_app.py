@@ -13,6 +13,7 @@ TOKEN_ENV = "TOREN_TEST_TELEGRAM_TOKEN"
 BRIEF_TOKEN_ENV = "TOREN_TEST_TELEGRAM_BRIEF_TOKEN"
 ONCE_TOKEN_ENV = "TOREN_TEST_TELEGRAM_ONCE_TOKEN"
 FILER_TOKEN_ENV = "TOREN_TEST_TELEGRAM_FILER_TOKEN"
+TOPICS_TOKEN_ENV = "TOREN_TEST_TELEGRAM_TOPICS_TOKEN"
 
 
 @tool(effects="external", idempotency="keyed", approval="always")
@@ -65,5 +66,14 @@ filer = Agent(
         poll_timeout=1,
         chat_interval=0,
         max_file_bytes=64 * 1024,
+    ),
+)
+# One conversation per forum topic.
+topics = Agent(
+    name="topics",
+    model=MODEL,
+    system="topics",
+    telegram=Telegram(
+        bot="topics", token_env=TOPICS_TOKEN_ENV, poll_timeout=1, chat_interval=0, per_thread=True
     ),
 )

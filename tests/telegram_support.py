@@ -25,11 +25,13 @@ TOKENS = {
     telegram_app.BRIEF_TOKEN_ENV: "1002:brief-token-for-tests",
     telegram_app.ONCE_TOKEN_ENV: "1003:once-token-for-tests",
     telegram_app.FILER_TOKEN_ENV: "1004:filer-token-for-tests",
+    telegram_app.TOPICS_TOKEN_ENV: "1007:topics-token-for-tests",
 }
 TELLER = TOKENS[telegram_app.TOKEN_ENV]
 BRIEF = TOKENS[telegram_app.BRIEF_TOKEN_ENV]
 ONCE = TOKENS[telegram_app.ONCE_TOKEN_ENV]
 FILER = TOKENS[telegram_app.FILER_TOKEN_ENV]
+TOPICS = TOKENS[telegram_app.TOPICS_TOKEN_ENV]
 _ids = itertools.count(1)
 ALICE = 501  # a user who pairs and talks
 APPROVER = telegram_app.APPROVER
@@ -92,6 +94,7 @@ async def telegram(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TelegramSer
         server.add_bot(BRIEF, username="brief_test_bot")
         server.add_bot(ONCE, username="once_test_bot")
         server.add_bot(FILER, username="filer_test_bot")
+        server.add_bot(TOPICS, username="topics_test_bot")
         for name, value in TOKENS.items():
             monkeypatch.setenv(name, value)
         yield server

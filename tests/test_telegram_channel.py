@@ -194,3 +194,44 @@ async def test_one_poller_per_bot_across_workers_and_another_takes_over(
     )
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)) == 7  # /pair, five messages, one after: each once
+
+
+async def test_with_per_thread_each_forum_topic_has_its_own_conversation(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    from tests.telegram_support import TOPICS
+
+    server, _ = bots
+    forum = -100500
+    server.add_chat(forum, "supergroup", "forum", token=TOPICS)
+    code, _ = await pair(client, "topics", by=person("op"))
+    server.push_message(forum, f"/pair@topics_test_bot {code}", user_id=ALICE, token=TOPICS)
+    await received(server, forum, lambda t: t.startswith("Paired with topics"), token=TOPICS)
+
+    def topic_message(thread: int, text: str) -> dict[str, Any]:
+        return {
+            "message": {
+                "message_id": 1000 + thread,
+                "message_thread_id": thread,
+                "is_topic_message": True,
+                "date": 1,
+                "chat": {"id": forum, "type": "supergroup", "title": "forum", "is_forum": True},
+                "from": {"id": ALICE, "is_bot": False, "first_name": "alice"},
+                "text": f"@topics_test_bot {text}",
+                "entities": [{"type": "mention", "offset": 0, "length": 16}],
+            }
+        }
+
+    server.push_raw(topic_message(11, "in eleven"), token=TOPICS)
+    server.push_raw(topic_message(22, "in twenty-two"), token=TOPICS)
+    eleven = await received(server, forum, lambda t: t == "echo: in eleven", token=TOPICS)
+    twenty_two = await received(server, forum, lambda t: t == "echo: in twenty-two", token=TOPICS)
+    assert (eleven.thread_id, twenty_two.thread_id) == (11, 22)  # each answer in its topic
+    summary = await channel_row(client, "topics")
+    assert summary is not None
+    runs = await client.pool.fetch(
+        "SELECT data->>'key' AS key, data->>'run' AS run FROM toren.journal "
+        "WHERE actor_id = 'channel/telegram/topics' AND type = 'conversation.started'"
+    )
+    assert sorted(r["key"] for r in runs) == [f"{forum}/11", f"{forum}/22"]
+    assert len({r["run"] for r in runs}) == 2
