@@ -125,7 +125,11 @@ async def test_a_group_answers_only_when_addressed_and_follows_its_migration(
     server.migrate(group, -100777)
     server.push_message(group, "@toren_test_bot after the upgrade", user_id=ALICE)
     await received(server, -100777, lambda t: t == "echo: after the upgrade")
-    assert ("sent", "echo: after the upgrade") in await states(client)
+
+    async def recorded() -> bool:  # received by Telegram first, then recorded sent
+        return ("sent", "echo: after the upgrade") in await states(client)
+
+    await wait_for(recorded, what="the reply recorded sent")
 
 
 async def test_at_most_once_delivery_sends_each_message_once(
@@ -142,7 +146,11 @@ async def test_at_most_once_delivery_sends_each_message_once(
     await received(server, 100, lambda t: t == "echo: hi once", token=ONCE)
     sent = [m.text for m in server.sent(100, token=ONCE)]
     assert sent == ["Paired with once. Write to talk to it.", "echo: hi once"]
-    assert [s for s, _ in await states(client, "once")] == ["sent", "sent"]
+
+    async def recorded() -> bool:  # received by Telegram first, then recorded sent
+        return [s for s, _ in await states(client, "once")] == ["sent", "sent"]
+
+    await wait_for(recorded, what="both recorded sent")
 
 
 async def _sent_count(server: TelegramServer, chat: int, check: Any, n: int) -> bool:
