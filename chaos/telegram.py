@@ -487,9 +487,12 @@ class TelegramExecution(_Execution):
         if isinstance(hold, Hold) and not hold.delivered:
             # Released only once the server saw its client go: the send is then dropped, never
             # made (a held send takes effect on release).
-            await anyio.sleep(0.2)
+            with anyio.move_on_after(30):
+                while not hold.calls[0].gone:
+                    await anyio.sleep(0.02)  # a poll, under the deadline above
+            if not hold.calls[0].gone:
+                raise CellFailed("the server did not see the killed worker's connection close")
             self._go(hold)
-            await anyio.sleep(0.1)
             if hold.calls[0].status is not None:
                 raise CellFailed("the held send was made after its worker died")
             return f"pid {victim.pid} SIGKILLed while Telegram held its send; the send dropped"

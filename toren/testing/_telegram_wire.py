@@ -110,6 +110,7 @@ class Call:
     at: float
     status: int | None = None
     description: str | None = None
+    gone: bool = False  # a held call whose client left before its release: it never took effect
 
 
 @attrs.frozen(kw_only=True)

@@ -390,7 +390,13 @@ class TelegramServer(TelegramScript):
         if hold is None:
             return self._answer(call, await self._run(bot, key, call))
         outcome = await self._run(bot, key, call) if hold.delivered else None
-        await hold.released
+        try:
+            await hold.released
+        except asyncio.CancelledError:  # aiohttp ends a handler whose client went away
+            with self._lock:
+                call.gone = not hold.delivered  # a call held before it took effect never will
+                self._changed()
+            raise
         if not hold.delivered:
             stopped = ApiError(502, "Bad Gateway")
             outcome = stopped if self._stopping else await self._run(bot, key, call)
