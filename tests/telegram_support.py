@@ -7,6 +7,7 @@ import contextlib
 import itertools
 import re
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -148,3 +149,33 @@ async def paired(client: Client, server: TelegramServer, chat_id: int, user: int
     code, _ = await pair(client, "teller", by=person("op"))
     server.push_message(chat_id, f"/pair {code}", user_id=user)
     await received(server, chat_id, lambda t: t.startswith("Paired with teller"))
+
+
+@pytest.fixture
+async def filer(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[TelegramServer]:
+    """The filer bot (an agent with a workspace) on a worker with real Docker (skipped with
+    the reason without it, failed under CI=true)."""
+    from tests.sandbox_support import unavailable
+    from toren.actors.sandbox.docker import Docker, Unavailable
+    from toren.sandbox import DEFAULT_IMAGE
+
+    try:
+        docker = await Docker.connect()
+        await docker.check_image(DEFAULT_IMAGE)
+        await docker.close()
+    except Unavailable as exc:
+        unavailable(str(exc))
+    load_app("tests.telegram_app")
+    async with (
+        telegram(monkeypatch) as server,
+        chat_model(monkeypatch),
+        running_worker(
+            db_url,
+            telegram_api_url=server.url,
+            sandboxes=True,
+            workspace_store=str(tmp_path / "workspaces"),
+        ),
+    ):
+        yield server

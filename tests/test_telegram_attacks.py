@@ -52,8 +52,6 @@ Findings, each with its test (the docstring says what broke and the fix suggeste
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -63,7 +61,6 @@ import pytest
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests import telegram_siege_app as siege
 from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
-from tests.sandbox_support import unavailable
 from tests.telegram_support import (
     ALICE,
     APPROVER,
@@ -73,6 +70,7 @@ from tests.telegram_support import (
     bots,
     channel_row,
     chat_model,
+    filer,
     paired,
     received,
     telegram,
@@ -85,7 +83,7 @@ from toren.runs import cancel, read_run
 from toren.testing.telegram_server import Hold, TelegramServer
 
 pytestmark = pytest.mark.anyio
-__all__ = ["bots"]  # the fixture
+__all__ = ["bots", "filer"]  # the fixtures
 
 TELLER_ID = 1001  # the teller token's bot id
 TELLER_USERNAME = "toren_test_bot"  # the local server's default username for the first bot
@@ -148,34 +146,6 @@ async def hold_polls(server: TelegramServer) -> Hold:
 
 
 # --- files: hostile paths from the Bot API (HIGH), a caption over the cap (LOW) -----------
-
-
-@pytest.fixture
-async def filer(
-    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[TelegramServer]:
-    """The filer bot (an agent with a workspace) on a worker with real Docker."""
-    from toren.actors.sandbox.docker import Docker, Unavailable
-    from toren.sandbox import DEFAULT_IMAGE
-
-    try:
-        docker = await Docker.connect()
-        await docker.check_image(DEFAULT_IMAGE)
-        await docker.close()
-    except Unavailable as exc:
-        unavailable(str(exc))
-    load_app("tests.telegram_app")
-    async with (
-        telegram(monkeypatch) as server,
-        chat_model(monkeypatch),
-        running_worker(
-            db_url,
-            telegram_api_url=server.url,
-            sandboxes=True,
-            workspace_store=str(tmp_path / "workspaces"),
-        ),
-    ):
-        yield server
 
 
 async def pair_filer(client: Client, server: TelegramServer, chat_id: int) -> None:

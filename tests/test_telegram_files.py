@@ -4,48 +4,19 @@ workspace (within its size limit, under a safe name); the agent sends a workspac
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
-from tests.conftest import person, running_worker, wait_for
-from tests.sandbox_support import unavailable
-from tests.telegram_support import ALICE, FILER, chat_model, paired, received, telegram
+from tests.conftest import person, wait_for
+from tests.telegram_support import ALICE, FILER, filer, paired, received
 from toren import Client
-from toren._app import load_app
-from toren.actors.sandbox.docker import Docker, Unavailable
 from toren.channels.client import pair
-from toren.sandbox import DEFAULT_IMAGE
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def filer(
-    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[TelegramServer]:
-    try:
-        docker = await Docker.connect()
-        await docker.check_image(DEFAULT_IMAGE)
-        await docker.close()
-    except Unavailable as exc:
-        unavailable(str(exc))
-    load_app("tests.telegram_app")
-    async with (
-        telegram(monkeypatch) as server,
-        chat_model(monkeypatch),
-        running_worker(
-            db_url,
-            telegram_api_url=server.url,
-            sandboxes=True,
-            workspace_store=str(tmp_path / "workspaces"),
-        ),
-    ):
-        yield server
+__all__ = ["filer"]  # the fixture
 
 
 async def test_a_file_goes_into_the_workspace_and_comes_back_with_send_file(
