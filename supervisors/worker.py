@@ -281,8 +281,18 @@ async def _check_schema(pool: asyncpg.Pool) -> None:
         )
 
 
-async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> None:
-    """Run a worker until SIGTERM or SIGINT; a second signal exits at once."""
+async def run_worker(
+    settings: Settings,
+    url: str,
+    *,
+    migrate: bool = False,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a worker until SIGTERM or SIGINT; a second signal exits at once.
+
+    Started with ``await tg.start(run_worker, ...)``, it reports ready once the worker is up
+    (registered, claiming) and listening for the signals that drain it.
+    """
     if migrate:
         conn = await connect(url)
         try:
@@ -293,8 +303,9 @@ async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> 
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
 
-        async def on_signals() -> None:
+        async def on_signals(*, task_status: TaskStatus[None]) -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                task_status.started()
                 async for signum in signals:
                     log.info(
                         "%s: draining (grace %gs)",
@@ -309,7 +320,8 @@ async def run_worker(settings: Settings, url: str, *, migrate: bool = False) -> 
                     tg.cancel_scope.cancel()
                     return
 
-        tg.start_soon(on_signals)
+        await tg.start(on_signals)
+        task_status.started()
 
 
 async def _stop_then_exit(worker: Worker, tg: anyio.abc.TaskGroup) -> None:
