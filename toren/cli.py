@@ -352,11 +352,24 @@ def _print_agent_tables(settings: Settings, loaded: set[str]) -> None:
 @click.option(
     "--port", default=8420, show_default=True, type=click.IntRange(0, 65535), help="API port."
 )
+@click.option(
+    "--model-script",
+    metavar="MODULE:FN",
+    help="Run the --app's agents on an OFFLINE model scripted by FN (see toren.testing).",
+)
 @click.pass_context
-def dev(ctx: click.Context, data_dir: Path | None, app: str | None, port: int) -> None:
+def dev(
+    ctx: click.Context, data_dir: Path | None, app: str | None, port: int, model_script: str | None
+) -> None:
     """Run everything on one machine: embedded Postgres, migrations, a worker, the HTTP API
     and console, and the demo."""
     from toren._dev import run_dev
 
+    if model_script and not app:
+        raise click.UsageError("--model-script scripts the model of an --app's agents; add --app")
     settings = _settings(ctx)
-    run_reporting(functools.partial(run_dev, settings, data_dir=data_dir, app=app, port=port))
+    run_reporting(
+        functools.partial(
+            run_dev, settings, data_dir=data_dir, app=app, port=port, model_script=model_script
+        )
+    )

@@ -12,8 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from toren import Agent, ToolContext, tool
-from toren._model import Text, ToolCall, Usage
-from toren.testing import Reply
+from toren.testing import ModelRequest, Reply, Text, ToolCall, Usage, turns
 
 LABEL = "[Toren offline demo model]"
 
@@ -46,11 +45,12 @@ concierge = Agent(
 DEMO_INPUT = "My espresso machine from order A-17 arrived broken. Can I get my money back?"
 
 
-def demo_model(request: dict[str, Any], n: int) -> Reply:
-    """The offline demo model: answers by how far the conversation has got."""
-    turns = sum(1 for m in request["messages"] if m["role"] == "assistant")
-    usage = Usage(input_tokens=400 + 150 * turns, output_tokens=60)
-    if turns == 0:
+def demo_model(request: ModelRequest) -> Reply:
+    """The offline demo model (a model script, see :mod:`toren.testing`): answers by how far
+    the conversation has got."""
+    answered = turns(request)
+    usage = Usage(input_tokens=400 + 150 * answered, output_tokens=60)
+    if answered == 0:
         return Reply(
             [
                 Text(text=f"{LABEL} Let me look at order A-17 first."),
@@ -58,7 +58,7 @@ def demo_model(request: dict[str, Any], n: int) -> Reply:
             ],
             usage=usage,
         )
-    if turns == 1:
+    if answered == 1:
         return Reply(
             [
                 Text(text=f"{LABEL} It arrived broken; I will refund the $80 paid."),

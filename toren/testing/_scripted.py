@@ -17,7 +17,7 @@ import socket
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self, Union
 
 import anyio
 import attrs
@@ -25,7 +25,10 @@ import orjson
 from aiohttp import web
 
 from toren._estimate import estimate_tokens
-from toren._model import StopReason, Text, ToolCall, Usage
+from toren._model import ModelRequest, StopReason, Text, ToolCall, Usage
+
+if TYPE_CHECKING:
+    from toren.testing._script import ScriptedModel
 
 __all__ = [
     "Disconnect",
@@ -102,7 +105,7 @@ class Disconnect:
 
 
 Step = Reply | Fail | Disconnect
-Script = Sequence[Step] | Callable[[dict[str, Any], int], Step]
+Script = Union[Sequence[Step], Callable[[dict[str, Any], int], Step], "ScriptedModel"]
 
 
 @attrs.frozen(kw_only=True)
@@ -152,9 +155,11 @@ class ScriptedServer:
     """A local HTTP server answering from a script; subclasses speak one provider's protocol.
 
     Use it as an async context manager: it listens on 127.0.0.1 on a free port while inside.
-    ``script`` is a sequence of steps consumed in arrival order, or a callable
-    ``(request_json, n) -> step``. A request beyond a scripted sequence is recorded and answered
-    with a 500 in the provider's error format whose message says the script ran out.
+    ``script`` is a sequence of steps consumed in arrival order, a callable
+    ``(request_json, n) -> step``, or a :class:`~toren.testing.ScriptedModel`, which is given
+    each request read back into Toren's vocabulary (:meth:`request_of`). A request beyond a
+    scripted sequence is recorded and answered with a 500 in the provider's error format whose
+    message says the script ran out.
 
     ``window`` is the model's context window in (estimated) tokens. A request whose estimated
     input tokens are over it is refused with the provider's own "prompt is too long" error
@@ -171,8 +176,13 @@ class ScriptedServer:
             raise ValueError(f"window must be a positive number of tokens, not {window}")
         self.window = window
         self._steps: deque[Step] = deque()
+        from toren.testing._script import ScriptedModel  # it builds on this module
+
         self._script_fn: Callable[[dict[str, Any], int], Step] | None = None
-        if callable(script):
+        self.model: ScriptedModel | None = None
+        if isinstance(script, ScriptedModel):
+            self.model = script
+        elif callable(script):
             self._script_fn = script
         else:
             self._steps.extend(script)
@@ -193,7 +203,7 @@ class ScriptedServer:
         Raises:
             TypeError: the server was scripted with a callable.
         """
-        if self._script_fn is not None:
+        if self._script_fn is not None or self.model is not None:
             raise TypeError("this server is scripted by a callable; it takes no extra steps")
         self._steps.extend(steps)
         self._scripted += len(steps)
@@ -350,6 +360,8 @@ class ScriptedServer:
             pass  # answered by render_too_large; no step is consumed
         elif self._script_fn is not None:
             step = self._script_fn(body, n)
+        elif self.model is not None:
+            step = await self._ask_model(self.model, received)
         else:
             step = self._steps.popleft() if self._steps else None
         self.arrived(n).set()
@@ -358,6 +370,21 @@ class ScriptedServer:
             hold.arrived.set()
             await hold.wait_released()
         return received, step
+
+    async def _ask_model(self, model: ScriptedModel, received: ReceivedRequest) -> Step:
+        try:
+            request = self.request_of(received)
+        except (ValueError, TypeError, KeyError) as exc:
+            return model.refusal(f"was not asked: the request is not a conversation ({exc})")
+        return await model.answer(request)
+
+    def request_of(self, received: ReceivedRequest) -> ModelRequest:
+        """The request ``received`` carries, in Toren's vocabulary (per provider).
+
+        Raises:
+            ValueError: the body is not a conversation in the provider's format.
+        """
+        raise NotImplementedError
 
     def _ran_out(self, n: int) -> Fail:
         return Fail(

@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from toren._model import StopReason, Text, ToolCall, Usage
+from toren._model import ModelRequest, StopReason, Text, ToolCall, Usage
 from toren.testing._scripted import (
     Disconnect,
     Fail,
@@ -41,6 +41,7 @@ from toren.testing._scripted import (
     json_response,
     wire_json,
 )
+from toren.testing._wire_requests import anthropic_request, bedrock_request, openai_request
 
 __all__ = [
     "AnthropicServer",
@@ -109,6 +110,9 @@ class AnthropicServer(ScriptedServer):
     def env(self) -> dict[str, str]:
         """``ANTHROPIC_BASE_URL`` and a test ``ANTHROPIC_API_KEY``."""
         return {"ANTHROPIC_BASE_URL": self.base_url, "ANTHROPIC_API_KEY": "test-anthropic-key"}
+
+    def request_of(self, received: ReceivedRequest) -> ModelRequest:
+        return anthropic_request(received.body)
 
     def render_fail(self, step: Fail) -> web.Response:
         error_type = _ANTHROPIC_ERROR_TYPES.get(
@@ -231,6 +235,9 @@ class OpenAIServer(ScriptedServer):
     def env(self) -> dict[str, str]:
         """``OPENAI_BASE_URL`` and a test ``OPENAI_API_KEY``."""
         return {"OPENAI_BASE_URL": self.base_url, "OPENAI_API_KEY": "test-openai-key"}
+
+    def request_of(self, received: ReceivedRequest) -> ModelRequest:
+        return openai_request(received.body)
 
     def render_fail(self, step: Fail) -> web.Response:
         error_type, code = _OPENAI_ERRORS.get(
@@ -386,6 +393,10 @@ _BEDROCK_ERRORS = {
 }
 
 
+def _model_id(received: ReceivedRequest) -> str:
+    return received.path.removeprefix("/model/").removesuffix("/converse")
+
+
 class BedrockServer(ScriptedServer):
     """Speaks Bedrock Runtime Converse: ``POST /model/{modelId}/converse`` (any SigV4 signature).
 
@@ -411,8 +422,10 @@ class BedrockServer(ScriptedServer):
     @property
     def model_ids(self) -> list[str]:
         """The model id each request named in its path, in arrival order."""
-        prefix, suffix = "/model/", "/converse"
-        return [r.path[len(prefix) : -len(suffix)] for r in self.received]
+        return [_model_id(r) for r in self.received]
+
+    def request_of(self, received: ReceivedRequest) -> ModelRequest:
+        return bedrock_request(received.body, _model_id(received))
 
     def render_fail(self, step: Fail) -> web.Response:
         error_type = _BEDROCK_ERRORS.get(
@@ -431,8 +444,7 @@ class BedrockServer(ScriptedServer):
         "The model returned the following errors: prompt is too long: N tokens > W maximum"
         (quoted in daisuke-awaji/moca#254); other models get Bedrock's "Input is too long for
         requested model." (aws-samples/bedrock-chat#95)."""
-        model_id = received.path.removeprefix("/model/").removesuffix("/converse")
-        if _ANTHROPIC_MODEL.search(model_id):
+        if _ANTHROPIC_MODEL.search(_model_id(received)):
             message = (
                 "The model returned the following errors: prompt is too long: "
                 f"{received.input_tokens} tokens > {self.window} maximum"
