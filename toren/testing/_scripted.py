@@ -43,17 +43,25 @@ __all__ = [
 ]
 
 
-def _content(value: str | Iterable[Text | ToolCall]) -> tuple[Text | ToolCall, ...]:
+def _content(value: str | Iterable[str | Text | ToolCall]) -> tuple[Text | ToolCall, ...]:
     if isinstance(value, str):
         return (Text(text=value),)
-    return tuple(value)
+    blocks = tuple(Text(text=b) if isinstance(b, str) else b for b in value)
+    for block in blocks:
+        if not isinstance(block, Text | ToolCall):
+            raise TypeError(f"a Reply holds strings, Text and ToolCall blocks, not {block!r}")
+    return blocks
 
 
 @attrs.frozen
 class Reply:
     """A model answer, rendered in the provider's own response format.
 
-    ``content`` is a string (one text block) or text blocks and tool calls, in order.
+    ``content`` is a string (one text block) or text blocks (or strings) and tool calls, in
+    order.
+
+    Raises:
+        TypeError: ``content`` holds something else.
     ``stop_reason`` defaults to ``"tool_use"`` when the content holds a tool call, else ``"end"``.
     ``usage`` is reported as scripted; ``None`` (the default) reports the estimate: the request's
     estimated input tokens, and the reply's own estimated tokens (its text, tool names and

@@ -1,0 +1,1 @@
+"""Runnable example apps, each with its README, offline model script and test."""

@@ -1,0 +1,1 @@
+"""A coding agent that writes and runs code in its own sandbox container."""

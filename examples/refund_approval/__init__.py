@@ -1,0 +1,1 @@
+"""A support agent that refunds orders, asking a human first above a threshold."""

@@ -1,0 +1,1 @@
+"""An assistant people talk to from Telegram."""
