@@ -1,11 +1,12 @@
 // The Toren console: a page over the HTTP API. Signed in with a session cookie; writes carry
-// the session's CSRF token. The run page follows the run's event stream (server-sent events).
+// the session's CSRF token. The run page reads the run's events a page at a time, then follows
+// its event stream (server-sent events).
 "use strict";
 
 const $ = (id) => document.getElementById(id);
 let csrf = null;
 let me = null; // who is signed in: { name, principal, scopes, agents, csrf }
-let stream = null;
+let view = null; // the run page open (see openRun)
 let listTimer = null;
 
 function esc(text) {
@@ -43,7 +44,7 @@ async function api(path, options = {}) {
     // Signed out (the token was revoked, or the session ended): stop polling, or every poll
     // would count as a failed sign-in from this address.
     if (listTimer) { clearInterval(listTimer); listTimer = null; }
-    if (stream) { stream.close(); stream = null; }
+    leaveRun();
     show("signin");
     throw new Error("signed out");
   }
@@ -73,12 +74,13 @@ async function start() {
     location.href = "/";
   };
   $("status-filter").onchange = () => loadRuns();
+  $("more-button").onclick = () => { if (view) nextPage(view); };
   window.onhashchange = route;
   route();
 }
 
 function route() {
-  if (stream) { stream.close(); stream = null; }
+  leaveRun();
   if (listTimer) { clearInterval(listTimer); listTimer = null; }
   const match = location.hash.match(/^#\/runs\/([0-9a-f-]+)$/);
   if (match) { openRun(match[1]); return; }
@@ -183,37 +185,127 @@ function channelView(c, messages) {
   return box;
 }
 
+// A run's page reads the run's events in pages by cursor (`GET /runs/{id}/events?after=SEQ`
+// answers at most PAGE), so a long run never loads its whole journal at once: past a full page,
+// a button reads the next. After the last page it follows the run live through its event
+// stream, read with fetch rather than an EventSource (which hears only the event names it is
+// told: a kind added later, such as `model.calling`, would go unseen), and reconnects after
+// the last event it got whenever the stream ends (idle, server restart), as an EventSource would.
+const PAGE = 1000;
+const RECONNECT_MS = 3000;
+
 async function openRun(uuid) {
+  leaveRun();
   show("run");
-  const events = [];
-  const calls = { intents: {}, cwds: {}, sandboxed: new Set() };
-  await refreshRun(uuid);
-  $("events-body").innerHTML = "";
-  stream = new EventSource(`/runs/${uuid}/events`);
-  const onEvent = async (message) => {
-    const event = JSON.parse(message.data);
-    if (events.length && events[events.length - 1].seq >= event.seq) return;
-    events.push(event);
-    const row = document.createElement("tr");
-    const cell = document.createElement("td");
-    cell.append(detail(event, calls));
-    row.append(el("td", "", event.seq), el("td", "", event.type),
-      el("td", "", new Date(event.at).toLocaleTimeString()), cell);
-    $("events-body").append(row);
-    drawTimeline(events);
-    clearTimeout(openRun.pending);
-    openRun.pending = setTimeout(() => refreshRun(uuid), 150);
+  const v = view = {
+    uuid, last: 0, events: [], calls: { intents: {}, cwds: {}, sandboxed: new Set() },
+    transcript: newTranscript($("transcript")), abort: new AbortController(), pending: null,
   };
-  stream.onmessage = onEvent;
-  for (const type of KNOWN) stream.addEventListener(type, onEvent);
+  $("transcript").replaceChildren();
+  $("events-body").replaceChildren();
+  $("timeline").replaceChildren();
+  $("more").hidden = true;
+  await refreshRun(uuid);
+  await nextPage(v);
 }
 
-const KNOWN = ["run.started", "model.called", "tool.intent", "tool.result", "approval.requested",
-  "approval.decided", "decision.refused", "message.received", "timer.set", "timer.fired",
-  "run.resumed", "steps.invalidated", "run.retrying", "run.retried", "run.completed",
-  "run.failed", "toren.failed", "context.compacted", "child.started", "child.finished",
-  "child.approval_requested", "callees.described", "sandbox.requested", "sandbox.noted",
-  "sandbox.failed"];
+function leaveRun() {
+  if (!view) return;
+  view.abort.abort();
+  clearTimeout(view.pending);
+  view = null;
+}
+
+async function nextPage(v) {
+  $("more").hidden = true;
+  const { events } = await api(`/runs/${v.uuid}/events?after=${v.last}`);
+  if (v !== view) return;
+  for (const event of events) addEvent(v, event);
+  settle(v);
+  if (events.length >= PAGE) {
+    $("more-count").textContent = `${v.events.length} events shown; the run has more.`;
+    $("more").hidden = false;
+    return;
+  }
+  follow(v);
+}
+
+function addEvent(v, event) {
+  if (event.seq <= v.last) return;
+  v.last = event.seq;
+  v.events.push(event);
+  addToTranscript(v.transcript, event);
+  const row = document.createElement("tr");
+  const cell = document.createElement("td");
+  cell.append(detail(event, v.calls));
+  row.append(el("td", "", event.seq), el("td", "", event.type),
+    el("td", "", new Date(event.at).toLocaleTimeString()), cell);
+  $("events-body").append(row);
+}
+
+// After a page or a read of the stream (not after each event): the timeline drawn again, and
+// the run's status read again once things are quiet for a moment.
+function settle(v) {
+  if (v !== view || !v.events.length) return;
+  drawTimeline(v.events);
+  clearTimeout(v.pending);
+  v.pending = setTimeout(() => { if (v === view) refreshRun(v.uuid); }, 150);
+}
+
+async function follow(v) {
+  while (v === view) {
+    try {
+      const response = await fetch(`/runs/${v.uuid}/events?after=${v.last}`, {
+        credentials: "same-origin", headers: { Accept: "text/event-stream" }, signal: v.abort.signal,
+      });
+      if (response.status === 401) {
+        api("/session").catch(() => {}); // shows the sign-in form
+        return;
+      }
+      if (response.ok) {
+        await readEvents(response.body, (type, data) => {
+          if (type !== "toren.closed" && v === view) addEvent(v, JSON.parse(data));
+        }, () => settle(v));
+      }
+    } catch (e) {
+      if (v.abort.signal.aborted) return;
+    }
+    if (v !== view) return;
+    await new Promise((resolve) => { setTimeout(resolve, RECONNECT_MS); });
+  }
+}
+
+// Reads server-sent events from a response body until it ends, calling on(type, data) for
+// each (`event:` and `data:` lines, a blank line ending one, `:` lines comments: pings), and
+// read() after each piece of the body it got.
+async function readEvents(body, on, read) {
+  const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "", type = "", data = [];
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let from = 0, nl;
+    while ((nl = buffer.indexOf("\n", from)) >= 0) {
+      const line = buffer.slice(from, nl).replace(/\r$/, "");
+      from = nl + 1;
+      if (!line) {
+        if (data.length) on(type || "message", data.join("\n"));
+        type = "";
+        data = [];
+        continue;
+      }
+      const colon = line.indexOf(":");
+      if (colon === 0) continue;
+      const field = colon < 0 ? line : line.slice(0, colon);
+      const text = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+      if (field === "event") type = text;
+      else if (field === "data") data.push(text);
+    }
+    buffer = buffer.slice(from);
+    read();
+  }
+}
 
 // What an event's row shows: a sandboxed call's command and output, a sandbox's notes, the
 // command an approval is asked for; else the event's data, cut (see brief).
@@ -247,12 +339,9 @@ function commandLine(name, args, cwd) {
   return line;
 }
 
-// A sandboxed call's result: the command and where it ran, how it ended, and its output in a
-// <pre>, folded when long. The sandbox writes a command's result as `$ <command>`, `[in <cwd>;
-// <how it ended>]`, then the output. All of it is untrusted (markup, NULs, megabytes): it goes
-// in as text, never as HTML.
-const FOLD_LINES = 12, FOLD_CHARS = 2000;
-function commandView(intent, d, asked = "") {
+// A sandboxed call's result read apart: the sandbox writes it as `$ <command>`, `[in <cwd>;
+// <how it ended>]`, then the output (the transcript reads it the same way).
+function parseCommand(intent, d, asked = "") {
   const name = intent ? intent.name : "tool";
   const args = (intent && intent.arguments) || {};
   let output = String(d.content ?? ""), cwd = asked || "", how = "";
@@ -266,6 +355,15 @@ function commandView(intent, d, asked = "") {
       output = output.slice(end + 1).replace(/^\n/, "");
     }
   }
+  return { name, args, cwd, how, output };
+}
+
+// A sandboxed call's result: the command and where it ran, how it ended, and its output in a
+// <pre>, folded when long. All of it is untrusted (markup, NULs, megabytes): it goes in as
+// text, never as HTML.
+const FOLD_LINES = 12, FOLD_CHARS = 2000;
+function commandView(intent, d, asked = "") {
+  const { name, args, cwd, how, output } = parseCommand(intent, d, asked);
   const box = el("div", "command");
   const line = el("div", "command-head");
   line.append(commandLine(name, args, cwd), " · ");
