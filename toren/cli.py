@@ -37,6 +37,7 @@ from toren._client import Client
 from toren._config import Settings
 from toren._db import connect
 from toren._errors import ConfigError
+from toren._init import register as register_init_command
 from toren._killpoints import arm as arm_kill_points
 from toren._logging import configure
 from toren._migrate import migrate as apply_migrations
@@ -261,6 +262,7 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
         sys.exit(1)
 
 
+register_init_command(main)
 register_run_commands(main)
 register_sandbox_commands(main)
 register_channel_commands(main)
