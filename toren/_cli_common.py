@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import functools
+import os
+import shlex
+import shutil
 import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import ParamSpec, TypeVar
 
 import anyio
 from rich.console import Console
 
 from toren._config import Settings
-from toren._db import recorded_dev_url
+from toren._dev_state import RECORD_FILE, read_record
 from toren._errors import ConfigError, TorenError
 from toren._terminal import plain
 
@@ -29,14 +33,64 @@ def database_url(settings: Settings) -> str:
     Raises:
         ConfigError: neither exists.
     """
-    url = settings.database_url or recorded_dev_url(settings.home)
-    if url is None:
+    if settings.database_url:
+        return settings.database_url
+    record = read_record(settings.home)
+    if record is not None and record.alive:
+        return record.database_url
+    hint = (
+        "Start `toren dev` in another terminal (with the same TOREN_HOME), or set "
+        "TOREN_DATABASE_URL=postgresql://..."
+    )
+    if record is not None:
         raise ConfigError(
-            "no database: TOREN_DATABASE_URL is not set and no `toren dev` is running",
-            hint="Set TOREN_DATABASE_URL=postgresql://..., or start `toren dev` in another "
-            "terminal.",
+            f"no `toren dev` is running: the one recorded in {settings.home / RECORD_FILE} "
+            f"(pid {record.pid}) has exited",
+            hint=hint,
         )
-    return url
+    raise ConfigError(
+        "no database: TOREN_DATABASE_URL is not set and no `toren dev` is running", hint=hint
+    )
+
+
+def toren_command() -> str:
+    """How to run this ``toren`` from another terminal: ``toren`` when that finds this very
+    program on the PATH, else its absolute path (``python -m toren`` when there is no script)."""
+    script = _own_script()
+    if script is None:
+        return f"{shlex.quote(sys.executable)} -m toren"
+    found = shutil.which("toren")
+    if found is not None and _same_file(Path(found), script):
+        return "toren"
+    return shlex.quote(str(script))
+
+
+def path_hint() -> str:
+    """A line saying how to put ``toren`` on the PATH, when :func:`toren_command` is not plain
+    ``toren`` and this Python is a virtualenv's; else nothing."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    if toren_command() == "toren" or not activate.is_file():
+        return ""
+    return (
+        f"(`toren` is not on your PATH: the commands above name it in full; or run "
+        f"`source {shlex.quote(str(activate))}` in the other terminal first)"
+    )
+
+
+def _own_script() -> Path | None:
+    """The ``toren`` script running now (absolute), or this environment's, if there is one."""
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "toren" and argv0.is_file():
+        return argv0.absolute()
+    beside = Path(sys.executable).parent / "toren"
+    return beside.absolute() if beside.is_file() and os.access(beside, os.X_OK) else None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.samefile(b)
+    except OSError:
+        return False
 
 
 def run_async(fn: Callable[P, Awaitable[R]]) -> Callable[P, R]:

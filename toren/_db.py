@@ -7,8 +7,7 @@ Postgres 16 listening on a Unix socket in a data directory of ours. ``fsync`` an
 
 from __future__ import annotations
 
-import json
-import os
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -17,8 +16,6 @@ import asyncpg
 
 from toren._errors import ConfigError, DatabaseUnavailable
 from toren._json import dumps, loads
-
-_URL_FILE = "database.json"
 
 # Errors that say the database, or the way to it, failed (a dropped connection, a restart, a
 # refused login, a conflict with a concurrent transaction, a cancelled statement), as opposed to
@@ -117,7 +114,11 @@ class EmbeddedPostgres:
     """
 
     def __init__(self, data_dir: Path, *, keep_running: bool = False) -> None:
-        import pgserver  # heavy import: only when the embedded server is used
+        with warnings.catch_warnings():
+            # pgserver asks platformdirs for a runtime directory as it is imported; without
+            # XDG_RUNTIME_DIR that warns and falls back to /tmp/runtime-<uid>, which works.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")
+            import pgserver  # heavy import: only when the embedded server is used
 
         data_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -136,22 +137,3 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Stop the server (a no-op if another process still uses it)."""
         self._server.cleanup()
-
-
-def record_dev_url(home: Path, url: str) -> None:
-    """Remember the dev server's URL so a CLI in another terminal finds it."""
-    home.mkdir(parents=True, exist_ok=True)
-    path = home / _URL_FILE
-    path.write_text(json.dumps({"database_url": url, "pid": os.getpid()}))
-
-
-def recorded_dev_url(home: Path) -> str | None:
-    """The URL ``toren dev`` recorded, if its process is still alive."""
-    path = home / _URL_FILE
-    try:
-        data = json.loads(path.read_text())
-        os.kill(int(data["pid"]), 0)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    url = data["database_url"]
-    return url if isinstance(url, str) else None

@@ -5,20 +5,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 
 import anyio
+import attrs
 from rich.console import Console
 from rich.text import Text
 
 from toren._agents import agents_in
 from toren._app import load_app
+from toren._cli_common import path_hint, toren_command
 from toren._client import Client
 from toren._config import Settings
-from toren._db import EmbeddedPostgres, connect, record_dev_url
-from toren._errors import ConfigError
+from toren._db import EmbeddedPostgres, connect
+from toren._dev_state import DevRecord, claimed, forget_dead_handles, remove_record, write_record
+from toren._errors import InternalError
 from toren._http import ServerOptions
+from toren._killpoints import kill_point
 from toren._migrate import migrate
 from toren._serve import DEFAULT_PORT, serving
 from toren._terminal import plain
@@ -26,7 +32,12 @@ from toren.runs import start_run
 from toren.testing import AnthropicServer, ScriptedModel, load_script
 from toren.testing._harness import SERVERS, providers_of
 
-console = Console(stderr=True)
+# Not wrapped to the width of a terminal that is not there: piped or logged, a command printed
+# on one line stays whole.
+console = Console(stderr=True, soft_wrap=True)
+log = logging.getLogger("toren.dev")
+
+INTERRUPTED = 130  # the exit status of a `toren dev` stopped by Ctrl-C before it was up
 
 
 async def run_dev(
@@ -36,17 +47,23 @@ async def run_dev(
     app: str | None,
     port: int = DEFAULT_PORT,
     model_script: str | None = None,
-) -> None:
-    """Start (or reuse) the embedded server, migrate, run a worker (and the demo) until Ctrl-C.
+) -> int:
+    """Start (or reuse) the embedded server, migrate, serve the API, run a worker (and the
+    demo) until Ctrl-C or SIGTERM; the exit status.
 
     With ``model_script`` (``MODULE:FN``, for ``app``), the app's agents talk to an offline
     model scripted by FN.
 
-    Raises:
-        ConfigError: ``model_script`` cannot be loaded (checked before anything starts).
-    """
-    from toren.supervisors.worker import run_worker  # the entry point that boots a worker
+    Once all of that is up, and only then, it records where it runs under ``settings.home``
+    (:mod:`toren._dev_state`), and removes the record when it stops. A signal while it starts
+    stops what it started and returns :data:`INTERRUPTED` (130); one once it is up drains the
+    worker, stops the rest and returns 0.
 
+    Raises:
+        ConfigError: ``model_script`` or ``app`` cannot be loaded (checked before anything
+            starts), the embedded server does not start, or the port cannot be bound.
+        DevAlreadyRunning: another ``toren dev`` holds this home or this data directory.
+    """
     scripted = load_script(model_script) if model_script else None
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # The console polls the API every two seconds: its access log would drown the rest
@@ -62,31 +79,7 @@ async def run_dev(
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(progress.stop_on_signal, signals, tg.cancel_scope)
-                    async with contextlib.AsyncExitStack() as stack:
-                        url = await _database(stack, settings, data_dir)
-                        base = await _start_api(stack, url, port, ServerOptions.of(settings))
-                        if module is None:
-                            banner = await _start_demo(stack, url, settings)
-                        else:
-                            from toren.cli import log_boot_checks, preload_providers
-
-                            banner = Text()
-                            if scripted is not None:  # before the boot checks: they look for keys
-                                banner = await _start_offline(stack, module, scripted)
-                            log_boot_checks(module, settings)
-                            preload_providers(module)
-                        async with anyio.create_task_group() as worker:
-                            await worker.start(run_worker, settings, url)
-                            record = DevRecord(
-                                pid=os.getpid(),
-                                database_url=url,
-                                api_url=base,
-                                data_dir=str(data_dir) if data_dir else None,
-                            )
-                            write_record(settings.home, record)
-                            stack.callback(remove_record, settings.home, record.pid)
-                            progress.up = True
-                            console.print(banner, highlight=False)
+                    await _serve(settings, data_dir, port, module, scripted, progress)
                     tg.cancel_scope.cancel()  # the worker drained: stop watching for signals
             except Exception:
                 if not progress.interrupted:
@@ -101,24 +94,127 @@ async def run_dev(
     return 0
 
 
+async def _serve(
+    settings: Settings,
+    data_dir: Path | None,
+    port: int,
+    module: ModuleType | None,
+    scripted: ScriptedModel | None,
+    progress: _Progress,
+) -> None:
+    """Start everything in order, record where it runs once the worker is up, and stop it all
+    (record first) once the worker has drained."""
+    from toren.supervisors.worker import run_worker  # the entry point that boots a worker
+
+    async with contextlib.AsyncExitStack() as stack:
+        url = await _database(stack, settings, data_dir)
+        base = await _start_api(stack, url, port, ServerOptions.of(settings))
+        if module is None:
+            banner = await _start_demo(stack, url, settings)
+        else:
+            from toren.cli import log_boot_checks, preload_providers
+
+            banner = Text()
+            if scripted is not None:  # before the boot checks: they look for provider keys
+                banner = await _start_offline(stack, module, scripted)
+            log_boot_checks(module, settings)
+            preload_providers(module)
+        async with anyio.create_task_group() as tg:
+            await tg.start(run_worker, settings, url)
+            record = DevRecord(
+                pid=os.getpid(),
+                database_url=url,
+                api_url=base,
+                data_dir=str(data_dir) if data_dir else None,
+            )
+            write_record(settings.home, record)
+            stack.callback(remove_record, settings.home, record.pid)
+            progress.up = True
+            console.print(banner, highlight=False)
+
+
+@attrs.define
+class _Progress:
+    """How far ``toren dev`` got, and whether a signal stopped it while it started."""
+
+    up: bool = False
+    interrupted: bool = False
+
+    async def stop_on_signal(
+        self, signals: AsyncIterator[signal.Signals], scope: anyio.CancelScope
+    ) -> None:
+        """Cancel ``scope`` at the first SIGINT or SIGTERM heard here (while starting; once up,
+        the worker's own handler hears them and drains), then ignore the rest."""
+        async for _ in signals:
+            self.interrupted = True
+            scope.cancel()
+            return
+
+
+async def _database(
+    stack: contextlib.AsyncExitStack, settings: Settings, data_dir: Path | None
+) -> str:
+    """The database's URL, its schema migrated: the configured server, else the embedded one
+    (stopped when ``stack`` closes)."""
+    url = settings.database_url
+    if url is None:
+        if data_dir is None:
+            raise InternalError("toren dev: no database URL and no data directory")
+        where = data_dir
+        console.print(f"starting embedded Postgres in {where} ...", highlight=False)
+        started: list[EmbeddedPostgres] = []
+        stack.callback(_stop_all, started)
+        # A thread cannot be cancelled: a Ctrl-C meanwhile is acted on once it has returned,
+        # and the server it started is stopped with the rest.
+        await anyio.to_thread.run_sync(_start_embedded, where, started)
+        url = started[0].url
+    kill_point("dev.migrating")
+    conn = await connect(url)
+    try:
+        applied = await migrate(conn)
+    finally:
+        await conn.close()
+    console.print(f"schema ready ({len(applied)} migration(s) applied now)")
+    return url
+
+
+def _start_embedded(data_dir: Path, started: list[EmbeddedPostgres]) -> None:
+    kill_point("dev.postgres_starting")
+    started.append(EmbeddedPostgres(data_dir))
+
+
+def _stop_all(servers: list[EmbeddedPostgres]) -> None:
+    for server in servers:
+        server.stop()
+
+
+def _data_dir(settings: Settings, data_dir: Path | None) -> Path | None:
+    """The embedded server's data directory, absolute; ``None`` with a configured database."""
+    if settings.database_url is not None:
+        return None
+    return (data_dir or settings.home / "pgdata").expanduser().resolve()
+
+
 async def _start_api(
     stack: contextlib.AsyncExitStack, url: str, port: int, options: ServerOptions
-) -> None:
-    try:
-        base = await stack.enter_async_context(serving(url, port=port, options=options))
-    except ConfigError as exc:
-        console.print(plain("no API or console:", style="yellow"), plain(str(exc)))
-        return
+) -> str:
+    """Serve the API and console until ``stack`` closes; their base URL.
+
+    Raises:
+        ConfigError: the port cannot be bound (``toren dev`` does not start without them).
+    """
+    base = await stack.enter_async_context(serving(url, port=port, options=options))
     console.print(
         f"API and console on {base} (sign in with a token: "
-        "`toren tokens create NAME --scope read,approve`)",
+        f"`{toren_command()} tokens create NAME --scope read,approve`)",
         highlight=False,
     )
+    return base
 
 
 async def _start_offline(
     stack: contextlib.AsyncExitStack, module: ModuleType, scripted: ScriptedModel
-) -> None:
+) -> Text:
     """One local model server per provider the app's agents use, each answering from
     ``scripted``; the SDKs are pointed at them through the environment."""
     where = []
@@ -127,7 +223,7 @@ async def _start_offline(
         os.environ.update(server.env())
         where.append(f"{provider} at {server.base_url}")
     agents = ", ".join(sorted(agents_in(module))) or "none"
-    banner = Text.assemble(
+    return Text.assemble(
         ("toren dev", "bold"),
         ": agents ",
         plain(agents),
@@ -136,12 +232,14 @@ async def _start_offline(
         " scripted by ",
         plain(scripted.name),
         f" ({', '.join(where) or 'no provider used'}): no provider is called, nothing is paid.\n"
-        "In another terminal: toren run AGENT TEXT --wait, then toren jobs show RUN",
+        f"In another terminal: {toren_command()} run AGENT TEXT --wait, then "
+        f"{toren_command()} jobs show RUN",
     )
-    console.print(banner, soft_wrap=True)
 
 
-async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Settings) -> None:
+async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Settings) -> Text:
+    """Start the demo run (once per database) and its offline model (without a key); the
+    banner that says how to follow and approve it."""
     from toren import demo
     from toren.cli import preload_providers
 
@@ -160,13 +258,20 @@ async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Sett
         run_id = await start_run(
             client, demo.concierge.name, demo.DEMO_INPUT, idempotency_key="toren-dev-demo"
         )
-    console.print(
-        "[bold]toren dev[/bold] is running (Ctrl-C to stop). "
-        f"Agent [bold]concierge[/bold] on {model}.\n"
-        f"Demo run {run_id} will park, asking to approve a $80 refund. In another terminal:\n"
-        f"  toren jobs tail {run_id}      follow it live\n"
-        f"  toren jobs approve {run_id}   approve the refund (or deny it: jobs deny)\n"
-        f"  toren jobs show {run_id}      its timeline and cost receipt\n"
-        "  toren workers                  live workers, leases, memory",
-        highlight=False,
+    toren = toren_command()
+    commands = [
+        (f"{toren} jobs tail {run_id}", "follow it live"),
+        (f"{toren} jobs approve {run_id}", "approve the refund (or deny it: jobs deny)"),
+        (f"{toren} jobs show {run_id}", "its timeline and cost receipt"),
+        (f"{toren} workers", "live workers, leases, memory"),
+    ]
+    width = max(len(command) for command, _ in commands) + 3
+    return Text.assemble(
+        ("toren dev", "bold"),
+        " is running (Ctrl-C to stop). Agent ",
+        ("concierge", "bold"),
+        f" on {model}.\n",
+        f"Demo run {run_id} will park, asking to approve a $80 refund. In another terminal:\n",
+        *(f"  {command:<{width}}{what}\n" for command, what in commands),
+        path_hint(),
     )

@@ -25,8 +25,30 @@ class _Redacting(logging.Formatter):
         return redact(super().format(record))
 
 
-def configure(level: str = "INFO") -> None:
-    """Send Toren's logs (and the root logger's) to stderr, bot tokens redacted."""
+# Toren's own loggers: its package, and the names its worker packages log under when imported
+# as top-level packages (`actors`, `supervisors`).
+OWN_LOGGERS = ("toren", "actors", "supervisors")
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+_chosen: str | None = None
+
+
+def configure(level: str | None = None) -> None:
+    """Send every log record to stderr, one line each, UTC timestamps, bot tokens redacted.
+
+    Without ``level``, Toren's own loggers (:data:`OWN_LOGGERS`, and an app's package named
+    with :func:`show_info_from`) log from INFO and every other library's from WARNING: the
+    embedded Postgres's start-up, an HTTP client's line per request and the like stay out of
+    sight unless something goes wrong. With ``level`` (``--log-level``), every logger logs
+    from it.
+
+    Raises:
+        ValueError: ``level`` is not one of :data:`LEVELS`.
+    """
+    global _chosen  # one process, one command line
+    if level is not None and level.upper() not in LEVELS:
+        raise ValueError(f"unknown log level {level!r}: use one of {', '.join(LEVELS)}")
+    _chosen = level.upper() if level else None
     handler = logging.StreamHandler(sys.stderr)
     formatter = _Redacting("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s")
     formatter.datefmt = "%Y-%m-%dT%H:%M:%S"
@@ -34,4 +56,12 @@ def configure(level: str = "INFO") -> None:
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    root.setLevel(_chosen or logging.WARNING)
+    for name in OWN_LOGGERS:
+        show_info_from(name)
+
+
+def show_info_from(name: str) -> None:
+    """Let logger ``name`` (an app's package) log from INFO, as Toren's own do, unless a level
+    was chosen for all (then it follows that)."""
+    logging.getLogger(name).setLevel(logging.NOTSET if _chosen else logging.INFO)

@@ -39,7 +39,7 @@ from toren._db import connect
 from toren._errors import ConfigError
 from toren._init import register as register_init_command
 from toren._killpoints import arm as arm_kill_points
-from toren._logging import configure
+from toren._logging import LEVELS, configure, show_info_from
 from toren._migrate import migrate as apply_migrations
 from toren._terminal import plain
 
@@ -51,10 +51,16 @@ def _settings(ctx: click.Context) -> Settings:
 
 @click.group()
 @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), help="TOML settings.")
-@click.option("--log-level", default="INFO", show_default=True, help="Logging level.")
+@click.option(
+    "--log-level",
+    envvar="TOREN_LOG_LEVEL",
+    type=click.Choice(LEVELS, case_sensitive=False),
+    help="Log every library from this level. Default: Toren's own logs from INFO, other "
+    "libraries' from WARNING.",
+)
 @click.version_option(package_name="toren")
 @click.pass_context
-def main(ctx: click.Context, config: Path | None, log_level: str) -> None:
+def main(ctx: click.Context, config: Path | None, log_level: str | None) -> None:
     """Toren: a durable runtime for LLM agents on Postgres."""
     configure(log_level)
     try:
@@ -121,7 +127,9 @@ def preload_providers(module: ModuleType) -> None:
 
 def log_boot_checks(module: ModuleType, settings: Settings) -> None:
     """At boot, what ``toren agents check`` reports: flagged tools, one-sided cross-agent
-    consent (warnings) and ``[agents.NAME]`` tables for agents not loaded here (info)."""
+    consent (warnings) and ``[agents.NAME]`` tables for agents not loaded here (info). The
+    app's own package logs from INFO from here on, as Toren does."""
+    show_info_from(module.__name__.partition(".")[0])
     log_tool_flags(module)
     source = str(settings.config_file or "the settings file")
     agents = loaded_agents(module)
@@ -364,14 +372,26 @@ def dev(
     ctx: click.Context, data_dir: Path | None, app: str | None, port: int, model_script: str | None
 ) -> None:
     """Run everything on one machine: embedded Postgres, migrations, a worker, the HTTP API
-    and console, and the demo."""
-    from toren._dev import run_dev
+    and console, and the demo.
+
+    Ctrl-C stops it: exit 0 once it was up (the worker drains), 130 while it was starting; 1 if
+    another `toren dev` runs on this TOREN_HOME or data directory (it says where)."""
+    from toren._dev import INTERRUPTED, run_dev
 
     if model_script and not app:
         raise click.UsageError("--model-script scripts the model of an --app's agents; add --app")
     settings = _settings(ctx)
-    run_reporting(
-        functools.partial(
-            run_dev, settings, data_dir=data_dir, app=app, port=port, model_script=model_script
+    try:
+        arm_kill_points()  # the `dev.*` points: tests interrupt it at a given moment
+    except ValueError as exc:
+        print_error(ConfigError(str(exc)))
+        sys.exit(2)
+    try:
+        status = run_reporting(
+            functools.partial(
+                run_dev, settings, data_dir=data_dir, app=app, port=port, model_script=model_script
+            )
         )
-    )
+    except* KeyboardInterrupt:  # a second Ctrl-C while stopping: what was started is stopped
+        status = INTERRUPTED  # at exit by its own handlers (pgserver's atexit)
+    sys.exit(status)

@@ -12,8 +12,6 @@ from toren._db import (
     EmbeddedPostgres,
     connect,
     create_pool,
-    record_dev_url,
-    recorded_dev_url,
 )
 from toren._directory import Card, local_cards, published, route_served
 from toren._directory import attach as attach_directory
@@ -64,8 +62,6 @@ __all__ = [
     "migrate",
     "open_death_watch",
     "published",
-    "record_dev_url",
-    "recorded_dev_url",
     "release",
     "release_claim",
     "renew",

@@ -1,0 +1,276 @@
+"""``toren dev`` as a newcomer meets it, run as a real process with a clean HOME: the record it
+leaves for other terminals, a second ``toren dev``, a stale record, and Ctrl-C at any moment."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.conftest import ROOT, wait_for
+
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A fresh directory outside pytest's own: the embedded Postgres runs as another user when
+    tests run as root, and pytest makes its base directory private (0700) at every session
+    start, which would lock a running server out of its data."""
+    path = Path(tempfile.mkdtemp(prefix="toren-dev-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_env(home: Path, **extra: str) -> dict[str, str]:
+    """This environment without Toren's or a provider's variables, HOME at ``home``."""
+    drop = ("TOREN_", "ANTHROPIC_", "OPENAI_", "AWS_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update({"HOME": str(home), "PYTHONPATH": str(ROOT), **extra})
+    return env
+
+
+def toren(home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toren", *args],
+        env=clean_env(home, **extra),
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+class Dev:
+    """A ``toren dev --port 0`` in its own session (so that a signal can go to its whole
+    process group, as a terminal's Ctrl-C does), its output in files."""
+
+    def __init__(self, home: Path, *args: str, **extra: str) -> None:
+        home.mkdir(parents=True, exist_ok=True)
+        self.home = home
+        self.record_path = home / ".toren" / "database.json"
+        self.data_dir = home / ".toren" / "pgdata"
+        self._out = (home / "dev.out").open("w")
+        self._err_path = home / "dev.err"
+        self._err = self._err_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toren", "dev", "--port", "0", *args],
+            env=clean_env(home, **extra),
+            cwd=home,
+            stdout=self._out,
+            stderr=self._err,
+            start_new_session=True,
+        )
+        self.pid = self.proc.pid
+
+    @property
+    def stderr(self) -> str:
+        return self._err_path.read_text()
+
+    def record(self) -> dict[str, object] | None:
+        try:
+            data: dict[str, object] = json.loads(self.record_path.read_text())
+        except (OSError, ValueError):
+            return None
+        return data
+
+    async def until_printed(self, text: str, timeout: float = 60) -> None:
+        async def printed() -> bool:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.stderr}"
+            return text in self.stderr
+
+        await wait_for(printed, timeout=timeout, what=f"{text!r} on stderr")
+
+    async def until_up(self) -> dict[str, object]:
+        async def recorded() -> dict[str, object] | None:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}:\n{self.stderr}"
+            record = self.record()
+            return record if record and record["pid"] == self.pid else None
+
+        record: dict[str, object] = await wait_for(recorded, timeout=90, what="the record")
+        return record
+
+    def interrupt(self, *, group: bool = False) -> None:
+        if group:
+            os.killpg(self.pid, signal.SIGINT)
+        else:
+            self.proc.send_signal(signal.SIGINT)
+
+    async def exit_status(self) -> int:
+        status = await anyio.to_thread.run_sync(lambda: self.proc.wait(60))
+        self._out.close()
+        self._err.close()
+        return status
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+        self._err.close()
+
+
+def postgres_running_in(data_dir: Path) -> list[int]:
+    """The pids of live (not zombie) processes whose command line names ``data_dir``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue  # gone meanwhile
+        if str(data_dir) in cmdline:  # a zombie's command line is empty
+            found.append(int(entry.name))
+    return found
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return int(proc.stdout)
+
+
+async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
+    tmp_path: Path,
+) -> None:
+    first = Dev(tmp_path / "a")
+    try:
+        record = await first.until_up()
+        kept = first.record_path.read_bytes()
+        assert record["data_dir"] == str(first.data_dir.resolve())
+        api = str(record["api_url"])
+        assert api.startswith("http://127.0.0.1:")
+
+        # The same HOME: refused before anything starts, saying where the first one runs.
+        second = await anyio.to_thread.run_sync(lambda: toren(first.home, "dev", "--port", "0"))
+        assert second.returncode == 1, second.stderr
+        assert f"pid {first.pid}" in second.stderr
+        assert api in second.stderr
+        assert "Demo run" not in second.stderr + second.stdout
+        assert "Traceback" not in second.stderr
+
+        # Another HOME on the same data: refused as well.
+        other = tmp_path / "b"
+        other.mkdir()
+        shared = await anyio.to_thread.run_sync(
+            lambda: toren(other, "dev", "--port", "0", "--data-dir", str(first.data_dir))
+        )
+        assert shared.returncode == 1, shared.stderr
+        assert str(first.data_dir.resolve()) in shared.stderr
+        assert not (other / ".toren" / "database.json").exists()
+
+        # Another HOME, its own data, but the first one's port: it fails, recording nothing.
+        port = api.rsplit(":", 1)[1]
+        busy = await anyio.to_thread.run_sync(lambda: toren(other, "dev", "--port", port))
+        assert busy.returncode == 2, busy.stderr
+        assert f"cannot listen on 127.0.0.1:{port}" in busy.stderr
+        assert "Traceback" not in busy.stderr
+        assert not (other / ".toren" / "database.json").exists()
+        assert postgres_running_in(other / ".toren" / "pgdata") == []
+
+        assert first.record_path.read_bytes() == kept
+        workers = await anyio.to_thread.run_sync(lambda: toren(first.home, "workers", "--json"))
+        assert workers.returncode == 0, workers.stderr
+        assert [w["pid"] for w in json.loads(workers.stdout)] == [first.pid]
+    finally:
+        first.stop()
+    assert first.proc.returncode == 0, first.stderr
+    assert not first.record_path.exists()  # ours, removed on a clean exit
+    assert postgres_running_in(first.data_dir.resolve()) == []
+
+
+async def test_a_stale_record_is_reported_then_replaced(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    record_path = home / ".toren" / "database.json"
+    record_path.parent.mkdir(parents=True)
+    gone = dead_pid()
+    record_path.write_text(json.dumps({"pid": gone, "database_url": "postgresql://x@/y"}))
+
+    stale = await anyio.to_thread.run_sync(lambda: toren(home, "workers"))
+    assert stale.returncode == 2
+    assert "no `toren dev` is running" in stale.stderr
+    assert f"pid {gone}) has exited" in stale.stderr
+    assert "Traceback" not in stale.stderr
+
+    dev = Dev(home)
+    try:
+        record = await dev.until_up()
+        assert record["pid"] == dev.pid
+        workers = await anyio.to_thread.run_sync(lambda: toren(home, "workers", "--json"))
+        assert workers.returncode == 0, workers.stderr
+    finally:
+        dev.stop()
+    assert dev.proc.returncode == 0, dev.stderr
+    assert not record_path.exists()
+    after = await anyio.to_thread.run_sync(lambda: toren(home, "workers"))
+    assert after.returncode == 2
+    assert "no `toren dev` is running" in after.stderr
+
+
+# Each moment: how to reach it (a line printed, or a kill point the process is frozen at), and
+# whether the signal goes to the whole process group, as a terminal's Ctrl-C does.
+MOMENTS = {
+    "postgres starting": ("point", "dev.postgres_starting", False),
+    "initdb running": ("printed", "starting embedded Postgres", True),
+    "migrating": ("point", "dev.migrating", False),
+    "API and worker starting": ("printed", "schema ready", True),
+    "serving": ("printed", "toren dev is running", True),
+}
+
+
+@pytest.mark.parametrize("moment", list(MOMENTS))
+async def test_ctrl_c_at_any_moment_stops_cleanly(tmp_path: Path, moment: str) -> None:
+    how, where, group = MOMENTS[moment]
+    points = tmp_path / "points"
+    points.mkdir()
+    extra = (
+        {"TOREN_KILL_POINT": where, "TOREN_KILL_POINT_DIR": str(points)} if how == "point" else {}
+    )
+    dev = Dev(tmp_path / "home", **extra)
+    try:
+        if how == "point":
+
+            async def frozen() -> bool:
+                assert dev.proc.poll() is None, dev.stderr
+                return (points / "hit").exists()
+
+            await wait_for(frozen, timeout=60, what=f"kill point {where}")
+            dev.interrupt(group=group)
+            (points / "go").touch()
+        else:
+            await dev.until_printed(where)
+            dev.interrupt(group=group)
+        status = await dev.exit_status()
+    finally:
+        dev.stop()
+    assert "Traceback" not in dev.stderr, dev.stderr
+    assert postgres_running_in(dev.data_dir.resolve()) == [], dev.stderr
+    assert not (dev.data_dir / "postmaster.pid").exists()
+    assert not dev.record_path.exists()
+    if moment == "serving":
+        assert status == 0, dev.stderr
+        assert "toren dev: stopped" in dev.stderr
+    else:
+        assert status == 130, dev.stderr
+        assert "interrupted while starting" in dev.stderr
