@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import logging
 import signal
+import uuid
 from collections.abc import Awaitable, Callable
+from typing import Literal
 
 import anyio
 import asyncpg
@@ -63,6 +65,8 @@ from toren.supervisors._supervisor import (
 
 log = logging.getLogger("toren.worker")
 
+WorkerState = Literal["starting", "running", "reconnecting", "draining"]
+
 
 class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
@@ -76,6 +80,20 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._lease_pool: asyncpg.Pool | None = None
         self._sandboxes = False
+        self._draining = False
+
+    def state(self) -> tuple[uuid.UUID | None, WorkerState]:
+        """The registered incarnation's id (``None`` while there is none) and what the worker
+        is doing: ``starting``, ``running``, ``reconnecting`` (its lock connection dropped; a
+        new incarnation is being opened) or ``draining`` (stopping)."""
+        session = self.session
+        if self._draining:
+            return None, "draining"
+        if session is None:
+            return None, "starting"
+        if session.lost.is_set():
+            return None, "reconnecting"
+        return session.worker_id, "running"
 
     async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the tree until :meth:`stop`.
@@ -122,6 +140,7 @@ class Worker:
 
     async def stop(self) -> None:
         """Graceful stop: stop claiming, finish messages in hand, release leases, deregister."""
+        self._draining = True
         if self._tree is not None:
             await self._tree.stop()
 
@@ -286,9 +305,11 @@ async def run_worker(
     url: str,
     *,
     migrate: bool = False,
+    on_started: Callable[[Worker], object] = lambda _worker: None,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run a worker until SIGTERM or SIGINT; a second signal exits at once.
+    """Run a worker until SIGTERM or SIGINT; a second signal exits at once. ``on_started``
+    receives the worker once its tree runs (``toren up`` asks it for ``/readyz``).
 
     Started with ``await tg.start(run_worker, ...)``, it reports ready once the worker is up
     (registered, claiming) and listening for the signals that drain it.
@@ -302,6 +323,7 @@ async def run_worker(
     worker = Worker(settings, url)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
+        on_started(worker)
 
         async def on_signals(*, task_status: TaskStatus[None]) -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -338,5 +338,6 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/channels/{bot}/messages",
         "/telegram/{bot}",
         "/healthz",
+        "/readyz",
         "/metrics",
     }

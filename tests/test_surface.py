@@ -79,7 +79,7 @@ def test_actors_and_supervisors_use_only_the_public_kernel_api(package: str) -> 
 
 
 def test_the_kernel_imports_nothing_from_actors_or_supervisors_but_worker_entry_points() -> None:
-    entry_points = {"cli.py", "_dev.py", "_harness.py"}  # the test harness runs a worker
+    entry_points = {"cli.py", "_cli_up.py", "_dev.py", "_harness.py"}  # _harness: tests run one
     files = _kernel_files()
     assert any(p.parent.name == "_http" for p in files)  # subfolders are scanned too
     for path in files:

@@ -12,6 +12,7 @@ from aiohttp import web
 from toren._client import Client
 from toren._errors import ConfigError
 from toren._http import ServerOptions, create_app
+from toren._http.readiness import WorkerProbe
 
 log = logging.getLogger("toren.http")
 
@@ -26,14 +27,18 @@ async def serving(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     options: ServerOptions | None = None,
+    worker: WorkerProbe | None = None,
 ) -> AsyncIterator[str]:
     """Serve the API and console on ``host:port`` while inside; yields the base URL.
+    ``worker`` reports the worker this process runs too, for ``/readyz``.
 
     Raises:
         ConfigError: the port cannot be bound.
     """
     client = await Client.connect(url)
-    runner = web.AppRunner(create_app(client, options), access_log=None, handle_signals=False)
+    runner = web.AppRunner(
+        create_app(client, options, worker=worker), access_log=None, handle_signals=False
+    )
     try:
         await runner.setup()
         site = web.TCPSite(runner, host, port)

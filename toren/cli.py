@@ -33,6 +33,7 @@ from toren._cli_common import database_url, out, print_error, run_async, run_rep
 from toren._cli_runs import register as register_run_commands
 from toren._cli_sandboxes import register as register_sandbox_commands
 from toren._cli_serve import register as register_serve_commands
+from toren._cli_up import register as register_up_command
 from toren._client import Client
 from toren._config import Settings
 from toren._db import connect
@@ -41,6 +42,7 @@ from toren._init import register as register_init_command
 from toren._killpoints import arm as arm_kill_points
 from toren._logging import LEVELS, configure, show_info_from
 from toren._migrate import migrate as apply_migrations
+from toren._secrets import channel_variables, read_secret_files
 from toren._terminal import plain
 
 
@@ -64,6 +66,7 @@ def main(ctx: click.Context, config: Path | None, log_level: str | None) -> None
     """Toren: a durable runtime for LLM agents on Postgres."""
     configure(log_level)
     try:
+        read_secret_files()  # X_FILE -> X, before anything reads X
         ctx.obj = {"settings": Settings.load(config_file=config)}
     except ConfigError as exc:
         print_error(exc)
@@ -108,6 +111,7 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
     )
     if app:
         module = load_app(app, settings)
+        read_secret_files(names=channel_variables(module))
         log_boot_checks(module, settings)
         preload_providers(module)
     await run_worker(settings, database_url(settings), migrate=migrate)
@@ -275,6 +279,7 @@ register_run_commands(main)
 register_sandbox_commands(main)
 register_channel_commands(main)
 register_serve_commands(main)
+register_up_command(main)
 
 
 @main.group()

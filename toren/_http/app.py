@@ -4,10 +4,11 @@ scopes) and routes.
 Every API route needs a bearer token (``Authorization: Bearer trn_...``) or a console session
 cookie, and the scope its route asks for: ``read`` for reads, ``operate`` to start, send and
 cancel, ``approve`` to decide. ``/healthz`` answers anyone (worker details only to a caller
-who authenticates); the console's static page and its sign-in form need nothing (they hold no
-data); Telegram's webhook (``POST /telegram/{bot}``) is checked by its bot's secret instead
-(:mod:`toren._http.channels`). Writes made with a session cookie must carry the session's CSRF
-token in ``X-CSRF-Token`` and, if the browser sends an ``Origin``, come from this origin.
+who authenticates), and so does ``/readyz``; the console's static page and its sign-in form
+need nothing (they hold no data); Telegram's webhook (``POST /telegram/{bot}``) is checked by
+its bot's secret instead (:mod:`toren._http.channels`). Writes made with a session cookie must
+carry the session's CSRF token in ``X-CSRF-Token`` and, if the browser sends an ``Origin``,
+come from this origin.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pydantic
 from aiohttp import web
 
 from toren._client import Client
-from toren._http import channels, console, metrics, runs
+from toren._http import channels, console, metrics, readiness, runs
 from toren._http.auth import TOKENS, authenticate
 from toren._http.common import (
     ACCESS,
@@ -53,7 +54,7 @@ def body_limit(message_cap: int) -> int:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-_OPEN = {("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico")}
+_OPEN = {("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico"), ("GET", "/readyz")}
 _OPTIONAL = {("GET", "/healthz")}  # anyone; worker details only to an authenticated caller
 _ANY_SCOPE = {("GET", "/session"), ("DELETE", "/session")}
 _SCOPE = {
@@ -160,8 +161,14 @@ async def _headers(request: web.Request, response: web.StreamResponse) -> None:
             response.headers.setdefault(name, value)
 
 
-def create_app(client: Client, options: ServerOptions | None = None) -> web.Application:
-    """The API, the OpenAPI document and the console, over ``client``'s database."""
+def create_app(
+    client: Client,
+    options: ServerOptions | None = None,
+    *,
+    worker: readiness.WorkerProbe | None = None,
+) -> web.Application:
+    """The API, the OpenAPI document and the console, over ``client``'s database; ``worker``
+    reports the worker this process runs too (``toren up``), for ``/readyz``."""
     options = options or ServerOptions()
     app = web.Application(
         middlewares=[observed, problems, authentication],
@@ -173,6 +180,7 @@ def create_app(client: Client, options: ServerOptions | None = None) -> web.Appl
     app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
     app.on_response_prepare.append(_headers)
     metrics.install(app)
+    readiness.install(app, worker)
     runs.install(app)
     channels.install(app)
     console.install(app)

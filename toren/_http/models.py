@@ -217,6 +217,24 @@ class Health(BaseModel):
     version_skew: bool
 
 
+WorkerState = Literal["starting", "running", "reconnecting", "draining"]
+
+
+class Readiness(BaseModel):
+    """Whether this server process should get traffic: the database answers, its schema is
+    migrated, and, in a process that runs a worker too (``toren up``), that worker is
+    registered and not draining. ``reason`` says what is missing when ``ready`` is false."""
+
+    ready: bool
+    reason: str | None
+    database: bool
+    schema_version: int
+    schema_latest: int
+    worker: WorkerState | None = Field(
+        description="This process's worker; null when the process runs none (`toren serve`)."
+    )
+
+
 class FieldError(BaseModel):
     field: str
     message: str

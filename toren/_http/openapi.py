@@ -21,6 +21,7 @@ _MODELS: list[type[pydantic.BaseModel]] = [
     m.EventList,
     m.Accepted,
     m.Health,
+    m.Readiness,
     m.Problem,
     m.ChannelList,
     m.ChannelMessages,
@@ -194,6 +195,21 @@ def document() -> dict[str, Any]:
                 "responses": {
                     "200": {"description": "Healthy.", **_json(m.Health)},
                     "503": {"description": "The database does not answer.", **_json(m.Health)},
+                },
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: migrated, and this process's worker registered (if it runs "
+                "one); for load balancers and orchestrators",
+                "description": "No token needed. Unlike `/healthz` (is the process alive, does "
+                "the database answer), it says whether this process should get traffic: `503` "
+                "with a `reason` until migrations are applied and, in `toren up`, until its "
+                "worker is registered, and again from the moment it drains on SIGTERM.",
+                "security": [{}],
+                "responses": {
+                    "200": {"description": "Ready.", **_json(m.Readiness)},
+                    "503": {"description": "Not ready; `reason` says why.", **_json(m.Readiness)},
                 },
             }
         },

@@ -1,0 +1,120 @@
+"""Settings and secrets read from files: ``X_FILE=/path`` gives ``X`` the file's content.
+
+Container platforms hand secrets over as files (Docker and Compose secrets under
+``/run/secrets/``, Kubernetes secret volumes); a secret in a plain environment variable shows in
+``docker inspect`` and in every child process. So any variable ``X`` that Toren or an agent reads
+can be given as ``X_FILE`` instead: the file's content, without its trailing newline, becomes
+``X`` in this process's environment at boot, before settings, providers and channels read it.
+
+Which ``X``: a name starting with ``TOREN_``, ``ANTHROPIC_``, ``OPENAI_``, ``AWS_`` or
+``TELEGRAM_``; a name ending with ``_TOKEN``, ``_SECRET``, ``_KEY`` or ``_PASSWORD``; and every
+name an agent's Telegram channel reads (``token_env``, ``webhook_secret_env``). Variables whose
+own meaning is a path (``AWS_CONFIG_FILE``, ``AWS_SHARED_CREDENTIALS_FILE``, ...) are left
+alone. Values are never logged; errors name the variable and the path, never the content.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterable, MutableMapping
+from pathlib import Path
+from types import ModuleType
+
+from toren._errors import ConfigError
+
+log = logging.getLogger("toren.secrets")
+
+SUFFIX = "_FILE"
+PREFIXES = ("TOREN_", "ANTHROPIC_", "OPENAI_", "AWS_", "TELEGRAM_")
+SECRET_ENDINGS = ("_TOKEN", "_SECRET", "_KEY", "_PASSWORD")
+# Variables that are paths in their own right: their X is not a setting.
+NATIVE = frozenset(
+    {
+        "AWS_CONFIG_FILE",
+        "AWS_SHARED_CREDENTIALS_FILE",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    }
+)
+MAX_BYTES = 64 * 1024
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def covered(name: str) -> bool:
+    """Whether the fixed rules let ``name`` (a variable without ``_FILE``) be read from a file."""
+    if name + SUFFIX in NATIVE:
+        return False
+    return name.startswith(PREFIXES) or name.endswith(SECRET_ENDINGS)
+
+
+def read_secret_files(
+    env: MutableMapping[str, str] | None = None, *, names: Iterable[str] | None = None
+) -> list[str]:
+    """Set variables from the files their ``X_FILE`` names. Without ``names``: every variable
+    the fixed rules cover (the CLI does this first, at boot); with ``names``: those of
+    ``names`` the rules do not cover (variables an app reads, once it is loaded). Returns the
+    names set, sorted (never the values).
+
+    Raises:
+        ConfigError: both ``X`` and ``X_FILE`` are set, or the file cannot be read, is not
+            UTF-8 text, is empty or is larger than 64 KiB. The message names the variable
+            and the path, never the content. Nothing is set when any file fails.
+    """
+    env = os.environ if env is None else env
+    wanted = None if names is None else {n for n in names if _NAME.fullmatch(n)}
+    found: dict[str, str] = {}
+    for var, path in sorted(env.items()):
+        name = var.removesuffix(SUFFIX)
+        if name == var or not name or var in NATIVE:
+            continue
+        if not (covered(name) if wanted is None else name in wanted and not covered(name)):
+            continue
+        if env.get(name):
+            raise ConfigError(
+                f"both {name} and {var} are set",
+                hint=f"Give the value one way: unset {name}, or unset {var}.",
+            )
+        found[name] = _read(var, path)
+    env.update(found)
+    if found:
+        log.info("read from files: %s", ", ".join(sorted(found)))
+    return sorted(found)
+
+
+def _read(var: str, path: str) -> str:
+    where = Path(path)
+    try:
+        with where.open("rb") as f:
+            raw = f.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"{var}: cannot read {path!r}: {exc.strerror or exc}",
+            hint="Mount the secret file there and make it readable by this user "
+            f"(uid {os.getuid()}).",
+        ) from None
+    if len(raw) > MAX_BYTES:
+        raise ConfigError(f"{var}: {path!r} is larger than {MAX_BYTES // 1024} KiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{var}: {path!r} is not UTF-8 text") from None
+    value = text.rstrip("\r\n")
+    if not value:
+        raise ConfigError(f"{var}: {path!r} is empty")
+    if "\x00" in value:
+        raise ConfigError(f"{var}: {path!r} holds a NUL character")
+    return value
+
+
+def channel_variables(module: ModuleType) -> list[str]:
+    """The variables the app's agents' channels read (``token_env``, ``webhook_secret_env``),
+    as :func:`toren.load_app` registered them (settings-file tables applied)."""
+    from toren._app import loaded_agents
+
+    found: set[str] = set()
+    for agent in loaded_agents(module):
+        if agent.telegram is not None:
+            found.update((agent.telegram.token_env, agent.telegram.webhook_secret_env))
+    return sorted(n for n in found if n)
