@@ -256,6 +256,8 @@ def child_ended(
             input_tokens=msg.input_tokens,
             output_tokens=msg.output_tokens,
             unpriced_calls=msg.unpriced_calls,
+            lost_calls=msg.lost_calls,
+            lost_usd=msg.lost_usd,
             at=time.time(),
         )
     )
@@ -328,6 +330,8 @@ def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
                     input_tokens=r.input_tokens + r.child_input_tokens,
                     output_tokens=r.output_tokens + r.child_output_tokens,
                     unpriced_calls=r.unpriced_calls + r.child_unpriced_calls,
+                    lost_calls=r.calls_lost + r.child_calls_lost,
+                    lost_usd=str(r.usd_lost_estimated + r.child_usd_lost_estimated),
                 ),
             )
     if ended and state.status == "failed":

@@ -45,7 +45,7 @@ from toren import (
     __version__,
     durable_sleep,
 )
-from toren.actors import calls, compaction, sandboxing
+from toren.actors import calls, compaction, inflight, sandboxing
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
 from toren.kernel import kill_point
 from toren.providers import (
@@ -200,6 +200,13 @@ class RunActor(Actor[RunState]):
         # children it waited on; an ended run's sandbox is reaped.
         calls.after_step(ctx, running)
         sandboxing.after_step(ctx, was_live)
+        # The model call the next step makes is on record before it is made (with this commit).
+        callees = ctx.state.callees
+        inflight.announce(
+            ctx,
+            agent_named(ctx.state.agent),
+            lambda agent, messages: build_request(agent, messages, callees),
+        )
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
         agent = agent_named(ctx.state.agent)
@@ -296,6 +303,7 @@ class RunActor(Actor[RunState]):
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Continue) and ctx.state.status == "running":
+            inflight.note_lost(ctx)  # the call announced for this step, sent by a stopped worker
             await self._next(ctx)
 
     def _check_resume(self, ctx: Context[RunState], *, go_on: bool) -> None:

@@ -26,6 +26,8 @@ from toren.runs import (
     ApprovalRequested,
     MessageReceived,
     ModelCalled,
+    ModelCalling,
+    ModelLost,
     ModelResponse,
     ModelUnreadable,
     RunCompleted,
@@ -91,6 +93,21 @@ EVENT = st.one_of(
         model=st.just("m"),
         error=TEXT,
         latency_ms=st.just(1),
+    ),
+    st.builds(
+        ModelCalling,
+        step=st.integers(1, 9),
+        model=st.just("m"),
+        input_tokens=st.integers(0, 99),
+        cost_usd=st.one_of(st.none(), st.decimals(0, 1, places=6).map(str)),
+    ),
+    st.builds(
+        ModelLost,
+        step=st.integers(1, 9),
+        model=st.just("m"),
+        count=st.integers(1, 3),
+        input_tokens=st.integers(0, 99),
+        cost_usd=st.one_of(st.none(), st.decimals(0, 1, places=6).map(str)),
     ),
     st.builds(StepsInvalidated, from_step=st.integers(1, 6), reason=st.just("changed")),
     st.builds(RunRetrying, attempt=st.integers(1, 3), error=TEXT, delay=st.just(1.0)),
@@ -166,6 +183,7 @@ def test_a_snapshot_and_the_tail_fold_to_the_whole_journals_state(
         assert receipt(resumed) == receipt(whole)
         assert summary(resumed) == summary(whole)
         assert waiting_on(resumed) == waiting_on(whole)
+        assert resumed.calling == whole.calling
         assert (resumed.occurrences, resumed.checked_calls) == (
             whole.occurrences,
             whole.checked_calls,

@@ -79,6 +79,10 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "child_calls_made": r.child_calls_made,
         "child_usd_paid": str(r.child_usd_paid),
         "usd_total": str(r.usd_total),
+        "calls_lost": r.calls_lost,
+        "usd_lost_estimated": str(r.usd_lost_estimated),
+        "child_calls_lost": r.child_calls_lost,
+        "child_usd_lost_estimated": str(r.child_usd_lost_estimated),
     }
     return {
         "id": run_id,
@@ -141,6 +145,20 @@ def _describe(event_type: str, data: dict[str, Any]) -> str:
         return (
             f"model call {data['step']} ({data['model']}): {usage['input_tokens']} in, "
             f"{usage['output_tokens']} out, {cost}, {data['latency_ms']} ms{asked}"
+        )
+    if event_type == "model.calling":
+        cost = f"${data['cost_usd']}" if data.get("cost_usd") else "unpriced"
+        return (
+            f"model call {data['step']} ({data['model']}) next: about "
+            f"{data['input_tokens']} input tokens, {cost} estimated"
+        )
+    if event_type == "model.lost":
+        cost = f"${data['cost_usd']}" if data.get("cost_usd") else "unpriced"
+        times = "once" if data["count"] == 1 else f"{data['count']} times"
+        return (
+            f"model call {data['step']} ({data['model']}) lost in flight {times}: its worker "
+            f"stopped before recording the answer; the provider may have billed it (about "
+            f"{cost} estimated)"
         )
     if event_type == "tool.intent":
         return f"tool {data['name']} intent {json.dumps(data['arguments'])}"
@@ -310,6 +328,12 @@ def register(main: click.Group) -> None:
                     f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
                     + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")
                     + (
+                        f"; {r.calls_lost} lost in flight (about "
+                        f"${r.usd_lost_estimated} estimated, not in paid)"
+                        if r.calls_lost
+                        else ""
+                    )
+                    + (
                         f"; compactions: {r.compactions_soft} soft, {r.compactions_hard} hard, "
                         f"about {r.tokens_saved} input tokens saved"
                         if r.compactions_soft or r.compactions_hard
@@ -318,6 +342,12 @@ def register(main: click.Group) -> None:
                     + (
                         f"; child runs: {r.child_runs}, {r.child_calls_made} calls, "
                         f"${r.child_usd_paid} (total ${r.usd_total})"
+                        + (
+                            f", {r.child_calls_lost} lost in flight (about "
+                            f"${r.child_usd_lost_estimated} estimated)"
+                            if r.child_calls_lost
+                            else ""
+                        )
                         if r.child_runs
                         else ""
                     )

@@ -146,6 +146,8 @@ def build(
                     "child_runs": r.child_runs,
                     "child_usd_paid": str(r.child_usd_paid),
                     "usd_total": str(r.usd_total),
+                    "calls_lost": r.calls_lost,
+                    "usd_lost_estimated": str(r.usd_lost_estimated),
                 },
                 "parent": state.parent or None,
                 "children": [c.run_id for c in state.children.values()],

@@ -94,6 +94,23 @@ class Receipt(BaseModel):
         description="Input tokens the compactions took out of the requests that triggered "
         "them (estimated).",
     )
+    calls_lost: int = Field(
+        default=0,
+        description="Model calls lost in flight: sent by a worker that stopped before it "
+        "recorded the answer, then made again (not in calls_made). The provider may have "
+        "billed each: calls_made + calls_lost is what it was asked.",
+    )
+    usd_lost_estimated: str = Field(
+        default="0",
+        description="What the calls lost in flight cost, estimated (their estimated input "
+        "tokens at the model's price; not in usd_paid or usd_total).",
+    )
+    child_calls_lost: int = Field(
+        default=0, description="Model calls of the child runs lost in flight."
+    )
+    child_usd_lost_estimated: str = Field(
+        default="0", description="What the child runs' calls lost in flight cost, estimated."
+    )
 
 
 def _no_default(schema: dict[str, Any]) -> None:

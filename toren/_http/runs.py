@@ -267,6 +267,10 @@ async def _run(app: web.Application, rid: str) -> Run:
             compactions_soft=r.compactions_soft,
             compactions_hard=r.compactions_hard,
             tokens_saved=r.tokens_saved,
+            calls_lost=r.calls_lost,
+            usd_lost_estimated=str(r.usd_lost_estimated),
+            child_calls_lost=r.child_calls_lost,
+            child_usd_lost_estimated=str(r.child_usd_lost_estimated),
         ),
         parent=state.parent or None,
         children=[

@@ -145,6 +145,9 @@ class ChildEnded:
     input_tokens: int = 0
     output_tokens: int = 0
     unpriced_calls: int = 0
+    # model calls lost in flight (see ModelLost) and their estimated cost, its children's too
+    lost_calls: int = 0
+    lost_usd: str = "0"
 
 
 @message("run.child_asked")
@@ -200,6 +203,45 @@ class ModelCalled:
     latency_ms: int
     messages_len: int = 0  # how many conversation messages the request carried
     checked_as: str = ""  # the request parameters it was made with (see RunResumed)
+    v: int = FORMAT
+
+
+@message("model.calling")
+@attrs.frozen(kw_only=True)
+class ModelCalling:
+    """The model call the run's next step makes, announced in the commit before that step (the
+    commit of the step before it: no write of its own). Its result (``model.called``, a summary
+    call's ``context.compacted``, ``model.unreadable``), a failed attempt (``run.retrying``) or
+    the run's end answers it. A step that finds it unanswered and its own message claimed
+    before (a worker died or lost its lease mid-step) records the earlier attempts as
+    ``model.lost``.
+
+    ``step`` is the conversation step the call is for; ``input_tokens`` an estimate of its
+    request (see :mod:`toren._estimate`), ``cost_usd`` the price of that input at the model's
+    price (decimal as text; ``None``: unpriced). Both are estimates: the output is unknown."""
+
+    step: int
+    model: str
+    input_tokens: int
+    cost_usd: str | None
+    v: int = FORMAT
+
+
+@message("model.lost")
+@attrs.frozen(kw_only=True)
+class ModelLost:
+    """Model calls lost in flight: the step announced by ``model.calling`` was begun ``count``
+    times by workers that stopped before recording its result (killed, cut from the database,
+    past their lease), so the provider may have received (and billed) each of those requests.
+    The call is then made again. ``cost_usd`` is the estimated cost of the ``count`` requests
+    (their estimated input at the model's price; ``None``: unpriced). Counted on the receipt as
+    lost in flight, apart from the calls made."""
+
+    step: int
+    model: str
+    count: int
+    input_tokens: int
+    cost_usd: str | None
     v: int = FORMAT
 
 
@@ -478,6 +520,8 @@ class ChildFinished:
     input_tokens: int = 0
     output_tokens: int = 0
     unpriced_calls: int = 0
+    lost_calls: int = 0  # model calls lost in flight (see ModelLost), estimated at lost_usd
+    lost_usd: str = "0"
     at: float = 0.0
     v: int = FORMAT
 

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
 
 @attrs.frozen(kw_only=True)
 class Receipt:
-    """What a run cost: calls made and replayed, tokens, dollars paid and not re-paid."""
+    """What a run cost: calls made and replayed, tokens, dollars paid and not re-paid, and the
+    calls lost in flight with their estimated cost."""
 
     calls_made: int
     calls_replayed: int
@@ -35,6 +36,13 @@ class Receipt:
     compactions_soft: int = 0
     compactions_hard: int = 0
     tokens_saved: int = 0
+    # model calls lost in flight: sent by a worker that stopped before recording the answer, and
+    # made again (see ModelLost); not in ``calls_made``. The provider may have billed each: what
+    # they cost is estimated (their estimated input at the model's price), never in usd_paid.
+    calls_lost: int = 0
+    usd_lost_estimated: Decimal = Decimal(0)
+    child_calls_lost: int = 0
+    child_usd_lost_estimated: Decimal = Decimal(0)
 
     @property
     def usd_total(self) -> Decimal:
@@ -67,4 +75,8 @@ def receipt(state: RunState) -> Receipt:
         compactions_soft=state.compactions_soft,
         compactions_hard=state.compactions_hard,
         tokens_saved=state.tokens_saved,
+        calls_lost=state.lost_calls,
+        usd_lost_estimated=state.lost_usd,
+        child_calls_lost=state.child_lost_calls,
+        child_usd_lost_estimated=state.child_lost_usd,
     )

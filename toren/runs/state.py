@@ -27,6 +27,8 @@ from toren.runs.events import (
     DecisionOutcome,
     MessageReceived,
     ModelCalled,
+    ModelCalling,
+    ModelLost,
     ModelUnreadable,
     RunCompleted,
     RunFailed,
@@ -91,7 +93,7 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
 
 
 @attrs.frozen(kw_only=True)
@@ -150,6 +152,11 @@ class RunState:
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
+    # the model call announced for the next step and not answered yet (see ModelCalling), and
+    # the calls lost in flight (see ModelLost) with their estimated cost
+    calling: ModelCalling | None = None
+    lost_calls: int = 0
+    lost_usd: Decimal = Decimal(0)
     started_at: float = 0.0
     parked_since: float | None = None
     parked_seconds: float = 0.0  # time spent waiting on humans: not charged to the wall clock
@@ -174,6 +181,8 @@ class RunState:
     child_input_tokens: int = 0
     child_output_tokens: int = 0
     child_unpriced: int = 0
+    child_lost_calls: int = 0
+    child_lost_usd: Decimal = Decimal(0)
     # the run's sandbox (its actor, once spawned), the calls sent to it without a result yet,
     # and why it failed if the kernel gave up on it
     sandbox: str = ""
@@ -249,6 +258,15 @@ def fold(state: RunState, event: Any) -> RunState:
             input_tokens=state.input_tokens + usage.input_tokens,
             output_tokens=state.output_tokens + usage.output_tokens,
             kept_cost=state.kept_cost.append(before + cost),
+            calling=None,
+        )
+    if isinstance(event, ModelCalling):
+        return attrs.evolve(state, calling=event)
+    if isinstance(event, ModelLost):
+        return attrs.evolve(
+            state,
+            lost_calls=state.lost_calls + max(0, event.count),
+            lost_usd=state.lost_usd + _decimal(event.cost_usd),
         )
     if isinstance(event, MessageReceived):
         state = attrs.evolve(state, heard=state.heard.append((len(state.calls), event.text)))
@@ -262,13 +280,13 @@ def fold(state: RunState, event: Any) -> RunState:
             output=None if status == "running" else state.output,
         )
     if isinstance(event, ModelUnreadable):
-        return attrs.evolve(state, unreadable=state.unreadable + 1)
+        return attrs.evolve(state, unreadable=state.unreadable + 1, calling=None)
     if isinstance(event, ContextCompacted):
         return _compacted(state, event)
     if isinstance(event, StepsInvalidated):
         return _invalidate(state, event.from_step)
-    if isinstance(event, RunRetrying):
-        return attrs.evolve(state, failed_attempts=event.attempt)
+    if isinstance(event, RunRetrying):  # the call was answered, with a failure
+        return attrs.evolve(state, failed_attempts=event.attempt, calling=None)
     if isinstance(event, RunRetried):
         waits = bool(_waiting_ids(state)) or bool(state.running)  # a human, or a child run
         return attrs.evolve(
@@ -365,6 +383,8 @@ def fold(state: RunState, event: Any) -> RunState:
             child_input_tokens=state.child_input_tokens + event.input_tokens,
             child_output_tokens=state.child_output_tokens + event.output_tokens,
             child_unpriced=state.child_unpriced + event.unpriced_calls,
+            child_lost_calls=state.child_lost_calls + max(0, event.lost_calls),
+            child_lost_usd=state.child_lost_usd + _decimal(event.lost_usd),
         )
         if state.status == "parked" and not _waiting_ids(state) and not state.running:
             waited = event.at - state.parked_since if state.parked_since is not None else 0.0
@@ -385,16 +405,34 @@ def fold(state: RunState, event: Any) -> RunState:
             state = attrs.evolve(state, checked_as=event.checked_as, checked_calls=len(state.calls))
         return state
     if isinstance(event, RunCompleted):
-        return attrs.evolve(state, status="completed", output=event.output)
+        return attrs.evolve(state, status="completed", output=event.output, calling=None)
     if isinstance(event, RunFailed):
         return attrs.evolve(
-            state, status="failed", error_class=event.error_class, error=event.message
+            state,
+            status="failed",
+            error_class=event.error_class,
+            error=event.message,
+            calling=None,
         )
     if isinstance(event, ActorFailed):  # the kernel gave up on the run (restart intensity)
         return attrs.evolve(
-            state, status="failed", error_class=event.error_class, error=event.error
+            state,
+            status="failed",
+            error_class=event.error_class,
+            error=event.error,
+            calling=None,
         )
     return state
+
+
+def _decimal(text: str | None) -> Decimal:
+    """A recorded amount (decimal as text); nothing for an unpriced one, or one that is not a
+    finite number (a fold never fails on an amount)."""
+    try:
+        value = Decimal(text) if text is not None else Decimal(0)
+    except ArithmeticError:
+        return Decimal(0)
+    return value if value.is_finite() else Decimal(0)
 
 
 def _tool_failures(state: RunState) -> int:
@@ -425,6 +463,7 @@ def _compacted(state: RunState, event: ContextCompacted) -> RunState:
         compactions_hard=state.compactions_hard + (event.tier == "hard"),
         tokens_saved=state.tokens_saved + max(0, event.tokens_before - event.tokens_after),
         failed_attempts=0 if paid else state.failed_attempts,
+        calling=None if paid else state.calling,  # a summary call answers the one announced
     )
 
 
