@@ -48,6 +48,7 @@ def test_testing_exports_are_pinned() -> None:
         "OpenAIServer",
         "ReceivedRequest",
         "Reply",
+        "RunEnded",
         "ScriptedModel",
         "ScriptedServer",
         "Step",

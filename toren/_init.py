@@ -86,17 +86,16 @@ MODEL = '''\
 """An offline model for {name}: it reads the conversation (Toren messages) and answers with
 text and tool calls. `toren dev --model-script {name}.model:script` and the tests use it."""
 
-from toren.testing import ModelRequest, Reply, ToolCall, Usage, latest_results, turns
+from toren.testing import ModelRequest, Reply, ToolCall, Usage, latest_results, latest_text, turns
 
 USAGE = Usage(input_tokens=300, output_tokens=30)  # reported, and priced, for each call
 
 
 def script(request: ModelRequest) -> Reply:
     """Send the task on to the team, then say whether it went."""
-    if turns(request) == 0:
-        task = request.messages[0].content[0]
-        text = getattr(task, "text", "")
-        call = ToolCall(id="send-1", name="send_message", arguments={{"to": "team", "text": text}})
+    if turns(request) == 0:  # the model has not answered yet: the latest text is the task
+        arguments = {{"to": "team", "text": latest_text(request)}}
+        call = ToolCall(id="send-1", name="send_message", arguments=arguments)
         return Reply(["I will pass that on.", call], usage=USAGE)
     [result] = latest_results(request)
     if result.is_error:

@@ -6,7 +6,7 @@ See :mod:`toren.testing.model_servers`. Nothing here reaches the network: the se
 """
 
 from toren._model import Message, ModelRequest, Text, ToolCall, ToolResult, Usage
-from toren.testing._harness import Harness, harness
+from toren.testing._harness import Harness, RunEnded, harness
 from toren.testing._script import (
     ModelScript,
     ScriptedModel,
@@ -41,6 +41,7 @@ __all__ = [
     "OpenAIServer",
     "ReceivedRequest",
     "Reply",
+    "RunEnded",
     "ScriptedModel",
     "ScriptedServer",
     "Step",

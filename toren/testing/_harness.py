@@ -60,7 +60,7 @@ from toren.testing._script import ModelScript, ScriptedModel
 from toren.testing._scripted import ScriptedServer
 from toren.testing.model_servers import AnthropicServer, BedrockServer, OpenAIServer
 
-__all__ = ["Harness", "harness"]
+__all__ = ["Harness", "RunEnded", "harness"]
 
 SERVERS: dict[str, type[ScriptedServer]] = {
     "anthropic": AnthropicServer,
