@@ -431,3 +431,40 @@ async def test_a_long_runs_events_are_read_a_page_at_a_time_then_followed_live(
         await write(client, run_id, [LaterKind(note="appended live")])
         await page.wait_for_selector("#transcript .entry.other >> text=appended live")
         assert await page.locator("#transcript .entry").count() == 1206
+
+
+async def test_an_announced_model_call_shows_until_answered_and_a_lost_one_stays(
+    client: Client, db_url: str, chromium: Path
+) -> None:
+    from tests.test_sandbox_surfaces import MODEL, called, write
+    from toren.runs import ModelCalling, ModelLost
+
+    def calling(step: int) -> ModelCalling:
+        return ModelCalling(step=step, model=MODEL, input_tokens=1200, cost_usd="0.0036")
+
+    run_id = await _journal_run(
+        client,
+        "tr-lost",
+        [
+            calling(1),
+            ModelLost(step=1, model=MODEL, count=1, input_tokens=1200, cost_usd="0.0036"),
+            called(1, Text(text="First answer.")),
+            calling(2),
+        ],
+    )
+    async with _console(client, db_url, chromium) as (base, page):
+        await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
+        t = page.locator("#transcript")
+        # The call lost in flight is on the transcript with its estimated cost; the answered
+        # announcement is not; the one still waiting is.
+        pending = t.locator(".entry.calling")
+        await pending.wait_for()
+        assert await t.locator(".entry.calling").count() == 1
+        assert (await pending.inner_text()).startswith(f"Calling {MODEL} for step 2")
+        lost = await t.locator(".entry.bad").inner_text()
+        assert lost.startswith(
+            f"1 model call(s) lost in flight at step 1 · {MODEL} · about $0.0036"
+        )
+        await write(client, run_id, [called(2, Text(text="Second answer."))])
+        await t.locator(".entry.assistant >> text=Second answer.").wait_for()
+        assert await t.locator(".entry.calling").count() == 0

@@ -53,7 +53,7 @@ function when(event) {
 }
 
 function newTranscript(root) {
-  return { root, cards: {}, intents: {}, cwds: {}, sandboxed: new Set() };
+  return { root, cards: {}, intents: {}, cwds: {}, sandboxed: new Set(), calling: null };
 }
 
 // An entry of the transcript for one event: a heading, its parts, its raw JSON.
@@ -158,6 +158,19 @@ const ENTRIES = {
       text ? longText("div", "text", text) : el("p", "muted", "(tool calls only)"));
     for (const call of calls) callCard(t, call);
   },
+  // A model call announced before its step is made: shown only until something answers it (a
+  // call lost in flight shows as `model.lost` once the run goes on).
+  "model.calling": (t, e, d) => {
+    const cost = d.cost_usd == null ? "" : `, about $${d.cost_usd}`;
+    t.calling = entry(t, e, "note calling", `Calling ${d.model} for step ${d.step}`,
+      el("p", "muted", `about ${d.input_tokens} input tokens${cost}; no answer recorded yet ` +
+        "(in flight, or lost if its worker stopped)"));
+  },
+  "model.lost": (t, e, d) => entry(t, e, "bad",
+    `${d.count} model call(s) lost in flight at step ${d.step} · ${d.model} · ` +
+    `${d.cost_usd == null ? "unpriced" : `about $${d.cost_usd}`}`,
+    el("p", "muted", "its worker stopped before the answer was recorded; the provider may have " +
+      "billed it; the call was made again")),
   "model.unreadable": (t, e, d) => entry(t, e, "bad", `Model answer unreadable · step ${d.step}`,
     longText("div", "text", d.error)),
   "tool.intent": (t, e, d) => {
@@ -211,10 +224,22 @@ const ENTRIES = {
     longText("div", "text", d.error)),
 };
 
+// What answers an announced model call, or ends its wait (a summary's call is a hard
+// compaction's; a soft one makes no call).
+const ANSWERS = new Set(["model.calling", "model.called", "model.lost", "model.unreadable",
+  "run.retrying", "run.completed", "run.failed", "toren.failed"]);
+function answers(event, d) {
+  return ANSWERS.has(event.type) || (event.type === "context.compacted" && d.tier === "hard");
+}
+
 // Adds one event to transcript `t`. An event this page cannot read as its kind says (an
 // unknown kind, or fields of an unexpected shape) is shown by its name and data.
 function addToTranscript(t, event) {
   const d = event.data && typeof event.data === "object" ? event.data : {};
+  if (t.calling && answers(event, d)) {
+    t.calling.remove();
+    t.calling = null;
+  }
   const render = Object.hasOwn(ENTRIES, event.type) ? ENTRIES[event.type] : null;
   if (render) {
     try {
