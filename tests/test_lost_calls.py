@@ -115,6 +115,7 @@ async def test_a_call_lost_in_flight_at_a_sigkill_is_counted_on_the_receipt(
     workers: WorkerFactory,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     async with _server(monkeypatch, tmp_path) as server:
         held = server.hold(3)  # the third call: two calls and two tickets are done
@@ -129,6 +130,10 @@ async def test_a_call_lost_in_flight_at_a_sigkill_is_counted_on_the_receipt(
         workers(app="tests.run_app")
         await wait_for(lambda: _status(client, run_id, "completed"), timeout=30, what="completed")
         await _check_lost_once(client, run_id, server)
+    if request.config.getoption("--record-journals", default=False):
+        from tests.test_runs import _record_fixture
+
+        _record_fixture(await client.journal(run_id), "run_v1_lost.json")
     # The CLI's timeline and receipt say so.
     shown = await anyio.to_thread.run_sync(lambda: cli("jobs", "show", run_id, db_url=db_url))
     assert shown.returncode == 0, shown.stderr

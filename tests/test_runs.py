@@ -557,7 +557,9 @@ def _record_fixture(journal: list[Any], name: str) -> None:
 def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: str) -> None:
     """Journals recorded by earlier versions stay readable: an upgrade never strands a run.
     ``run_v1_every_event.json`` holds every event type today's code records (principals,
-    refused decisions, unreadable answers, invalidations, timers, crashloops...)."""
+    refused decisions, unreadable answers, invalidations, timers, crashloops...) but the two
+    ``run_v1_lost.json`` records: a call announced (``model.calling``) and lost in flight at a
+    SIGKILL (``model.lost``)."""
     from toren._codec import decode, encode
     from toren._json import dumps, loads
     from toren.runs import RunState, fold
@@ -594,6 +596,7 @@ def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: 
         "approvals": sorted([k, v.who, v.approved] for k, v in state.decisions.items()),
         "calls_made": r.calls_made,
         "usd_paid": str(r.usd_paid),
+        "calls_lost": r.calls_lost,  # journals before model.calling count none
     } == expected
 
 
