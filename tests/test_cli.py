@@ -7,6 +7,7 @@ import json
 import os
 import pwd
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -219,10 +220,22 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
         )
         assert started.returncode == 0, started.stderr
         run_id = started.stdout.split()[0]
-        assert "parked" in started.stdout
-
+        # It says what the run waits on and the exact commands that decide it; run as printed.
+        assert 'parked: waiting for approval of refund {"amount": 250} (call r1)' in (
+            started.stdout
+        )
+        [approve] = [line for line in started.stdout.splitlines() if "approve:" in line]
+        assert "jobs deny " + run_id in started.stdout
+        command = shlex.split(approve.split("approve:", 1)[1])
+        assert command[-3:] == ["jobs", "approve", run_id]
+        if command[0] == "toren":  # this toren is on the PATH: run the same from this Python
+            command[:1] = [sys.executable, "-m", "toren"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+        env.update(TOREN_DATABASE_URL=db_url, PYTHONPATH=str(ROOT))
         approved = await anyio.to_thread.run_sync(
-            lambda: cli("jobs", "approve", run_id, "--reason", "fine")
+            lambda: subprocess.run(
+                [*command, "--reason", "fine"], env=env, capture_output=True, text=True, timeout=60
+            )
         )
         assert approved.returncode == 0, approved.stderr
         # It shows the call it decides, then what the run did with the decision.

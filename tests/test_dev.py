@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -154,9 +156,10 @@ def dead_pid() -> int:
 async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
     tmp_path: Path,
 ) -> None:
-    first = Dev(tmp_path / "a")
+    first = Dev(tmp_path / "a", PATH="/usr/bin:/bin")  # as after `pip install`: no toren on PATH
     try:
         record = await first.until_up()
+        await second_terminal_follows_the_banner(first)
         kept = first.record_path.read_bytes()
         assert record["data_dir"] == str(first.data_dir.resolve())
         api = str(record["api_url"])
@@ -198,6 +201,33 @@ async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
     assert first.proc.returncode == 0, first.stderr
     assert not first.record_path.exists()  # ours, removed on a clean exit
     assert postgres_running_in(first.data_dir.resolve()) == []
+
+
+async def second_terminal_follows_the_banner(dev: Dev) -> None:
+    """The banner's commands are whole on their lines and work, as printed, in a terminal
+    without toren on its PATH; no third-party log line came before or after."""
+    await dev.until_printed("toren dev is running")
+    [show] = re.findall(r"^  (.+ jobs show run/\S+) {2,}its timeline", dev.stderr, re.M)
+    assert "Traceback" not in dev.stderr
+
+    async def parked() -> bool:
+        shown = await anyio.to_thread.run_sync(
+            lambda: subprocess.run(
+                shlex.split(show),
+                env=clean_env(dev.home, PATH="/usr/bin:/bin"),
+                cwd=dev.home,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        )
+        assert shown.returncode == 0, shown.stderr
+        return "approval requested for issue_refund" in shown.stdout
+
+    await wait_for(parked, timeout=60, what="the demo run parked, seen from a second terminal")
+    for noise in ("pgserver", "initdb", "XDG_RUNTIME_DIR", "HTTP Request", "httpx"):
+        assert noise not in dev.stderr, dev.stderr
 
 
 async def test_a_stale_record_is_reported_then_replaced(tmp_path: Path) -> None:

@@ -10,12 +10,13 @@ import anyio
 import click
 from rich.table import Table
 
-from toren._cli_common import database_url, err, out, run_async
+from toren._cli_common import database_url, err, out, run_async, toren_command
 from toren._cli_sandboxes import call_lines, described
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, TorenError, UnknownActor
 from toren._listing import list_runs
+from toren._model import ToolCall
 from toren._principal import Principal
 from toren._terminal import plain, printable
 from toren.runs import (
@@ -244,7 +245,11 @@ def register(main: click.Group) -> None:
             out.print(plain(run_id))
             if wait:
                 state = await _until_settled(client, run_id)
-                out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
+                if state.status == "parked":
+                    for line in await _parked(client, run_id, state):
+                        out.print(plain(line))
+                else:
+                    out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
         finally:
             await client.close()
 
@@ -478,9 +483,7 @@ async def _decide(
     """Show the call decided, decide it, and report what the run did (exit 1 if refused).
     Calls the run's child runs wait on are listed and decided from the parent too."""
     state = await _read(client, run_id)
-    waiting = [(run_id, c) for c in waiting_on(state)]
-    for below, _, _ in await waiting_below(client, run_id):
-        waiting.extend((below, c) for c in waiting_on(await read_run(client, below)))
+    waiting = await _waiting(client, run_id, state)
     if call_id is None:
         if not waiting:
             raise DecisionNotApplied(
@@ -500,11 +503,7 @@ async def _decide(
         raise ConfigError(str(exc), hint="Name it with --run.") from exc
     for where, call in waiting:
         if call.id == call_id and where == target:
-            arguments = json.dumps(call.arguments, ensure_ascii=True)
-            of = f" of child run {where}" if where != run_id else ""
-            cwd = (await approval_cwds(client.pool, where, [call.id])).get(call.id)
-            at = f" in {cwd}" if cwd else ""  # a sandboxed command: where it would run
-            out.print(plain(f"{verb} {call.name} {arguments}{at} (call {call.id}{of})"))
+            out.print(plain(f"{verb} {await _call_text(client, run_id, where, call)}"))
     outcome = await decide(
         client, target, call_id=call_id, approved=approved, by=who(), reason=reason
     )
@@ -519,6 +518,47 @@ async def _decide(
         raise DecisionNotApplied(outcome.detail)
     else:
         out.print(plain(outcome.detail))
+
+
+async def _waiting(client: Client, run_id: str, state: RunState) -> list[tuple[str, ToolCall]]:
+    """The calls waiting for a decision in the run and in its child runs, with the run each
+    waits in."""
+    waiting = [(run_id, c) for c in waiting_on(state)]
+    for below, _, _ in await waiting_below(client, run_id):
+        waiting.extend((below, c) for c in waiting_on(await read_run(client, below)))
+    return waiting
+
+
+async def _call_text(client: Client, run_id: str, where: str, call: ToolCall) -> str:
+    """``TOOL ARGUMENTS [in CWD] (call ID [of child run RUN])``: a waiting call, as a person
+    deciding it needs to see it."""
+    arguments = json.dumps(call.arguments, ensure_ascii=True)
+    of = f" of child run {where}" if where != run_id else ""
+    cwd = (await approval_cwds(client.pool, where, [call.id])).get(call.id)
+    at = f" in {cwd}" if cwd else ""  # a sandboxed command: where it would run
+    return f"{call.name} {arguments}{at} (call {call.id}{of})"
+
+
+async def _parked(client: Client, run_id: str, state: RunState) -> list[str]:
+    """What ``toren run --wait`` prints for a parked run: what it waits on and the exact
+    commands that move it on."""
+    toren = toren_command()
+    waiting = await _waiting(client, run_id, state)
+    lines = []
+    for where, call in waiting:
+        named = f" --call {call.id}" if len(waiting) > 1 else ""
+        lines += [
+            f"parked: waiting for approval of {await _call_text(client, run_id, where, call)}",
+            f"  approve: {toren} jobs approve {run_id}{named}",
+            f"  deny:    {toren} jobs deny {run_id}{named} --reason WHY",
+        ]
+    if not waiting and state.running:
+        children = ", ".join(f"{c.run_id} ({c.agent})" for c in state.running.values())
+        lines.append(f"parked: waiting for child run(s) {children}")
+    if not lines:
+        lines.append("parked: waiting for a timer or a message")
+    lines.append(f"  its timeline: {toren} jobs show {run_id}")
+    return lines
 
 
 async def _check_served(client: Client, agent: str) -> None:

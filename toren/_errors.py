@@ -40,7 +40,9 @@ class ConfigError(TorenError):
     def __init__(self, what: str, *, hint: str = "") -> None:
         self.what = what
         self.hint = hint
-        super().__init__(f"{what}. {hint}".strip() if hint else what)
+        # A message of several lines (a syntax error and its source line) gets its hint below.
+        joined = f"{what}\n{hint}" if "\n" in what else f"{what}. {hint}"
+        super().__init__(joined.strip() if hint else what)
 
 
 class DatabaseUnavailable(TorenError):

@@ -12,7 +12,9 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -26,7 +28,7 @@ from toren._agent_config import (
     log_agent_findings,
     unloaded_tables,
 )
-from toren._agents import agents_in, check
+from toren._agents import Agent, agents_in, check
 from toren._app import load_app, loaded_agents
 from toren._cli_channels import register as register_channel_commands
 from toren._cli_common import database_url, out, print_error, run_async, run_reporting
@@ -114,6 +116,8 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
         read_secret_files(names=channel_variables(module))
         log_boot_checks(module, settings)
         preload_providers(module)
+    else:
+        log_boot_checks(None, settings)
     await run_worker(settings, database_url(settings), migrate=migrate)
 
 
@@ -129,15 +133,56 @@ def preload_providers(module: ModuleType) -> None:
         importlib.import_module(f"toren.providers.{provider}")
 
 
-def log_boot_checks(module: ModuleType, settings: Settings) -> None:
-    """At boot, what ``toren agents check`` reports: flagged tools, one-sided cross-agent
-    consent (warnings) and ``[agents.NAME]`` tables for agents not loaded here (info). The
-    app's own package logs from INFO from here on, as Toren does."""
+def log_boot_checks(module: ModuleType | None, settings: Settings) -> None:
+    """At boot (``toren worker``, ``toren dev --app``, ``toren up``), what ``toren agents
+    check`` reports: flagged tools, one-sided cross-agent consent (warnings) and
+    ``[agents.NAME]`` tables for agents not loaded here (info); and a warning per agent whose
+    provider key is not set. The app's own package logs from INFO from here on, as Toren does.
+    Without an app (``module`` is ``None``), a warning that this worker runs no agents.
+
+    Call it once the environment is final (secret files read, an offline model's variables
+    set): the key check reads it.
+    """
+    log = logging.getLogger("toren.worker")
+    if module is None:
+        log.warning(
+            "no --app: this worker runs no agents (only Toren's own actors). Give it the module "
+            "that defines them: `toren worker --app MODULE` or TOREN_APP=MODULE "
+            "(`--app toren.demo` runs the demo agent)."
+        )
+        return
     show_info_from(module.__name__.partition(".")[0])
     log_tool_flags(module)
     source = str(settings.config_file or "the settings file")
     agents = loaded_agents(module)
-    log_agent_findings(agents, settings.agents, source, logging.getLogger("toren.worker"))
+    log_agent_findings(agents, settings.agents, source, log)
+    log_missing_keys(agents)
+
+
+# The variable each provider cannot call without (Bedrock also finds credentials in profiles
+# and instance roles, so nothing is certain to be missing there).
+PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+
+
+def log_missing_keys(agents: list[Agent], environ: Mapping[str, str] = os.environ) -> None:
+    """Warn, once per agent, about a provider key that is not set: its runs would fail at
+    their first model call. A local model server (an offline model, a gateway) is given a key
+    too (any value), so it is not warned about."""
+    from toren.providers import parse_model
+
+    for agent in agents:
+        provider, _ = parse_model(agent.model)
+        name = PROVIDER_KEYS.get(provider)
+        if name is not None and not environ.get(name):
+            logging.getLogger("toren.worker").warning(
+                "agent %s uses %s, but %s is not set: its runs will fail at their first model "
+                "call. Set %s in this process's environment (any value for a local gateway "
+                "that needs none).",
+                agent.name,
+                agent.model,
+                name,
+                name,
+            )
 
 
 def log_tool_flags(module: ModuleType) -> None:

@@ -1,0 +1,178 @@
+"""What the command line tells a newcomer: quiet logs by default, boot-time warnings that say
+what is missing, and errors in their own module that name the real cause."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.conftest import ROOT
+from toren._logging import OWN_LOGGERS, configure, show_info_from
+
+pytestmark = pytest.mark.anyio
+
+
+def toren(
+    *args: str, cwd: Path = ROOT, db_url: str = "postgresql://nobody@/nowhere", **env: str
+) -> subprocess.CompletedProcess[str]:
+    drop = ("TOREN_", "ANTHROPIC_", "OPENAI_")
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    full_env.update(PYTHONPATH=str(ROOT), TOREN_DATABASE_URL=db_url, **env)
+    return subprocess.run(
+        [sys.executable, "-m", "toren", *args],
+        env=full_env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.fixture
+def logging_restored() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    names = [*OWN_LOGGERS, "myapp"]
+    levels = {name: logging.getLogger(name).level for name in names}
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    for name, old in levels.items():
+        logging.getLogger(name).setLevel(old)
+
+
+def test_by_default_only_toren_and_the_app_log_info(logging_restored: None) -> None:
+    configure()
+    show_info_from("myapp")
+    for name in ("toren.worker", "supervisors._supervisor", "myapp.tools"):
+        assert logging.getLogger(name).isEnabledFor(logging.INFO), name
+    for name in ("pgserver", "httpx2", "anthropic._base_client", "aiohttp.access"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+
+
+def test_a_chosen_level_applies_to_every_library(logging_restored: None) -> None:
+    configure("info")
+    show_info_from("myapp")
+    assert logging.getLogger("pgserver").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("pgserver").isEnabledFor(logging.DEBUG)
+    configure("WARNING")
+    show_info_from("myapp")
+    assert not logging.getLogger("toren.worker").isEnabledFor(logging.INFO)
+    assert not logging.getLogger("myapp").isEnabledFor(logging.INFO)
+
+
+def test_an_unknown_log_level_is_a_usage_error() -> None:
+    result = toren("--log-level", "LOUD", "workers")
+    assert result.returncode == 2
+    assert "LOUD" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_a_worker_without_an_app_warns_that_it_runs_no_agents(empty_db_url: str) -> None:
+    # Against an unmigrated database the worker stops right after its boot checks (exit 2).
+    result = await anyio.to_thread.run_sync(lambda: toren("worker", db_url=empty_db_url))
+    assert result.returncode == 2
+    assert "no --app: this worker runs no agents" in result.stderr
+    assert "toren worker --app MODULE" in result.stderr
+
+
+async def test_a_missing_provider_key_is_warned_once_per_agent_at_boot(empty_db_url: str) -> None:
+    result = await anyio.to_thread.run_sync(
+        lambda: toren("worker", "--app", "tests.run_app", db_url=empty_db_url)
+    )
+    assert result.returncode == 2
+    warnings = [line for line in result.stderr.splitlines() if "is not set: its runs" in line]
+    assert (
+        "agent support uses anthropic/claude-sonnet-4-6, but ANTHROPIC_API_KEY is not set"
+        in result.stderr
+    )
+    assert "agent support_openai uses openai/gpt-4o, but OPENAI_API_KEY is not set" in (
+        result.stderr
+    )
+    assert not any("support_bedrock" in line for line in warnings)  # found by its own chain
+    assert len([line for line in warnings if "agent support uses" in line]) == 1
+    keyed = await anyio.to_thread.run_sync(
+        lambda: toren(
+            "worker",
+            "--app",
+            "tests.run_app",
+            db_url=empty_db_url,
+            ANTHROPIC_API_KEY="k",
+            OPENAI_API_KEY="k",
+        )
+    )
+    assert keyed.returncode == 2
+    assert "is not set: its runs" not in keyed.stderr
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Path:
+    (tmp_path / "missing_dep.py").write_text("import os\nimport requests_not_installed_xyz\n")
+    (tmp_path / "bad_syntax.py").write_text("x = 1\ndef f(:\n    pass\n")
+    (tmp_path / "bad_name.py").write_text("from os import no_such_name_xyz\n")
+    (tmp_path / "raises.py").write_text("import raises_helper\n")
+    (tmp_path / "raises_helper.py").write_text("x = {}\ny = x['nope']\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        (
+            "missing_dep",
+            [
+                "app module 'missing_dep' failed to import: No module named "
+                "'requests_not_installed_xyz'",
+                "at missing_dep.py:2: import requests_not_installed_xyz",
+                "Install the missing package",
+            ],
+        ),
+        (
+            "bad_syntax",
+            [
+                "app module 'bad_syntax' has a syntax error: bad_syntax.py, line 2: invalid syntax",
+                "\n    def f(:\n          ^\n",
+            ],
+        ),
+        (
+            "bad_name",
+            ["cannot import name 'no_such_name_xyz' from 'os'", "at bad_name.py:1: from os import"],
+        ),
+        (
+            "raises",
+            [
+                "app module 'raises' failed to import: KeyError: 'nope'",
+                "at raises.py:1: import raises_helper\n  at raises_helper.py:2: y = x['nope']",
+            ],
+        ),
+    ],
+)
+def test_an_error_inside_the_app_module_names_its_real_cause(
+    user_dir: Path, module: str, says: list[str]
+) -> None:
+    for command in (("worker", "--app", module), ("agents", "check", "--app", module)):
+        result = toren(*command, cwd=user_dir)
+        assert result.returncode == 2, result.stderr
+        for text in says:
+            assert text in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "importlib" not in result.stderr
+        assert "toren/_app.py" not in result.stderr
+
+
+def test_an_app_module_that_is_not_there_is_named_as_such(user_dir: Path) -> None:
+    result = toren("worker", "--app", "not_here_xyz", cwd=user_dir)
+    assert result.returncode == 2
+    assert "cannot import app module 'not_here_xyz': No module named 'not_here_xyz'" in (
+        result.stderr
+    )
+    assert "--app (or TOREN_APP)" in result.stderr
