@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import re
 
-from toren.testing import ModelRequest, Reply, ToolCall, Usage, latest_results, turns
+from toren.testing import ModelRequest, Reply, Text, ToolCall, Usage, latest_results, turns
 
 USAGE = Usage(input_tokens=500, output_tokens=40)  # what each call reports (and is priced at)
 
 
 def script(request: ModelRequest) -> Reply:
     """Look the order named in the task up, refund what was paid, then say how it went."""
-    task = request.messages[0].content[0]
-    order = re.search(r"[A-Z]-\d+", getattr(task, "text", ""))
+    task = " ".join(b.text for b in request.messages[0].content if isinstance(b, Text))
+    order = re.search(r"[A-Z]-\d+", task)
     if order is None:
         return Reply("Which order is it? Please give its id (like A-17).", usage=USAGE)
     results = latest_results(request)
