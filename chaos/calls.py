@@ -11,6 +11,8 @@ phase of the call, against the clean run's result.
   (the calls of either run the server had seen and the journals had not recorded at the fault;
   one for a worker that lives on); none sent again after its ``model.called`` was recorded; each
   run's receipt replayed what its journal says, the caller's counts its child once;
+- each run's calls made and lost in flight are what the server received of it (see
+  :func:`chaos.oracle.lost_problems`), the child's lost calls counted in the caller's receipt;
 - the child's ticket applied once, under a key its ``tool.intent`` recorded first;
 - both journals contiguous, their epochs never going back (after a takeover of the caller, no
   write to its journal from the zombie's epoch); nothing dead-lettered.
@@ -31,6 +33,8 @@ from chaos.oracle import (
     Verdict,
     effect_problems,
     journal_problems,
+    lost_note,
+    lost_problems,
     replay_problems,
     sent_again,
 )
@@ -68,6 +72,8 @@ class CallObserved:
     deadletters: int
     allowed_repeats: int
     takeover: Takeover | None = None  # of the caller (a sigstop cell faults the caller)
+    # (run, step) of a call announced and not yet sent at the fault (see lost_problems)
+    unsent: frozenset[tuple[str, int]] = frozenset()
 
     @property
     def state(self) -> RunState:
@@ -109,6 +115,7 @@ async def observe_call(
     *,
     allowed_repeats: int,
     takeover: Takeover | None = None,
+    unsent: frozenset[tuple[str, int]] = frozenset(),
 ) -> CallObserved:
     caller = await _seen(client, run_id, arrivals)
     children = [await _seen(client, c, arrivals) for c in await child_runs(client.pool, run_id)]
@@ -120,6 +127,15 @@ async def observe_call(
         deadletters=await client.pool.fetchval("SELECT count(*) FROM toren.deadletters"),
         allowed_repeats=allowed_repeats,
         takeover=takeover,
+        unsent=unsent,
+    )
+
+
+def call_note(seen: CallObserved) -> str:
+    """For the tables: the calls of caller and child counted lost in flight."""
+    runs = [("caller", seen.caller), *(("child", c) for c in seen.children)]
+    return "; ".join(
+        f"{who}: {found}" for who, run in runs if (found := lost_note(run.journal, run.arrivals))
     )
 
 
@@ -185,6 +201,13 @@ def judge_call(seen: CallObserved, expected: CallExpected) -> Verdict:
         repeats += sum(n - 1 for n in counts.values())
         problems.extend(f"{who}: {p}" for p in sent_again(seen_run.arrivals, seen_run.journal))
         problems.extend(f"{who}: {p}" for p in replay_problems(seen_run.state, seen_run.journal))
+        unsent = frozenset(step for run, step in seen.unsent if run == seen_run.run_id)
+        problems.extend(
+            f"{who}: {p}"
+            for p in lost_problems(
+                seen_run.state, seen_run.journal, seen_run.arrivals, unsent=unsent
+            )
+        )
         takeover = seen.takeover if seen_run is caller else None
         problems.extend(f"{who}: {p}" for p in journal_problems(seen_run.journal, takeover))
         cost = {c.step: Decimal(c.cost_usd or 0) for c in seen_run.state.calls}
@@ -209,6 +232,15 @@ def judge_call(seen: CallObserved, expected: CallExpected) -> Verdict:
         problems.append(
             f"caller's receipt: {r.calls_made} calls, {r.child_runs} child runs with "
             f"{r.child_calls_made} calls; expected {expected.steps}, 1, {expected.child_steps}"
+        )
+    if child is not None and (r.child_calls_lost, r.child_usd_lost_estimated) != (
+        child.state.lost_calls,
+        child.state.lost_usd,
+    ):
+        problems.append(
+            f"caller's receipt: {r.child_calls_lost} child calls lost in flight "
+            f"(${r.child_usd_lost_estimated}), the child's says {child.state.lost_calls} "
+            f"(${child.state.lost_usd})"
         )
 
     # The child's effect: once, under its own intent's key, announced first.

@@ -61,8 +61,24 @@ import asyncpg
 import attrs
 import orjson
 
-from chaos.calls import CallExpected, CallObserved, judge_call, observe_call
-from chaos.oracle import Expected, Observed, Sent, Takeover, judge, meant_for, observe
+from chaos.calls import (
+    CallExpected,
+    CallObserved,
+    call_note,
+    child_runs,
+    judge_call,
+    observe_call,
+)
+from chaos.oracle import (
+    Expected,
+    Observed,
+    Sent,
+    Takeover,
+    judge,
+    lost_note,
+    meant_for,
+    observe,
+)
 from chaos.processes import Launchers, Worker
 from chaos.sandbox import (
     SandboxExpected,
@@ -310,6 +326,7 @@ class Harness:
                         list(effects.effects.values()),
                         allowed_repeats=execution.allowed_repeats,
                         takeover=execution.takeover,
+                        unsent=execution.unsent,
                     )
                 else:
                     state = await read_run(client, execution.run_id)
@@ -322,6 +339,9 @@ class Harness:
                         allowed_repeats=execution.allowed_repeats,
                         takeover=execution.takeover,
                         sent=tuple(execution.sent),
+                        unsent=frozenset(
+                            step for run, step in execution.unsent if run == execution.run_id
+                        ),
                     )
             finally:
                 for w in execution.workers:
@@ -349,7 +369,13 @@ class Harness:
                 verdict.duplicate_usd if verdict else Decimal(0),
                 time.monotonic() - started,
                 evidence,
-                note(observed) if isinstance(observed, SandboxObserved) else "",
+                note(observed)
+                if isinstance(observed, SandboxObserved)
+                else lost_note(observed.journal, observed.arrivals)
+                if isinstance(observed, Observed)
+                else call_note(observed)
+                if isinstance(observed, CallObserved)
+                else "",
             ),
             observed,
         )
@@ -414,6 +440,8 @@ class _Execution:
         self.problems: list[str] = []
         self.run_id = ""
         self.allowed_repeats = 0
+        # (run, step): a call announced and not yet sent at the fault (see lost_problems)
+        self.unsent: frozenset[tuple[str, int]] = frozenset()
         self.takeover: Takeover | None = None
         self.takeovers: dict[str, Takeover] = {}  # "run" and "sandbox", at a sigstop takeover
         self.open_at_fault: frozenset[str] = frozenset()  # sandboxed calls in flight
@@ -515,11 +543,39 @@ class _Execution:
             self.cell.shape == "call",
         )
         self.allowed_repeats = max(0, len(seen) - recorded)
+        self.unsent = await self._unsent()
         if self.cell.shape in SANDBOX_SHAPES:
             self.open_at_fault = await open_calls(self.client, self.run_id)
         if self.cell.fault != "sigkill":
             # The worker lives on after the fault and may be cut again mid-call once it learns.
             self.allowed_repeats = max(self.allowed_repeats, 1)
+
+    async def _unsent(self) -> frozenset[tuple[str, int]]:
+        """The calls announced (``model.calling``) and not received by the server at the fault,
+        each ``(run, step)``: the run (or, in a call cell, its child) counts one lost in flight
+        if the victim began the step before it stopped, with nothing sent."""
+        runs = [self.run_id]
+        if self.cell.shape == "call":
+            runs += await child_runs(self.client.pool, self.run_id)
+        found = set()
+        for run in runs:
+            state = await read_run(self.client, run)
+            if state.calling is None:
+                continue
+            arrived = sum(
+                1
+                for _, r in self.recorder.arrivals
+                if case(r) == state.input and position(r) == state.calling.step - 1
+            )
+            lost = await self.client.pool.fetchval(
+                "SELECT coalesce(sum((data->>'count')::int), 0) FROM toren.journal "
+                "WHERE actor_id = $1 AND type = 'model.lost' AND (data->>'step')::int = $2",
+                run,
+                state.calling.step,
+            )
+            if arrived <= lost:
+                found.add((run, state.calling.step))
+        return frozenset(found)
 
     def _go(self, hold: Hold | None) -> None:
         if hold is not None:

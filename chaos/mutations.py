@@ -25,6 +25,9 @@ switch for them.
 - ``telegram-send-unrecorded``: a bot declared at most once sends as at least once, without
   recording ``outbox.sending`` in a step of its own first: a crash between a send and its record
   sends the message again.
+- ``calls-unannounced``: a run no longer announces the model call its next step makes
+  (``model.calling``): a call lost in flight at a crash is made again and counted nowhere, and
+  the receipt shows fewer calls than the provider received.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ MUTATIONS = (
     "sandbox-runs-again",
     "telegram-confirm-before-record",
     "telegram-send-unrecorded",
+    "calls-unannounced",
 )
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
@@ -209,6 +213,15 @@ def _telegram_send_unrecorded() -> None:
     runtime.bot = sends_at_least_once
 
 
+def _calls_unannounced() -> None:
+    from toren.actors import inflight
+
+    def announce_nothing(ctx: Any, agent: Any, build: Any) -> None:
+        """Announces nothing: a call lost in flight leaves no trace."""
+
+    inflight.announce = announce_nothing
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -224,6 +237,7 @@ def load(name: str) -> None:
         "sandbox-runs-again": _sandbox_runs_again,
         "telegram-confirm-before-record": _telegram_confirm_before_record,
         "telegram-send-unrecorded": _telegram_send_unrecorded,
+        "calls-unannounced": _calls_unannounced,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

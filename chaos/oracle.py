@@ -4,6 +4,9 @@
 - every distinct model call paid once, plus at most the repeats the cell allows (a call that
   was in flight at the fault); no call is sent again once its ``model.called`` is recorded, and
   the receipt's replayed count is the calls the server saw only once, before they were recorded;
+- the calls made and lost in flight are what the server received, step by step and on the
+  receipt (:func:`lost_problems`): a request the server received and the journal does not count
+  is a call lost without a trace;
 - each keyed effect applied exactly once (one key per effect, the tracker applies a key once),
   and its ``tool.intent`` recorded before the tracker saw it;
 - the journal's sequence contiguous, epochs never going back, no write from a stale epoch after
@@ -88,6 +91,9 @@ class Observed:
     allowed_repeats: int
     takeover: Takeover | None
     sent: tuple[Sent, ...] = ()  # the decisions the harness sent, in order
+    # the step whose call was announced and not yet sent at the fault (see lost_problems);
+    # None: not known (the scenarios, whose faults land anywhere)
+    unsent: frozenset[int] | None = None
 
 
 @attrs.frozen
@@ -107,6 +113,7 @@ async def observe(
     allowed_repeats: int,
     takeover: Takeover | None,
     sent: tuple[Sent, ...] = (),
+    unsent: frozenset[int] | None = None,
 ) -> Observed:
     rows = await pool.fetch(
         "SELECT seq, epoch, type, data, extract(epoch FROM created_at)::float8 AS at "
@@ -123,6 +130,7 @@ async def observe(
         allowed_repeats=allowed_repeats,
         takeover=takeover,
         sent=sent,
+        unsent=unsent,
     )
 
 
@@ -148,6 +156,8 @@ class RunSeen(Protocol):
     def journal(self) -> tuple[Row, ...]: ...
     @property
     def allowed_repeats(self) -> int: ...
+    @property
+    def unsent(self) -> frozenset[int] | None: ...
 
 
 def run_problems(seen: RunSeen, *, output: str, steps: int) -> tuple[list[str], Counter[int]]:
@@ -181,7 +191,49 @@ def run_problems(seen: RunSeen, *, output: str, steps: int) -> tuple[list[str], 
     if r.calls_made != steps and not problems:
         problems.append(f"receipt: {r.calls_made} calls made, expected {steps}")
     problems.extend(replay_problems(state, journal))
+    problems.extend(lost_problems(state, journal, arrivals, unsent=seen.unsent))
     return problems, counts
+
+
+def lost_problems(
+    state: RunState,
+    journal: tuple[Row, ...],
+    arrivals: tuple[tuple[float, int], ...],
+    *,
+    unsent: frozenset[int] | None,
+) -> list[str]:
+    """Calls made and lost in flight are what the server received: for every step, the requests
+    that arrived are the calls the journal records (``model.called``, ``model.unreadable``) and
+    those it counts lost in flight (``model.lost``); the receipt's totals are the journal's.
+
+    One exception, documented: a worker that stopped after the commit that announced a call
+    (``model.calling``) and before it sent it is counted as having lost it (nothing can tell a
+    request about to leave from one that left). ``unsent`` names the step whose call was
+    announced and not received at the fault: there, one call more than received is counted;
+    ``None`` (faults at unknown points) allows that at any step. Never fewer than received."""
+    received, made, lost = _tally(journal, arrivals)
+    problems = []
+    over = 0
+    for step in sorted(set(received) | set(made) | set(lost)):
+        n, m, k = received[step], made[step], lost[step]
+        if m + k == n:
+            continue
+        if m + k == n + 1 and (unsent is None or step in unsent):
+            over += 1  # announced, claimed, never sent: counted lost
+            continue
+        problems.append(
+            f"step {step}: the server received {n} requests, the journal counts {m} made and "
+            f"{k} lost in flight"
+        )
+    r = receipt(state)
+    if r.calls_lost != sum(lost.values()):
+        problems.append(f"receipt: {r.calls_lost} lost in flight, the journal says {dict(lost)}")
+    if not problems and r.calls_made + r.calls_lost != len(arrivals) + over:
+        problems.append(
+            f"receipt: {r.calls_made} calls made and {r.calls_lost} lost in flight, the server "
+            f"received {len(arrivals)}"
+        )
+    return problems
 
 
 def duplicate_usd(state: RunState, counts: Counter[int]) -> Decimal:
@@ -199,6 +251,32 @@ def sent_again(arrivals: tuple[tuple[float, int], ...], journal: tuple[Row, ...]
         if record is not None and when > record.at:
             problems.append(f"step {step + 1} was sent again after it was recorded")
     return problems
+
+
+def _tally(
+    journal: tuple[Row, ...], arrivals: tuple[tuple[float, int], ...]
+) -> tuple[Counter[int], Counter[int], Counter[int]]:
+    """By step: the requests the server received, the calls the journal records made, and those
+    it counts lost in flight."""
+    received = Counter(step + 1 for _, step in arrivals)
+    made: Counter[int] = Counter()
+    lost: Counter[int] = Counter()
+    for row in journal:
+        if row.type in ("model.called", "model.unreadable"):
+            made[row.data["step"]] += 1
+        elif row.type == "model.lost":
+            lost[row.data["step"]] += row.data["count"]
+    return received, made, lost
+
+
+def lost_note(journal: tuple[Row, ...], arrivals: tuple[tuple[float, int], ...]) -> str:
+    """For the tables: the calls counted lost in flight, and how many of them the server never
+    received (their worker stopped after the commit that announced them, before the send)."""
+    received, made, lost = _tally(journal, arrivals)
+    if not lost:
+        return ""
+    never = sum(max(0, made[s] + lost[s] - received[s]) for s in lost)
+    return f"{sum(lost.values())} lost in flight" + (f", {never} never received" if never else "")
 
 
 def replay_problems(state: RunState, journal: tuple[Row, ...]) -> list[str]:

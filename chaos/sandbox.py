@@ -185,6 +185,8 @@ class SandboxObserved:
     gave_up: tuple[float, ...] = ()  # when a worker stopped actors by itself (see gave_up)
     # Where the run's and the sandbox's journals stood at a sigstop takeover ("run", "sandbox")
     takeovers: Mapping[str, Takeover] = attrs.field(factory=dict)
+    # Not known: a worker may give its actors up by itself too (see chaos.oracle.lost_problems)
+    unsent: frozenset[int] | None = None
 
 
 async def _journal(client: Client, actor_id: str) -> tuple[Row, ...]:

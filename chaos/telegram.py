@@ -133,6 +133,8 @@ class TelegramObserved:
     deadletters: int
     crashes: int  # the cell's fault (0 or 1), and every worker that gave its actors up itself
     leaks: tuple[str, ...] = ()  # where the bot token was found
+    # Not known: a worker may give its actors up by itself too (see chaos.oracle.lost_problems)
+    unsent: frozenset[int] | None = None
 
 
 @attrs.frozen

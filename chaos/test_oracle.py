@@ -8,9 +8,9 @@ from typing import Any
 import attrs
 
 from chaos.calls import CallExpected, CallObserved, RunSeen, judge_call
-from chaos.oracle import Observed, Row, Sent, decision_problems, meant_for
+from chaos.oracle import Observed, Row, Sent, decision_problems, lost_problems, meant_for
 from chaos.servers import Effect
-from toren.runs import RunState
+from toren.runs import ModelCalled, ModelLost, ModelResponse, RunState, Text, Usage, fold
 
 
 def _row(seq: int, type: str, at: float = 0.0, **data: Any) -> Row:
@@ -134,3 +134,70 @@ def test_a_child_model_call_paid_twice_is_caught() -> None:
     seen = _call(child_arrivals=((1.0, 0), (2.0, 0)))
     problems = judge_call(seen, attrs.evolve(CALL, child_steps=1)).problems
     assert any("1 model calls paid again, 0 allowed" in p for p in problems)
+
+
+# Calls made and lost in flight against what the server received (chaos/oracle.py).
+
+
+def _called(seq: int, step: int) -> Row:
+    return _row(seq, "model.called", step=step)
+
+
+def _lost(seq: int, step: int, count: int = 1) -> Row:
+    return _row(seq, "model.lost", step=step, count=count)
+
+
+def _state(*rows: Row) -> RunState:
+    """The state those rows give (the receipt's figures the oracle compares)."""
+    answer = ModelResponse(
+        content=(Text(text="ok"),),
+        stop_reason="end",
+        usage=Usage(input_tokens=1, output_tokens=1),
+        model="m",
+    )
+    state = RunState()
+    for row in rows:
+        step = row.data["step"]
+        if row.type == "model.lost":
+            count = row.data["count"]
+            event: Any = ModelLost(step=step, model="m", count=count, input_tokens=1, cost_usd=None)
+        else:
+            event = ModelCalled(
+                step=step, digest="d", model="m", response=answer, cost_usd=None, latency_ms=1
+            )
+        state = fold(state, event)
+    return state
+
+
+def test_a_call_lost_in_flight_and_counted_passes() -> None:
+    rows = (_called(1, 1), _lost(2, 2), _called(3, 2))
+    arrivals = ((1.0, 0), (2.0, 1), (3.0, 1))  # step 2 received twice: once lost, once made
+    assert lost_problems(_state(*rows), rows, arrivals, unsent=frozenset()) == []
+
+
+def test_a_receipt_that_disagrees_with_its_journal_is_caught() -> None:
+    rows = (_called(1, 1), _lost(2, 2), _called(3, 2))
+    arrivals = ((1.0, 0), (2.0, 1), (3.0, 1))
+    problems = lost_problems(_state(*rows[:1]), rows, arrivals, unsent=frozenset())
+    assert problems == ["receipt: 0 lost in flight, the journal says {2: 1}"]
+
+
+def test_a_request_received_and_counted_nowhere_is_caught() -> None:
+    rows = (_called(1, 1), _called(2, 2))
+    arrivals = ((1.0, 0), (2.0, 1), (3.0, 1))  # step 2 received twice, counted once
+    problems = lost_problems(_state(*rows), rows, arrivals, unsent=frozenset())
+    assert (
+        "step 2: the server received 2 requests, the journal counts 1 made and 0 lost"
+        in (problems[0])
+    )
+
+
+def test_a_lost_call_never_received_passes_only_where_the_fault_left_it_unsent() -> None:
+    rows = (_called(1, 1), _lost(2, 2), _called(3, 2))
+    arrivals = ((1.0, 0), (2.0, 1))  # the lost call never reached the server
+    exact = lost_problems(_state(*rows), rows, arrivals, unsent=frozenset())
+    assert any("step 2: the server received 1 requests" in p for p in exact)
+    allowed = lost_problems(_state(*rows), rows, arrivals, unsent=frozenset({2}))
+    assert not any(p.startswith("step") for p in allowed)
+    elsewhere = lost_problems(_state(*rows), rows, arrivals, unsent=frozenset({1}))
+    assert any("step 2" in p for p in elsewhere)
