@@ -25,7 +25,7 @@ pytestmark = pytest.mark.anyio
 
 
 def toren(
-    *args: str, db_url: str | None = None, home: Path | None = None, **env: str
+    *args: str, db_url: str | None = None, home: Path | None = None, cwd: Path = ROOT, **env: str
 ) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
     full_env["PYTHONPATH"] = str(ROOT)
@@ -37,7 +37,7 @@ def toren(
     return subprocess.run(
         [sys.executable, "-m", "toren", *args],
         env=full_env,
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=60,

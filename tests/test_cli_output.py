@@ -4,9 +4,7 @@ what is missing, and errors in their own module that name the real cause."""
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +12,7 @@ import anyio
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_cli import toren as run_toren
 from toren._logging import OWN_LOGGERS, configure, show_info_from
 
 pytestmark = pytest.mark.anyio
@@ -22,18 +21,9 @@ pytestmark = pytest.mark.anyio
 def toren(
     *args: str, cwd: Path = ROOT, db_url: str = "postgresql://nobody@/nowhere", **env: str
 ) -> subprocess.CompletedProcess[str]:
-    drop = ("TOREN_", "ANTHROPIC_", "OPENAI_")
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    full_env.update(PYTHONPATH=str(ROOT), TOREN_DATABASE_URL=db_url, **env)
-    return subprocess.run(
-        [sys.executable, "-m", "toren", *args],
-        env=full_env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    """``toren ARGS`` in a process with no provider key (unless given in ``env``)."""
+    keys = {"ANTHROPIC_API_KEY": "", "OPENAI_API_KEY": ""}
+    return run_toren(*args, db_url=db_url, cwd=cwd, **(keys | env))
 
 
 @pytest.fixture

@@ -161,6 +161,7 @@ async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
         record = await first.until_up()
         await second_terminal_follows_the_banner(first)
         kept = first.record_path.read_bytes()
+        assert first.record_path.stat().st_mode & 0o777 == 0o600  # a URL may hold a password
         assert record["data_dir"] == str(first.data_dir.resolve())
         api = str(record["api_url"])
         assert api.startswith("http://127.0.0.1:")
@@ -256,6 +257,16 @@ async def test_a_stale_record_is_reported_then_replaced(tmp_path: Path) -> None:
     after = await anyio.to_thread.run_sync(lambda: toren(home, "workers"))
     assert after.returncode == 2
     assert "no `toren dev` is running" in after.stderr
+
+
+def test_a_home_it_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
+    taken = tmp_path / "a-file"
+    taken.write_text("not a directory")
+    result = toren(tmp_path, "dev", "--port", "0", TOREN_HOME=str(taken))
+    assert result.returncode == 2, result.stderr
+    assert f"toren dev cannot use {taken}" in result.stderr
+    assert "TOREN_HOME" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 # Each moment: how to reach it (a line printed, or a kill point the process is frozen at), and

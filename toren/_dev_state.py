@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 
-from toren._errors import TorenError
+from toren._errors import ConfigError, TorenError
 
 RECORD_FILE = "database.json"
 LOCK_FILE = "dev.lock"
@@ -102,7 +102,10 @@ def write_record(home: Path, record: DevRecord) -> None:
     """Write the record atomically: a reader sees the old one or the new one, never half."""
     home.mkdir(parents=True, exist_ok=True)
     staged = home / f".{RECORD_FILE}.{os.getpid()}"
-    staged.write_text(json.dumps(attrs.asdict(record)))
+    # Only its owner may read it: a configured database URL may hold a password.
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(attrs.asdict(record)))
     staged.replace(home / RECORD_FILE)
 
 
@@ -120,9 +123,25 @@ def claimed(home: Path, data_dir: Path | None) -> Iterator[None]:
 
     Raises:
         DevAlreadyRunning: another process holds either; the message says where it runs.
+        ConfigError: either cannot be created, opened or locked (a read-only directory, a
+            file system without locks).
     """
+    try:
+        held = _claim(home, data_dir)
+    except OSError as exc:
+        where = exc.filename or home
+        raise ConfigError(
+            f"toren dev cannot use {where}: {exc.strerror or exc}",
+            hint="Point TOREN_HOME (and --data-dir) at a local directory you can write to.",
+        ) from None
+    with held:
+        yield
+
+
+def _claim(home: Path, data_dir: Path | None) -> contextlib.ExitStack:
+    """The locks of :func:`claimed`, held until the returned stack closes."""
     home.mkdir(parents=True, exist_ok=True)
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack:  # closed (locks dropped) if anything below fails
         lock = stack.enter_context(_open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT))
         if not _try_lock(lock):
             raise DevAlreadyRunning(f"{home}", read_record(home), _lock_pid(lock))
@@ -135,7 +154,7 @@ def claimed(home: Path, data_dir: Path | None) -> Iterator[None]:
                 record = read_record(home)
                 same = record is not None and record.data_dir == str(data_dir)
                 raise DevAlreadyRunning(f"the data in {data_dir}", record if same else None, None)
-        yield
+        return stack.pop_all()
 
 
 @contextlib.contextmanager
