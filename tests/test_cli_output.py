@@ -11,8 +11,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, running_worker, wait_for
 from tests.test_cli import toren as run_toren
+from toren import Client
 from toren._logging import OWN_LOGGERS, configure, show_info_from
 
 pytestmark = pytest.mark.anyio
@@ -166,3 +167,30 @@ def test_an_app_module_that_is_not_there_is_named_as_such(user_dir: Path) -> Non
         result.stderr
     )
     assert "--app (or TOREN_APP)" in result.stderr
+
+
+async def test_piped_output_keeps_each_line_whole(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toren._app import load_app
+    from toren.runs import read_run, start_run
+    from toren.testing import AnthropicServer, Reply
+
+    load_app("tests.run_app")
+    text = "please " + "refund " * 60 + "order A-17"  # far wider than any terminal
+    async with AnthropicServer([Reply("Done.")]) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        async with running_worker(db_url):
+            run_id = await start_run(client, "support", text)
+
+            async def completed() -> bool:
+                return (await read_run(client, run_id)).status == "completed"
+
+            await wait_for(completed, what="the run completed")
+    shown = await anyio.to_thread.run_sync(lambda: toren("jobs", "show", run_id, db_url=db_url))
+    assert shown.returncode == 0, shown.stderr
+    first, second = shown.stdout.splitlines()[:2]
+    assert first.startswith("   1  started support: please refund refund")
+    assert len(first) > 200  # as the run's text is shown (cut by Toren, not by the width)
+    assert second.startswith("   2  ")  # the next event, not the rest of the first

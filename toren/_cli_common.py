@@ -22,8 +22,10 @@ from toren._terminal import plain
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Piped output is read by programs and people alike: wide enough that ids are never cut.
-out = Console(width=None if sys.stdout.isatty() else 200)
+# Piped output is read by programs and people alike: tables wide enough that ids are never
+# cut, and lines never wrapped (a command or an id stays whole on its line).
+_piped = not sys.stdout.isatty()
+out = Console(width=200 if _piped else None, soft_wrap=_piped)
 err = Console(stderr=True, soft_wrap=True)
 
 
