@@ -60,7 +60,10 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
             f"too many failed sign-ins from {address}; try again in {retry_after}s",
             headers={"Retry-After": str(retry_after)},
         )
-    form = await request.post()
+    try:
+        form = await request.post()
+    except ValueError as exc:  # a form aiohttp cannot parse (a multipart body without boundary)
+        raise ProblemError(400, "Bad request", f"the sign-in form cannot be read: {exc}") from None
     token = form.get("token")
     pool = request.app[CLIENT].pool
     found = await authenticate(pool, token.strip()) if isinstance(token, str) else None

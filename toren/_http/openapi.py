@@ -187,6 +187,7 @@ def document() -> dict[str, Any]:
         },
         "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
         **_channel_paths(),
+        **_session_paths(),
         "/healthz": {
             "get": {
                 "summary": "Database reachable and live workers; to an authenticated caller also "
@@ -250,6 +251,103 @@ def document() -> dict[str, Any]:
             },
         },
         "paths": paths,
+    }
+
+
+# What GET /session answers (the console reads it; built in toren._http.console.whoami).
+_WHOAMI = {
+    "type": "object",
+    "required": ["name", "principal", "scopes", "agents", "csrf"],
+    "properties": {
+        "name": {"type": "string"},
+        "principal": {
+            "type": "object",
+            "required": ["kind", "id", "name", "via"],
+            "properties": {k: {"type": "string"} for k in ("kind", "id", "name", "via")},
+        },
+        "scopes": {"type": "array", "items": {"type": "string"}},
+        "agents": {"type": ["array", "null"], "items": {"type": "string"}},
+        "csrf": {"type": ["string", "null"]},
+    },
+}
+
+
+def _session_paths() -> dict[str, Any]:
+    """The console's sign-in: a form posting a token, answered with a session cookie."""
+    redirect = {"Location": {"schema": {"type": "string"}}}
+    return {
+        "/session": {
+            "post": {
+                "summary": "Sign in: exchange a token for a console session cookie",
+                "description": "A form with one field, `token`. A live token is answered `303` "
+                "to `/` with `Set-Cookie: toren_session=...` (HttpOnly, SameSite=Strict, "
+                "Max-Age at most 12 hours and no later than the token's expiry); any other is "
+                "answered `303` to `/?denied=1`, without a cookie, and counts as a failed "
+                "sign-in. An `Origin` of another host is `403`; an address past the "
+                "failed-sign-in limit is `429`, before the token is looked at.",
+                "security": [{}],
+                "requestBody": {
+                    "required": False,
+                    "content": {
+                        "application/x-www-form-urlencoded": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {"token": {"type": "string"}},
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    "303": {
+                        "description": "Signed in (to `/`, with the cookie) or refused (to "
+                        "`/?denied=1`).",
+                        "headers": {
+                            **redirect,
+                            "Set-Cookie": {
+                                "description": "The session cookie, when signed in.",
+                                "schema": {"type": "string"},
+                            },
+                        },
+                    },
+                    "400": _problem("A form that cannot be read."),
+                    "403": _problem("A sign-in from another origin."),
+                    "413": _problem("The body is too large."),
+                    "429": _problem(
+                        "Too many failed sign-ins from this address (see Retry-After)."
+                    ),
+                },
+            },
+            "get": {
+                "summary": "Who the caller is, its scopes, and a session's CSRF token",
+                "responses": {
+                    "200": {
+                        "description": "The caller.",
+                        "content": {"application/json": {"schema": _WHOAMI}},
+                    },
+                    **_AUTH_FAIL,
+                },
+            },
+            "delete": {
+                "summary": "Sign out: end the session and clear its cookie",
+                "description": "With the session cookie this is a write: it needs the "
+                "session's `X-CSRF-Token`.",
+                "responses": {
+                    "200": {
+                        "description": "Signed out.",
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "required": ["signed_out"],
+                                    "properties": {"signed_out": {"type": "boolean"}},
+                                }
+                            }
+                        },
+                    },
+                    **_AUTH_FAIL,
+                },
+            },
+        }
     }
 
 
