@@ -38,11 +38,11 @@ from toren.actors.sandbox.docker import (
 PREFIX = "toren-test-"
 
 
-def unavailable(reason: str) -> NoReturn:
-    """Skip the test (printing why), or fail it when CI=true: CI skips no sandbox test."""
+def unavailable(reason: str, what: str = "sandbox") -> NoReturn:
+    """Skip the test (printing why), or fail it when CI=true: CI skips no Docker test."""
     if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true and sandboxes cannot be tested: {reason}", pytrace=False)
-    print(f"sandbox tests skipped: {reason}")
+        pytest.fail(f"CI=true and {what} tests cannot run: {reason}", pytrace=False)
+    print(f"{what} tests skipped: {reason}")
     pytest.skip(reason)
 
 

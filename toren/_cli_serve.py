@@ -24,6 +24,24 @@ def _settings(ctx: click.Context) -> Settings:
     return settings
 
 
+# Where the API listens: `toren serve` and `toren up` (the image sets TOREN_HOST=0.0.0.0).
+host_option = click.option(
+    "--host",
+    envvar="TOREN_HOST",
+    default=DEFAULT_HOST,
+    show_default=True,
+    help="Address to listen on (env TOREN_HOST; the image sets 0.0.0.0).",
+)
+port_option = click.option(
+    "--port",
+    envvar="TOREN_PORT",
+    default=DEFAULT_PORT,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port (env TOREN_PORT).",
+)
+
+
 def register(main: click.Group) -> None:
     main.add_command(serve)
     main.add_command(tokens)
@@ -70,8 +88,8 @@ async def mcp(
 
 
 @click.command()
-@click.option("--host", default=DEFAULT_HOST, show_default=True, help="Address to listen on.")
-@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535))
+@host_option
+@port_option
 @click.pass_context
 @run_async
 async def serve(ctx: click.Context, host: str, port: int) -> None:

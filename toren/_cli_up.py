@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from toren._cli_common import err, run_async
+from toren._cli_serve import host_option, port_option
 from toren._config import Settings
 from toren._db import connect
 from toren._errors import ConfigError
@@ -22,7 +23,7 @@ from toren._http import ServerOptions
 from toren._killpoints import arm as arm_kill_points
 from toren._migrate import migrate
 from toren._secrets import channel_variables, read_secret_files
-from toren._serve import DEFAULT_HOST, DEFAULT_PORT, serving
+from toren._serve import serving
 
 log = logging.getLogger("toren.up")
 
@@ -33,21 +34,8 @@ def register(main: click.Group) -> None:
 
 @click.command()
 @click.option("--app", envvar="TOREN_APP", help="Module defining your agents (MODULE[:ATTR]).")
-@click.option(
-    "--host",
-    envvar="TOREN_HOST",
-    default=DEFAULT_HOST,
-    show_default=True,
-    help="Address the API listens on (env TOREN_HOST; the image sets 0.0.0.0).",
-)
-@click.option(
-    "--port",
-    envvar="TOREN_PORT",
-    default=DEFAULT_PORT,
-    show_default=True,
-    type=click.IntRange(0, 65535),
-    help="API port (env TOREN_PORT).",
-)
+@host_option
+@port_option
 @click.option("--max-actors", type=int, help="Cap on actors run at once by this worker.")
 @click.option("--grace-seconds", type=float, help="Shutdown grace period (default 30).")
 @click.option("--deploy-label", help="Added to the version shown by `toren workers`.")
