@@ -291,3 +291,12 @@ def test_the_cli_reads_files_at_boot_and_a_bad_one_exits_2(tmp_path: Path) -> No
     done = run_toren("workers", env=clean_env(TOREN_DATABASE_URL_FILE=str(missing)))
     assert done.returncode == 2
     assert f"TOREN_DATABASE_URL_FILE: cannot read '{missing}'" in done.stderr
+
+
+def test_the_variables_an_apps_channels_read_are_the_ones_read_from_files() -> None:
+    from tests import telegram_app
+    from toren._secrets import channel_variables
+
+    names = channel_variables(telegram_app)
+    assert {telegram_app.TOKEN_ENV, telegram_app.BRIEF_TOKEN_ENV} <= set(names)
+    assert "TELEGRAM_WEBHOOK_SECRET" in names  # the default webhook_secret_env
