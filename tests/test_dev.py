@@ -3,6 +3,7 @@ leaves for other terminals, a second ``toren dev``, a stale record, and Ctrl-C a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,9 @@ def tmp_path() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="toren-dev-test-"))
     path.chmod(0o755)
     yield path
+    for pid in postgres_running_in(path):  # a failed test's server: never left behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGQUIT)
     shutil.rmtree(path, ignore_errors=True)
 
 
@@ -142,17 +146,6 @@ def postgres_running_in(data_dir: Path) -> list[int]:
     return found
 
 
-def dead_pid() -> int:
-    """The pid of a process that has exited (and been reaped)."""
-    proc = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return int(proc.stdout)
-
-
 async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
     tmp_path: Path,
 ) -> None:
@@ -231,29 +224,38 @@ async def second_terminal_follows_the_banner(dev: Dev) -> None:
         assert noise not in dev.stderr, dev.stderr
 
 
-async def test_a_stale_record_is_reported_then_replaced(tmp_path: Path) -> None:
+async def test_a_killed_devs_record_is_reported_stale_then_replaced_and_its_postgres_stopped(
+    tmp_path: Path,
+) -> None:
     home = tmp_path / "home"
-    record_path = home / ".toren" / "database.json"
-    record_path.parent.mkdir(parents=True)
-    gone = dead_pid()
-    record_path.write_text(json.dumps({"pid": gone, "database_url": "postgresql://x@/y"}))
+    killed = Dev(home)
+    try:
+        await killed.until_up()
+        os.kill(killed.pid, signal.SIGKILL)  # its embedded Postgres lives on, orphaned
+        assert await killed.exit_status() == -signal.SIGKILL
+    finally:
+        killed.stop()
+    data_dir = killed.data_dir.resolve()
+    assert postgres_running_in(data_dir) != []
+    assert killed.record() is not None
 
     stale = await anyio.to_thread.run_sync(lambda: toren(home, "workers"))
     assert stale.returncode == 2
     assert "no `toren dev` is running" in stale.stderr
-    assert f"pid {gone}) has exited" in stale.stderr
+    assert f"pid {killed.pid}) has exited" in stale.stderr
     assert "Traceback" not in stale.stderr
 
     dev = Dev(home)
     try:
-        record = await dev.until_up()
+        record = await dev.until_up()  # on the orphaned server, which it now owns
         assert record["pid"] == dev.pid
         workers = await anyio.to_thread.run_sync(lambda: toren(home, "workers", "--json"))
         assert workers.returncode == 0, workers.stderr
     finally:
         dev.stop()
     assert dev.proc.returncode == 0, dev.stderr
-    assert not record_path.exists()
+    assert not dev.record_path.exists()
+    assert postgres_running_in(data_dir) == []  # the orphan too: its killed user was forgotten
     after = await anyio.to_thread.run_sync(lambda: toren(home, "workers"))
     assert after.returncode == 2
     assert "no `toren dev` is running" in after.stderr
