@@ -145,6 +145,20 @@ async def test_a_call_lost_in_flight_at_a_sigkill_is_counted_on_the_receipt(
         lambda: cli("jobs", "show", run_id, "--json", db_url=db_url)
     )
     assert json.loads(as_json.stdout)["calls_lost"] == 1
+    # So do the API's run (its receipt) and events.
+    from tests.test_api import _token, _uuid, api, session
+
+    async with api(db_url) as base, session(await _token(client)) as http:
+        async with http.get(f"{base}/runs/{_uuid(run_id)}") as resp:
+            assert resp.status == 200, await resp.text()
+            shown_receipt = (await resp.json())["receipt"]
+        async with http.get(f"{base}/runs/{_uuid(run_id)}/events") as resp:
+            events = (await resp.json())["events"]
+    assert (shown_receipt["calls_made"], shown_receipt["calls_lost"]) == (STEPS, 1)
+    assert shown_receipt["usd_lost_estimated"] == str(r.usd_lost_estimated)
+    assert shown_receipt["usd_total"] == str(r.usd_paid)  # the estimate is not paid
+    [lost] = [e for e in events if e["type"] == "model.lost"]
+    assert (lost["data"]["step"], lost["data"]["count"]) == (3, 1)
 
 
 @pytest.mark.processes
