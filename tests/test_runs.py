@@ -178,6 +178,7 @@ async def test_sigkill_while_a_model_call_is_in_flight_repays_only_that_call(
     assert state.output == "Five tickets opened."
     r = receipt(state)
     assert (r.calls_made, r.calls_replayed) == (6, 3)
+    assert (r.calls_lost, r.calls_made + r.calls_lost) == (1, len(positions))  # the server's
     assert r.usd_not_repaid == sum(
         (Decimal(c.cost_usd) for c in state.calls[:3] if c.cost_usd), Decimal(0)
     )
@@ -677,6 +678,8 @@ async def test_ten_steps_with_an_approval_survive_a_sigkill_after_step_five(
     assert state.output == "Ten steps done."
     r = receipt(state)
     assert (r.calls_made, r.calls_replayed) == (10, 5)
+    # The held request, never answered, is counted as lost in flight: the server's count.
+    assert (r.calls_lost, r.calls_made + r.calls_lost) == (1, len(server.requests))
     assert r.usd_not_repaid == sum(
         (Decimal(c.cost_usd) for c in state.calls[:5] if c.cost_usd), Decimal(0)
     )
