@@ -261,6 +261,24 @@ async def test_a_killed_devs_record_is_reported_stale_then_replaced_and_its_post
     assert "no `toren dev` is running" in after.stderr
 
 
+async def test_dev_with_an_app_warns_of_missing_keys_then_says_it_runs(tmp_path: Path) -> None:
+    dev = Dev(tmp_path / "home", "--app", "tests.run_app")
+    try:
+        await dev.until_up()
+        await dev.until_printed("toren dev is running")
+        log = dev.stderr
+    finally:
+        dev.stop()
+    assert dev.proc.returncode == 0, dev.stderr
+    assert "Agents: " in log
+    assert "support (anthropic/claude-sonnet-4-6)" in log
+    assert "run AGENT TEXT --wait" in log
+    missing = "agent support uses anthropic/claude-sonnet-4-6, but ANTHROPIC_API_KEY is not set"
+    assert log.count(missing) == 1
+    assert log.index(missing) < log.index("toren dev is running")
+    assert "Traceback" not in log
+
+
 def test_a_home_it_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
     taken = tmp_path / "a-file"
     taken.write_text("not a directory")

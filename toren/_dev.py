@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from toren._agents import agents_in
-from toren._app import load_app
+from toren._app import load_app, loaded_agents
 from toren._cli_common import path_hint, toren_command
 from toren._client import Client
 from toren._config import Settings
@@ -114,7 +114,7 @@ async def _serve(
         else:
             from toren.cli import log_boot_checks, preload_providers
 
-            banner = Text()
+            banner = _app_banner(module)
             if scripted is not None:  # before the boot checks: they look for provider keys
                 banner = await _start_offline(stack, module, scripted)
             log_boot_checks(module, settings)
@@ -234,6 +234,20 @@ async def _start_offline(
         f" ({', '.join(where) or 'no provider used'}): no provider is called, nothing is paid.\n"
         f"In another terminal: {toren_command()} run AGENT TEXT --wait, then "
         f"{toren_command()} jobs show RUN",
+    )
+
+
+def _app_banner(module: ModuleType) -> Text:
+    """What ``toren dev --app`` prints once up, its agents on their real providers."""
+    toren = toren_command()
+    agents = ", ".join(f"{a.name} ({a.model})" for a in loaded_agents(module)) or "none"
+    return Text.assemble(
+        ("toren dev", "bold"),
+        " is running (Ctrl-C to stop). Agents: ",
+        plain(agents),
+        ", on their providers (keys from this environment).\n"
+        f"In another terminal: {toren} run AGENT TEXT --wait, then {toren} jobs show RUN\n",
+        path_hint(),
     )
 
 
