@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from tests.conftest import ROOT, wait_for
+from toren.kernel import recorded_dev_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
@@ -155,6 +156,7 @@ async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
         await second_terminal_follows_the_banner(first)
         kept = first.record_path.read_bytes()
         assert first.record_path.stat().st_mode & 0o777 == 0o600  # a URL may hold a password
+        assert recorded_dev_url(first.home / ".toren") == record["database_url"]
         assert record["data_dir"] == str(first.data_dir.resolve())
         api = str(record["api_url"])
         assert api.startswith("http://127.0.0.1:")
@@ -194,6 +196,7 @@ async def test_a_second_dev_says_where_the_first_runs_and_leaves_its_record(
         first.stop()
     assert first.proc.returncode == 0, first.stderr
     assert not first.record_path.exists()  # ours, removed on a clean exit
+    assert recorded_dev_url(first.home / ".toren") is None
     assert postgres_running_in(first.data_dir.resolve()) == []
 
 

@@ -98,6 +98,13 @@ def read_record(home: Path) -> DevRecord | None:
     return record
 
 
+def recorded_dev_url(home: Path) -> str | None:
+    """The database URL a running ``toren dev`` recorded under ``home``; ``None`` when none
+    runs (no record, or its process has exited)."""
+    record = read_record(home)
+    return record.database_url if record is not None and record.alive else None
+
+
 def write_record(home: Path, record: DevRecord) -> None:
     """Write the record atomically: a reader sees the old one or the new one, never half."""
     home.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from toren._db import (
     connect,
     create_pool,
 )
+from toren._dev_state import recorded_dev_url
 from toren._directory import Card, local_cards, published, route_served
 from toren._directory import attach as attach_directory
 from toren._host import ActorHost, MessageDeadLettered
@@ -62,6 +63,7 @@ __all__ = [
     "migrate",
     "open_death_watch",
     "published",
+    "recorded_dev_url",
     "release",
     "release_claim",
     "renew",
