@@ -1,6 +1,6 @@
 """A new user's first hour, literally: the README's first command in a copy of the checkout with a
-clean HOME, then what the banner and docs/quickstart.md say to run from a second terminal, then
-the quickstart's "Kill it and watch it resume" walkthrough.
+clean HOME, then what the banner and docs/quickstart.md say to run from a second terminal, their
+own agent offline, the quickstart's "Kill it and watch it resume" walkthrough, and a first actor.
 
 Commands, files and sample outputs are read from the docs themselves, so the test fails when
 they and the code part ways: each sample output in the docs must appear, in order, in what the
@@ -331,6 +331,19 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         )
         receipt = await second(re.sub(r"run/[0-9a-f-]{36}", run_id, receipt_cmd))
         assert_shows(receipt_out, receipt, clone, "the receipt after the kill")
+
+        # "Write your first actor", "Run a worker with your actor", "Talk to it from Python".
+        actor = [b for lang, b in blocks(section(quick, "Write your first actor")) if lang]
+        (clone / "counter.py").write_text(actor[0])
+        talk = blocks(section(quick, "Talk to it from Python"))
+        (clone / "use_counter.py").write_text(talk[0][1])
+        worker_part = blocks(section(quick, "Run a worker with your actor"))
+        worker = terminal(f"{activate_line} && {command(worker_part[0][1])}", "worker")
+        await worker.shows(r"worker \S+ up", timeout=60)
+        printed = await second("python use_counter.py")
+        assert_shows(talk[1][1].splitlines(), printed, clone, "use_counter.py")
+        worker.ctrl_c()
+        assert await worker.exited(timeout=60) == 0, worker.output
 
         dev.ctrl_c()
         assert await dev.exited(timeout=60) == 0, dev.output
