@@ -77,6 +77,8 @@ async def up(
         read_secret_files(names=channel_variables(module))
         log_boot_checks(module, settings)
         preload_providers(module)
+    else:
+        log_boot_checks(None, settings)  # warns that this worker runs no agents
     conn = await connect(url)
     try:
         applied = await migrate(conn)
