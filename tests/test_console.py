@@ -465,6 +465,10 @@ async def test_an_announced_model_call_shows_until_answered_and_a_lost_one_stays
         assert lost.startswith(
             f"1 model call(s) lost in flight at step 1 · {MODEL} · about $0.0036"
         )
+        # The receipt counts it apart from what was paid, as an estimate.
+        receipt = page.locator("#receipt")
+        await receipt.locator("dt >> text=lost in flight").wait_for()
+        assert "1 call(s), about $0.0036 estimated, not in paid" in await receipt.inner_text()
         await write(client, run_id, [called(2, Text(text="Second answer."))])
         await t.locator(".entry.assistant >> text=Second answer.").wait_for()
         assert await t.locator(".entry.calling").count() == 0

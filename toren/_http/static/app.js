@@ -457,8 +457,11 @@ async function refreshRun(uuid) {
     ["tokens in / out", `${r.input_tokens} / ${r.output_tokens}`],
     ["paid", `$${r.usd_paid}`], ["not re-paid", `$${r.usd_not_repaid}`],
     ["unpriced calls", r.unpriced_calls],
+    ...(r.calls_lost ? [["lost in flight", `${r.calls_lost} call(s), about ` +
+      `$${r.usd_lost_estimated} estimated, not in paid`]] : []),
     ...(r.child_runs ? [["child runs", `${r.child_runs}: ${r.child_calls_made} calls, ` +
-      `$${r.child_usd_paid} (total $${r.usd_total})`]] : []),
+      `$${r.child_usd_paid} (total $${r.usd_total})` + (r.child_calls_lost ? `; ${r.child_calls_lost} ` +
+      `lost in flight, about $${r.child_usd_lost_estimated} estimated` : "")]] : []),
     ...(r.compactions_soft || r.compactions_hard ? [["compactions (soft / hard)",
       `${r.compactions_soft} / ${r.compactions_hard}, about ${r.tokens_saved} input tokens saved`]] : []),
   ].map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
