@@ -112,6 +112,11 @@ def user_dir(tmp_path: Path) -> Path:
     (tmp_path / "bad_name.py").write_text("from os import no_such_name_xyz\n")
     (tmp_path / "raises.py").write_text("import raises_helper\n")
     (tmp_path / "raises_helper.py").write_text("x = {}\ny = x['nope']\n")
+    # A script turned app: its main() runs (and exits) at import.
+    (tmp_path / "exits.py").write_text("import sys\n\ndef main():\n    sys.exit(0)\n\nmain()\n")
+    (tmp_path / "base_raises.py").write_text(
+        "class Boom(BaseException):\n    pass\nraise Boom('x')\n"
+    )
     return tmp_path
 
 
@@ -144,6 +149,18 @@ def user_dir(tmp_path: Path) -> Path:
                 "app module 'raises' failed to import: KeyError: 'nope'",
                 "at raises.py:1: import raises_helper\n  at raises_helper.py:2: y = x['nope']",
             ],
+        ),
+        (  # not a silent exit 0 (a container would restart it forever, saying nothing)
+            "exits",
+            [
+                "app module 'exits' called sys.exit(0) while it was imported",
+                "at exits.py:6: main()\n  at exits.py:4: sys.exit(0)",
+                'if __name__ == "__main__":',
+            ],
+        ),
+        (
+            "base_raises",
+            ["app module 'base_raises' failed to import: Boom: x", "at base_raises.py:3"],
         ),
     ],
 )

@@ -23,8 +23,9 @@ def load_app(spec: str, settings: Settings | None = None) -> ModuleType:
         ConfigError: the module cannot be found; it raises while it is imported (the message
             names the real cause and where in the user's code it happened: a module it imports
             that is missing, a syntax error with its line, any exception, without the import
-            machinery's frames); ``ATTR`` is missing; or an agent merged with its table in the
-            settings file is invalid (the message names the file).
+            machinery's frames; a ``sys.exit()`` at import too); ``ATTR`` is missing; or an
+            agent merged with its table in the settings file is invalid (the message names the
+            file).
     """
     module_name, _, attr = spec.partition(":")
     if str(Path.cwd()) not in sys.path:
@@ -43,7 +44,15 @@ def load_app(spec: str, settings: Settings | None = None) -> ModuleType:
             f"app module {module_name!r} has a syntax error: {_syntax(exc)}",
             hint="Fix it.",
         ) from None
-    except Exception as exc:  # noqa: BLE001  (whatever the user's module raises, said plainly)
+    except SystemExit as exc:  # a script's main() run at import: never a silent exit 0
+        raise ConfigError(
+            f"app module {module_name!r} called sys.exit({exc.code!r}) while it was imported"
+            f"{_where(exc)}",
+            hint='Run the program only under `if __name__ == "__main__":`.',
+        ) from None
+    except KeyboardInterrupt:
+        raise  # Ctrl-C while importing: stop as at any other moment
+    except BaseException as exc:  # noqa: BLE001  (whatever the user's module raises, said plainly)
         raise _failed(module_name, exc) from None
     if attr and not hasattr(module, attr):
         raise ConfigError(f"app module {module_name!r} has no attribute {attr!r}")
