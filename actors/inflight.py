@@ -67,15 +67,19 @@ def announce(ctx: Context[RunState], agent: Agent | None, build: Build) -> None:
     )
 
 
-def note_lost(ctx: Context[RunState]) -> None:
-    """At the start of a step that goes on with the run: the announced call is unanswered, and
-    the message in hand was claimed before without a commit, so each earlier claim may have sent
-    the request. Record them as lost in flight (they commit with this step)."""
+def note_lost(ctx: Context[RunState], *, handled: bool = False) -> None:
+    """At the start of a step that goes on with the run (or of the one that gives it up): the
+    announced call is unanswered, and the message in hand was claimed before without a commit,
+    so each earlier claim may have sent the request. Record them as lost in flight (they commit
+    with this step). ``handled``: this claim was handled too and never committed (a message
+    dead-lettered after its handler or its commit failed), so it counts as well."""
     calling = ctx.state.calling
     envelope = ctx.envelope
-    if calling is None or envelope is None or envelope.deliveries <= 1:
+    if calling is None or envelope is None:
         return
-    count = envelope.deliveries - 1
+    count = envelope.deliveries - (0 if handled else 1)
+    if count <= 0:
+        return
     cost = Decimal(calling.cost_usd) * count if calling.cost_usd is not None else None
     log.warning(
         "%s: model call %d (%s) was in flight when its worker stopped (%d time(s)); it may "

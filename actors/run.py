@@ -187,6 +187,10 @@ class RunActor(Actor[RunState]):
         if ctx.state.status == "failed":
             return
         kind = ctx.envelope.kind if ctx.envelope else "a message"
+        if isinstance(msg, Continue) and ctx.state.status == "running" and ctx.envelope:
+            # Each claim of a step given up may have sent its model call: counted lost. Past
+            # max_deliveries this claim is not handled; past max_attempts it was.
+            inflight.note_lost(ctx, handled=ctx.envelope.deliveries <= self.max_deliveries)
         running = ctx.state.children_running
         ctx.emit(RunFailed(error_class="internal", message=f"{kind} could not be handled: {error}"))
         calls.after_step(ctx, running)
@@ -293,6 +297,10 @@ class RunActor(Actor[RunState]):
             self._decide(ctx, msg)  # answered whatever the run's status
             return
         if not live:
+            if isinstance(msg, Continue):
+                # A cancel handled before the step its dead worker had in flight: that step's
+                # call may have been sent (the announcement outlives a cancel for this).
+                inflight.note_lost(ctx)
             return
         if isinstance(msg, Wake):
             intent = ctx.state.intents.get(msg.call_id)

@@ -317,3 +317,90 @@ def test_a_childs_lost_calls_count_in_its_parents_receipt() -> None:
     assert (r.child_calls_made, r.child_calls_lost) == (3, 1)
     assert r.child_usd_lost_estimated == Decimal("0.05")
     assert (r.calls_lost, r.usd_total) == (0, Decimal("0.3"))  # the estimate is not paid
+
+
+async def _killed_mid_call(
+    client: Client, workers: WorkerFactory, server: AnthropicServer
+) -> tuple[str, Any]:
+    """A run whose worker was SIGKILLed with its third call at the provider (then answered)."""
+    held = server.hold(3)
+    victim = workers(app="tests.run_app")
+    run_id = await start_run(client, "support", "Open three tickets.")
+    with anyio.fail_after(30):
+        await held.arrived.wait()
+    assert await _announced_before(client, run_id, 3)
+    victim.kill()
+    return run_id, held
+
+
+@pytest.mark.processes
+async def test_a_run_cancelled_after_its_call_was_lost_in_flight_counts_it(
+    client: Client, workers: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel (system lane) is handled before the step that was in flight is claimed
+    again: the run ends, and the call its dead worker sent is still counted lost."""
+    from toren.runs import cancel
+
+    async with _server(monkeypatch, tmp_path) as server:
+        run_id, held = await _killed_mid_call(client, workers, server)
+        await cancel(client, run_id, reason="enough")
+        held.release()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "failed"), timeout=30, what="cancelled")
+
+        async def consumed() -> bool:
+            left = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.mailbox WHERE actor_id = $1", run_id
+            )
+            return left == 0
+
+        await wait_for(consumed, timeout=30, what="the step in flight handled again")
+        state = await read_run(client, run_id)
+        assert state.error_class == "cancelled"
+        r = receipt(state)
+        assert (r.calls_made, r.calls_lost) == (2, 1)
+        assert r.calls_made + r.calls_lost == len(server.requests)
+
+
+@pytest.mark.processes
+async def test_a_step_dead_lettered_after_many_deliveries_counts_its_lost_calls(
+    client: Client, workers: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose worker keeps dying mid-call is dead-lettered past max_deliveries: each
+    earlier claim may have sent the request, and the receipt counts them."""
+    async with _server(monkeypatch, tmp_path) as server:
+        run_id, held = await _killed_mid_call(client, workers, server)
+        # As if 24 more workers had died in that step (each claim raises the count).
+        await client.pool.execute(
+            "UPDATE toren.mailbox SET deliveries = 25 WHERE actor_id = $1", run_id
+        )
+        held.release()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "failed"), timeout=30, what="failed")
+        state = await read_run(client, run_id)
+        assert state.error_class == "internal"
+        r = receipt(state)
+        assert (r.calls_made, r.calls_lost) == (2, 25)
+        assert r.usd_lost_estimated > 0
+        journal = await client.journal(run_id)
+        [lost] = [e for e in journal if e.type == "model.lost"]
+        assert (lost.data["step"], lost.data["count"]) == (3, 25)
+
+
+def test_a_hostile_lost_record_never_makes_the_receipt_negative() -> None:
+    state = fold(RunState(), RunStarted(agent="a", input="go"))
+    for cost in ("-1", "NaN", "-Infinity", "junk"):
+        state = fold(state, ModelLost(step=1, model="m", count=-3, input_tokens=-1, cost_usd=cost))
+    ended = ChildFinished(
+        call_id="c1",
+        run_id="run/x",
+        agent="b",
+        status="completed",
+        usd_paid="0",
+        calls_made=0,
+        lost_calls=-2,
+        lost_usd="-5",
+    )
+    r = receipt(fold(state, ended))
+    assert (r.calls_lost, r.usd_lost_estimated) == (0, Decimal(0))
+    assert (r.child_calls_lost, r.child_usd_lost_estimated) == (0, Decimal(0))

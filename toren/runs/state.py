@@ -266,7 +266,9 @@ def fold(state: RunState, event: Any) -> RunState:
         return attrs.evolve(
             state,
             lost_calls=state.lost_calls + max(0, event.count),
-            lost_usd=state.lost_usd + _decimal(event.cost_usd),
+            lost_usd=state.lost_usd + max(Decimal(0), _decimal(event.cost_usd)),
+            # a live run makes the call again (it stays announced); an ended one does not
+            calling=None if state.status in ("completed", "failed") else state.calling,
         )
     if isinstance(event, MessageReceived):
         state = attrs.evolve(state, heard=state.heard.append((len(state.calls), event.text)))
@@ -384,7 +386,7 @@ def fold(state: RunState, event: Any) -> RunState:
             child_output_tokens=state.child_output_tokens + event.output_tokens,
             child_unpriced=state.child_unpriced + event.unpriced_calls,
             child_lost_calls=state.child_lost_calls + max(0, event.lost_calls),
-            child_lost_usd=state.child_lost_usd + _decimal(event.lost_usd),
+            child_lost_usd=state.child_lost_usd + max(Decimal(0), _decimal(event.lost_usd)),
         )
         if state.status == "parked" and not _waiting_ids(state) and not state.running:
             waited = event.at - state.parked_since if state.parked_since is not None else 0.0
@@ -412,7 +414,10 @@ def fold(state: RunState, event: Any) -> RunState:
             status="failed",
             error_class=event.error_class,
             error=event.message,
-            calling=None,
+            # A cancel comes from outside the steps, possibly while the step that makes the
+            # announced call was in flight with a worker that died: kept, so that step, claimed
+            # again, counts the call as lost (a cancelled run is never retried).
+            calling=state.calling if event.error_class == "cancelled" else None,
         )
     if isinstance(event, ActorFailed):  # the kernel gave up on the run (restart intensity)
         return attrs.evolve(
