@@ -219,6 +219,42 @@ async def test_readyz_follows_the_worker_this_process_runs(db_url: str) -> None:
         assert status == 200  # alive all along: readiness is a separate question
 
 
+async def test_readyz_probes_at_once_share_one_database_check(db_url: str) -> None:
+    """Anyone may ask /readyz: a flood of probes must not take every pooled connection the API
+    needs. With the schema table locked (each check waits on it), at most one waits."""
+    blocked = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND query LIKE '%schema_migrations%' AND pid <> pg_backend_pid()"
+    )
+    async with (
+        await Client.connect(db_url, pool_size=2) as c,
+        serving(db_url, port=0) as base,
+        aiohttp.ClientSession() as http,
+    ):
+        seen: list[int] = []
+        answered: list[int] = []
+
+        async def probe() -> None:
+            async with http.get(f"{base}/readyz") as r:
+                answered.append(r.status)
+
+        async with c.pool.acquire() as locker, locker.transaction():
+            await locker.execute("LOCK TABLE toren.schema_migrations IN ACCESS EXCLUSIVE MODE")
+            async with anyio.create_task_group() as tg:
+                for _ in range(12):
+                    tg.start_soon(probe)
+
+                async def waiting() -> bool:
+                    seen.append(await c.pool.fetchval(blocked))
+                    return len(answered) == 12
+
+                await wait_for(waiting, what="every probe answered", timeout=60)
+        assert set(answered) == {503}  # the database did not answer in time
+        assert max(seen) == 1, seen
+        status, body = await get_json(f"{base}/readyz")  # the table free again: checked anew
+        assert (status, body["ready"]) == (200, True)
+
+
 # --- X_FILE --------------------------------------------------------------------------------------
 
 

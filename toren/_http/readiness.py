@@ -2,16 +2,21 @@
 
 Ready means: the database answers, its schema is at the version this code needs, and, when the
 process runs a worker too (``toren up``), that worker's incarnation is registered in
-``toren.workers`` and not draining. Anyone may ask (no token): orchestrators probe it.
+``toren.workers`` and not draining. Anyone may ask (no token): orchestrators probe it. So probes
+that arrive together share one database check (:class:`_Checks`): a flood of them holds one
+pooled connection, never the ones the API needs.
 """
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 from collections.abc import Callable
 
 import anyio
 import asyncpg
+import attrs
 from aiohttp import web
 
 from toren._http.common import CLIENT, json
@@ -24,10 +29,38 @@ and its state."""
 
 WORKER: web.AppKey[WorkerProbe] = web.AppKey("worker_probe", object)  # type: ignore[arg-type]
 
+Found = tuple[int, int, bool] | None
+"""What the database said: schema version, the latest, whether the worker is registered;
+``None`` when it did not answer."""
+
+
+@attrs.define
+class _Checks:
+    """One database check at a time; a probe reuses a check that began after it arrived (as
+    fresh as one of its own)."""
+
+    lock: anyio.Lock = attrs.field(factory=anyio.Lock)
+    began: float = -math.inf
+    worker_id: uuid.UUID | None = None
+    found: Found = None
+
+    async def check(self, pool: asyncpg.Pool, worker_id: uuid.UUID | None) -> Found:
+        arrived = time.monotonic()
+        async with self.lock:
+            if self.began >= arrived and self.worker_id == worker_id:
+                return self.found
+            self.began, self.worker_id = time.monotonic(), worker_id
+            self.found = await _query(pool, worker_id)
+            return self.found
+
+
+CHECKS: web.AppKey[_Checks] = web.AppKey("readiness_checks", _Checks)
+
 
 def install(app: web.Application, worker: WorkerProbe | None) -> None:
     if worker is not None:
         app[WORKER] = worker
+    app[CHECKS] = _Checks()
     app.router.add_get("/readyz", readyz)
 
 
@@ -36,16 +69,10 @@ async def readyz(request: web.Request) -> web.Response:
     pool = request.app[CLIENT].pool
     probe = request.app.get(WORKER)
     worker_id, state = probe() if probe is not None else (None, None)
-    try:
-        with anyio.fail_after(3):
-            current, latest = await schema_status(pool)
-            registered = worker_id is not None and bool(
-                await pool.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM toren.workers WHERE worker_id = $1)", worker_id
-                )
-            )
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+    found = await request.app[CHECKS].check(pool, worker_id)
+    if found is None:
         return _answer(False, "the database does not answer", 0, 0, state, database=False)
+    current, latest, registered = found
     reason = None
     if current < latest:
         reason = (
@@ -57,6 +84,20 @@ async def readyz(request: web.Request) -> web.Response:
     elif state is not None and not registered:
         reason = "this process's worker is not registered"
     return _answer(reason is None, reason, current, latest, state)
+
+
+async def _query(pool: asyncpg.Pool, worker_id: uuid.UUID | None) -> Found:
+    try:
+        with anyio.fail_after(3):
+            current, latest = await schema_status(pool)
+            registered = worker_id is not None and bool(
+                await pool.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM toren.workers WHERE worker_id = $1)", worker_id
+                )
+            )
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        return None
+    return current, latest, registered
 
 
 def _answer(
