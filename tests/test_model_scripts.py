@@ -146,6 +146,42 @@ def test_a_body_that_is_not_a_conversation_is_refused_by_name() -> None:
         anthropic_request({"messages": "hello"})
 
 
+@pytest.mark.parametrize(
+    ("server_type", "path", "body"),
+    [
+        (AnthropicServer, "/v1/messages", b"[1, 2]"),
+        (AnthropicServer, "/v1/messages", b'{"messages": [], "tools": [{"input_schema": 5}]}'),
+        (
+            OpenAIServer,
+            "/v1/chat/completions",
+            b'{"messages": [{"role": "assistant", "tool_calls": [{"function": "x"}]}]}',
+        ),
+        (OpenAIServer, "/v1/chat/completions", b'{"messages": [], "tools": [{"function": 1}]}'),
+        (
+            BedrockServer,
+            "/model/m/converse",
+            b'{"messages": [{"role": "user", "content": [{"toolUse": "x"}]}]}',
+        ),
+        (BedrockServer, "/model/m/converse", b'{"messages": [], "toolConfig": [1]}'),
+        (BedrockServer, "/model/m/converse", b'{"messages": [], "inferenceConfig": "x"}'),
+    ],
+)
+async def test_a_hostile_body_is_refused_in_the_providers_format_without_asking_the_script(
+    server_type: type[ScriptedServer], path: str, body: bytes
+) -> None:
+    import aiohttp
+
+    asked: list[ModelRequest] = []
+    async with (
+        server_type(ScriptedModel(lambda r: asked.append(r) or "ok", name="m:s")) as server,
+        aiohttp.ClientSession() as http,
+        http.post(server.url + path, data=body, headers={"Content-Type": "application/json"}) as r,
+    ):
+        assert r.status == 400, await r.text()
+        assert "the model script m:s was not asked" in await r.text()
+    assert asked == []
+
+
 def test_a_script_that_is_not_callable_is_refused() -> None:
     with pytest.raises(TypeError, match="must be callable"):
         ScriptedModel("not a function")  # type: ignore[arg-type]

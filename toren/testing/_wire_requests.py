@@ -28,6 +28,27 @@ def _objects(value: Any, what: str) -> list[Mapping[str, Any]]:
     return value
 
 
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` if it is an object (``{}`` for none)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} is not an object")  # noqa: TRY004  (the readers raise ValueError)
+    return value
+
+
+def _schema(value: Any) -> dict[str, Any]:
+    return dict(_object(value, "a tool's input schema"))
+
+
+def _body(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The request body, which must be a JSON object (the server keeps anything else under
+    ``_unparsed``)."""
+    if "_unparsed" in body:
+        raise ValueError("the body is not a JSON object")
+    return body
+
+
 def _role(message: Mapping[str, Any]) -> str:
     role = message.get("role")
     if role not in ("user", "assistant"):
@@ -52,7 +73,7 @@ def _texts(value: Any) -> str:
 
 
 def _max_tokens(value: Any) -> int:
-    return value if isinstance(value, int) and value > 0 else 4096
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 4096
 
 
 def _temperature(value: Any) -> float | None:
@@ -80,6 +101,7 @@ def _anthropic_block(block: Mapping[str, Any]) -> Block | None:
 def anthropic_request(body: Mapping[str, Any]) -> ModelRequest:
     """The request a Messages API body (``POST /v1/messages``) carries."""
     messages = []
+    body = _body(body)
     for message in _objects(body.get("messages"), "messages"):
         content = message.get("content")
         if isinstance(content, str):
@@ -92,7 +114,7 @@ def anthropic_request(body: Mapping[str, Any]) -> ModelRequest:
         ToolSpec(
             name=str(t.get("name", "")),
             description=str(t.get("description", "")),
-            input_schema=dict(t.get("input_schema") or {}),
+            input_schema=_schema(t.get("input_schema")),
         )
         for t in _objects(body.get("tools"), "tools")
     )
@@ -112,7 +134,7 @@ def anthropic_request(body: Mapping[str, Any]) -> ModelRequest:
 def _openai_calls(message: Mapping[str, Any]) -> list[Block]:
     calls: list[Block] = []
     for call in _objects(message.get("tool_calls"), "tool_calls"):
-        function = call.get("function") or {}
+        function = _object(call.get("function"), "a tool call's function")
         raw = function.get("arguments")
         try:
             arguments = json.loads(raw) if isinstance(raw, str) else raw
@@ -128,6 +150,7 @@ def openai_request(body: Mapping[str, Any]) -> ModelRequest:
     system: list[str] = []
     messages: list[Message] = []
     pending: list[Block] = []  # the user turn being read (tool results, then text)
+    body = _body(body)
 
     def close_user_turn() -> None:
         if pending:
@@ -156,12 +179,12 @@ def openai_request(body: Mapping[str, Any]) -> ModelRequest:
     close_user_turn()
     tools = []
     for tool in _objects(body.get("tools"), "tools"):
-        function = tool.get("function") or {}
+        function = _object(tool.get("function"), "a tool's function")
         tools.append(
             ToolSpec(
                 name=str(function.get("name", "")),
                 description=str(function.get("description", "")),
-                input_schema=dict(function.get("parameters") or {}),
+                input_schema=_schema(function.get("parameters")),
             )
         )
     return ModelRequest(
@@ -181,10 +204,10 @@ def _bedrock_block(block: Mapping[str, Any]) -> Block | None:
     if "text" in block:
         return Text(text=str(block["text"]))
     if "toolUse" in block:
-        use = block["toolUse"] or {}
+        use = _object(block["toolUse"], "a toolUse")
         return _call(use.get("toolUseId"), use.get("name"), use.get("input"))
     if "toolResult" in block:
-        result = block["toolResult"] or {}
+        result = _object(block["toolResult"], "a toolResult")
         parts = [
             p["text"] if "text" in p else json.dumps(p.get("json"))
             for p in _objects(result.get("content"), "a tool result's content")
@@ -200,21 +223,22 @@ def _bedrock_block(block: Mapping[str, Any]) -> Block | None:
 def bedrock_request(body: Mapping[str, Any], model_id: str) -> ModelRequest:
     """The request a Converse body carries (the model id is in the request's path)."""
     messages = []
+    body = _body(body)
     for message in _objects(body.get("messages"), "messages"):
         found = (_bedrock_block(b) for b in _objects(message.get("content"), "content"))
         blocks = tuple(b for b in found if b is not None)
         messages.append(Message(role=_role(message), content=blocks))  # type: ignore[arg-type]
     tools = []
-    for tool in _objects((body.get("toolConfig") or {}).get("tools"), "tools"):
-        spec = tool.get("toolSpec") or {}
+    for tool in _objects(_object(body.get("toolConfig"), "toolConfig").get("tools"), "tools"):
+        spec = _object(tool.get("toolSpec"), "a toolSpec")
         tools.append(
             ToolSpec(
                 name=str(spec.get("name", "")),
                 description=str(spec.get("description", "")),
-                input_schema=dict((spec.get("inputSchema") or {}).get("json") or {}),
+                input_schema=_schema(_object(spec.get("inputSchema"), "inputSchema").get("json")),
             )
         )
-    inference = body.get("inferenceConfig") or {}
+    inference = _object(body.get("inferenceConfig"), "inferenceConfig")
     return ModelRequest(
         model=model_id,
         system=_texts(body.get("system")),
