@@ -121,6 +121,7 @@ async def test_an_async_script_answers_with_tool_calls() -> None:
     [
         (lambda request: 1 / 0, "raised ZeroDivisionError: division by zero"),
         (lambda request: 42, "returned int; return a Reply"),
+        (lambda request: sys.exit(3), "raised SystemExit: 3"),
     ],
 )
 async def test_a_broken_script_is_a_clear_error_that_is_not_retried(

@@ -71,7 +71,9 @@ class ScriptedModel:
             result: object = self.fn(request)  # a user's function: any type may come back
             if inspect.isawaitable(result):
                 result = cast(object, await result)
-        except Exception as exc:
+        # A script that exits (sys.exit(), exit()) fails its request, not the process serving
+        # it (toren dev, a test run).
+        except (Exception, SystemExit) as exc:
             logger.exception("model script %s raised", self.name)
             return self.refusal(f"raised {type(exc).__name__}: {exc}")
         if isinstance(result, str):
