@@ -322,6 +322,41 @@ def test_a_bad_file_is_refused_naming_the_variable_never_the_content(
     assert "OPENAI_API_KEY" not in env  # nothing is set when one file fails
 
 
+def test_a_pipe_nobody_writes_to_is_refused_not_waited_on_forever(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    env = clean_env(TOREN_DATABASE_URL_FILE=str(fifo))
+    done = subprocess.run(  # before the fix: blocked in open() until killed
+        [sys.executable, "-m", "toren", "workers"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert f"TOREN_DATABASE_URL_FILE: nothing came from {str(fifo)!r} within 5 s" in done.stderr
+
+
+def test_a_pipe_with_a_writer_is_read_to_its_end() -> None:
+    """``X_FILE=<(pass show db)``: a shell's process substitution is a pipe, read as a file."""
+    read_end, write_end = os.pipe()
+    try:
+        os.write(write_end, b"from-a-pipe\n")
+        os.close(write_end)
+        env = {"OPENAI_API_KEY_FILE": f"/dev/fd/{read_end}"}
+        assert read_secret_files(env) == ["OPENAI_API_KEY"]
+        assert env["OPENAI_API_KEY"] == "from-a-pipe"
+    finally:
+        os.close(read_end)
+
+
+def test_a_directory_or_an_endless_device_is_refused(tmp_path: Path) -> None:
+    for path, says in ((tmp_path, "cannot read"), (Path("/dev/zero"), "larger than 64 KiB")):
+        with pytest.raises(ConfigError, match=says):
+            read_secret_files({"OPENAI_API_KEY_FILE": str(path)})
+
+
 def test_the_cli_reads_files_at_boot_and_a_bad_one_exits_2(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     done = run_toren("workers", env=clean_env(TOREN_DATABASE_URL_FILE=str(missing)))

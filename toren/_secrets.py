@@ -18,8 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
+import stat
+import time
 from collections.abc import Iterable, MutableMapping
-from pathlib import Path
 from types import ModuleType
 
 from toren._errors import ConfigError
@@ -39,6 +41,7 @@ NATIVE = frozenset(
     }
 )
 MAX_BYTES = 64 * 1024
+STREAM_SECONDS = 5.0  # how long a pipe or a device (not a regular file) may take to end
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -59,7 +62,8 @@ def read_secret_files(
 
     Raises:
         ConfigError: both ``X`` and ``X_FILE`` are set, or the file cannot be read, is not
-            UTF-8 text, is empty or is larger than 64 KiB. The message names the variable
+            UTF-8 text, is empty or is larger than 64 KiB, or (a pipe, a device) does not end
+            within 5 s. The message names the variable
             and the path, never the content. Nothing is set when any file fails.
     """
     env = os.environ if env is None else env
@@ -84,10 +88,13 @@ def read_secret_files(
 
 
 def _read(var: str, path: str) -> str:
-    where = Path(path)
     try:
-        with where.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        raw = _read_bytes(path)
+    except TimeoutError:
+        raise ConfigError(
+            f"{var}: nothing came from {path!r} within {STREAM_SECONDS:g} s",
+            hint="Point it at a file (a pipe or a device is read only until it ends).",
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"{var}: cannot read {path!r}: {exc.strerror or exc}",
@@ -106,6 +113,34 @@ def _read(var: str, path: str) -> str:
     if "\x00" in value:
         raise ConfigError(f"{var}: {path!r} holds a NUL character")
     return value
+
+
+def _read_bytes(path: str) -> bytes:
+    """Up to ``MAX_BYTES + 1`` bytes of ``path``. Opened without blocking, so a pipe no one
+    writes to reads as empty instead of hanging the boot; a pipe or a device (not a regular
+    file: a shell's ``<(...)``) is read until it ends, for at most :data:`STREAM_SECONDS`."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            with os.fdopen(os.dup(fd), "rb") as f:
+                return f.read(MAX_BYTES + 1)
+        deadline = time.monotonic() + STREAM_SECONDS
+        raw = b""
+        while len(raw) <= MAX_BYTES:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError
+            try:
+                chunk = os.read(fd, MAX_BYTES + 1 - len(raw))
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            raw += chunk
+        return raw
+    finally:
+        os.close(fd)
 
 
 def channel_variables(module: ModuleType) -> list[str]:
