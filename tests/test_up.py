@@ -364,6 +364,28 @@ def test_the_cli_reads_files_at_boot_and_a_bad_one_exits_2(tmp_path: Path) -> No
     assert f"TOREN_DATABASE_URL_FILE: cannot read '{missing}'" in done.stderr
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgres ql://u:ZQ7pw@127.0.0.1:1/x",  # a typo: it does not parse as a URL
+        "postgresql://u:ZQ7pw@127.0.0.1:port/x",  # a port that is not a number
+        "postgresql://u:ZQ7pw@[::1/x",  # a broken IPv6 address
+        "postgresql://u@127.0.0.1:1/x?password=ZQ7pw",  # libpq's query parameter
+        "postgresql://u:a@127.0.0.1:1/x?sslpassword=ZQ7pw",
+        "host=127.0.0.1 port=1 password=ZQ7pw",  # a key/value string: not a URL
+    ],
+)
+def test_a_bad_database_url_from_a_file_is_an_error_that_never_shows_its_password(
+    tmp_path: Path, url: str
+) -> None:
+    (tmp_path / "url").write_text(url)
+    done = run_toren("workers", env=clean_env(TOREN_DATABASE_URL_FILE=str(tmp_path / "url")))
+    assert done.returncode in (1, 2), done.stderr
+    assert "Traceback" not in done.stderr
+    assert "cannot reach Postgres" in done.stderr
+    assert "ZQ7" not in done.stderr
+
+
 def test_the_variables_an_apps_channels_read_are_the_ones_read_from_files() -> None:
     from tests import telegram_app
     from toren._secrets import channel_variables

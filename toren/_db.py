@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -70,7 +70,7 @@ async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> async
             reset=_keep_session,
             server_settings={"application_name": name},
         )
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(redact(url), exc) from exc
     return pool
 
@@ -86,19 +86,35 @@ async def connect(url: str, *, name: str = "toren") -> asyncpg.Connection:
     """
     try:
         conn = await asyncpg.connect(url, server_settings={"application_name": name})
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise DatabaseUnavailable(redact(url), exc) from exc
     await init_connection(conn)
     return conn
 
 
+_SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
+
+
 def redact(url: str) -> str:
-    """The URL with any password replaced by ``***``, safe for logs and errors."""
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
+    """The URL with any password (``user:PASSWORD@``, ``?password=``, ``?sslpassword=``)
+    replaced by ``***``, safe for logs and errors. Text that is not a ``postgresql://`` URL
+    (a typo, a ``key=value`` string) is not shown at all: where its password is cannot be
+    told."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("postgres", "postgresql"):
+        return "<the configured URL, not shown: it does not parse as postgresql://...>"
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    netloc = f"{user}:***@{hosts}" if at and password else parts.netloc
+    query = "&".join(
+        f"{key}=***" if unquote(key).lower() in _SECRET_PARAMETERS else piece
+        for piece in parts.query.split("&")
+        for key in [piece.partition("=")[0]]
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def with_database(url: str, dbname: str) -> str:
