@@ -150,6 +150,10 @@ def test_dev_runs_the_new_app_offline_and_a_second_terminal_drives_a_run(
         ("class", "is not a Python identifier"),
         ("json", "is already a Python module"),
         ("toren", "is already a Python module"),
+        ("../up", "is not a Python identifier"),
+        ("café", "is not a Python identifier"),  # [agents.café] is not TOML
+        ("\uff21\uff22\uff23", "is not a Python identifier"),  # full-width: imported as ABC
+        ("conftest", "a name the app's own files take"),
     ],
 )
 def test_init_refuses_a_name_that_cannot_be_a_package(
@@ -166,6 +170,21 @@ def test_init_never_writes_into_a_non_empty_directory(tmp_path: Path) -> None:
     (tmp_path / NAME / "notes.txt").write_text("mine")
     result = toren("init", NAME, cwd=tmp_path, env=clean_env(tmp_path / "home"))
     assert result.returncode == 2
-    assert "already exists and is not empty" in result.stderr
+    assert "already exists and is not an empty directory" in result.stderr
     assert [p.name for p in (tmp_path / NAME).iterdir()] == ["notes.txt"]
     assert (tmp_path / NAME / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_init_never_writes_through_a_symbolic_link(tmp_path: Path, dangling: bool) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    if not dangling:
+        elsewhere.mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / NAME).symlink_to(elsewhere)
+    result = toren("init", NAME, cwd=tmp_path / "work", env=clean_env(tmp_path / "home"))
+    assert result.returncode == 2, result.stderr
+    assert "already exists and is not an empty directory" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not dangling or not elsewhere.exists()
+    assert dangling or not any(elsewhere.iterdir())

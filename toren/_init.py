@@ -153,8 +153,14 @@ def check_name(name: str) -> None:
         ConfigError: it is not a Python identifier, is a keyword, or is already a module.
     """
     hint = "Pick a lower-case Python identifier that is not a module yet, e.g. support_desk."
-    if not name.isidentifier() or keyword.iskeyword(name):
-        raise ConfigError(f"{name!r} is not a Python identifier", hint=hint)
+    # ASCII only: Python reads a module name in its NFKC form (a package written in full-width
+    # letters is imported by their ASCII forms), and TOML's bare keys ([agents.NAME]) are ASCII.
+    if not name.isascii() or not name.isidentifier() or keyword.iskeyword(name):
+        raise ConfigError(
+            f"{name!r} is not a Python identifier of ASCII letters, digits and _", hint=hint
+        )
+    if name in ("conftest", "tests"):  # the app's own conftest.py and tests/
+        raise ConfigError(f"{name!r} is a name the app's own files take", hint=hint)
     elsewhere = [p for p in sys.path if p not in ("", str(Path.cwd()))]  # not what init wrote
     if name in sys.stdlib_module_names or PathFinder.find_spec(name, elsewhere) is not None:
         raise ConfigError(f"{name!r} is already a Python module; the app would hide it", hint=hint)
@@ -180,13 +186,13 @@ def write_app(name: str, parent: Path) -> Path:
         ConfigError: the name is refused (see :func:`check_name`), or ``parent/name`` exists
             and is not an empty directory (nothing is written then).
     """
+    check_name(name)  # first: a name is never a path
     target = parent / name
-    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+    if target.is_symlink() or (target.exists() and (not target.is_dir() or any(target.iterdir()))):
         raise ConfigError(
-            f"{target} already exists and is not empty; nothing was written",
+            f"{target} already exists and is not an empty directory; nothing was written",
             hint="Choose another name, or run `toren init` in another directory.",
         )
-    check_name(name)
     for path, text in files(name).items():
         destination = target / path
         destination.parent.mkdir(parents=True, exist_ok=True)
