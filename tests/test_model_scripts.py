@@ -197,6 +197,7 @@ def test_a_script_that_is_not_callable_is_refused() -> None:
         ("scriptmod:missing", "has no 'missing'"),
         ("scriptmod:VALUE", "is a int, not a function"),
         ("brokenmod:script", "failed to import: RuntimeError: boom"),
+        ("exitmod:script", r"called sys.exit\(4\) while it was imported"),
     ],
 )
 def test_load_script_says_what_is_wrong(
@@ -204,9 +205,10 @@ def test_load_script_says_what_is_wrong(
 ) -> None:
     (tmp_path / "scriptmod.py").write_text("VALUE = 3\n\ndef script(request):\n    return 'hi'\n")
     (tmp_path / "brokenmod.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "exitmod.py").write_text("import sys\n\nsys.exit(4)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [str(tmp_path), *sys.path])
-    for name in ("scriptmod", "brokenmod"):
+    for name in ("scriptmod", "brokenmod", "exitmod"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     with pytest.raises(ConfigError, match=needle):
         load_script(spec)

@@ -112,6 +112,12 @@ def load_script(spec: str) -> ScriptedModel:
         raise ConfigError(
             f"cannot import model script module {module_name!r}: {exc}", hint=hint
         ) from exc
+    except SystemExit as exc:  # a program's main() run at import: never a silent exit
+        raise ConfigError(
+            f"model script module {module_name!r} called sys.exit({exc.code!r}) while it was "
+            "imported",
+            hint='Run the program only under `if __name__ == "__main__":`.',
+        ) from None
     except Exception as exc:  # noqa: BLE001  (the user's module failed while importing)
         raise ConfigError(
             f"model script module {module_name!r} failed to import: {type(exc).__name__}: {exc}",
