@@ -355,3 +355,14 @@ async def test_the_cluster_finishes_a_run_on_another_worker_after_sigterm_and_si
             health = await http.health()
             alive = {w["name"] for w in health["workers"]}
             assert alive == {"worker-1", "worker-2", "worker-3"} - {drained, killed}
+
+
+def test_the_secrets_directory_the_compose_file_names_is_never_committed() -> None:
+    """docker/compose.yaml tells users to put their database password and model key in
+    docker/secrets/, inside their checkout: `git add .` must not pick them up."""
+    assert "./secrets/database_url" in (DOCKER / "compose.yaml").read_text()
+    for name in ("database_url", "anthropic_api_key", "postgres_password"):
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", f"docker/secrets/{name}"], cwd=ROOT, check=False
+        )
+        assert done.returncode == 0, f"docker/secrets/{name} is not ignored by git"
