@@ -140,6 +140,13 @@ def test_plain_dicts_are_payloads_and_unknown_types_are_refused() -> None:
         encode(Unregistered(1))
 
 
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "1e400", "-inf"])
+def test_a_numeric_setting_from_the_environment_is_a_finite_number(value: str) -> None:
+    """TOREN_LEASE_SECONDS=nan (or a file holding it) would make every lease end at NaN."""
+    with pytest.raises(ConfigError, match="lease_seconds must be a positive finite number"):
+        Settings.load(env={"TOREN_LEASE_SECONDS": value})
+
+
 def test_settings_come_from_toml_then_environment_then_overrides(tmp_path: Path) -> None:
     config = tmp_path / "toren.toml"
     config.write_text('database_url = "postgresql://from-file"\n[worker]\nlease_seconds = 9\n')
@@ -156,7 +163,9 @@ def test_settings_come_from_toml_then_environment_then_overrides(tmp_path: Path)
     [
         ("lease_second = 3\n", "unknown setting"),
         ("lease_seconds = 'x'\n", "lease_seconds"),
-        ("max_actors = 0\n", "max_actors must be positive"),
+        ("max_actors = 0\n", "max_actors must be a positive finite number"),
+        ("lease_seconds = nan\n", "lease_seconds must be a positive finite number"),
+        ("grace_seconds = inf\n", "grace_seconds must be a positive finite number"),
         ("not toml at all [", "cannot read config file"),
         ("[wroker]\nlease_seconds = 3\n", "unknown table"),
     ],

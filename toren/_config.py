@@ -11,6 +11,7 @@ they replace values given in ``Agent(...)`` key by key, when the app's agents ar
 from __future__ import annotations
 
 import ipaddress
+import math
 import os
 import socket
 import tomllib
@@ -58,8 +59,8 @@ _TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
 
 
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
-    if value <= 0:
-        raise ConfigError(f"{attribute.name} must be positive, got {value!r}")
+    if not (value > 0 and math.isfinite(value)):  # NaN compares false both ways
+        raise ConfigError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
 def _networks(value: Any) -> tuple[str, ...]:
