@@ -386,6 +386,29 @@ def test_a_bad_database_url_from_a_file_is_an_error_that_never_shows_its_passwor
     assert "ZQ7" not in done.stderr
 
 
+def test_the_log_level_is_read_from_its_file_too(tmp_path: Path) -> None:
+    """Every TOREN_* setting can come from a file, the log level too (though --log-level is
+    parsed before files are read)."""
+    (tmp_path / "level").write_text("debug\n")
+    (tmp_path / "junk").write_text("LOUD\n")
+    (tmp_path / "url").write_text("postgresql://u@127.0.0.1:1/x")
+    url = {"TOREN_DATABASE_URL_FILE": str(tmp_path / "url")}
+    done = run_toren("workers", env=clean_env(TOREN_LOG_LEVEL_FILE=str(tmp_path / "level"), **url))
+    assert " DEBUG " in done.stderr, done.stderr
+    chosen = run_toren(
+        "--log-level",
+        "WARNING",
+        "workers",
+        env=clean_env(TOREN_LOG_LEVEL_FILE=str(tmp_path / "level"), **url),
+    )
+    assert " DEBUG " not in chosen.stderr  # the flag wins
+    assert " INFO " not in chosen.stderr
+    junk = run_toren("workers", env=clean_env(TOREN_LOG_LEVEL_FILE=str(tmp_path / "junk")))
+    assert junk.returncode == 2
+    assert "TOREN_LOG_LEVEL_FILE does not hold a log level" in junk.stderr
+    assert "LOUD" not in junk.stderr
+
+
 def test_the_variables_an_apps_channels_read_are_the_ones_read_from_files() -> None:
     from tests import telegram_app
     from toren._secrets import channel_variables

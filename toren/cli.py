@@ -68,11 +68,22 @@ def main(ctx: click.Context, config: Path | None, log_level: str | None) -> None
     """Toren: a durable runtime for LLM agents on Postgres."""
     configure(log_level)
     try:
-        read_secret_files()  # X_FILE -> X, before anything reads X
+        if "TOREN_LOG_LEVEL" in read_secret_files() and log_level is None:  # X_FILE -> X
+            configure(_level_from_file(os.environ["TOREN_LOG_LEVEL"]))
         ctx.obj = {"settings": Settings.load(config_file=config)}
     except ConfigError as exc:
         print_error(exc)
         sys.exit(2)
+
+
+def _level_from_file(level: str) -> str:
+    """TOREN_LOG_LEVEL as TOREN_LOG_LEVEL_FILE gave it (read after --log-level was parsed)."""
+    if level.strip().upper() not in LEVELS:
+        raise ConfigError(
+            "TOREN_LOG_LEVEL_FILE does not hold a log level",
+            hint=f"Use one of {', '.join(LEVELS)}.",
+        )
+    return level.strip()
 
 
 @main.command()
