@@ -43,6 +43,7 @@ from toren._app import load_app
 from toren._client import Client
 from toren._config import Settings
 from toren._db import EmbeddedPostgres, with_database
+from toren._errors import ConfigError
 from toren._migrate import migrate
 from toren._model import ToolCall
 from toren.runs import (
@@ -273,27 +274,38 @@ async def harness(
     :class:`~toren.testing.ScriptedModel`) on a worker in this process, in a database of its
     own; yields a :class:`Harness`.
 
-    ``env`` sets environment variables for the harness's life (a bot token, ...);
+    ``env`` sets environment variables for the harness's life, from before the settings are read
+    and the app is imported (a bot token, a setting the app reads as it is imported, ...);
     ``providers`` adds servers for providers no agent of the app names; ``settings`` override
     the worker's settings (``sandboxes=True``, ``telegram_api_url=...``): by default it takes
     over leases and polls quickly.
 
     Raises:
-        ConfigError: the app cannot be loaded, or its settings are invalid.
+        ConfigError: the app cannot be loaded, its settings are invalid, or ``providers``
+            names one with no scripted server.
     """
     from toren.actors.run import close_providers  # the harness boots a worker: an entry point
     from toren.supervisors.worker import Worker
 
     scripted = model if isinstance(model, ScriptedModel) else ScriptedModel(model)
-    loaded = Settings.load(config_file=Path(config) if config else None, **{**FAST, **settings})
-    module = load_app(app, loaded)
-    base_url = loaded.database_url
-    if base_url is None:
-        base_url = await anyio.to_thread.run_sync(_embedded_url)
+    unknown = sorted(set(providers) - set(SERVERS))
+    if unknown:
+        raise ConfigError(
+            f"no scripted server for provider(s) {', '.join(map(repr, unknown))}",
+            hint=f"providers are among {', '.join(SERVERS)}",
+        )
     async with contextlib.AsyncExitStack() as stack:
+        # ``env`` first: the settings and the app module (as it is imported) read it too.
+        stack.enter_context(_environment(dict(env or {})))
+        config_file = Path(config) if config else None
+        loaded = Settings.load(config_file=config_file, **{**FAST, **settings})
+        module = load_app(app, loaded)
+        base_url = loaded.database_url
+        if base_url is None:
+            base_url = await anyio.to_thread.run_sync(_embedded_url)
         url = await stack.enter_async_context(_database(base_url))
         servers: dict[str, ScriptedServer] = {}
-        values = dict(env or {})
+        values: dict[str, str] = {}
         for provider in sorted({*providers_of(module), *providers}):
             server = await stack.enter_async_context(SERVERS[provider](scripted))
             servers[provider] = server
@@ -302,10 +314,17 @@ async def harness(
         stack.push_async_callback(close_providers)  # their clients point at these servers
         worker = Worker(attrs.evolve(loaded, database_url=url), url)
         client = await stack.enter_async_context(await Client.connect(url, pool_size=2))
-        async with anyio.create_task_group() as tg:
-            await tg.start(worker.run)
-            try:
-                yield Harness(client, url, servers)
-            finally:
-                with anyio.fail_after(15, shield=True):
-                    await worker.stop()
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(worker.run)
+                try:
+                    yield Harness(client, url, servers)
+                finally:
+                    with anyio.fail_after(15, shield=True):
+                        await worker.stop()
+        except BaseExceptionGroup as group:
+            # The test's own failure (an assert) raised as itself, as pytest shows one, not
+            # wrapped in the worker's task group.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
