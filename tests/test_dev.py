@@ -264,6 +264,30 @@ async def test_a_killed_devs_record_is_reported_stale_then_replaced_and_its_post
     assert "no `toren dev` is running" in after.stderr
 
 
+def test_a_record_whose_pid_another_process_now_has_is_stale(tmp_path: Path) -> None:
+    """After a reboot the recorded pid is soon some other process's: the record is stale all the
+    same (no `toren dev` holds the home), not a database to connect to."""
+    import fcntl
+
+    home = tmp_path / ".toren"
+    home.mkdir()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        record = {"pid": other.pid, "database_url": "postgresql://u@127.0.0.1:1/gone"}
+        (home / "database.json").write_text(json.dumps(record))
+        (home / "dev.lock").write_text(str(other.pid))
+        assert recorded_dev_url(home) is None
+        stale = toren(tmp_path, "workers")
+        assert stale.returncode == 2, stale.stderr
+        assert f"(pid {other.pid}) has exited" in stale.stderr
+        with (home / "dev.lock").open() as held:  # as a running `toren dev` holds it
+            fcntl.flock(held, fcntl.LOCK_EX)
+            assert recorded_dev_url(home) == record["database_url"]
+    finally:
+        other.kill()
+        other.wait()
+
+
 async def test_dev_with_an_app_warns_of_missing_keys_then_says_it_runs(tmp_path: Path) -> None:
     dev = Dev(tmp_path / "home", "--app", "tests.run_app")
     try:

@@ -38,7 +38,7 @@ def database_url(settings: Settings) -> str:
     if settings.database_url:
         return settings.database_url
     record = read_record(settings.home)
-    if record is not None and record.alive:
+    if record is not None and record.running_in(settings.home):
         return record.database_url
     hint = (
         "Start `toren dev` in another terminal (with the same TOREN_HOME), or set "

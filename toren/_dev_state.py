@@ -4,7 +4,8 @@ the locks that keep a second one off its home and its data.
 - ``database.json``, the record: ``pid``, ``database_url``, ``api_url`` and ``data_dir``. It is
   written (atomically, by rename) only once ``toren dev`` is up (Postgres started, schema
   migrated, API listening, worker registered), and removed when that same process exits
-  cleanly. A record whose pid has exited is stale: commands say that no ``toren dev`` runs.
+  cleanly. A record whose pid has exited, or whose home's lock no process holds (its pid is
+  another process's by now), is stale: commands say that no ``toren dev`` runs.
 - ``dev.lock``, held (``flock``) by the ``toren dev`` of this home for its whole life, and the
   data directory itself, held the same way: a second ``toren dev`` on either refuses to start and
   says where the first one runs. The kernel drops these locks when their process dies, even by
@@ -17,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,8 +41,13 @@ class DevRecord:
 
     @property
     def alive(self) -> bool:
-        """Whether the recorded process still exists."""
+        """Whether the recorded process still exists (see :meth:`running_in`)."""
         return pid_alive(self.pid)
+
+    def running_in(self, home: Path) -> bool:
+        """Whether the ``toren dev`` recorded under ``home`` still runs: its pid exists and the
+        home's lock is held. A pid alone may be another process's by now (after a reboot)."""
+        return self.alive and _held(home / LOCK_FILE)
 
     def where(self) -> str:
         """``pid N, API URL, data DIR``: what a person needs to find it."""
@@ -102,7 +109,7 @@ def recorded_dev_url(home: Path) -> str | None:
     """The database URL a running ``toren dev`` recorded under ``home``; ``None`` when none
     runs (no record, or its process has exited)."""
     record = read_record(home)
-    return record.database_url if record is not None and record.alive else None
+    return record.database_url if record is not None and record.running_in(home) else None
 
 
 def write_record(home: Path, record: DevRecord) -> None:
@@ -150,7 +157,7 @@ def _claim(home: Path, data_dir: Path | None) -> contextlib.ExitStack:
     home.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:  # closed (locks dropped) if anything below fails
         lock = stack.enter_context(_open(home / LOCK_FILE, os.O_RDWR | os.O_CREAT))
-        if not _try_lock(lock):
+        if not _try_lock(lock, patience=0.5):  # a reader asking :func:`_held` holds it briefly
             raise DevAlreadyRunning(f"{home}", read_record(home), _lock_pid(lock))
         os.ftruncate(lock, 0)
         os.write(lock, str(os.getpid()).encode())
@@ -173,12 +180,33 @@ def _open(path: Path, flags: int) -> Iterator[int]:
         os.close(fd)  # closing the last descriptor drops the lock
 
 
-def _try_lock(fd: int) -> bool:
+def _try_lock(fd: int, *, patience: float = 0.0, shared: bool = False) -> bool:
+    """Lock ``fd`` (exclusively, unless ``shared``), trying for ``patience`` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        else:
+            return True
+
+
+def _held(lock: Path) -> bool:
+    """Whether some process holds ``lock`` (a shared lock taken and dropped at once says no);
+    true when that cannot be told (an unreadable file), so that the pid decides."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
         return False
-    return True
+    except OSError:
+        return True
+    try:
+        return not _try_lock(fd, shared=True)
+    finally:
+        os.close(fd)  # drops the shared lock
 
 
 def _lock_pid(fd: int) -> int | None:
