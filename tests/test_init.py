@@ -84,6 +84,29 @@ def test_init_writes_an_app_whose_own_test_passes(project: Path, tmp_path: Path)
     assert "2 passed" in result.stdout
 
 
+def test_the_model_script_answers_a_message_sent_after_the_answer(project: Path) -> None:
+    """A run that answered takes more messages (toren jobs send): the script passes the next
+    one on as it did the task (it failed the run with a ValueError)."""
+    from toren.testing import Message, ModelRequest, Text, ToolCall, ToolResult
+
+    namespace: dict[str, object] = {}
+    exec((project / NAME / "model.py").read_text(), namespace)
+    script = namespace["script"]
+    task = Message(role="user", content=(Text(text="Release is out."),))
+    sent = ToolCall(id="send-1", name="send_message", arguments={"to": "team", "text": "x"})
+    later = (
+        task,
+        Message(role="assistant", content=(sent,)),
+        Message(role="user", content=(ToolResult(tool_call_id="send-1", content="sent"),)),
+        Message(role="assistant", content=(Text(text="Done: sent."),)),
+        Message(role="user", content=(Text(text="And the notes are up."),)),
+    )
+    reply = script(ModelRequest(model="m", system="", messages=later))  # type: ignore[operator]
+    [call] = [b for b in reply.content if isinstance(b, ToolCall)]
+    assert call.arguments == {"to": "team", "text": "And the notes are up."}
+    assert call.id == "send-3"  # not the first call's id
+
+
 def test_dev_runs_the_new_app_offline_and_a_second_terminal_drives_a_run(
     project: Path, tmp_path: Path
 ) -> None:

@@ -92,12 +92,15 @@ USAGE = Usage(input_tokens=300, output_tokens=30)  # reported, and priced, for e
 
 
 def script(request: ModelRequest) -> Reply:
-    """Send the task on to the team, then say whether it went."""
-    if turns(request) == 0:  # the model has not answered yet: the latest text is the task
+    """Send the task (or a message sent to the run later) on to the team, then say whether
+    it went."""
+    results = latest_results(request)
+    if not results:  # the latest turn is a person's text: the task, or a later message
         arguments = {{"to": "team", "text": latest_text(request)}}
-        call = ToolCall(id="send-1", name="send_message", arguments=arguments)
+        call_id = f"send-{{turns(request) + 1}}"  # each call an id of its own
+        call = ToolCall(id=call_id, name="send_message", arguments=arguments)
         return Reply(["I will pass that on.", call], usage=USAGE)
-    [result] = latest_results(request)
+    result = results[0]
     if result.is_error:
         return Reply(f"Not sent: {{result.content}}.", usage=USAGE)
     return Reply(f"Done: {{result.content}}.", usage=USAGE)
