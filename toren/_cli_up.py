@@ -24,6 +24,7 @@ from toren._killpoints import arm as arm_kill_points
 from toren._migrate import migrate
 from toren._secrets import channel_variables, read_secret_files
 from toren._serve import serving
+from toren._terminal import plain
 
 log = logging.getLogger("toren.up")
 
@@ -87,9 +88,10 @@ async def up(
     log.info("schema ready (%d migration(s) applied now)", len(applied))
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(
-            f"listening on {host}: anyone who can reach it and holds a token can drive runs; "
-            "put TLS in front of it.",
-            highlight=False,
+            plain(
+                f"listening on {host}: anyone who can reach it and holds a token can drive "
+                "runs; put TLS in front of it."
+            )
         )
     workers: list[Worker] = []
 
