@@ -288,6 +288,20 @@ def test_a_record_whose_pid_another_process_now_has_is_stale(tmp_path: Path) -> 
         other.wait()
 
 
+async def test_a_data_dir_that_reads_as_markup_is_printed_as_text(tmp_path: Path) -> None:
+    """A path is printed as it is: ``[/x]`` in one is not rich markup (it crashed toren dev)."""
+    data = tmp_path / "[/x]"
+    dev = Dev(tmp_path / "home", "--data-dir", str(data))
+    try:
+        record = await dev.until_up()
+    finally:
+        dev.stop()
+    assert record["data_dir"] == str(data)
+    assert f"starting embedded Postgres in {data} ..." in dev.stderr
+    assert "Traceback" not in dev.stderr
+    assert postgres_running_in(data) == []
+
+
 async def test_dev_with_an_app_warns_of_missing_keys_then_says_it_runs(tmp_path: Path) -> None:
     dev = Dev(tmp_path / "home", "--app", "tests.run_app")
     try:

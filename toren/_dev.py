@@ -161,7 +161,7 @@ async def _database(
         if data_dir is None:
             raise InternalError("toren dev: no database URL and no data directory")
         where = data_dir
-        console.print(f"starting embedded Postgres in {where} ...", highlight=False)
+        console.print(plain(f"starting embedded Postgres in {where} ..."))
         started: list[EmbeddedPostgres] = []
         stack.callback(_stop_all, started)
         # A thread cannot be cancelled: a Ctrl-C meanwhile is acted on once it has returned,
@@ -204,10 +204,11 @@ async def _start_api(
         ConfigError: the port cannot be bound (``toren dev`` does not start without them).
     """
     base = await stack.enter_async_context(serving(url, port=port, options=options))
-    console.print(
-        f"API and console on {base} (sign in with a token: "
-        f"`{toren_command()} tokens create NAME --scope read,approve`)",
-        highlight=False,
+    console.print(  # a path (toren's own) is text, never markup
+        plain(
+            f"API and console on {base} (sign in with a token: "
+            f"`{toren_command()} tokens create NAME --scope read,approve`)"
+        )
     )
     return base
 
