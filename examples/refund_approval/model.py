@@ -18,6 +18,10 @@ def script(request: ModelRequest) -> Reply:
     if order is None:
         return Reply("Which order is it? Please give its id (like A-17).", usage=USAGE)
     results = latest_results(request)
+    if turns(request) > 0 and not results:  # a message sent to the run after its answer
+        return Reply(
+            "This desk handles one refund per run: start a new run for another.", usage=USAGE
+        )
     if turns(request) == 0:
         call = ToolCall(id="lookup-1", name="lookup_order", arguments={"order_id": order[0]})
         return Reply([call], usage=USAGE)

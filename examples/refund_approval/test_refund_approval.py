@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import anyio
 import pytest
 
 from examples.refund_approval import app
@@ -59,3 +60,14 @@ async def test_a_denied_refund_is_not_issued_and_the_customer_is_told() -> None:
         assert state.output.startswith("No refund was made: denied by")
         assert "the item must come back first" in state.output
         assert len(app.ISSUED) == issued_before
+
+
+async def test_a_message_after_the_answer_is_answered_too() -> None:
+    async with harness(APP, script) as h:
+        run_id = await h.start("refund_desk", "My milk jug, order B-2, arrived dented.")
+        await h.wait(run_id, "completed")
+        await h.say(run_id, "Thanks! And order A-17?")  # the run goes on (status running)
+        with anyio.fail_after(30):
+            await h.model.arrived(4).wait()  # the model is asked about the message
+        state = await h.wait(run_id, "completed")
+        assert state.output == "This desk handles one refund per run: start a new run for another."
