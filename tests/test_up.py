@@ -176,10 +176,13 @@ async def test_up_migrates_serves_readiness_runs_the_demo_and_drains_on_sigterm(
     assert "Traceback" not in log_text
 
 
-async def test_up_on_a_host_that_reads_as_markup_says_it_cannot_listen(db_url: str) -> None:
+@pytest.mark.parametrize("command", ["up", "serve"])
+async def test_a_host_that_reads_as_markup_is_said_to_be_one_it_cannot_listen_on(
+    db_url: str, command: str
+) -> None:
     """TOREN_HOST is printed in the warning about listening beyond loopback: as text."""
     env = clean_env(TOREN_DATABASE_URL=db_url, TOREN_HOST="[/x]", TOREN_PORT="0")
-    done = await anyio.to_thread.run_sync(lambda: run_toren("up", env=env))
+    done = await anyio.to_thread.run_sync(lambda: run_toren(command, env=env))
     assert "Traceback" not in done.stderr, done.stderr
     assert "listening on [/x]: anyone who can reach it" in done.stderr
     assert "error: cannot listen on [/x]" in done.stderr

@@ -95,9 +95,11 @@ async def mcp(
 async def serve(ctx: click.Context, host: str, port: int) -> None:
     """Serve the HTTP API and the web console (every route but /healthz needs a token)."""
     if host not in ("127.0.0.1", "localhost", "::1"):
-        err.print(
-            f"[yellow]listening on {host}:[/yellow] anyone who can reach it and holds a token "
-            "can drive runs; put TLS in front of it."
+        err.print(  # the host as text: TOREN_HOST may hold anything, [/x] too
+            plain(f"listening on {host}:", style="yellow"),
+            plain(
+                "anyone who can reach it and holds a token can drive runs; put TLS in front of it."
+            ),
         )
     try:
         arm_kill_points()  # the webhook route's kill point (chaos and the webhook crash test)
