@@ -80,7 +80,8 @@ def note_lost(ctx: Context[RunState], *, handled: bool = False) -> None:
     count = envelope.deliveries - (0 if handled else 1)
     if count <= 0:
         return
-    cost = Decimal(calling.cost_usd) * count if calling.cost_usd is not None else None
+    each = _amount(calling.cost_usd)
+    cost = each * count if each is not None else None
     log.warning(
         "%s: model call %d (%s) was in flight when its worker stopped (%d time(s)); it may "
         "have been billed; it is made again",
@@ -117,6 +118,16 @@ def estimated_input(state: RunState, agent: Agent, build: Build) -> int:
             added = [messages[i] for i in range(last.messages_len + 1, len(messages))]
             return usage.input_tokens + usage.output_tokens + estimate_tokens(added)
     return estimate_tokens(build(agent, context_messages(state)))
+
+
+def _amount(text: str | None) -> Decimal | None:
+    """A recorded estimate, if it is a price (an announcement in a journal is not trusted: one
+    that is not a finite, non-negative number is unpriced, and never stops the run)."""
+    try:
+        value = Decimal(text) if text is not None else None
+    except ArithmeticError:
+        return None
+    return value if value is not None and value.is_finite() and value >= 0 else None
 
 
 def _input_price(model: str, tokens: int) -> Decimal | None:

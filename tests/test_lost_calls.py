@@ -404,3 +404,23 @@ def test_a_hostile_lost_record_never_makes_the_receipt_negative() -> None:
     r = receipt(fold(state, ended))
     assert (r.calls_lost, r.usd_lost_estimated) == (0, Decimal(0))
     assert (r.child_calls_lost, r.child_usd_lost_estimated) == (0, Decimal(0))
+
+
+@pytest.mark.processes
+async def test_a_hostile_announcement_in_the_journal_never_stops_the_run(
+    client: Client, workers: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An announcement whose estimated cost is not a number (a journal written by hand, or by
+    something else) counts the call lost, unpriced: the run goes on."""
+    async with _server(monkeypatch, tmp_path) as server:
+        run_id, held = await _killed_mid_call(client, workers, server)
+        await client.pool.execute(
+            "UPDATE toren.journal SET data = jsonb_set(data, '{cost_usd}', '\"junk\"') "
+            "WHERE actor_id = $1 AND type = 'model.calling' AND (data->>'step')::int = 3",
+            run_id,
+        )
+        held.release()
+        workers(app="tests.run_app")
+        await wait_for(lambda: _status(client, run_id, "completed"), timeout=30, what="completed")
+        r = receipt(await read_run(client, run_id))
+        assert (r.calls_made, r.calls_lost, r.usd_lost_estimated) == (STEPS, 1, Decimal(0))
