@@ -49,9 +49,10 @@ class _Checks:
         async with self.lock:
             if self.began >= arrived and self.worker_id == worker_id:
                 return self.found
-            self.began, self.worker_id = time.monotonic(), worker_id
-            self.found = await _query(pool, worker_id)
-            return self.found
+            began = time.monotonic()
+            found = await _query(pool, worker_id)  # kept only once complete (not if cancelled)
+            self.began, self.worker_id, self.found = began, worker_id, found
+            return found
 
 
 CHECKS: web.AppKey[_Checks] = web.AppKey("readiness_checks", _Checks)
