@@ -283,6 +283,9 @@ def test_a_record_whose_pid_another_process_now_has_is_stale(tmp_path: Path) -> 
         with (home / "dev.lock").open() as held:  # as a running `toren dev` holds it
             fcntl.flock(held, fcntl.LOCK_EX)
             assert recorded_dev_url(home) == record["database_url"]
+            # Held by another (a `toren dev` starting, that has not recorded itself yet).
+            (home / "dev.lock").write_text(str(os.getpid()))
+            assert recorded_dev_url(home) is None
     finally:
         other.kill()
         other.wait()

@@ -45,9 +45,9 @@ class DevRecord:
         return pid_alive(self.pid)
 
     def running_in(self, home: Path) -> bool:
-        """Whether the ``toren dev`` recorded under ``home`` still runs: its pid exists and the
-        home's lock is held. A pid alone may be another process's by now (after a reboot)."""
-        return self.alive and _held(home / LOCK_FILE)
+        """Whether the ``toren dev`` recorded under ``home`` still runs: its pid exists and
+        holds the home's lock. A pid alone may be another process's by now (after a reboot)."""
+        return self.alive and _holder(home / LOCK_FILE) in (self.pid, _UNKNOWN)
 
     def where(self) -> str:
         """``pid N, API URL, data DIR``: what a person needs to find it."""
@@ -194,17 +194,24 @@ def _try_lock(fd: int, *, patience: float = 0.0, shared: bool = False) -> bool:
             return True
 
 
-def _held(lock: Path) -> bool:
-    """Whether some process holds ``lock`` (a shared lock taken and dropped at once says no);
-    true when that cannot be told (an unreadable file), so that the pid decides."""
+_UNKNOWN = -1
+
+
+def _holder(lock: Path) -> int | None:
+    """The pid of the ``toren dev`` holding ``lock`` (which it wrote there), ``None`` when no
+    process holds it (a shared lock taken and dropped at once says so); ``_UNKNOWN`` when that
+    cannot be told (an unreadable file), so that the pid decides."""
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return False
+        return None
     except OSError:
-        return True
+        return _UNKNOWN
     try:
-        return not _try_lock(fd, shared=True)
+        if _try_lock(fd, shared=True):
+            return None
+        pid = _lock_pid(fd)
+        return _UNKNOWN if pid is None else pid
     finally:
         os.close(fd)  # drops the shared lock
 
