@@ -292,6 +292,14 @@ def test_a_file_gives_its_variable_its_content_without_the_trailing_newline(
     assert "LOG" not in env
 
 
+def test_a_file_saved_with_a_byte_order_mark_gives_the_value_without_it(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a BOM; in a key it would fail every request's header."""
+    (tmp_path / "key").write_bytes(b"\xef\xbb\xbfsk-ant-bom\r\n")
+    env = {"ANTHROPIC_API_KEY_FILE": str(tmp_path / "key")}
+    read_secret_files(env)
+    assert env["ANTHROPIC_API_KEY"] == "sk-ant-bom"
+
+
 def test_a_variable_an_agent_names_is_read_from_its_file(tmp_path: Path) -> None:
     (tmp_path / "t").write_text("42:abc")
     env = {"HELPDESK_BOT_FILE": str(tmp_path / "t")}  # no secret-like ending: named by an agent

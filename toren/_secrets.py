@@ -104,7 +104,7 @@ def _read(var: str, path: str) -> str:
     if len(raw) > MAX_BYTES:
         raise ConfigError(f"{var}: {path!r} is larger than {MAX_BYTES // 1024} KiB")
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM (Windows editors) is not part of it
     except UnicodeDecodeError:
         raise ConfigError(f"{var}: {path!r} is not UTF-8 text") from None
     value = text.rstrip("\r\n")
