@@ -116,6 +116,45 @@ async def test_an_async_script_answers_with_tool_calls() -> None:
     assert response.stop_reason == "tool_use"
 
 
+async def test_a_plain_script_that_blocks_holds_no_event_loop() -> None:
+    """A plain function runs in a thread, one call at a time: while it blocks, the loop that
+    serves it (and, in toren dev, the worker's) goes on."""
+    import threading
+
+    import anyio
+
+    entered, release = threading.Event(), threading.Event()
+    inside: list[int] = []
+
+    def script(request: ModelRequest) -> Reply:
+        inside.append(1)
+        entered.set()
+        assert release.wait(30), "the test never released the script"
+        concurrent = len(inside)
+        inside.pop()
+        return Reply(f"at once: {concurrent}")
+
+    async with (
+        AnthropicServer(ScriptedModel(script)) as server,
+        provider_for("anthropic/claude-sonnet-4-6", env=server.env()) as provider,
+    ):
+        answers: list[str] = []
+
+        async def call() -> None:
+            response = await provider.call(REQUEST)
+            answers.extend(b.text for b in response.content if isinstance(b, Text))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            tg.start_soon(call)
+            # The loop runs while the script blocks: the test's own tasks go on.
+            with anyio.fail_after(20):
+                while not entered.is_set():
+                    await anyio.sleep(0.01)
+            release.set()
+    assert answers == ["at once: 1", "at once: 1"]
+
+
 @pytest.mark.parametrize(
     ("script", "needle"),
     [

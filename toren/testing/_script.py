@@ -26,9 +26,12 @@ import importlib
 import inspect
 import logging
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import cast
+
+import anyio
 
 from toren._errors import ConfigError
 from toren._model import Message, ModelRequest, Text, ToolResult
@@ -62,13 +65,21 @@ class ScriptedModel:
         if not callable(fn):
             raise TypeError(f"a model script must be callable, not {type(fn).__name__}")
         self.fn = fn
+        self._one_at_a_time = threading.Lock()  # not bound to an event loop, unlike anyio's
         self.name = name or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
 
     async def answer(self, request: ModelRequest) -> Step:
         """The step the script answers ``request`` with; a script that raises or returns
         something other than a step or a string is answered with a 400 saying so."""
         try:
-            result: object = self.fn(request)  # a user's function: any type may come back
+            result: object  # a user's function: any type may come back
+            if inspect.iscoroutinefunction(self.fn):
+                result = await self.fn(request)
+            else:
+                # A plain function runs in a thread, one call at a time, so a script that
+                # blocks (time.sleep, a file read) holds neither the server's nor a worker's
+                # event loop sharing the process (toren dev, the harness).
+                result = await anyio.to_thread.run_sync(self._call, request)
             if inspect.isawaitable(result):
                 result = cast(object, await result)
         # A script that exits (sys.exit(), exit()) fails its request, not the process serving
@@ -83,6 +94,10 @@ class ScriptedModel:
         return self.refusal(
             f"returned {type(result).__name__}; return a Reply, a string, a Fail or a Disconnect"
         )
+
+    def _call(self, request: ModelRequest) -> object:
+        with self._one_at_a_time:
+            return self.fn(request)
 
     def refusal(self, what: str) -> Fail:
         """The answer to a request the script could not answer (``what`` says why)."""
