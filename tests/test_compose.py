@@ -366,3 +366,15 @@ def test_the_secrets_directory_the_compose_file_names_is_never_committed() -> No
             ["git", "check-ignore", "-q", f"docker/secrets/{name}"], cwd=ROOT, check=False
         )
         assert done.returncode == 0, f"docker/secrets/{name} is not ignored by git"
+
+
+def test_every_toren_container_runs_without_privileges_to_gain() -> None:
+    """The image runs as uid 10001; its base has setuid binaries: the compose files let no
+    Toren process gain privileges through them, nor hold any capability."""
+    for name in ("compose.yaml", "compose.cluster.yaml"):
+        services = yaml.safe_load((DOCKER / name).read_text())["services"]
+        toren = {k: v for k, v in services.items() if k != "postgres"}
+        assert toren, name
+        for service, spec in toren.items():
+            assert spec.get("security_opt") == ["no-new-privileges:true"], (name, service)
+            assert spec.get("cap_drop") == ["ALL"], (name, service)
