@@ -176,6 +176,15 @@ async def test_up_migrates_serves_readiness_runs_the_demo_and_drains_on_sigterm(
     assert "Traceback" not in log_text
 
 
+def test_up_refuses_a_zero_it_is_given_as_worker_does() -> None:
+    """`--grace-seconds 0` is an error (it was dropped as if not given: grace 30 s)."""
+    env = clean_env(TOREN_DATABASE_URL="postgresql://u@127.0.0.1:1/x")
+    for option in ("--grace-seconds", "--max-actors"):
+        done = run_toren("up", option, "0", env=env)
+        assert done.returncode == 2, done.stderr
+        assert f"{option[2:].replace('-', '_')} must be a positive" in done.stderr
+
+
 @pytest.mark.parametrize("command", ["up", "serve"])
 async def test_a_host_that_reads_as_markup_is_said_to_be_one_it_cannot_listen_on(
     db_url: str, command: str

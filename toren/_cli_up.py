@@ -56,9 +56,7 @@ async def up(
     from toren.supervisors.worker import Worker, run_worker  # the entry point of a worker
 
     root = ctx.find_root()
-    settings = Settings.load(
-        config_file=root.params.get("config"), **{k: v for k, v in overrides.items() if v}
-    )
+    settings = Settings.load(config_file=root.params.get("config"), **overrides)
     url = settings.database_url
     if not url:
         raise ConfigError(
