@@ -378,3 +378,32 @@ def test_every_toren_container_runs_without_privileges_to_gain() -> None:
         for service, spec in toren.items():
             assert spec.get("security_opt") == ["no-new-privileges:true"], (name, service)
             assert spec.get("cap_drop") == ["ALL"], (name, service)
+
+
+async def test_two_image_builds_at_once_take_turns(images: None, tmp_path: Path) -> None:
+    """scripts/toren-image empties and refills docker/wheels/: a second one at the same time
+    waits for the first instead of building from its half-copied wheels."""
+    import fcntl
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toren"
+    out = tmp_path / "out"
+    with (cache / "toren-image.lock").open("w") as held:  # as a first build holds it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with out.open("w") as sink:
+            second = subprocess.Popen(
+                ["scripts/toren-image", "--debian-base"], cwd=ROOT, stdout=sink, stderr=sink
+            )
+        try:
+
+            async def waiting() -> bool:
+                assert second.poll() is None, out.read_text()
+                return "waiting for another scripts/toren-image" in out.read_text()
+
+            await wait_for(waiting, timeout=60, what="the second build waiting its turn")
+            assert "building" not in out.read_text()
+        except BaseException:
+            second.kill()
+            raise
+    status = await anyio.to_thread.run_sync(lambda: second.wait(600))
+    assert status == 0, out.read_text()
+    assert "built toren:latest" in out.read_text()
