@@ -317,6 +317,28 @@ def test_a_variable_an_agent_names_is_read_from_its_file(tmp_path: Path) -> None
     assert env["HELPDESK_BOT"] == "42:abc"
 
 
+def test_an_empty_file_variable_is_unset_and_another_programs_never_stops_toren(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Compose's ``${VAR:-}`` gives ``X_FILE=``: unset, not an error. A variable covered only by
+    its ending may be another program's (a path it reads itself): unreadable, it is warned about
+    and left unset; one of Toren's own names is still refused."""
+    env = {
+        "ANTHROPIC_API_KEY_FILE": "",
+        "AZURE_FEDERATED_TOKEN_FILE": "/nonexistent/token",  # a path in its own right
+        "DEPLOY_SIGNING_KEY_FILE": "/nonexistent/signing.pem",
+    }
+    with caplog.at_level("WARNING", logger="toren.secrets"):
+        assert read_secret_files(env) == []
+    assert "ANTHROPIC_API_KEY" not in env
+    assert "DEPLOY_SIGNING_KEY" not in env
+    assert "AZURE_FEDERATED_TOKEN" not in env
+    assert "DEPLOY_SIGNING_KEY_FILE: cannot read" in caplog.text
+    assert "AZURE" not in caplog.text
+    with pytest.raises(ConfigError, match="TOREN_DATABASE_URL_FILE: cannot read"):
+        read_secret_files({"TOREN_DATABASE_URL_FILE": "/nonexistent/url"})
+
+
 def test_a_variable_given_both_ways_is_refused(tmp_path: Path) -> None:
     (tmp_path / "key").write_text("from-file")
     env = {"ANTHROPIC_API_KEY": "inline", "ANTHROPIC_API_KEY_FILE": str(tmp_path / "key")}

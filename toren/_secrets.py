@@ -10,7 +10,9 @@ Which ``X``: a name starting with ``TOREN_``, ``ANTHROPIC_``, ``OPENAI_``, ``AWS
 ``TELEGRAM_``; a name ending with ``_TOKEN``, ``_SECRET``, ``_KEY`` or ``_PASSWORD``; and every
 name an agent's Telegram channel reads (``token_env``, ``webhook_secret_env``). Variables whose
 own meaning is a path (``AWS_CONFIG_FILE``, ``AWS_SHARED_CREDENTIALS_FILE``, ...) are left
-alone. Values are never logged; errors name the variable and the path, never the content.
+alone, and so is an empty ``X_FILE``. A file that cannot be read is an error, except for a name
+covered only by its ending (it may be another program's): that one is warned about and left
+unset. Values are never logged; errors name the variable and the path, never the content.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ NATIVE = frozenset(
         "AWS_SHARED_CREDENTIALS_FILE",
         "AWS_WEB_IDENTITY_TOKEN_FILE",
         "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        "AZURE_FEDERATED_TOKEN_FILE",
     }
 )
 MAX_BYTES = 64 * 1024
@@ -71,7 +74,7 @@ def read_secret_files(
     found: dict[str, str] = {}
     for var, path in sorted(env.items()):
         name = var.removesuffix(SUFFIX)
-        if name == var or not name or var in NATIVE:
+        if name == var or not name or var in NATIVE or not path:  # X_FILE= is unset
             continue
         if not (covered(name) if wanted is None else name in wanted and not covered(name)):
             continue
@@ -80,7 +83,14 @@ def read_secret_files(
                 f"both {name} and {var} are set",
                 hint=f"Give the value one way: unset {name}, or unset {var}.",
             )
-        found[name] = _read(var, path)
+        try:
+            found[name] = _read(var, path)
+        except ConfigError as exc:
+            if wanted is not None or name.startswith(PREFIXES):
+                raise
+            # Only its ending made it a secret: it may be another program's variable (a path
+            # in its own right), which must not stop every toren command.
+            log.warning("%s; %s is left unset", exc, name)
     env.update(found)
     if found:
         log.info("read from files: %s", ", ".join(sorted(found)))
