@@ -25,6 +25,8 @@ MODEL = "anthropic/claude-sonnet-4-6"
         ({"bot": "b", "mode": "webhook"}, "webhook mode needs webhook_url"),
         ({"bot": "b", "poll_timeout": 0.5}, "poll_timeout must be at least 1 second"),
         ({"bot": "b", "chat_interval": -1}, "chat_interval must be 0 or more"),
+        ({"bot": "b", "global_per_second": "inf"}, "global_per_second must be positive and finite"),
+        ({"bot": "b", "global_per_second": "nan"}, "global_per_second must be positive and finite"),
     ],
 )
 def test_bad_settings_are_refused_with_what_is_wrong(

@@ -173,7 +173,7 @@ def _claim(home: Path, data_dir: Path | None) -> contextlib.ExitStack:
 
 @contextlib.contextmanager
 def _open(path: Path, flags: int) -> Iterator[int]:
-    fd = os.open(path, flags, 0o600)
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)  # never through a link
     try:
         yield fd
     finally:

@@ -16,6 +16,7 @@ import click
 
 from toren._cli_common import out, print_error
 from toren._errors import ConfigError
+from toren._terminal import plain
 
 README = """\
 # {name}
@@ -218,7 +219,7 @@ def register(main: click.Group) -> None:
             print_error(exc)
             sys.exit(2)
         out.print(
-            f"wrote {target}/ (README.md says how to run and test it). Next:", highlight=False
+            plain(f"wrote {target}/ (README.md says how to run and test it). Next:"), soft_wrap=True
         )
         out.print(
             f"  cd {name}\n"

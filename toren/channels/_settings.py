@@ -15,6 +15,7 @@ redacted, :func:`redact`, as every log line is).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -68,8 +69,8 @@ def _choice(*allowed: str) -> Any:
 
 
 def _positive(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"telegram {attribute.name} must be positive, got {value!r}")
+    if not 0 < value < math.inf:
+        raise ConfigError(f"telegram {attribute.name} must be positive and finite, got {value!r}")
 
 
 def _at_least_one(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
