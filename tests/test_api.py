@@ -340,4 +340,5 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/healthz",
         "/readyz",
         "/metrics",
+        "/session",
     }
