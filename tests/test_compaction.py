@@ -46,6 +46,7 @@ async def server(
 ) -> AsyncIterator[AnthropicServer]:
     from toren.actors.run import close_providers
 
+    await close_providers()  # none left by an earlier test (its server, its event loop)
     async with AnthropicServer(script, window=window) as s:
         for name, value in s.env().items():
             monkeypatch.setenv(name, value)
