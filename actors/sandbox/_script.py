@@ -115,6 +115,19 @@ kill_command() {  # $1 marker: kills a command still running, prints how many pr
   echo "$n"
 }
 
+drained() {  # $1 marker: waits (2 s at most) for a killed command's reader to store its output
+  local p=$dir/$1 tick i
+  [[ -e $p.started && ! -e $p.exit ]] || return 0
+  # The reader (head) writes what it holds when its last writer is gone, then its count.
+  [[ -p $dir/.tick ]] || mkfifo -m 0600 "$dir/.tick" 2>/dev/null
+  exec {tick}<>"$dir/.tick"
+  for ((i = 0; i < 200; i++)); do
+    [[ -s $p.rest ]] && break
+    read -r -t 0.01 -u "$tick"
+  done
+  exec {tick}>&-
+}
+
 report() {
   local p=$dir/$1 state=not_started rc=- timed=0 oom0=0 oom1=0 rest=0
   if [[ -e $p.exit ]]; then
@@ -250,7 +263,7 @@ shift
 case $action in
   run) run "$@" ;;
   report) report "$1" ;;
-  recover) kill_command "$1" >/dev/null; report "$1" ;;
+  recover) kill_command "$1" >/dev/null; drained "$1"; report "$1" ;;
   kill_all)
     total=0
     for f in "$dir"/*.started; do
