@@ -132,7 +132,15 @@ capped = Agent(
     max_response_bytes=64 * 1024,
 )
 booker = Agent(name="booker", model=MODEL, tools=[book, pay])
-policy = Agent(name="policy", model=MODEL, tools=[guarded])
+policy = Agent(
+    name="policy",
+    model=MODEL,
+    tools=[guarded],
+    description="Does a guarded thing.",
+    accepts=["policy_caller"],
+)
+# a caller of policy: a child run it waits on can fail by a dead letter
+policy_caller = Agent(name="policy_caller", model=MODEL, calls=["policy"])
 confused = Agent(name="confused", model=MODEL, tools=[big_result], max_attempts=3)
 zombie = Agent(name="zombie", model=MODEL, tools=[careful])
 

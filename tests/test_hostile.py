@@ -293,6 +293,33 @@ async def test_an_approval_predicate_that_raises_fails_the_run_visibly_and_retry
     assert await agree(client, run_id) == ("completed", None)
 
 
+async def test_a_child_run_failed_by_a_dead_letter_tells_its_parent_which_goes_on(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def respond(request: dict[str, Any], n: int) -> Reply:
+        caller = any(t["name"] == "call_policy" for t in request.get("tools", ()))
+        position = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        if caller:
+            ask = ToolCall(id="k1", name="call_policy", arguments={"input": "do the thing"})
+            return Reply([ask]) if position == 0 else Reply("The child could not.")
+        guarded = ToolCall(id="g1", name="guarded", arguments={"what": "the thing"})
+        return Reply([guarded]) if position == 0 else Reply("Done.")
+
+    monkeypatch.setattr(hostile_app, "predicate_broken", True)
+    async with model(respond, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "policy_caller", "ask the child")
+        # The child's step raises past its retries: dead-lettered, the child fails (internal)
+        # in the same transaction, and tells its parent, which takes the failure as the call's
+        # result and answers.
+        state = await wait_for(
+            lambda: settled(client, run_id, "completed"), timeout=40, what="the parent completed"
+        )
+    [child] = state.finished.values()
+    assert child.status == "failed"
+    assert state.output == "The child could not."
+    assert hostile_app.ledger == []
+
+
 async def test_a_refused_write_fails_the_run_visibly_without_running_the_effect_again(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

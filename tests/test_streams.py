@@ -22,7 +22,7 @@ import toren._http.streams
 from tests import app
 from tests.conftest import decide_waiting, person, running_worker, wait_for
 from tests.test_api import refund_agent
-from toren import Client
+from toren import Client, Context
 from toren._db import connect
 from toren._http import ServerOptions
 from toren._http.streams import Page
@@ -30,7 +30,8 @@ from toren._leases import mark_failed
 from toren._mailbox import claim_next, dead_letter
 from toren._serve import serving
 from toren._tokens import authenticate, close_session, create_token, open_session, revoke_token
-from toren.runs import read_run, start_run, waiting_on
+from toren.actors.run import RunActor
+from toren.runs import RunState, read_run, start_run, waiting_on
 
 pytestmark = pytest.mark.anyio
 
@@ -433,8 +434,9 @@ async def test_a_dead_letters_events_wake_an_idle_stream(
     envelope = await claim_next(client.pool, run_id, owner, epoch)
     assert envelope is not None
     async with idle_stream(client, db_url, monkeypatch, path, safety=60) as events:
-        dead = [(1, "test.dead_lettered", '{"n": 1}', None)]
-        await dead_letter(client.pool, run_id, owner, epoch, envelope, "failing", events=dead)
+        ctx = Context(RunActor(run_id, {}), RunState(), 0, epoch, envelope)
+        ctx.events.append((1, "test.dead_lettered", '{"n": 1}', None))
+        await dead_letter(client.pool, owner, envelope, ctx, "failing")
         with anyio.fail_after(MARGIN):
             got = await read_until(events, "test.dead_lettered")
     assert [(e.id, e.event) for e in got] == [(1, "test.dead_lettered")]

@@ -112,9 +112,10 @@ class Actor(Generic[S]):
     def on_dead_letter(self, ctx: Context[S], msg: Any, error: str) -> None:
         """A message is being dead-lettered: record what that means for the actor.
 
-        ``ctx`` is writable: the events it emits (and messages it sends) commit in the same
-        statement that moves the message to the dead letters, so an actor whose progress
-        depended on the message can end visibly instead of waiting forever. ``msg`` is the
+        ``ctx`` is writable: the events it emits, the messages it sends, the timers it sets
+        and the actors it spawns commit in the transaction that moves the message to the dead
+        letters, so an actor whose progress depended on the message can end visibly instead of
+        waiting forever, and tell those who wait on it. ``msg`` is the
         decoded message, or ``None`` if it could not be decoded. Raising here is logged and
         the message is dead-lettered without these events. The default records nothing.
         """

@@ -408,16 +408,15 @@ class ActorHost:
             log.exception("%s: on_dead_letter raised; dead-lettering without it", self.actor_id)
             ctx = Context(actor, state, seq, self.epoch, envelope)
             summary = None
-        await dead_letter(
-            self.pool,
-            self.actor_id,
-            self.worker_id,
-            self.epoch,
-            envelope,
-            error,
-            events=ctx.events,
-            summary=summary,
-        )
+        try:
+            await dead_letter(self.pool, self.worker_id, envelope, ctx, error, summary=summary)
+        except (UnknownActor, ActorAlreadyExists):
+            # What on_dead_letter sent or spawned cannot be: the message goes without it.
+            log.exception(
+                "%s: on_dead_letter's records refused; dead-lettering without them", self.actor_id
+            )
+            bare = Context(actor, state, seq, self.epoch, envelope)
+            await dead_letter(self.pool, self.worker_id, envelope, bare, error)
         log.error("%s: message %d dead-lettered: %s", self.actor_id, envelope.id, error)
         raise MessageDeadLettered(self.actor_id, envelope.id, error)
 

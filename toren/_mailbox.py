@@ -244,7 +244,7 @@ FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true
 
 
 async def commit_step(
-    pool: asyncpg.Pool,
+    pool: asyncpg.Pool | Connection,
     owner: uuid.UUID,
     envelope: Envelope,
     ctx: Context[Any],
@@ -373,26 +373,16 @@ WITH fence AS (
     SELECT 1 FROM toren.actors
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
     FOR SHARE
-), moved AS (
-    DELETE FROM toren.mailbox m WHERE m.id = $4 AND EXISTS (SELECT 1 FROM fence)
-    RETURNING m.*
 ), dl AS (
+    -- Copied: the step that follows in the same transaction consumes it, with what the actor
+    -- records and sends about it (Actor.on_dead_letter).
     INSERT INTO toren.deadletters (id, actor_id, lane, sender, kind, body, dedupe_key, reply_to,
                                    deliveries, attempts, error, created_at)
     SELECT id, actor_id, lane, sender, kind, body, dedupe_key, reply_to, deliveries, attempts, $5,
            created_at
-    FROM moved
+    FROM toren.mailbox m
+    WHERE m.id = $4 AND m.actor_id = $1 AND EXISTS (SELECT 1 FROM fence)
     RETURNING id, sender, reply_to, kind
-), ev AS (
-    -- What the actor records about it (Actor.on_dead_letter), in the same statement.
-    INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
-    SELECT $1, e.seq, $3, e.type, e.data::jsonb
-    FROM unnest($8::bigint[], $9::text[], $10::text[]) AS e(seq, type, data), moved
-    RETURNING 1
-), summed AS (
-    UPDATE toren.actors a SET summary = $11::jsonb
-    FROM moved WHERE a.actor_id = $1 AND $11::jsonb IS NOT NULL
-    RETURNING 1
 ), told AS (
     INSERT INTO toren.mailbox (actor_id, lane, sender, kind, body)
     SELECT dl.sender, 0, $1, 'toren.poison', $6
@@ -411,33 +401,32 @@ WITH fence AS (
     SELECT pg_notify('toren_reply', correlation_id::text) FROM rep
     UNION ALL
     -- Any actor's: a dead letter is rare, and its events are what a follower must see.
-    SELECT pg_notify('toren_journal', $1) WHERE EXISTS (SELECT 1 FROM ev)
+    SELECT pg_notify('toren_journal', $1) WHERE $8 AND EXISTS (SELECT 1 FROM dl)
 )
-SELECT (SELECT count(*) FROM moved) AS moved, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM ev) AS events, (SELECT count(*) FROM summed) AS summed
+SELECT (SELECT count(*) FROM dl) AS moved, (SELECT count(*) FROM woken) AS woken
 """
 
 
 async def dead_letter(
     pool: asyncpg.Pool,
-    actor_id: str,
     owner: uuid.UUID,
-    epoch: int,
     envelope: Envelope,
+    ctx: Context[Any],
     error: str,
     *,
-    events: list[tuple[int, str, str, Any]] | None = None,
     summary: Mapping[str, Any] | None = None,
 ) -> None:
     """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask(), and
-    append ``events`` (``(seq, type, JSON text, payload)``, as a :class:`Context` holds them) to
-    the actor's journal, all in one statement.
+    commit what ``ctx`` holds (the events the actor records about it, the messages it sends,
+    its timers and spawns), all in one transaction.
 
     Raises:
         FencedOut: the actor is no longer ours.
+        UnknownActor: ``ctx`` sends a message to an actor that does not exist.
+        ActorAlreadyExists: ``ctx`` spawns an id that an actor of another kind holds.
     """
     poison = PoisonMessage(
-        actor_id=actor_id,
+        actor_id=ctx.actor_id,
         message_id=envelope.id,
         kind=envelope.kind,
         error=error,
@@ -445,27 +434,22 @@ async def dead_letter(
         deliveries=envelope.deliveries,
     )
     _, poison_body = encode(poison)
-    ask_failed = {"actor_id": actor_id, "error": error}
-    events = events or []
-    try:
-        moved = await pool.fetchval(
+    ask_failed = {"actor_id": ctx.actor_id, "error": error}
+    async with pool.acquire() as conn, conn.transaction():
+        moved = await conn.fetchval(
             _DEAD_LETTER,
-            actor_id,
+            ctx.actor_id,
             owner,
-            epoch,
+            ctx.epoch,
             envelope.id,
             safe_text(error),
             poison_body,
             ask_failed,
-            [e[0] for e in events],
-            [e[1] for e in events],
-            [e[2] for e in events],
-            dict(summary) if summary is not None else None,
+            bool(ctx.events),
         )
-    except asyncpg.UniqueViolationError as exc:  # another owner appended this seq
-        raise FencedOut(actor_id, epoch) from exc
-    if not moved:
-        raise FencedOut(actor_id, epoch)
+        if not moved:
+            raise FencedOut(ctx.actor_id, ctx.epoch)
+        await commit_step(conn, owner, envelope, ctx, summary=summary)
 
 
 def open_envelope(envelope: Envelope) -> Envelope:
