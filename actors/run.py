@@ -7,8 +7,9 @@ result is in the journal before the next step starts:
   run parks (no ``Continue`` is sent: the actor passivates; a ``Decide`` message resumes it);
 - the next pending tool call without an intent: ``tool.intent`` with its idempotency key;
 - the next intent without a result: run the tool under that key, ``tool.result``;
-- nothing pending: call the model (no transaction is open meanwhile), ``model.called``; or, if
-  the last answer was final, ``run.completed``.
+- nothing pending: call the model (no transaction is open meanwhile), ``model.called``; an
+  answer that asks for no tool ends the turn in the same commit (``run.completed``), so that a
+  message arriving meanwhile starts the next turn and never hides this one's answer.
 
 A crash at any point loses only the unit in flight: a model call without its ``model.called`` is
 made again (once), a tool intent without its result runs again under the same key. Completed
@@ -275,6 +276,11 @@ class RunActor(Actor[RunState]):
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Say):
+            if not state.agent and state.status != "failed":
+                # Handled before the run's start (say() right after start_run: its system lane
+                # is taken first): sent again, behind the start, so it is heard after the input.
+                ctx.send(ctx.actor_id, msg)
+                return
             was_done = state.status == "completed"
             if was_done and state.parent:
                 log.warning("%s: an ended child run takes no messages", ctx.actor_id)
@@ -376,15 +382,7 @@ class RunActor(Actor[RunState]):
             return
         if _over_budget(ctx, agent):  # a child's spend, recorded since, counts too
             return
-        worked = state.working_seconds(time.time())
-        if worked > agent.wall_clock:
-            ctx.emit(
-                RunFailed(
-                    error_class="timeout",
-                    message=f"worked {worked:.0f}s, over the wall-clock budget of "
-                    f"{agent.wall_clock:g}s (time parked on approvals not counted)",
-                )
-            )
+        if _over_time(ctx, agent):
             return
         if state.tool_failures >= agent.max_attempts:
             last = state.calls[-1].response.tool_calls[-1].id if state.calls else ""
@@ -403,7 +401,8 @@ class RunActor(Actor[RunState]):
             await self._tool_step(ctx, agent, pending[0])
             return
         if not state.awaiting_model:
-            # The model spoke last and asked for nothing: its answer is the output.
+            # The model spoke last and asked for nothing, its turn not ended with it (a journal
+            # of an earlier version, or a run retried): its answer is the output.
             ctx.emit(RunCompleted(output=final_text(state.calls[-1].response)))
             return
         await self._model_step(ctx, agent)
@@ -590,7 +589,13 @@ class RunActor(Actor[RunState]):
             return
         if _over_budget(ctx, agent):
             return
-        ctx.send(ctx.actor_id, Continue())
+        if ctx.state.pending_calls:
+            ctx.send(ctx.actor_id, Continue())
+            return
+        # An answer that asks for nothing ends the turn in the commit that records it: a
+        # message that arrives next starts a new turn after this one, whose answer is out.
+        if not _over_time(ctx, agent):
+            ctx.emit(RunCompleted(output=final_text(ctx.state.calls[-1].response)))
 
     def _compaction_hooks(self, ctx: Context[RunState]) -> compaction.Hooks:
         callees = ctx.state.callees
@@ -648,6 +653,21 @@ def _over_budget(ctx: Context[RunState], agent: Agent) -> bool:
             error_class="budget",
             message=f"spent ${spent:.4f} (child runs included), over the budget of "
             f"${spent + left:.4f}",
+        )
+    )
+    return True
+
+
+def _over_time(ctx: Context[RunState], agent: Agent) -> bool:
+    """Fail the run (class ``timeout``) if it worked longer than its wall-clock budget."""
+    worked = ctx.state.working_seconds(time.time())
+    if worked <= agent.wall_clock:
+        return False
+    ctx.emit(
+        RunFailed(
+            error_class="timeout",
+            message=f"worked {worked:.0f}s, over the wall-clock budget of "
+            f"{agent.wall_clock:g}s (time parked on approvals not counted)",
         )
     )
     return True

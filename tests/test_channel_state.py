@@ -8,6 +8,7 @@ import pytest
 from toren import Client
 from toren._snapshots import encode, read, write
 from toren.channels import (
+    SNAPSHOT_VERSION,
     ChannelState,
     ChatMigrated,
     ChatPaired,
@@ -95,9 +96,10 @@ def test_unpairing_forgets_the_chat_its_conversation_and_its_observations() -> N
 async def test_the_snapshot_reads_back_as_the_fold(client: Client) -> None:
     state = folded()
     await client.spawn("toren.channel", "channel/telegram/snap", {"bot": "snap"})
-    assert await write(client.pool, "channel/telegram/snap", 1, 99, encode(state, 99))
+    version = SNAPSHOT_VERSION
+    assert await write(client.pool, "channel/telegram/snap", version, 99, encode(state, 99))
     async with client.pool.acquire() as conn, conn.transaction(isolation="repeatable_read"):
-        found = await read(conn, "channel/telegram/snap", ChannelState, 1)
+        found = await read(conn, "channel/telegram/snap", ChannelState, version)
     assert found is not None
     assert found == (state, 99)
 
@@ -114,3 +116,23 @@ def test_a_run_whose_turn_ended_is_read_again_only_once_sent_something() -> None
     )
     state = fold(state, handled)  # the chat wrote again: read at every tick until it answers
     assert state.watches["run/a"].active
+
+
+def test_a_turn_that_ended_before_the_run_took_the_chats_last_message_is_read_on() -> None:
+    state = fold(ChannelState(), ConversationStarted(key="5", chat_id=5, thread=None, run="run/a"))
+
+    def handled(update_id: int, outcome: str) -> UpdateHandled:
+        return UpdateHandled(
+            update_id=update_id, chat_id=5, user_id=7, kind="message", outcome=outcome, run="run/a"
+        )
+
+    state = fold(state, handled(1, "started"))
+    state = fold(state, handled(2, "forwarded"))  # written while the first answer was made
+    state = fold(state, RunRead(run="run/a", seq=5, done=True, heard=1))  # the first answer
+    assert state.watches["run/a"].active  # the second message's answer is still to come
+    state = fold(state, RunRead(run="run/a", seq=9, done=True, heard=1))  # it came
+    assert not state.watches["run/a"].active
+    # A record of an earlier version (no count) is taken at its word.
+    state = fold(state, handled(3, "forwarded"))
+    state = fold(state, RunRead(run="run/a", seq=12, done=True))
+    assert not state.watches["run/a"].active

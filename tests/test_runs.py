@@ -297,6 +297,29 @@ async def test_cancel_a_parked_run_and_talk_to_a_completed_one(
     assert last_request[-1]["content"][0]["text"] == "are you there?"
 
 
+async def test_a_message_sent_before_the_run_started_is_heard_after_its_input(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.run_app")
+    async with anthropic([Reply("Both read.")], monkeypatch) as server:
+        # No worker yet: the start and the message wait together, the message on the lane a
+        # run takes first.
+        run_id = await start_run(client, "support", "first words")
+        await say(client, run_id, "and a second thought", by=person("erin"))
+        async with running_worker(db_url):
+            await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
+    [request] = server.requests
+    [turn] = request["messages"]
+    assert [b["text"] for b in turn["content"]] == ["first words", "and a second thought"]
+    rows = await client.pool.fetch(
+        "SELECT type FROM toren.journal WHERE actor_id = $1 ORDER BY seq", run_id
+    )
+    kinds = [r["type"] for r in rows]
+    assert kinds.count("message.received") == 1
+    first = kinds.index
+    assert first("run.started") < first("message.received") < first("model.called")
+
+
 async def _output(client: Client, run_id: str, text: str) -> bool:
     state = await read_run(client, run_id)
     return state.status == "completed" and state.output == text

@@ -7,11 +7,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anyio
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import WorkerFactory, person, wait_for
-from tests.telegram_support import ALICE, BRIEF, TELLER, bots, channel_row, paired, received
+from tests.telegram_support import (
+    ALICE,
+    BRIEF,
+    TELLER,
+    bots,
+    channel_row,
+    paired,
+    received,
+    texts,
+)
 from toren import Client
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
@@ -235,3 +245,30 @@ async def test_with_per_thread_each_forum_topic_has_its_own_conversation(
     )
     assert sorted(r["key"] for r in runs) == [f"{forum}/11", f"{forum}/22"]
     assert len({r["run"] for r in runs}) == 2
+
+
+async def test_an_answer_reaches_the_chat_when_the_user_writes_again_while_the_model_answers(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, model = bots
+    await paired(client, server, 600)
+    first_call = model.hold(1)
+    server.push_message(600, "first question", user_id=ALICE)
+    with anyio.fail_after(20):
+        await first_call.arrived.wait()
+    server.push_message(600, "second question", user_id=ALICE)
+
+    async def forwarded() -> bool:
+        n = await client.pool.fetchval(
+            "SELECT count(*) FROM toren.journal WHERE actor_id = 'channel/telegram/teller' "
+            "AND type = 'update.handled' AND data->>'outcome' = 'forwarded'"
+        )
+        return bool(n)
+
+    # The second message waits in the run's mailbox while the first is being answered.
+    await wait_for(forwarded, what="the second message sent to the run")
+    first_call.release()
+    await received(server, 600, lambda t: t == "echo: second question")
+    await received(server, 600, lambda t: t == "echo: first question")
+    answers = [t for t in await texts(server, 600) if t.startswith("echo:")]
+    assert answers == ["echo: first question", "echo: second question"]

@@ -28,6 +28,7 @@ from toren.actors.channel.reading import Reader
 from toren.actors.channel.telegram import SendError
 from toren.channels import (
     CHANNEL_KIND,
+    SNAPSHOT_VERSION,
     Answer,
     ChannelStarted,
     ChannelState,
@@ -75,7 +76,7 @@ class ChannelActor(Actor[ChannelState]):
     retry_base_seconds = 1.0
     snapshot_every = 500
     state_type = ChannelState
-    snapshot_version = 1
+    snapshot_version = SNAPSHOT_VERSION
 
     def __init__(self, actor_id: str, args: Any) -> None:
         super().__init__(actor_id, args)

@@ -54,6 +54,7 @@ WHERE kind = 'toren.run' AND args->>'agent' = $1 AND created_at > to_timestamp($
 ORDER BY created_at LIMIT 50
 """
 _TURN_ENDS = {"run.completed", "run.failed", "toren.failed"}
+_TURN_STARTS = {"run.started", "message.received", "run.retried"}
 _INTERESTING = {
     "run.completed",
     "run.failed",
@@ -72,6 +73,16 @@ def _args(arguments: Any, limit: int) -> str:
     except (TypeError, ValueError):
         text = repr(arguments)
     return outbound.cut(text, limit)
+
+
+def _from_the_chat(kind: str, data: Any) -> int:
+    """Whether an event is the run taking a message a channel sent it: its start, or what a
+    Telegram user said (1), or not (0)."""
+    if kind == "run.started":
+        return 1
+    return int(
+        kind == "message.received" and isinstance(data, dict) and data.get("channel") == "telegram"
+    )
 
 
 class Reader:
@@ -98,9 +109,13 @@ class Reader:
         rows = await self.pool.fetch(_NEW_EVENTS, runs, [watches[r].seq for r in runs], BATCH)
         last: dict[str, int] = {}
         done: dict[str, bool] = {}
+        heard: dict[str, int] = {}
         for row in rows:
             run, seq = row["actor_id"], row["seq"]
             last[run] = seq
+            if row["type"] in _TURN_STARTS:
+                done[run] = False
+                heard[run] = heard.get(run, 0) + _from_the_chat(row["type"], row["data"])
             if row["type"] not in _INTERESTING:
                 continue
             done[run] = row["type"] in _TURN_ENDS
@@ -111,7 +126,9 @@ class Reader:
                 continue
             await self._event(run, seq, event)
         for run, seq in last.items():
-            self.ctx.emit(RunRead(run=run, seq=seq, done=done.get(run, False)))
+            self.ctx.emit(
+                RunRead(run=run, seq=seq, done=done.get(run, False), heard=heard.get(run, 0))
+            )
 
     async def _discover(self) -> None:
         """Runs of observed agents that began since the last look."""
@@ -145,12 +162,26 @@ class Reader:
             outbound.queue(ctx, chat, text, thread=thread, source=source)
         elif isinstance(event, ApprovalRequested):
             self._prompt(
-                chat, thread, run, event.call_id, event.name, event.arguments, event.cwd, source
+                chat,
+                thread,
+                run,
+                event.call_id,
+                event.name,
+                event.arguments,
+                event.cwd,
+                source,
             )
         elif isinstance(event, ChildApprovalRequested):
             name = f"{event.name} (in {event.agent}, run {event.run_id})"
             self._prompt(
-                chat, thread, event.run_id, event.child_call_id, name, event.arguments, None, source
+                chat,
+                thread,
+                event.run_id,
+                event.child_call_id,
+                name,
+                event.arguments,
+                None,
+                source,
             )
         elif isinstance(event, ApprovalDecided):
             for decision, prompt in ctx.state.prompts.items():

@@ -19,6 +19,7 @@ from toren.channels._settings import (
 )
 from toren.channels._vocabulary import (
     CHANNEL_KIND,
+    SNAPSHOT_VERSION,
     Answer,
     ChannelStarted,
     ChannelState,
@@ -66,6 +67,7 @@ __all__ = [
     "CHANNEL_KIND",
     "DEFAULT_API_URL",
     "SETTABLE",
+    "SNAPSHOT_VERSION",
     "TEXT_LIMIT",
     "Answer",
     "ChannelStarted",

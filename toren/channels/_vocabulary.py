@@ -34,6 +34,11 @@ FORGET_AFTER = 600.0
 """Seconds after which an unpaired chat's hint and failed codes are forgotten (their windows:
 a minute for hints, ten minutes for failed codes)."""
 _PRUNE = 64  # every this many unpaired chats remembered, the expired ones are dropped
+SNAPSHOT_VERSION = 2
+"""The shape of :class:`ChannelState` as snapshots store it (2: a watch counts the messages the
+channel told its run and those the run heard); older snapshots are folded from the journal."""
+TOLD = frozenset(("started", "forwarded", "file"))
+"""Outcomes of an update that sent its chat's conversation run a message (or its start)."""
 
 
 def channel_address(bot: str) -> str:
@@ -264,6 +269,9 @@ class RunRead:
     run: str
     seq: int
     done: bool = False  # the last of it that mattered ended the run's turn: read it less often
+    # the channel's messages the run took in what was read (its start, and what Telegram users
+    # said: message.received from Telegram); None in a record of an earlier version
+    heard: int | None = None
 
 
 @message("outbox.queued")
@@ -378,9 +386,12 @@ class Watch:
     seq: int = 0
     conversation: str | None = None  # the chat key whose conversation it is
     observers: tuple[int, ...] = ()
-    # Read at every tick while active; once the run has ended its turn (completed or failed),
-    # only when the channel sends it something, and at the sweep every few ticks.
+    # Read at every tick while active; once the run has ended its turn (completed or failed)
+    # after taking every message the channel sent it, only when the channel sends it something,
+    # and at the sweep every few ticks.
     active: bool = True
+    told: int = 0  # messages the channel sent the run (its start included)
+    heard: int = 0  # of those, how many its journal showed it taking, as read so far
 
 
 @attrs.frozen(kw_only=True)
@@ -441,7 +452,7 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
                 hinted = pmap({c: t for c, t in hinted.items() if t > event.at - FORGET_AFTER})
             state = attrs.evolve(state, hinted=hinted)
         if event.run:  # the run was sent something: read it at every tick again
-            state = _woken(state, event.run)
+            state = _woken(state, event.run, told=event.outcome in TOLD)
         return state
     if isinstance(event, ObservedRun):
         chats = state.agent_observers.get(event.agent, ())
@@ -496,7 +507,11 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         return attrs.evolve(state, failed=state.failed + 1)
     if isinstance(event, RunRead):
         watch = state.watches.get(event.run, Watch())
-        watch = attrs.evolve(watch, seq=event.seq, active=not event.done)
+        heard = watch.told if event.heard is None else watch.heard + event.heard
+        # A turn that ended before the run took the channel's last message is not the last
+        # one: its answer is still to come (a chat that wrote while the model answered).
+        active = not event.done or heard < watch.told
+        watch = attrs.evolve(watch, seq=event.seq, active=active, heard=heard)
         return attrs.evolve(state, watches=state.watches.set(event.run, watch))
     if isinstance(event, ConversationStarted):
         watch = state.watches.get(event.run, Watch())
@@ -573,11 +588,12 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
     return state
 
 
-def _woken(state: ChannelState, run: str) -> ChannelState:
+def _woken(state: ChannelState, run: str, *, told: bool = False) -> ChannelState:
     watch = state.watches.get(run)
-    if watch is None or watch.active:
+    if watch is None or (watch.active and not told):
         return state
-    return attrs.evolve(state, watches=state.watches.set(run, attrs.evolve(watch, active=True)))
+    watch = attrs.evolve(watch, active=True, told=watch.told + told)
+    return attrs.evolve(state, watches=state.watches.set(run, watch))
 
 
 def _blocked(state: ChannelState, chat_id: int, blocked: bool) -> ChannelState:

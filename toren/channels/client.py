@@ -18,6 +18,7 @@ from toren._journal import replay
 from toren._principal import Principal
 from toren.channels._vocabulary import (
     CHANNEL_KIND,
+    SNAPSHOT_VERSION,
     Answer,
     ChannelState,
     IssueCode,
@@ -154,7 +155,9 @@ async def observe(
 
 async def read_channel(client: Client, channel: str) -> ChannelState:
     """A channel's state, folded here from its journal (and snapshot)."""
-    rebuilt = await replay(client.pool, channel, ChannelState(), fold, snapshots=(ChannelState, 1))
+    rebuilt = await replay(
+        client.pool, channel, ChannelState(), fold, snapshots=(ChannelState, SNAPSHOT_VERSION)
+    )
     state: ChannelState = rebuilt.state
     return state
 
