@@ -48,6 +48,7 @@ from toren import (
 )
 from toren.actors import calls, compaction, inflight, sandboxing
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
+from toren.channels import approvers_of, telegram_user
 from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
@@ -68,6 +69,7 @@ from toren.runs import (
     ChildEnded,
     Continue,
     Decide,
+    DecisionOutcome,
     DecisionRefused,
     Message,
     MessageReceived,
@@ -343,6 +345,15 @@ class RunActor(Actor[RunState]):
 
     def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
         outcome = judge_decision(ctx.state, msg)
+        user = telegram_user(msg.by)
+        if user is not None and user not in approvers_of(agent_named(ctx.state.agent)):
+            # The surfaces check who may decide; the run checks it too, for the decisions that
+            # come from a chat (a prompt for a child run's call shows in its parent's chat).
+            detail = (
+                f"Telegram user {user} is not an approver of {ctx.state.agent or 'this run'}"
+                f"'s bot: it may not decide call {msg.call_id!r}"
+            )
+            outcome = DecisionOutcome(call_id=msg.call_id, outcome="forbidden", detail=detail)
         who, via = author(msg)
         if outcome.outcome == "applied":
             kill_point("decision.received")

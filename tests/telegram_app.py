@@ -14,6 +14,10 @@ BRIEF_TOKEN_ENV = "TOREN_TEST_TELEGRAM_BRIEF_TOKEN"
 ONCE_TOKEN_ENV = "TOREN_TEST_TELEGRAM_ONCE_TOKEN"
 FILER_TOKEN_ENV = "TOREN_TEST_TELEGRAM_FILER_TOKEN"
 TOPICS_TOKEN_ENV = "TOREN_TEST_TELEGRAM_TOPICS_TOKEN"
+FRONT_TOKEN_ENV = "TOREN_TEST_TELEGRAM_FRONT_TOKEN"
+PAY_TOKEN_ENV = "TOREN_TEST_TELEGRAM_PAY_TOKEN"
+FRONT_APPROVER = 501
+PAY_APPROVER = 999
 
 
 @tool(effects="external", idempotency="keyed", approval="always")
@@ -75,5 +79,43 @@ topics = Agent(
     system="topics",
     telegram=Telegram(
         bot="topics", token_env=TOPICS_TOKEN_ENV, poll_timeout=1, chat_interval=0, per_thread=True
+    ),
+)
+
+
+@tool(effects="external", idempotency="keyed", approval="always")
+async def transfer(ctx: ToolContext, amount: int) -> str:
+    """Transfer an amount (each transfer approved by one of pay's approvers)."""
+    return f"transferred {amount}"
+
+
+# Each behind its own bot with its own approvers; front calls pay, whose calls only pay's
+# approvers decide, also from front's chat.
+front = Agent(
+    name="front",
+    model=MODEL,
+    system="front",
+    calls=["pay"],
+    telegram=Telegram(
+        bot="front",
+        token_env=FRONT_TOKEN_ENV,
+        approvers=[FRONT_APPROVER],
+        poll_timeout=1,
+        chat_interval=0,
+    ),
+)
+pay = Agent(
+    name="pay",
+    model=MODEL,
+    system="pay",
+    description="Transfers money; give it the amount.",
+    accepts=["front"],
+    tools=[transfer],
+    telegram=Telegram(
+        bot="pay",
+        token_env=PAY_TOKEN_ENV,
+        approvers=[PAY_APPROVER],
+        poll_timeout=1,
+        chat_interval=0,
     ),
 )

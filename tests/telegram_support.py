@@ -27,12 +27,16 @@ TOKENS = {
     telegram_app.ONCE_TOKEN_ENV: "1003:once-token-for-tests",
     telegram_app.FILER_TOKEN_ENV: "1004:filer-token-for-tests",
     telegram_app.TOPICS_TOKEN_ENV: "1007:topics-token-for-tests",
+    telegram_app.FRONT_TOKEN_ENV: "1008:front-token-for-tests",
+    telegram_app.PAY_TOKEN_ENV: "1009:pay-token-for-tests",
 }
 TELLER = TOKENS[telegram_app.TOKEN_ENV]
 BRIEF = TOKENS[telegram_app.BRIEF_TOKEN_ENV]
 ONCE = TOKENS[telegram_app.ONCE_TOKEN_ENV]
 FILER = TOKENS[telegram_app.FILER_TOKEN_ENV]
 TOPICS = TOKENS[telegram_app.TOPICS_TOKEN_ENV]
+FRONT = TOKENS[telegram_app.FRONT_TOKEN_ENV]
+PAY = TOKENS[telegram_app.PAY_TOKEN_ENV]
 _ids = itertools.count(1)
 ALICE = 501  # a user who pairs and talks
 APPROVER = telegram_app.APPROVER
@@ -58,10 +62,20 @@ def _last_user(body: dict[str, Any]) -> tuple[str, list[str]]:
 
 def answer(body: dict[str, Any], n: int) -> Reply:
     """``refund N`` asks for a refund (a tool call needing approval); ``long N`` answers N
-    characters; ``send PATH`` sends a workspace file; anything else is echoed."""
+    characters; ``send PATH`` sends a workspace file; ``pay N`` asks the pay agent, which takes
+    ``transfer N`` as a transfer (needing approval); anything else is echoed."""
     text, results = _last_user(body)
     if results:
         return Reply(f"done: {' | '.join(results)}")
+    if m := re.search(r"pay (\d+)", text):
+        ask = ToolCall(
+            id=f"c{next(_ids)}", name="call_pay", arguments={"input": f"transfer {m[1]}"}
+        )
+        return Reply([ask])
+    if m := re.search(r"transfer (\d+)", text):
+        return Reply(
+            [ToolCall(id=f"c{next(_ids)}", name="transfer", arguments={"amount": int(m[1])})]
+        )
     if m := re.search(r"refund (\d+)", text):
         call = ToolCall(id=f"c{next(_ids)}", name="refund", arguments={"amount": int(m[1])})
         return Reply([call])
@@ -96,6 +110,8 @@ async def telegram(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[TelegramSer
         server.add_bot(ONCE, username="once_test_bot")
         server.add_bot(FILER, username="filer_test_bot")
         server.add_bot(TOPICS, username="topics_test_bot")
+        server.add_bot(FRONT, username="front_test_bot")
+        server.add_bot(PAY, username="pay_test_bot")
         for name, value in TOKENS.items():
             monkeypatch.setenv(name, value)
         yield server

@@ -10,10 +10,20 @@ import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import person, wait_for
-from tests.telegram_support import ALICE, APPROVER, bots, channel_row, paired, received
+from tests.telegram_app import FRONT_APPROVER, PAY_APPROVER
+from tests.telegram_support import (
+    ALICE,
+    APPROVER,
+    FRONT,
+    bots,
+    channel_row,
+    paired,
+    received,
+)
 from toren import Client
-from toren.channels.client import ChannelError, observe
-from toren.runs import read_run
+from toren.channels import telegram_principal
+from toren.channels.client import ChannelError, observe, pair
+from toren.runs import decide, read_run, waiting_on
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio
@@ -139,3 +149,40 @@ async def test_an_observer_sees_a_run_and_cannot_decide(
     await wait_for(forwarded, what="the observer's reply handled")
     assert await decisions(client, run_id) == []
     assert (await read_run(client, run_id)).status == "parked"
+
+
+async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_childs_approvers(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    code, _ = await pair(client, "front", by=person("op"))
+    server.push_message(100, f"/pair {code}", user_id=FRONT_APPROVER, token=FRONT)
+    await received(server, 100, lambda t: t.startswith("Paired with front"), token=FRONT)
+    server.push_message(100, "please pay 5", user_id=FRONT_APPROVER, token=FRONT)
+    prompt = await received(server, 100, lambda t: "transfer (in pay, run" in t, token=FRONT)
+    [(_, approve_data), _deny] = buttons(prompt)
+    child = await client.pool.fetchval(
+        "SELECT actor_id FROM toren.actors WHERE kind = 'toren.run' AND args->>'agent' = 'pay'"
+    )
+
+    # front's approver may not decide pay's call, from front's chat or straight to the run.
+    server.push_callback(100, prompt.message_id, approve_data, user_id=FRONT_APPROVER, token=FRONT)
+    assert "Only the approvers of pay" in await answer_to(server, 1)
+    [waiting] = waiting_on(await read_run(client, child))
+    outcome = await decide(
+        client,
+        child,
+        call_id=waiting.id,
+        approved=True,
+        by=telegram_principal(FRONT_APPROVER, "front approver"),
+    )
+    assert outcome is not None
+    assert outcome.outcome == "forbidden"
+    assert (await read_run(client, child)).status == "parked"
+
+    # pay's approver, in the same chat, may.
+    server.push_callback(100, prompt.message_id, approve_data, user_id=PAY_APPROVER, token=FRONT)
+    assert await answer_to(server, 2) == "Approved."
+    await received(server, 100, lambda t: t == "done: done: transferred 5", token=FRONT)
+    [decision] = await decisions(client, child)
+    assert decision["by"]["id"] == f"telegram:{PAY_APPROVER}"

@@ -4,7 +4,8 @@ An unpaired chat gets a short pairing hint (at most one a minute) and reaches no
 CODE`` pairs it if the code is issued, unused and unexpired (failures are counted per chat: past
 five in ten minutes a chat is told to wait, and its codes are not even checked). A paired chat's
 text goes to its conversation run (started by its first message); a reply to an approval prompt
-or a press of its buttons decides the call, if the user is one of the agent's approvers. In a
+or a press of its buttons decides the call, if the user is one of the approvers of the agent
+whose call it is (a child run's call, shown in its parent's chat, needs the child's agent's). In a
 group, only what is addressed to the bot counts (``@bot`` or ``/command@bot``, or a reply to
 the bot). Files go into the run's workspace.
 """
@@ -34,13 +35,14 @@ from toren.channels import (
     PairFailed,
     Prompt,
     UpdateHandled,
+    approvers_of,
     chat_key,
     redact,
     telegram_principal,
 )
 from toren.channels.client import code_hash
 from toren.kernel import TRANSIENT_DB_ERRORS, route_served, utf8_size
-from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route
+from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
 log = logging.getLogger("toren.channel")
@@ -419,8 +421,13 @@ class Inbound:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def _may_decide(self, user_id: int | None) -> bool:
-        return user_id is not None and user_id in self.bot.settings.approvers
+    def _approvers(self, prompt: Prompt) -> tuple[str, tuple[int, ...]]:
+        """The agent whose call the prompt shows, and the users who may decide its calls: the
+        approvers of that agent's own bot (a child run's call needs the child's agent's)."""
+        name = prompt.opened.agent or self.bot.agent.name
+        if name == self.bot.agent.name:
+            return name, self.bot.settings.approvers
+        return name, approvers_of(agent_named(name))
 
     def _decide(self, update: Update, decision: str, approved: bool, reason: str) -> str:
         """Send a decision to the run; returns what to tell the user. The chat is told who
@@ -481,10 +488,22 @@ class Inbound:
     async def _refusal(self, update: Update, decision: str) -> tuple[str, str, str] | None:
         """Why ``update`` cannot decide ``decision``: (outcome, detail, what to tell the
         user), or None if it can."""
-        if not self._may_decide(update.user_id):
-            text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
-            return "refused", f"user {update.user_id} is not an approver", text
         prompt = self.ctx.state.prompts[decision]
+        agent, approvers = self._approvers(prompt)
+        if update.user_id is None or update.user_id not in approvers:
+            if agent == self.bot.agent.name:
+                text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
+            elif approvers:
+                text = (
+                    f"Only the approvers of {agent}, whose call it is, can decide it (your user "
+                    f"id: {update.user_id})."
+                )
+            else:
+                text = (
+                    f"{agent}, whose call it is, has no approvers on Telegram: decide it in the "
+                    f"console or with `toren jobs approve {prompt.opened.run}`."
+                )
+            return "refused", f"user {update.user_id} is not an approver of {agent}", text
         if prompt.state != "open" or not await self._waits(prompt):
             text = "This call no longer waits for a decision."
             return "stale", f"decision {decision} does not wait", text

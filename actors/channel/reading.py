@@ -170,6 +170,7 @@ class Reader:
                 event.arguments,
                 event.cwd,
                 source,
+                agent=ctx.state.agent,
             )
         elif isinstance(event, ChildApprovalRequested):
             name = f"{event.name} (in {event.agent}, run {event.run_id})"
@@ -182,6 +183,7 @@ class Reader:
                 event.arguments,
                 None,
                 source,
+                agent=event.agent,
             )
         elif isinstance(event, ApprovalDecided):
             for decision, prompt in ctx.state.prompts.items():
@@ -220,6 +222,8 @@ class Reader:
         arguments: Any,
         cwd: str | None,
         source: str,
+        *,
+        agent: str,
     ) -> None:
         ctx = self.ctx
         decision = secrets.token_urlsafe(12)  # 16 characters: "a:" + it is 18 bytes, under 64
@@ -237,6 +241,7 @@ class Reader:
                 name=name[:200],
                 chat_id=chat,
                 at=time.time(),
+                agent=agent,
             )
         )
         outbound.queue(

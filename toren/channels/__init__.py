@@ -54,6 +54,7 @@ from toren.channels._vocabulary import (
     Unpair,
     UpdateHandled,
     Watch,
+    approvers_of,
     channel_address,
     channel_route,
     chat_key,
@@ -61,6 +62,7 @@ from toren.channels._vocabulary import (
     pending_codes,
     summary,
     telegram_principal,
+    telegram_user,
 )
 
 __all__ = [
@@ -104,6 +106,7 @@ __all__ = [
     "Unpair",
     "UpdateHandled",
     "Watch",
+    "approvers_of",
     "channel_address",
     "channel_route",
     "chat_key",
@@ -113,4 +116,5 @@ __all__ = [
     "redact",
     "summary",
     "telegram_principal",
+    "telegram_user",
 ]

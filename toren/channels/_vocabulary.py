@@ -18,7 +18,7 @@ it the bot's only poller in the cluster. Its journal is the channel's whole stor
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
@@ -26,6 +26,9 @@ from pyrsistent import PMap, PVector, pmap, pvector
 import toren.runs.state  # noqa: F401  (teaches the converter persistent maps: for snapshots)
 from toren._codec import message
 from toren._principal import Principal
+
+if TYPE_CHECKING:
+    from toren._agents import Agent
 
 CHANNEL_KIND = "toren.channel"
 RECENT = 200
@@ -60,6 +63,27 @@ def telegram_principal(user_id: int, name: str) -> Principal:
     """Who did something from Telegram: its user id is the identity, its name for people."""
     shown = (name or str(user_id))[:200]
     return Principal(kind="channel", id=f"telegram:{user_id}", name=shown, via="telegram")
+
+
+def telegram_user(principal: Principal | None) -> int | None:
+    """The Telegram user id of a principal made by :func:`telegram_principal`, else None."""
+    if principal is None or principal.kind != "channel":
+        return None
+    prefix, _, user = principal.id.partition(":")
+    if prefix != "telegram":
+        return None
+    try:
+        return int(user)
+    except ValueError:
+        return None
+
+
+def approvers_of(agent: Agent | None) -> tuple[int, ...]:
+    """The Telegram users who may decide ``agent``'s calls: the approvers of its own bot
+    (none without a bot, or for an agent this process does not know), whichever chat shows
+    the call."""
+    settings = agent.telegram if agent is not None else None
+    return tuple(settings.approvers) if settings is not None else ()
 
 
 # --- messages -------------------------------------------------------------------------------
@@ -327,6 +351,9 @@ class PromptOpened:
     name: str
     chat_id: int
     at: float = 0.0
+    # the agent whose call it is (a child run's for a call made below the conversation's run);
+    # "" in a record of an earlier version: the bot's own agent
+    agent: str = ""
 
 
 @message("prompt.closed")

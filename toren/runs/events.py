@@ -65,7 +65,7 @@ class Decide:
     channel: str = "cli"
 
 
-Outcome = Literal["applied", "repeated", "not_waiting", "conflict"]
+Outcome = Literal["applied", "repeated", "not_waiting", "conflict", "forbidden"]
 
 
 @message("run.decision_outcome")
@@ -76,6 +76,8 @@ class DecisionOutcome:
     ``applied``: recorded as the call's decision. ``repeated``: the call was already decided
     the same way (nothing new recorded). ``not_waiting``: the call does not wait for a decision
     (``waiting`` names what does). ``conflict``: the call was already decided the other way.
+    ``forbidden``: who sent it may not decide this run's calls (a Telegram user who is not an
+    approver of the run's agent's bot, whichever chat showed the call).
     """
 
     call_id: str
