@@ -4,8 +4,11 @@ Consent is mutual: A lists B in ``calls`` and B lists A in ``accepts``. A's mode
 per callee, ``call_<B>(input)``, described by B's ``description`` (never B's system prompt). A
 call is checked when it is made, against the cards live workers publish for B (B may run in
 another worker's app): no live worker runs B, one of them does not accept A, B is already in the
-chain of runs above (a cycle), or the chain is as deep as A's ``max_call_depth`` allows: the
-model gets an error result saying so, and no child is started.
+chain of runs above (a cycle), or the chain is as deep as it may go: the model gets an error
+result saying so, and no child is started. A chain of calls (counted from the run that started
+it, 0 deep) never goes deeper than the smallest ``max_call_depth`` of the agents in it: each
+child's start carries that limit down (``depth_limit``), so a run decides from its own journal,
+and a run below never calls deeper than a run above it allows.
 
 Otherwise, in one commit, the run records ``child.started``, creates the child run and sends it
 its start (so a crash never starts two: a parent that recorded ``child.started`` only waits, one
@@ -136,17 +139,43 @@ def principal(ctx: Context[RunState]) -> Principal:
     return Principal(kind="run", id=ctx.actor_id, name=ctx.state.agent, via="agent-call")
 
 
+def depth_limit(state: RunState, agent: Agent) -> int:
+    """How deep the chain this run is in may go: the smallest ``max_call_depth`` of its agent
+    and of the agents above it (as its start recorded them; a start recorded by an earlier
+    version carries none, and only the run's own agent's limit counts)."""
+    if state.depth_limit is None:
+        return agent.max_call_depth
+    return min(agent.max_call_depth, state.depth_limit)
+
+
+def depth_refusal(state: RunState, agent: Agent) -> str | None:
+    """Why a run of ``agent`` may call no further down the chain (counted from the run that
+    started it, 0 deep), or ``None``: a call would go past :func:`depth_limit`."""
+    deep = len(state.chain)
+    limit = depth_limit(state, agent)
+    if deep < limit:
+        return None
+    if limit == agent.max_call_depth:
+        return (
+            f"refused: this run is {deep} call(s) deep and {agent.name!r} may call "
+            f"at most {limit} deep (max_call_depth)"
+        )
+    path = " -> ".join((*state.chain, agent.name))
+    return (
+        f"refused: this run is {deep} call(s) deep and the chain above it ({path}) may go at "
+        f"most {limit} deep (the smallest max_call_depth in it)"
+    )
+
+
 async def refusal(state: RunState, agent: Agent, callee: str) -> str | None:
     """Why ``agent`` may not call ``callee`` now, or ``None``."""
     chain = (*state.chain, agent.name)
     if callee in chain:
         path = " -> ".join((*chain, callee))
         return f"refused: calling {callee!r} would make a cycle ({path})"
-    if len(chain) > agent.max_call_depth:
-        return (
-            f"refused: this run is {len(state.chain)} call(s) deep and {agent.name!r} may call "
-            f"at most {agent.max_call_depth} deep (max_call_depth)"
-        )
+    too_deep = depth_refusal(state, agent)
+    if too_deep is not None:
+        return too_deep
     cards = await published(callee)
     if not cards:
         return f"refused: no live worker runs an agent named {callee!r}"
@@ -204,6 +233,7 @@ async def call_step(
             parent_call=call.id,
             chain=(*state.chain, agent.name),
             budget_usd=str(left) if left is not None else None,
+            depth_limit=depth_limit(state, agent),
         ),
         dedupe_key="start",
     )

@@ -260,6 +260,7 @@ class RunActor(Actor[RunState]):
                         parent_call=msg.parent_call,
                         chain=msg.chain,
                         budget_usd=msg.budget_usd,
+                        depth_limit=msg.depth_limit,
                     )
                 )
                 if refused:  # its caller is not (or no longer) accepted here

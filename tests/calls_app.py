@@ -68,3 +68,10 @@ chain2 = Agent(
 spender = Agent(
     name="spender", model=MODEL, system="spender", calls=["researcher"], budget_usd=0.05
 )
+# a depth limit that binds the whole chain: da allows one call below it; db, called by da, would
+# allow four of its own, but the chain da started may not go deeper than one
+da = Agent(name="da", model=MODEL, system="da", calls=["db"], max_call_depth=1)
+db = Agent(
+    name="db", model=MODEL, system="db", description="The middle.", calls=["dc"], accepts=["da"]
+)
+dc = Agent(name="dc", model=MODEL, system="dc", description="The end.", accepts=["db"])

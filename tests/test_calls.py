@@ -191,6 +191,56 @@ async def test_consent_cycles_depth_and_unknown_callees_are_error_results(
     assert not by_agent(server, "ghost")
 
 
+async def test_a_callers_max_call_depth_binds_every_run_below_it(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    load_app("tests.calls_app")
+    plan: Plan = {
+        "da": relay("da heard", "call_db", "go on", "a1"),
+        "db": relay("db saw", "call_dc", "deeper", "b1"),
+        "dc": lambda b: Reply("dc ran"),
+    }
+    async with model(plan, monkeypatch) as server, running_worker(db_url):
+        run_id = await start_run(client, "da", "start")
+        assert await wait_for(lambda: settled(client, run_id)) == "completed"
+    state = await read_run(client, run_id)
+    # db's call is refused as an error result; db goes on and answers with it.
+    assert state.output == (
+        "da heard: db saw: refused: this run is 1 call(s) deep and the chain above it "
+        "(da -> db) may go at most 1 deep (the smallest max_call_depth in it)"
+    )
+    [child] = state.children.values()
+    child_state = await read_run(client, child.run_id)
+    assert (child_state.chain, child_state.depth_limit) == (("da",), 1)
+    assert not child_state.children
+    assert not by_agent(server, "dc")
+    runs = await client.pool.fetch("SELECT args->>'agent' AS agent FROM toren.actors")
+    assert sorted(r["agent"] for r in runs) == ["da", "db"]
+
+
+def test_a_child_started_by_an_earlier_version_keeps_its_own_depth_limit() -> None:
+    """A recorded child start has no depth limit from above: only the caller's own
+    ``max_call_depth`` counts, as when it was recorded."""
+    import json
+    from pathlib import Path
+
+    from toren import Agent
+    from toren._codec import decode
+    from toren.actors.calls import depth_refusal
+    from toren.runs import RunState, fold
+
+    recorded = Path(__file__).parent / "fixtures" / "journals" / "run_v1_calls_child.json"
+    entries = json.loads(recorded.read_text())
+    state = fold(RunState(), decode(entries[0]["type"], entries[0]["data"]))
+    assert (state.chain, state.depth_limit) == (("desk",), None)
+    editor = Agent(name="editor", model="anthropic/claude-sonnet-4-6", max_call_depth=2)
+    assert depth_refusal(state, editor) is None  # one deep: it may call one deeper
+    shallow = Agent(name="editor", model="anthropic/claude-sonnet-4-6", max_call_depth=1)
+    assert depth_refusal(state, shallow) == (
+        "refused: this run is 1 call(s) deep and 'editor' may call at most 1 deep (max_call_depth)"
+    )
+
+
 async def test_the_childs_spend_stops_the_parent_at_its_budget(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

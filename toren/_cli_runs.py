@@ -229,7 +229,9 @@ def register(main: click.Group) -> None:
     @main.command("run")
     @click.argument("agent")
     @click.argument("text")
-    @click.option("--key", help="Idempotency key: the same key and input start one run.")
+    @click.option(
+        "--key", help="Idempotency key (per agent): the same agent, key and input start one run."
+    )
     @click.option("--wait", is_flag=True, help="Wait until the run completes, fails or parks.")
     @click.pass_context
     @run_async

@@ -184,6 +184,33 @@ class Client:
             raise ActorAlreadyExists(actor_id, kind_name, str(existing))
         return False
 
+    async def spawned(self, actor_id: str, *, conn: Connection) -> asyncpg.Record | None:
+        """The kind and args of actor ``actor_id``, or ``None`` if there is none, in ``conn``'s
+        transaction. A spawn of that id that another transaction has made and not yet committed
+        is waited for (its row is found if it commits, not if it rolls back), as a spawn of the
+        same id would wait: a read alone would miss it, and a caller deciding from it would act
+        as if it did not exist. ``conn``'s transaction must be read committed (the default): in
+        a stricter one, a row committed while it waited fails it with a serialization error.
+        """
+        # Only an insert waits for another transaction's uncommitted row of the same key. The
+        # probe row is inserted in a savepoint rolled back at once: it is never seen or kept.
+        probe = conn.transaction()
+        await probe.start()
+        try:
+            free = await conn.fetchval(
+                "INSERT INTO toren.actors (actor_id, kind) VALUES ($1, '') "
+                "ON CONFLICT (actor_id) DO NOTHING RETURNING true",
+                actor_id,
+            )
+        finally:
+            await probe.rollback()
+        if free:
+            return None
+        row: asyncpg.Record | None = await conn.fetchrow(
+            "SELECT kind, args FROM toren.actors WHERE actor_id = $1", actor_id
+        )
+        return row
+
     async def send(
         self,
         to: str,

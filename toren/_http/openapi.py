@@ -102,7 +102,9 @@ def document() -> dict[str, Any]:
                     "201": {"description": "The run, queued.", **_json(m.Run)},
                     **_AUTH_FAIL,
                     **_INVALID,
-                    "409": _problem("The idempotency key was used with another input."),
+                    "409": _problem(
+                        "The idempotency key was used for this agent with another input."
+                    ),
                 },
             },
             "get": {

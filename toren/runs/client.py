@@ -30,6 +30,11 @@ if TYPE_CHECKING:
     from toren._client import Client, Connection
 
 _KEY_NAMESPACE = uuid.UUID("7c1f4f7e-3b0a-4f59-9a55-2f1c9b1d8e42")
+"""Earlier versions derived a keyed run's id from the key alone, in this namespace: one key was
+one run whatever the agent (see :func:`_keyed_run`)."""
+
+_AGENT_KEY_NAMESPACE = uuid.UUID("3e9a1c52-7d48-4b0f-a6e3-5c2f8d17b940")
+"""A keyed run's id is derived from its agent and the key, in this namespace."""
 
 MESSAGE_CAP = 64 * 1024
 """Bytes (UTF-8) a human message or a run's input may hold by default; longer ones are refused,
@@ -106,13 +111,14 @@ def check_start(agent: str, input: str, idempotency_key: str | None, cap: int) -
 
 
 class IdempotencyConflict(TorenError):
-    """A run was started with a key that an earlier run with another input used."""
+    """A run was started with a key that an earlier run of the same agent with another input
+    used (keys are per agent: ``run_id`` is always a run of the agent being started)."""
 
     def __init__(self, key: str, run_id: str) -> None:
         self.key = key
         self.run_id = run_id
         super().__init__(
-            f"idempotency key {key!r} already started {run_id} with a different agent or input; "
+            f"idempotency key {key!r} already started {run_id} with a different input; "
             "use a new key for a new run"
         )
 
@@ -165,11 +171,13 @@ async def start_run(
 ) -> str:
     """Start a run of ``agent`` on ``input``; returns its id (``run/<uuid>``).
 
-    With an ``idempotency_key``, starting again with the same key and input returns the same
-    run; the same key with another agent or input raises :class:`IdempotencyConflict`, also when
-    the two starts race (the run and its start message are created in one transaction, and the
-    run's row records a digest of what it was started with). ``by`` is recorded on
-    ``run.started`` (this process's OS user if not given).
+    With an ``idempotency_key``, starting ``agent`` again with the same key and input returns
+    the same run; the same key with another input raises :class:`IdempotencyConflict`, also
+    when the two starts race (the run and its start message are created in one transaction, and
+    the run's row records a digest of what it was started with). Keys are per agent: the same
+    key for another agent starts that agent's own run, and a conflict never names a run of
+    another agent. A run an earlier version started under the key (see :func:`_keyed_run`) is
+    found again. ``by`` is recorded on ``run.started`` (this process's OS user if not given).
 
     Raises:
         InvalidStart: see :func:`check_start`.
@@ -177,31 +185,63 @@ async def start_run(
         IdempotencyConflict: as above.
     """
     check_start(agent, input, idempotency_key, cap)
-    run_uuid = uuid.uuid5(_KEY_NAMESPACE, idempotency_key) if idempotency_key else uuid.uuid4()
-    run_id = f"run/{run_uuid}"
     started = _start_digest(agent, input)
     async with client.pool.acquire() as conn, conn.transaction():
-        created = await client.spawn(
-            RUN_KIND,
-            run_id,
-            {"agent": agent, "start": started},
-            route=agent_route(agent),
-            conn=conn,
-        )
-        if not created and idempotency_key is not None:
-            args = await conn.fetchval("SELECT args FROM toren.actors WHERE actor_id = $1", run_id)
-            if (args or {}).get("start", started) != started:
-                raise IdempotencyConflict(idempotency_key, run_id)
-            if "start" not in (args or {}):  # a run started by an earlier version
-                existing = await _started(conn, run_id)
-                if existing is not None and (existing.agent, existing.input) != (agent, input):
-                    raise IdempotencyConflict(idempotency_key, run_id)
+        if idempotency_key is None:
+            run_id = f"run/{uuid.uuid4()}"
+            await client.spawn(
+                RUN_KIND,
+                run_id,
+                {"agent": agent, "start": started},
+                route=agent_route(agent),
+                conn=conn,
+            )
+        else:
+            run_id = await _keyed_run(client, conn, agent, input, idempotency_key)
         await client.send(
             run_id,
             StartRun(agent=agent, input=input, by=_caller(by)),
             dedupe_key="start",
             conn=conn,
         )
+    return run_id
+
+
+async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, key: str) -> str:
+    """The run of ``agent`` under ``key``, created now if there is none (in ``conn``'s
+    transaction).
+
+    Its id is derived from the agent and the key. A run that a version before per-agent keys
+    started under the key has the key's old id (from the key alone): if it is a run of
+    ``agent``, it is this run (a start retried across the upgrade must not start a second); a
+    run of another agent there is not this agent's business and is neither used nor named. A
+    start of that old id by an older server, in its transaction still, is waited for (see
+    :meth:`~toren.Client.spawned`), so a start retried here while the first is in flight there
+    finds it. (A start on an older server after this one started the run cannot be seen from
+    here: it does not look for per-agent ids. Finish the rollout before retrying across it.)
+
+    Raises:
+        IdempotencyConflict: the run was started with another input.
+    """
+    started = _start_digest(agent, input)
+    old_id = f"run/{uuid.uuid5(_KEY_NAMESPACE, key)}"
+    old = await client.spawned(old_id, conn=conn)
+    if old is not None and old["kind"] == RUN_KIND and (old["args"] or {}).get("agent") == agent:
+        run_id, args = old_id, old["args"]
+    else:
+        # Neither an agent name nor a key holds NUL: no two (agent, key) pairs join the same.
+        scoped = "\0".join((agent, key))
+        run_id = f"run/{uuid.uuid5(_AGENT_KEY_NAMESPACE, scoped)}"
+        args = {"agent": agent, "start": started}
+        if await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn):
+            return run_id
+        args = await conn.fetchval("SELECT args FROM toren.actors WHERE actor_id = $1", run_id)
+    if (args or {}).get("start", started) != started:
+        raise IdempotencyConflict(key, run_id)
+    if "start" not in (args or {}):  # a run started by an earlier version
+        existing = await _started(conn, run_id)
+        if existing is not None and (existing.agent, existing.input) != (agent, input):
+            raise IdempotencyConflict(key, run_id)
     return run_id
 
 

@@ -34,11 +34,14 @@ class StartRun:
     input: str
     by: Principal | None = None  # None only in a message queued by an earlier version
     # A child run started by another run's cross-agent call: the parent run, its tool call, the
-    # agents above it (the chain a cycle is checked against) and the parent's budget left.
+    # agents above it (the chain a cycle is checked against), the parent's budget left, and how
+    # deep the chain may go (the smallest max_call_depth above it; None in a start sent by an
+    # earlier version: then only the child's own agent's limit counts).
     parent: str = ""
     parent_call: str = ""
     chain: tuple[str, ...] = ()
     budget_usd: str | None = None
+    depth_limit: int | None = None
 
 
 @message("run.continue")
@@ -189,6 +192,7 @@ class RunStarted:
     parent_call: str = ""
     chain: tuple[str, ...] = ()
     budget_usd: str | None = None
+    depth_limit: int | None = None  # None in journals of earlier versions: no limit from above
     v: int = FORMAT
 
 

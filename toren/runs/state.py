@@ -169,6 +169,7 @@ class RunState:
     parent: str = ""
     parent_call: str = ""
     chain: tuple[str, ...] = ()
+    depth_limit: int | None = None  # how deep the chain may go, set by the runs above
     budget_cap: Decimal | None = None
     children: PMap[str, ChildStarted] = attrs.field(factory=pmap)  # latest child of a call
     finished: PMap[str, ChildFinished] = attrs.field(factory=pmap)  # by child run id
@@ -231,6 +232,7 @@ def fold(state: RunState, event: Any) -> RunState:
             parent=event.parent,
             parent_call=event.parent_call,
             chain=tuple(event.chain),
+            depth_limit=event.depth_limit,
             budget_cap=Decimal(event.budget_usd) if event.budget_usd is not None else None,
         )
     if isinstance(event, ModelCalled):
