@@ -21,20 +21,30 @@ PAY_APPROVER = 999
 
 
 @tool(effects="external", idempotency="keyed", approval="always")
-async def refund(ctx: ToolContext, amount: int) -> str:
-    """Refund an amount to the customer."""
+async def refund(ctx: ToolContext, amount: int, note: str = "") -> str:
+    """Refund an amount to the customer (with a note for the books)."""
     return f"refunded {amount}"
 
 
-# Replies to each message; refunds only with an approver's decision.
+# Replies to each message; refunds only with an approver's decision; asks its clerk to.
 teller = Agent(
     name="teller",
     model=MODEL,
     system="teller",
     tools=[refund],
+    calls=["clerk"],
     telegram=Telegram(
         bot="teller", token_env=TOKEN_ENV, approvers=[APPROVER], poll_timeout=1, chat_interval=0
     ),
+)
+# Refunds when the teller asks (a cross-agent call): its calls are prompted in the teller's chat.
+clerk = Agent(
+    name="clerk",
+    model=MODEL,
+    system="clerk",
+    description="Refunds what it is asked to.",
+    accepts=["teller"],
+    tools=[refund],
 )
 # Its pairing codes last a second.
 brief = Agent(

@@ -61,9 +61,11 @@ def _last_user(body: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def answer(body: dict[str, Any], n: int) -> Reply:
-    """``refund N`` asks for a refund (a tool call needing approval); ``long N`` answers N
-    characters; ``send PATH`` sends a workspace file; ``pay N`` asks the pay agent, which takes
-    ``transfer N`` as a transfer (needing approval); anything else is echoed."""
+    """``refund N`` asks for a refund (a tool call needing approval), ``refund N noting TEXT``
+    with a note, ``refund N with a K-character note`` with a note of K characters; ``ask the
+    clerk to ...`` calls the clerk agent with the rest; ``long N`` answers N characters;
+    ``send PATH`` sends a workspace file; ``pay N`` asks the pay agent, which takes ``transfer N``
+    as a transfer (needing approval); anything else is echoed."""
     text, results = _last_user(body)
     if results:
         return Reply(f"done: {' | '.join(results)}")
@@ -76,9 +78,13 @@ def answer(body: dict[str, Any], n: int) -> Reply:
         return Reply(
             [ToolCall(id=f"c{next(_ids)}", name="transfer", arguments={"amount": int(m[1])})]
         )
-    if m := re.search(r"refund (\d+)", text):
-        call = ToolCall(id=f"c{next(_ids)}", name="refund", arguments={"amount": int(m[1])})
-        return Reply([call])
+    if m := re.search(r"ask the clerk to (.+)", text, re.S):
+        return Reply([ToolCall(id=f"c{next(_ids)}", name="call_clerk", arguments={"input": m[1]})])
+    if m := re.search(r"refund (\d+)(?: noting (.+)| with a (\d+)-character note)?", text, re.S):
+        arguments: dict[str, Any] = {"amount": int(m[1])}
+        if m[2] or m[3]:
+            arguments["note"] = m[2] or "".join(f"{i:09d}\n" for i in range(int(m[3]) // 10))
+        return Reply([ToolCall(id=f"c{next(_ids)}", name="refund", arguments=arguments)])
     if m := re.search(r"long (\d+)", text):
         size = int(m[1])
         lines = "".join(f"line {i:06d} of a long answer\n" for i in range(size // 28 + 1))

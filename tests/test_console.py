@@ -472,3 +472,36 @@ async def test_an_announced_model_call_shows_until_answered_and_a_lost_one_stays
         await write(client, run_id, [called(2, Text(text="Second answer."))])
         await t.locator(".entry.assistant >> text=Second answer.").wait_for()
         assert await t.locator(".entry.calling").count() == 0
+
+
+async def test_a_waiting_calls_bidi_controls_show_as_escapes_where_it_is_decided(
+    client: Client, db_url: str, chromium: Path
+) -> None:
+    from tests.test_sandbox_surfaces import called
+
+    # "Trojan Source" in a call's arguments: U+202E would show the path reversed beside Approve.
+    hidden = ToolCall(
+        id="h2", name="run_script", arguments={"path": "/home/\u202efdp.sh; rm -rf ~"}
+    )
+    run_id = await _journal_run(
+        client,
+        "tr-bidi",
+        [
+            called(1, ToolCall(id="h1", name="look\u202eup", arguments={})),
+            ToolIntended(call_id="h1", name="look\u202eup", arguments={}, idempotency_key="a"),
+            ToolResulted(call_id="h1", content="found"),
+            called(2, hidden),
+            ApprovalRequested(call_id="h2", name="run_script", arguments=hidden.arguments or {}),
+        ],
+    )
+    async with _console(client, db_url, chromium) as (base, page):
+        await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
+        await page.wait_for_selector("#decision:not([hidden])")
+        await page.wait_for_selector("#timeline svg rect")
+        what = await page.inner_text("#decision-what")
+        assert "\u202e" not in what, f"the decision panel shows a raw U+202E: {what!r}"
+        assert '"/home/\\u202efdp.sh; rm -rf ~"' in what
+        # Nowhere on the page (the timeline's labels included) is the raw character shown.
+        shown = await page.evaluate("document.body.textContent")
+        assert "\u202e" not in shown, "the page shows a raw U+202E"
+        assert "look\\u202eup" in await page.inner_html("#timeline")

@@ -1,6 +1,7 @@
 """Approvals from Telegram: a prompt with Approve / Deny buttons whose callback data is a short
 opaque id, a text reply to the prompt, only configured approvers deciding (recorded as their
-Telegram user), stale buttons, observers who cannot decide."""
+Telegram user), stale buttons, observers who cannot decide; a call shown with its bidi controls
+escaped, and one too long to show whole in a message decided only elsewhere."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.telegram_support import (
     received,
 )
 from toren import Client
-from toren.channels import telegram_principal
+from toren.channels import TEXT_LIMIT, telegram_principal
 from toren.channels.client import ChannelError, observe, pair
 from toren.runs import decide, read_run, waiting_on
 from toren.testing.telegram_server import TelegramServer
@@ -124,16 +125,21 @@ async def test_a_reply_to_the_prompt_decides_with_its_reason(
     assert decision["by"]["id"] == f"telegram:{APPROVER}"
 
 
+async def observed(client: Client, server: TelegramServer) -> None:
+    """Chat 100 paired with the teller, and chat 900 (an approver's) observing its runs."""
+    await paired(client, server, 100)
+    await paired(client, server, 900, user=APPROVER)
+    await observe(client, "teller", 900, observed_agent="teller", by=person("op"))
+    await received(server, 900, lambda t: "observes (read-only)" in t)
+
+
 async def test_an_observer_sees_a_run_and_cannot_decide(
     client: Client, bots: tuple[TelegramServer, Any]
 ) -> None:
     server, _ = bots
-    await paired(client, server, 100)
-    await paired(client, server, 900, user=APPROVER)  # the observing chat
+    await observed(client, server)
     with pytest.raises(ChannelError, match="not paired"):
         await observe(client, "teller", 901, observed_agent="teller", by=person("op"))
-    await observe(client, "teller", 900, observed_agent="teller", by=person("op"))
-    await received(server, 900, lambda t: "observes (read-only)" in t)
 
     server.push_message(100, "refund 9", user_id=ALICE)
     await received(server, 100, lambda t: "asks to run refund" in t)
@@ -186,3 +192,69 @@ async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_ch
     await received(server, 100, lambda t: t == "done: done: transferred 5", token=FRONT)
     [decision] = await decisions(client, child)
     assert decision["by"]["id"] == f"telegram:{PAY_APPROVER}"
+
+
+async def test_a_calls_bidi_controls_show_as_escapes_in_its_prompt_and_to_observers(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    server, _ = bots
+    await observed(client, server)
+    # U+202E reverses what follows: raw, the note would read "...sh.pdf" beside the buttons.
+    server.push_message(100, "refund 5 noting /home/\u202efdp.sh; rm -rf ~", user_id=ALICE)
+    prompt = await received(server, 100, lambda t: "asks to run refund" in t)
+    assert "\u202e" not in prompt.text, f"the prompt shows a raw U+202E: {prompt.text!r}"
+    assert '"note": "/home/\\u202efdp.sh; rm -rf ~"' in prompt.text
+    assert [text for text, _ in buttons(prompt)] == ["Approve", "Deny"]  # shown whole: decides
+    seen = await received(server, 900, lambda t: "waits for a decision on refund" in t)
+    assert "\u202e" not in seen.text, f"the observer sees a raw U+202E: {seen.text!r}"
+    assert "/home/\\u202efdp.sh" in seen.text
+    server.push_callback(100, prompt.message_id, buttons(prompt)[0][1], user_id=APPROVER)
+    ran = await received(server, 900, lambda t: t.startswith("\U0001f527") and "refund" in t)
+    assert "\u202e" not in ran.text
+    assert "/home/\\u202efdp.sh" in ran.text
+
+
+async def _waiting_call(client: Client, run_id: str) -> str:
+    async def waiting() -> str | None:
+        calls = waiting_on(await read_run(client, run_id))
+        return calls[0].id if calls else None
+
+    return str(await wait_for(waiting, what=f"a call of {run_id} waiting"))
+
+
+@pytest.mark.parametrize("via", ["the run", "a child run"])
+async def test_a_call_too_long_for_one_message_is_prompted_without_buttons_and_decided_elsewhere(
+    client: Client, bots: tuple[TelegramServer, Any], via: str
+) -> None:
+    server, _ = bots
+    await paired(client, server, 100)
+    ask = "refund 5 with a 5000-character note"
+    server.push_message(100, ask if via == "the run" else f"ask the clerk to {ask}", user_id=ALICE)
+    prompt = await received(server, 100, lambda t: "asks to run refund" in t)
+    run_id = await conversation(client, 100)
+    if via == "a child run":  # the call waits in the clerk's run, and is decided there
+        [child] = (await read_run(client, run_id)).children.values()
+        run_id = child.run_id
+        assert f"(in clerk, run {run_id})" in prompt.text
+    call_id = await _waiting_call(client, run_id)
+    # Shown cut (in one message), with no button to decide what it does not show, and where
+    # to see it whole and decide it.
+    assert buttons(prompt) == []
+    assert len(prompt.text.encode("utf-16-le")) // 2 <= TEXT_LIMIT
+    assert "[cut: " in prompt.text
+    assert "cannot be decided here" in prompt.text
+    assert f"console's page of run {run_id}" in prompt.text
+    assert f"toren jobs approve {run_id} --call {call_id}" in prompt.text
+    assert f"toren jobs deny {run_id} --call {call_id}" in prompt.text
+
+    server.push_message(100, "approve", user_id=APPROVER, reply_to=prompt.message_id)
+    told = await received(server, 100, lambda t: "cannot be decided from Telegram" in t)
+    assert f"toren jobs approve {run_id} --call {call_id}" in told.text
+    assert await decisions(client, run_id) == []
+    assert await _waiting_call(client, run_id) == call_id
+    assert (await read_run(client, run_id)).status == "parked"
+    # Decided where it is shown whole, it is applied as any decision is.
+    await decide(client, run_id, call_id=call_id, approved=False, by=person("ana"))
+    await received(server, 100, lambda t: t.startswith("done:") and "denied" in t)
+    [decision] = await decisions(client, run_id)
+    assert decision["by"]["name"] == "ana"

@@ -37,6 +37,7 @@ from toren._leases import (
     watch_successor,
 )
 from toren._migrate import migrate, schema_status
+from toren._terminal import printable
 
 __all__ = [
     "TRANSIENT_DB_ERRORS",
@@ -62,6 +63,7 @@ __all__ = [
     "mark_failed",
     "migrate",
     "open_death_watch",
+    "printable",
     "published",
     "recorded_dev_url",
     "release",

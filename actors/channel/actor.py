@@ -276,8 +276,12 @@ class ChannelActor(Actor[ChannelState]):
         ctx.ensure_lease()
         kill_point("telegram.sending")
         _UNSENT.discard((ctx.actor_id, n))  # from here on, Telegram may have it
+        # A prompt that could not show its whole call goes without buttons (see reading).
+        prompt = ctx.state.prompts.get(outgoing.queued.decision or "")
         try:
-            ids = await outbound.deliver(bot, outgoing)
+            ids = await outbound.deliver(
+                bot, outgoing, buttons=prompt is not None and prompt.opened.decidable
+            )
         except SendError as exc:
             self._undelivered(ctx, bot, n, exc)
             return

@@ -23,6 +23,7 @@ import attrs
 
 from toren import Context, InternalError
 from toren.actors.channel import outbound, runtime
+from toren.actors.channel.reading import where_to_decide
 from toren.actors.channel.telegram import SendError
 from toren.channels import (
     ChannelState,
@@ -41,7 +42,7 @@ from toren.channels import (
     telegram_principal,
 )
 from toren.channels.client import code_hash
-from toren.kernel import TRANSIENT_DB_ERRORS, route_served, utf8_size
+from toren.kernel import TRANSIENT_DB_ERRORS, printable, route_served, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
@@ -458,7 +459,7 @@ class Inbound:
             outbound.queue(
                 ctx,
                 prompt.opened.chat_id,
-                f"{verb} by {who.name}: {prompt.opened.name}.",
+                printable(f"{verb} by {who.name}: {prompt.opened.name}."),
                 kind="notice",
                 thread=update.thread,
             )
@@ -499,14 +500,27 @@ class Inbound:
                     f"id: {update.user_id})."
                 )
             else:
+                opened = prompt.opened
                 text = (
-                    f"{agent}, whose call it is, has no approvers on Telegram: decide it in the "
-                    f"console or with `toren jobs approve {prompt.opened.run}`."
+                    f"{agent}, whose call it is, has no approvers on Telegram. "
+                    f"{where_to_decide(opened.run, opened.call_id)}"
                 )
             return "refused", f"user {update.user_id} is not an approver of {agent}", text
         if prompt.state != "open" or not await self._waits(prompt):
             text = "This call no longer waits for a decision."
             return "stale", f"decision {decision} does not wait", text
+        if not prompt.opened.decidable:
+            # Its prompt could not show the whole call: what was approved would not be what runs.
+            opened = prompt.opened
+            text = (
+                "This call is too long to show whole here, so it cannot be decided from "
+                f"Telegram. {where_to_decide(opened.run, opened.call_id)}"
+            )
+            return (
+                "refused",
+                f"decision {decision} cannot be made here (call not shown whole)",
+                text,
+            )
         return None
 
     async def _callback(self, update: Update) -> tuple[str, str]:
@@ -531,7 +545,8 @@ class Inbound:
     async def _reply_decision(self, update: Update, decision: str) -> tuple[str, str]:
         words = update.text.strip().split(maxsplit=1)
         first = words[0].lower().strip(".!,:;") if words else ""
-        if first not in _YES | _NO:
+        decidable = self.ctx.state.prompts[decision].opened.decidable
+        if first not in _YES | _NO and decidable:  # else: told where it is decided
             self._say(update, "Reply with approve or deny (and a reason, if you like) to decide.")
             return "ignored", "a reply to a prompt that decides nothing"
         refused = await self._refusal(update, decision)

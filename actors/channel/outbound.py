@@ -25,7 +25,7 @@ APPROVE = "Approve"
 DENY = "Deny"
 
 
-def _units(text: str) -> int:
+def units(text: str) -> int:
     """Characters as Telegram counts them (UTF-16 code units)."""
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
@@ -41,7 +41,7 @@ def split(text: str, limit: int = TEXT_LIMIT) -> list[str]:
     """``text`` in pieces of at most ``limit`` UTF-16 units, cut at a line break (or a space)
     in the last quarter of a piece when there is one."""
     pieces = []
-    while _units(text) > limit:
+    while units(text) > limit:
         cut = _fit(text, limit)
         window = text[:cut]
         for sep in ("\n", " "):
@@ -68,7 +68,7 @@ def _fit(text: str, limit: int) -> int:
 
 def cut(text: str, limit: int) -> str:
     """``text`` within ``limit`` UTF-16 units, marked when cut."""
-    if _units(text) <= limit:
+    if units(text) <= limit:
         return text
     return text[: _fit(text, limit - 40)] + f"\n[cut: {len(text)} characters in all]"
 
@@ -162,8 +162,9 @@ def next_due(
     return None, soonest
 
 
-async def deliver(bot: runtime.Bot, outgoing: Outgoing) -> tuple[int, ...]:
-    """Send one queued piece; its Telegram message ids.
+async def deliver(bot: runtime.Bot, outgoing: Outgoing, *, buttons: bool) -> tuple[int, ...]:
+    """Send one queued piece; its Telegram message ids. A prompt's piece that carries its
+    decision id gets Approve / Deny buttons if ``buttons`` (the prompt decides from the chat).
 
     Raises:
         SendError: not delivered (what to do is in its ``action``).
@@ -175,15 +176,15 @@ async def deliver(bot: runtime.Bot, outgoing: Outgoing) -> tuple[int, ...]:
             outgoing.chat_id, data, name, caption=queued.text, thread=queued.thread
         )
         return (mid,)
-    buttons = None
-    if queued.decision is not None:
-        buttons = [(APPROVE, f"a:{queued.decision}"), (DENY, f"d:{queued.decision}")]
+    keyboard = None
+    if queued.decision is not None and buttons:
+        keyboard = [(APPROVE, f"a:{queued.decision}"), (DENY, f"d:{queued.decision}")]
     mid = await bot.api.send_text(
         outgoing.chat_id,
         queued.text,
         thread=queued.thread,
         reply_to=queued.reply_to,
-        buttons=buttons,
+        buttons=keyboard,
     )
     return (mid,)
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import shlex
 import time
 from typing import Any
 
 from toren import ActorFailed, Context
 from toren.actors.channel import outbound, runtime
 from toren.channels import (
+    TEXT_LIMIT,
     ChannelState,
     ConversationEnded,
     ObservedRun,
@@ -24,7 +26,7 @@ from toren.channels import (
     PromptOpened,
     RunRead,
 )
-from toren.kernel import decode
+from toren.kernel import decode, printable
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,
@@ -67,12 +69,26 @@ _INTERESTING = {
 }
 
 
-def _args(arguments: Any, limit: int) -> str:
+def _args(arguments: Any) -> str:
+    """A call's arguments as the chat shows them: JSON, with every character that could hide
+    or reorder what is read (bidi controls, C0 and C1 controls, lone surrogates) written as an
+    escape, as the CLI and the console show them (``"/home/\\u202efdp.sh"``, not a path that
+    reads backwards)."""
     try:
         text = json.dumps(arguments, ensure_ascii=False, indent=1)
     except (TypeError, ValueError):
         text = repr(arguments)
-    return outbound.cut(text, limit)
+    return printable(text)
+
+
+def where_to_decide(run: str, call_id: str) -> str:
+    """Where a call that cannot be decided from the chat is seen whole and decided."""
+    call = shlex.quote(printable(call_id))
+    return (
+        f"See it whole and decide it on the console's page of run {run}, or with:\n"
+        f"toren jobs approve {run} --call {call}\n"
+        f"toren jobs deny {run} --call {call}"
+    )
 
 
 def _from_the_chat(kind: str, data: Any) -> int:
@@ -199,7 +215,7 @@ class Reader:
                 )
                 verb = "Approved" if event.approved else "Denied"
                 via = f" ({event.channel})" if event.channel != "telegram" else ""
-                text = f"{verb} by {event.who}{via}: {opened.name}."
+                text = printable(f"{verb} by {event.who}{via}: {opened.name}.")
                 outbound.queue(ctx, opened.chat_id, text, kind="notice", thread=thread)
         elif isinstance(event, RunFailed | ActorFailed):
             message = event.message if isinstance(event, RunFailed) else event.error
@@ -225,21 +241,36 @@ class Reader:
         *,
         agent: str,
     ) -> None:
+        """Prompt ``chat`` for a decision on call ``call_id`` of ``run`` (the conversation's run,
+        or a child run of its cross-agent call).
+
+        The prompt decides (buttons, a reply) only if it shows the whole call: its head, every
+        argument (escaped) and its tail in one Telegram message. A call too long for that is
+        shown cut, without buttons; a reply to it decides nothing, and it says where the call
+        is seen whole and decided."""
         ctx = self.ctx
         decision = secrets.token_urlsafe(12)  # 16 characters: "a:" + it is 18 bytes, under 64
         where = f"\n(in {cwd})" if cwd else ""
-        head = f"{ctx.state.agent} asks to run {name}:{where}\n"
+        head = printable(f"{ctx.state.agent} asks to run {name}:{where}\n")
         tail = (
             "\nApprove or deny with the buttons, or reply to this message: approve / deny, and why."
         )
-        body = _args(arguments, 3500 - len(head) - len(tail))
+        body = _args(arguments)
+        decidable = outbound.units(head + body + tail) <= TEXT_LIMIT
+        if not decidable:
+            tail = (
+                "\nThis call is too long to show whole in one message, so it cannot be decided "
+                f"here. {where_to_decide(run, call_id)}"
+            )
+            body = outbound.cut(body, TEXT_LIMIT - outbound.units(head + tail))
         ctx.emit(
             PromptOpened(
                 decision=decision,
                 run=run,
                 call_id=call_id,
-                name=name[:200],
+                name=printable(name[:200]),
                 chat_id=chat,
+                decidable=decidable,
                 at=time.time(),
                 agent=agent,
             )
@@ -280,10 +311,12 @@ class Reader:
         source = f"{run}#{seq}"
         text = ""
         if isinstance(event, ToolIntended):
-            text = f"\U0001f527 {run}: {event.name} {_args(event.arguments, 600)}"
+            call = printable(event.name) + " " + outbound.cut(_args(event.arguments), 600)
+            text = f"\U0001f527 {run}: {call}"
         elif isinstance(event, ApprovalRequested):
+            call = printable(event.name) + " " + outbound.cut(_args(event.arguments), 600)
             text = (
-                f"\u23f8 {run} waits for a decision on {event.name} {_args(event.arguments, 600)}\n"
+                f"\u23f8 {run} waits for a decision on {call}\n"
                 "(observers cannot decide: use the console, or toren jobs approve)"
             )
         elif isinstance(event, RunCompleted):

@@ -345,15 +345,20 @@ class Failed:
 @message("prompt.opened")
 @attrs.frozen(kw_only=True)
 class PromptOpened:
+    """A prompt for a decision on call ``call_id`` of ``run`` was queued for ``chat_id``."""
+
     decision: str
     run: str
     call_id: str
-    name: str
+    name: str  # the call as the prompt names it, escaped (printable)
     chat_id: int
     at: float = 0.0
     # the agent whose call it is (a child run's for a call made below the conversation's run);
     # "" in a record of an earlier version: the bot's own agent
     agent: str = ""
+    # False: the call was too long to show whole in one message, so the prompt was sent
+    # without buttons and a reply to it decides nothing (it says where to decide instead).
+    decidable: bool = True
 
 
 @message("prompt.closed")

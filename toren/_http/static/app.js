@@ -25,6 +25,12 @@ function visible(text) {
   });
 }
 
+// Run text inside HTML built as a string (the runs list, the timeline's labels): shown as
+// visible() shows it, then escaped as markup.
+function escShown(text) {
+  return esc(visible(text));
+}
+
 // An element holding text (never parsed as markup).
 function el(tag, className = "", text = undefined) {
   const node = document.createElement(tag);
@@ -101,7 +107,7 @@ async function loadRuns() {
   $("runs-body").innerHTML = page.runs.map((r) => `
     <tr data-run="${esc(r.id.slice(4))}">
       <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
-      <td>${esc(r.agent)}</td><td>${esc(r.input.slice(0, 80))}</td>
+      <td>${escShown(r.agent)}</td><td>${escShown(r.input.slice(0, 80))}</td>
       <td>${r.calls_made}</td><td>$${Number(r.usd_paid).toFixed(4)}</td>
       <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
   for (const row of $("runs-body").querySelectorAll("tr")) {
@@ -403,7 +409,7 @@ async function refreshRun(uuid) {
   $("run-output").hidden = !(run.output || run.error);
   $("run-output").textContent = run.output || `${run.error_class}: ${run.error}`;
   // Parent and child runs of cross-agent calls, linked both ways.
-  const link = (id, text) => `<a href="#/runs/${esc(id.slice(4))}">${esc(text)}</a>`;
+  const link = (id, text) => `<a href="#/runs/${esc(id.slice(4))}">${escShown(text)}</a>`;
   const links = [
     ...(run.parent ? [`started by ${link(run.parent, run.parent)}`] : []),
     ...run.children.map((c) => `child ${link(c.run, `${c.agent} (${c.status})`)}` +
@@ -421,18 +427,20 @@ async function refreshRun(uuid) {
   $("decision-controls").hidden = !mayDecide;
   $("decision-not-allowed").hidden = mayDecide;
   if (waiting) {
-    const where = waiting.run === run.id ? "" :
-      ` (child run ${link(waiting.run, `${waiting.agent} ${waiting.run.slice(4, 12)}`)})`;
+    // What is decided is shown as it is, as text (el): every character that could hide or
+    // reorder it (a U+202E in a path) written as an escape, as the CLI shows it.
     // A sandboxed command is shown exactly, with the directory it would run in.
     const command = waiting.cwd && typeof waiting.arguments.command === "string";
-    $("decision-what").innerHTML = command
-      ? `<code>${esc(waiting.tool)}</code> in <code>${esc(visible(waiting.cwd))}</code>${where}
-        <pre class="output exact"></pre>`
-      : `<code>${esc(waiting.tool)}</code>
-        <code>${esc(JSON.stringify(waiting.arguments))}</code>${where}`;
-    if (command) {
-      $("decision-what").querySelector("pre").textContent = visible(`$ ${waiting.arguments.command}`);
+    const what = [el("code", "", waiting.tool)];
+    if (command) what.push(" in ", el("code", "", waiting.cwd));
+    else what.push(" ", el("code", "", JSON.stringify(waiting.arguments)));
+    if (waiting.run !== run.id) {
+      const child = el("a", "", `${waiting.agent} ${waiting.run.slice(4, 12)}`);
+      child.href = `#/runs/${waiting.run.slice(4)}`;
+      what.push(" (child run ", child, ")");
     }
+    if (command) what.push(el("pre", "output exact", `$ ${waiting.arguments.command}`));
+    $("decision-what").replaceChildren(...what);
     // The decision names the call shown: if the run has moved on meanwhile, it is refused
     // (409) and never applied to another call.
     const decide = (approved) => async () => {
@@ -548,13 +556,13 @@ function drawTimeline(events) {
     const w = Math.max(3, x(b.to) - x(b.from));
     const fill = b.lane === 0 && b.step <= replayed ? "var(--replayed)" : colour(b);
     svg += `<rect x="${x(b.from)}" y="${top + b.lane * laneH + 8}" width="${w}" height="18" rx="3"
-      fill="${fill}"><title>${esc(b.label)}</title></rect>`;
-    if (w > 50) svg += `<text x="${x(b.from) + 4}" y="${top + b.lane * laneH + 21}" font-size="11" fill="#fff">${esc(b.label)}</text>`;
+      fill="${fill}"><title>${escShown(b.label)}</title></rect>`;
+    if (w > 50) svg += `<text x="${x(b.from) + 4}" y="${top + b.lane * laneH + 21}" font-size="11" fill="#fff">${escShown(b.label)}</text>`;
   }
   for (const m of marks) {
     const stroke = m.kind === "bad" ? "var(--bad)" : m.kind === "end" ? "var(--tool)" : "var(--muted)";
     svg += `<line x1="${x(m.at)}" x2="${x(m.at)}" y1="${top}" y2="${top + laneH * 4}" stroke="${stroke}"
-      stroke-dasharray="${m.kind === "resume" ? "4 3" : ""}"><title>${esc(m.label)}</title></line>`;
+      stroke-dasharray="${m.kind === "resume" ? "4 3" : ""}"><title>${escShown(m.label)}</title></line>`;
   }
   svg += `<text class="lane" x="${left}" y="${top + laneH * 4 + 20}">0 s</text>
     <text class="lane" x="${W - 60}" y="${top + laneH * 4 + 20}">${((end - t0) / 1000).toFixed(1)} s</text></svg>`;
