@@ -46,9 +46,8 @@ from toren import (
     __version__,
     durable_sleep,
 )
-from toren.actors import calls, compaction, inflight, sandboxing
+from toren.actors import calls, compaction, deciding, inflight, sandboxing
 from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
-from toren.channels import approvers_of, telegram_user
 from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
@@ -62,15 +61,12 @@ from toren.runs import (
     RUN_KIND,
     SNAPSHOT_VERSION,
     Agent,
-    ApprovalDecided,
     ApprovalRequested,
     Cancel,
     ChildAsked,
     ChildEnded,
     Continue,
     Decide,
-    DecisionOutcome,
-    DecisionRefused,
     Message,
     MessageReceived,
     ModelCalled,
@@ -105,7 +101,6 @@ from toren.runs import (
     context_messages,
     final_text,
     fold,
-    judge_decision,
     occurrences_of,
     receipt,
     summary,
@@ -303,7 +298,7 @@ class RunActor(Actor[RunState]):
         if live:
             self._check_resume(ctx, go_on=not isinstance(msg, Continue))
         if isinstance(msg, Decide):
-            self._decide(ctx, msg)  # answered whatever the run's status
+            deciding.decide(ctx, msg)  # answered whatever the run's status
             return
         if not live:
             if isinstance(msg, Continue):
@@ -343,48 +338,6 @@ class RunActor(Actor[RunState]):
             # from it, not sent again (and were checked against this code's parameters).
             ctx.emit(RunResumed(replayed=len(state.calls), checked_as=checked_as))
         self._verified_seq = ctx.seq
-
-    def _decide(self, ctx: Context[RunState], msg: Decide) -> None:
-        outcome = judge_decision(ctx.state, msg)
-        user = telegram_user(msg.by)
-        if user is not None and user not in approvers_of(agent_named(ctx.state.agent)):
-            # The surfaces check who may decide; the run checks it too, for the decisions that
-            # come from a chat (a prompt for a child run's call shows in its parent's chat).
-            detail = (
-                f"Telegram user {user} is not an approver of {ctx.state.agent or 'this run'}"
-                f"'s bot: it may not decide call {msg.call_id!r}"
-            )
-            outcome = DecisionOutcome(call_id=msg.call_id, outcome="forbidden", detail=detail)
-        who, via = author(msg)
-        if outcome.outcome == "applied":
-            kill_point("decision.received")
-            ctx.emit(
-                ApprovalDecided(
-                    call_id=msg.call_id,
-                    approved=msg.approved,
-                    who=who,
-                    reason=msg.reason,
-                    channel=via,
-                    at=time.time(),
-                    by=msg.by,
-                )
-            )
-            ctx.send(ctx.actor_id, Continue())
-        elif outcome.outcome != "repeated":
-            log.warning("%s: decision refused: %s", ctx.actor_id, outcome.detail)
-            ctx.emit(
-                DecisionRefused(
-                    call_id=msg.call_id,
-                    approved=msg.approved,
-                    who=who,
-                    reason=msg.reason,
-                    channel=via,
-                    outcome=outcome.outcome,
-                    at=time.time(),
-                    by=msg.by,
-                )
-            )
-        ctx.reply(outcome)
 
     async def _next(self, ctx: Context[RunState]) -> None:
         state = ctx.state

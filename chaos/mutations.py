@@ -109,7 +109,7 @@ def _unbound_decisions() -> None:
     import attrs
 
     import toren.runs
-    from toren.actors import run
+    from toren.actors import deciding
     from toren.runs import DecisionOutcome, state, waiting_on
 
     bound = state.judge_decision
@@ -121,18 +121,18 @@ def _unbound_decisions() -> None:
         detail = f"applied to {waiting[0]}, the first call waiting"
         return DecisionOutcome(call_id=waiting[0], outcome="applied", detail=detail)
 
-    for module in (state, toren.runs, run):
+    for module in (state, toren.runs, deciding):
         module.judge_decision = judge_decision  # type: ignore[attr-defined]
-    original = run.RunActor._decide
+    original = deciding.decide
 
-    def decide(self: Any, ctx: Any, msg: Any) -> None:
+    def decide(ctx: Any, msg: Any) -> None:
         # The decision is recorded for the call it was applied to, as it was before.
         outcome = judge_decision(ctx.state, msg)
         if outcome.outcome == "applied" and outcome.call_id != msg.call_id:
             msg = attrs.evolve(msg, call_id=outcome.call_id)
-        original(self, ctx, msg)
+        original(ctx, msg)
 
-    run.RunActor._decide = decide  # type: ignore[method-assign]
+    deciding.decide = decide
 
 
 def _child_end_after_commit() -> None:

@@ -139,6 +139,39 @@ async def test_a_decision_for_another_call_is_refused_and_never_applied(
     assert refused == [("p1", "conflict"), ("nope", "not_waiting")]
 
 
+async def test_a_flood_of_refused_decisions_records_twenty_then_one_and_the_run_goes_on(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = by_position(
+        Reply([ToolCall(id="p1", name="pay", arguments={"to": "alice", "amount": 1})]),
+        Reply("Done."),
+    )
+    async with model(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "payer", "pay alice")
+        await wait_for(lambda: waits_for(client, run_id, "p1"), what="asks about p1")
+        for i in range(30):
+            bogus = await decide(
+                client,
+                run_id,
+                call_id=f"bogus-{i}",
+                approved=True,
+                by=person("mallory"),
+                reason="r" * 2000,
+            )
+            assert bogus is not None
+            assert bogus.outcome == "not_waiting"  # every one answered, recorded or not
+        applied = await decide(client, run_id, call_id="p1", approved=True, by=person("alice"))
+        assert applied is not None
+        assert applied.outcome == "applied"
+        await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
+    journal = await client.journal(run_id)
+    refused = [e.data["call_id"] for e in journal if e.type == "decision.refused"]
+    assert refused == [f"bogus-{i}" for i in range(20)]
+    [muted] = [e.data for e in journal if e.type == "decision.refusals_muted"]
+    assert muted["recorded"] == 20
+    assert muted["until"] - muted["since"] == 3600
+
+
 async def test_a_decision_nobody_answers_is_pending_and_applies_only_to_its_call(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

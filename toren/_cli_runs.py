@@ -186,6 +186,11 @@ def _describe(event_type: str, data: dict[str, Any]) -> str:
             f"{verdict} of call {data['call_id']} by {data['who']} via {data['channel']} "
             f"refused ({data['outcome'].replace('_', ' ')}); not recorded as a decision"
         )
+    if event_type == "decision.refusals_muted":
+        return (
+            f"{data['recorded']} decisions refused within the hour: those refused in the "
+            f"{int(data['until'] - data['at'])} s after this are answered but not recorded"
+        )
     if event_type == "child.started":
         return f"child run {data['run_id']} of {data['agent']} started (call {data['call_id']})"
     if event_type == "child.finished":

@@ -63,6 +63,8 @@ from toren.runs.client import (
 )
 from toren.runs.events import (
     FORMAT,
+    REFUSAL_WINDOW,
+    REFUSALS_RECORDED,
     RUN_KIND,
     ApprovalDecided,
     ApprovalRequested,
@@ -78,6 +80,7 @@ from toren.runs.events import (
     Decide,
     DecisionOutcome,
     DecisionRefused,
+    DecisionsMuted,
     MessageReceived,
     ModelCalled,
     ModelCalling,
@@ -124,6 +127,8 @@ __all__ = [
     "FORMAT",
     "GENESIS",
     "MESSAGE_CAP",
+    "REFUSALS_RECORDED",
+    "REFUSAL_WINDOW",
     "RUN_KIND",
     "SNAPSHOT_VERSION",
     "TOOL_RESULT_CAP",
@@ -144,6 +149,7 @@ __all__ = [
     "Decide",
     "DecisionOutcome",
     "DecisionRefused",
+    "DecisionsMuted",
     "IdempotencyConflict",
     "InvalidStart",
     "Message",

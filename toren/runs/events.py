@@ -384,6 +384,27 @@ class DecisionRefused:
     v: int = FORMAT
 
 
+REFUSALS_RECORDED = 20
+"""Refused decisions a run records per hour (``decision.refused``); past them one
+``decision.refusals_muted`` says that the rest of the hour's are answered, not recorded."""
+REFUSAL_WINDOW = 3600.0
+"""Seconds of a window of refused decisions: it starts at the first refusal after the last one
+ended."""
+
+
+@message("decision.refusals_muted")
+@attrs.frozen(kw_only=True)
+class DecisionsMuted:
+    """More than :data:`REFUSALS_RECORDED` decisions were refused since ``since``: this one
+    and those until ``until`` are answered (refused, as ever) but not recorded, so that bogus
+    decisions cannot grow the journal without bound."""
+
+    since: float
+    until: float
+    recorded: int  # the decision.refused events recorded since ``since``
+    at: float = 0.0
+
+
 @message("message.received")
 @attrs.frozen(kw_only=True)
 class MessageReceived:

@@ -17,6 +17,7 @@ from toren._history import History, Ledger
 from toren._json import dumps
 from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
+    REFUSAL_WINDOW,
     ApprovalDecided,
     ApprovalRequested,
     CalleesDescribed,
@@ -25,6 +26,8 @@ from toren.runs.events import (
     ContextCompacted,
     Decide,
     DecisionOutcome,
+    DecisionRefused,
+    DecisionsMuted,
     MessageReceived,
     ModelCalled,
     ModelCalling,
@@ -93,7 +96,7 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 5
+SNAPSHOT_VERSION = 6
 
 
 @attrs.frozen(kw_only=True)
@@ -170,6 +173,10 @@ class RunState:
     parent_call: str = ""
     chain: tuple[str, ...] = ()
     depth_limit: int | None = None  # how deep the chain may go, set by the runs above
+    # refused decisions recorded (decision.refused, and decision.refusals_muted past the
+    # bound) in the window that started at ``refusals_since``
+    refusals_since: float = 0.0
+    refusals: int = 0
     budget_cap: Decimal | None = None
     children: PMap[str, ChildStarted] = attrs.field(factory=pmap)  # latest child of a call
     finished: PMap[str, ChildFinished] = attrs.field(factory=pmap)  # by child run id
@@ -399,6 +406,10 @@ def fold(state: RunState, event: Any) -> RunState:
                 parked_seconds=state.parked_seconds + max(0.0, waited),
             )
         return state
+    if isinstance(event, DecisionRefused | DecisionsMuted):
+        if event.at - state.refusals_since >= REFUSAL_WINDOW:
+            return attrs.evolve(state, refusals_since=event.at, refusals=1)
+        return attrs.evolve(state, refusals=state.refusals + 1)
     if isinstance(event, RunResumed):
         state = attrs.evolve(
             state,

@@ -526,6 +526,8 @@ function drawTimeline(events) {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
     } else if (e.type === "decision.refused") {
       marks.push({ at: t(e), label: `decision for ${d.call_id} refused: ${d.outcome}`, kind: "bad" });
+    } else if (e.type === "decision.refusals_muted") {
+      marks.push({ at: t(e), label: `${d.recorded} decisions refused: more not recorded`, kind: "bad" });
     } else if (e.type === "context.compacted") {
       if (d.tier === "hard") bars.push({ lane: 0, from: t(e) - (d.latency_ms || 0), to: t(e),
         step: Infinity, label: "summary" });

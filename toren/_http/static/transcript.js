@@ -192,6 +192,8 @@ const ENTRIES = {
     d.reason ? longText("span", "reason", `: ${d.reason}`) : ""),
   "decision.refused": (t, e, d) => step(t, e, "bad",
     `a decision (${d.approved ? "approve" : "deny"}) by ${principalText(d)} was refused: ${d.outcome}`),
+  "decision.refusals_muted": (t, e, d) => step(t, e, "bad",
+    `${d.recorded} decisions refused within the hour: more, until ${new Date(d.until * 1000).toLocaleTimeString()}, are refused without a record`),
   "timer.set": (t, e, d) => step(t, e, "muted", `sleeping ${d.seconds} s`),
   "timer.fired": (t, e, d) => step(t, e, "muted", "woke up"),
   "child.started": (t, e, d) => step(t, e, "child", `child run of ${d.agent}: `,
