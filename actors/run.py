@@ -275,9 +275,7 @@ class RunActor(Actor[RunState]):
             return
         if isinstance(msg, Say):
             if not state.agent and state.status != "failed":
-                # Handled before the run's start (say() right after start_run: its system lane
-                # is taken first): sent again, behind the start, so it is heard after the input.
-                ctx.send(ctx.actor_id, msg)
+                _after_the_start(ctx, msg)
                 return
             was_done = state.status == "completed"
             if was_done and state.parent:
@@ -556,11 +554,8 @@ class RunActor(Actor[RunState]):
             return
         if ctx.state.pending_calls:
             ctx.send(ctx.actor_id, Continue())
-            return
-        # An answer that asks for nothing ends the turn in the commit that records it: a
-        # message that arrives next starts a new turn after this one, whose answer is out.
-        if not _over_time(ctx, agent):
-            ctx.emit(RunCompleted(output=final_text(ctx.state.calls[-1].response)))
+        else:
+            _end_turn(ctx, agent)
 
     def _compaction_hooks(self, ctx: Context[RunState]) -> compaction.Hooks:
         callees = ctx.state.callees
@@ -621,6 +616,19 @@ def _over_budget(ctx: Context[RunState], agent: Agent) -> bool:
         )
     )
     return True
+
+
+def _after_the_start(ctx: Context[RunState], msg: Say) -> None:
+    """A message handled before the run's start (a say() right after start_run: the system lane
+    is taken first) is sent again, behind the start, so that it is heard after the input."""
+    ctx.send(ctx.actor_id, msg)
+
+
+def _end_turn(ctx: Context[RunState], agent: Agent) -> None:
+    """The model's answer asks for nothing: it ends the turn in the commit that records it, so
+    that a message arriving next starts a new turn after this one, whose answer is out."""
+    if not _over_time(ctx, agent):
+        ctx.emit(RunCompleted(output=final_text(ctx.state.calls[-1].response)))
 
 
 def _over_time(ctx: Context[RunState], agent: Agent) -> bool:

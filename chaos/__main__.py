@@ -65,11 +65,13 @@ async def _cells(
             )
             clean = {
                 "chaos": expected,
+                "early": expected,
                 "call": call,
                 "sandbox": sandbox,
                 "rerunnable": sandbox,
                 "at_least_once": telegram,
                 "at_most_once": telegram,
+                "interrupted": telegram,
             }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":

@@ -74,6 +74,7 @@ from chaos.oracle import (
     Observed,
     Sent,
     Takeover,
+    early_problems,
     judge,
     lost_note,
     meant_for,
@@ -98,7 +99,7 @@ from toren._db import with_database
 from toren._migrate import migrate
 from toren._principal import Principal
 from toren.actors.sandbox.docker import Docker
-from toren.runs import DecisionOutcome, decide, read_run, start_run, waiting_on
+from toren.runs import DecisionOutcome, decide, read_run, say, start_run, waiting_on
 from toren.sandbox import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
@@ -108,12 +109,28 @@ if TYPE_CHECKING:
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
 Fault = Literal["sigkill", "pg_terminate", "sigstop"]
-Shape = Literal["chaos", "call", "sandbox", "rerunnable", "at_least_once", "at_most_once"]
+Shape = Literal[
+    "chaos",
+    "early",
+    "call",
+    "sandbox",
+    "rerunnable",
+    "at_least_once",
+    "at_most_once",
+    "interrupted",
+]
 SANDBOX_SHAPES = ("sandbox", "rerunnable")
 # A Telegram cell's shape is its bot's delivery; the run is started by the chat, not the harness.
 TELEGRAM_SHAPES = ("at_least_once", "at_most_once")
+# The chats: each delivery's, and one whose user writes again while an answer is being made (at
+# least once).
+CHAT_SHAPES = (*TELEGRAM_SHAPES, "interrupted")
+# The chaos agent's run, told something between its start and the start's handling.
+EARLY = "and one more thing before you start"
 AGENTS: dict[Shape, str] = {
     "chaos": "chaos",
+    "early": "chaos",
+    "interrupted": "chatty",
     "call": "caller",
     "sandbox": "sandboxed",
     "rerunnable": "rerunnable",
@@ -280,7 +297,7 @@ class Harness:
     ) -> tuple[CellResult, Observed | CallObserved | SandboxObserved | TelegramObserved]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
-        if cell.shape in TELEGRAM_SHAPES:
+        if cell.shape in CHAT_SHAPES:
             # Imported here: chaos.telegram builds on this module (its execution and faults).
             from chaos.telegram import TelegramExpected, run_telegram_cell
 
@@ -343,6 +360,8 @@ class Harness:
                             step for run, step in execution.unsent if run == execution.run_id
                         ),
                     )
+                    if cell.shape == "early":
+                        execution.problems.extend(early_problems(observed, EARLY))
             finally:
                 for w in execution.workers:
                     w.close()
@@ -464,6 +483,10 @@ class _Execution:
         self.run_id = await start_run(
             self.client, AGENTS[cell.shape], f"case {uuid.uuid4().hex[:8]}"
         )
+        if cell.shape == "early":
+            # Before any worker runs: the message waits on the lane a run takes first, so the
+            # run handles it before its start.
+            await say(self.client, self.run_id, EARLY, by=CHAOS)
         victim_env = dict(self.env)
         hold: Hold | None = None
         if cell.fault is None:

@@ -85,6 +85,17 @@ SIGSTOP_AT = frozenset(
 NO_SESSIONS = frozenset({"shutdown.released"})
 
 
+# The early cells: the chaos agent's run told something before a worker handled its start (a
+# say() right after start_run; the message is taken first, sent again behind the start, heard
+# after the input). Its first steps: the message sent again (step 1, no event), the start, the
+# message heard, then the run as in the plain cells.
+EARLY_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("step.committed", 1, ("sigkill",)),  # the message sent again behind the start
+    ("committed:run.started", 1, ("sigkill", "pg_terminate")),
+    ("committing:message.received", 1, ("sigkill",)),
+)
+
+
 def cells() -> list[Cell]:
     out = []
     for point, k in POINTS:
@@ -93,6 +104,7 @@ def cells() -> list[Cell]:
             out.append(Cell(point, k, "pg_terminate"))
         if point in SIGSTOP_AT:
             out.append(Cell(point, k, "sigstop"))
+    out.extend(Cell(p, k, f, shape="early") for p, k, faults in EARLY_POINTS for f in faults)
     return out
 
 
@@ -167,6 +179,15 @@ AT_MOST_ONCE_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
 )
 
 
+# The interrupted chat (at least once): message 2 is sent to the run while the model answers
+# message 1. Answer 1 and the end of its turn commit together (run.completed#1), then the run
+# takes message 2 (message.received#1); the chat must get every answer, each once, in order.
+INTERRUPTED_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("committed:run.completed", 1, ("sigkill", "pg_terminate")),
+    ("committed:message.received", 1, ("sigkill",)),
+)
+
+
 def telegram_cells() -> list[Cell]:
     both: list[tuple[str, int, Fault, Shape]] = [
         (p, k, f, shape)
@@ -177,7 +198,10 @@ def telegram_cells() -> list[Cell]:
     once: list[tuple[str, int, Fault, Shape]] = [
         (p, k, f, "at_most_once") for p, k, faults in AT_MOST_ONCE_POINTS for f in faults
     ]
-    return [Cell(p, k, f, shape=shape) for p, k, f, shape in both + once]
+    interrupted: list[tuple[str, int, Fault, Shape]] = [
+        (p, k, f, "interrupted") for p, k, faults in INTERRUPTED_POINTS for f in faults
+    ]
+    return [Cell(p, k, f, shape=shape) for p, k, f, shape in both + once + interrupted]
 
 
 # Each mutation runs where the protection it removes is what saves the run.
@@ -232,6 +256,10 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
         Cell("model.in_flight", 2, "sigkill"),
         Cell("model.received", 3, "sigkill"),
     ),
+    # The chat writes while the model answers: the answer's turn ends after the message came.
+    "turn-ends-later": (Cell("committed:message.received", 1, "sigkill", shape="interrupted"),),
+    # Told something before its start: recorded at once, the start's fold leaves it out.
+    "early-message-dropped": (Cell("committed:run.started", 1, "sigkill", shape="early"),),
 }
 
 
@@ -247,6 +275,8 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "telegram-confirm-before-record": "handled 0 times, expected once (lost)",
     "telegram-send-unrecorded": "delivered twice, in an at-most-once cell",
     "calls-unannounced": "made and 0 lost in flight",
+    "turn-ends-later": "never ended its turn",
+    "early-message-dropped": "heard out of place",
 }
 
 
@@ -342,6 +372,13 @@ async def clean_run(harness: Harness) -> Expected:
             short.append(f"{p}#{k} (reached {trace[p]} times)")
     if short:
         raise RuntimeError(f"the clean run does not reach: {', '.join(short)}")
+    early = Cell("clean", 0, None, shape="early")
+    result, seen = await harness.run_cell(early, expected)
+    if not result.passed:
+        raise RuntimeError(f"the clean early run failed: {list(result.problems)}")
+    short = _unreached(harness, early, [(p, k) for p, k, _ in EARLY_POINTS])
+    if short:
+        raise RuntimeError(f"the clean early run does not reach: {', '.join(short)}")
     return expected
 
 
@@ -468,7 +505,16 @@ async def clean_telegram_run(harness: Harness) -> TelegramExpected:
             raise RuntimeError(f"the clean {shape} Telegram run does not reach: {', '.join(short)}")
         found.append(expected)
     queued = {shape: q for e in found for shape, q in e.queued.items()}
-    return attrs.evolve(found[0], queued=queued)
+    expected = attrs.evolve(found[0], queued=queued)
+    # The interrupted chat ends as the plain one does: every answer queued once, in order.
+    interrupted = Cell("clean", 0, None, shape="interrupted")
+    result, _ = await harness.run_cell(interrupted, expected)
+    if not result.passed:
+        raise RuntimeError(f"the clean interrupted Telegram run failed: {list(result.problems)}")
+    short = _unreached(harness, interrupted, [(p, k) for p, k, _ in INTERRUPTED_POINTS])
+    if short:
+        raise RuntimeError(f"the clean interrupted Telegram run does not reach: {', '.join(short)}")
+    return expected
 
 
 def _unreached(harness: Harness, clean: Cell, points: list[tuple[str, int]]) -> list[str]:

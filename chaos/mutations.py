@@ -28,6 +28,11 @@ switch for them.
 - ``calls-unannounced``: a run no longer announces the model call its next step makes
   (``model.calling``): a call lost in flight at a crash is made again and counted nowhere, and
   the receipt shows fewer calls than the provider received.
+- ``turn-ends-later``: an answer that asks for no tool ends its turn (``run.completed``) in the
+  run's next step, not in the commit that records it: a message that arrives in between is taken
+  first, and the answer never reaches the chat.
+- ``early-message-dropped``: a message handled before its run's start is recorded at once, not
+  sent again behind the start: the start's fold begins the conversation without it.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ MUTATIONS = (
     "telegram-confirm-before-record",
     "telegram-send-unrecorded",
     "calls-unannounced",
+    "turn-ends-later",
+    "early-message-dropped",
 )
 
 _FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
@@ -222,6 +229,27 @@ def _calls_unannounced() -> None:
     inflight.announce = announce_nothing
 
 
+def _turn_ends_later() -> None:
+    from toren.actors import run
+    from toren.runs import Continue
+
+    def end_turn(ctx: Any, agent: Any) -> None:
+        ctx.send(ctx.actor_id, Continue())  # the next step completes the run (if nothing came)
+
+    run._end_turn = end_turn
+
+
+def _early_message_dropped() -> None:
+    from toren.actors import run
+    from toren.runs import MessageReceived, author
+
+    def recorded_at_once(ctx: Any, msg: Any) -> None:
+        who, via = author(msg)
+        ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))
+
+    run._after_the_start = recorded_at_once
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -238,6 +266,8 @@ def load(name: str) -> None:
         "telegram-confirm-before-record": _telegram_confirm_before_record,
         "telegram-send-unrecorded": _telegram_send_unrecorded,
         "calls-unannounced": _calls_unannounced,
+        "turn-ends-later": _turn_ends_later,
+        "early-message-dropped": _early_message_dropped,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

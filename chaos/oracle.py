@@ -96,6 +96,23 @@ class Observed:
     unsent: frozenset[int] | None = None
 
 
+def early_problems(seen: Observed, early: str) -> list[str]:
+    """A message sent before the run's start was handled is heard once, after the start and
+    before the first model call, in the first request's user turn (after the input)."""
+    kinds = [r.type for r in seen.journal]
+    heard = [r.data.get("text") for r in seen.journal if r.type == "message.received"]
+    if heard != [early]:
+        return [f"the run heard {heard} after its start, expected the early message once"]
+    first_call = kinds.index("model.called") if "model.called" in kinds else len(kinds)
+    if not kinds.index("run.started") < kinds.index("message.received") < first_call:
+        return [f"the early message was heard out of place: {kinds[:8]}"]
+    first = seen.state.messages[0] if seen.state.messages else None
+    texts = [getattr(b, "text", None) for b in first.content] if first is not None else []
+    if texts != [seen.state.input, early]:
+        return [f"the first turn holds {texts}, expected the input and then the early message"]
+    return []
+
+
 @attrs.frozen
 class Verdict:
     problems: tuple[str, ...]

@@ -83,6 +83,7 @@ from toren.channels import (
 from toren.channels.client import code_hash, new_code
 from toren.runs import RunState, read_run
 from toren.testing import AnthropicServer
+from toren.testing import Hold as ModelHold
 from toren.testing.telegram_server import Hold, TelegramServer
 
 CHAT = 7001  # the user's private chat with the bot (each cell has its own server)
@@ -90,9 +91,14 @@ USER = 7001
 HELD = ("telegram.in_flight", "telegram.delivered")  # the server's points: a send held
 
 
+def delivery(shape: str) -> str:
+    """The delivery of a Telegram cell's bot (an interrupted chat's is at least once)."""
+    return "at_most_once" if shape == "at_most_once" else "at_least_once"
+
+
 def agent(shape: str) -> Agent:
-    """The agent a Telegram cell of ``shape`` (its bot's delivery) talks to."""
-    return app.chatty if shape == "at_least_once" else app.chatty_once
+    """The agent a Telegram cell of ``shape`` talks to (its bot has the shape's delivery)."""
+    return app.chatty if delivery(shape) == "at_least_once" else app.chatty_once
 
 
 def bot_settings(shape: str) -> Telegram:
@@ -186,6 +192,7 @@ def judge_telegram(seen: TelegramObserved, expected: TelegramExpected) -> Verdic
     problems.extend(_fold_problems(seen.channel_journal))
     problems.extend(_update_problems(seen, expected))
     problems.extend(_heard_problems(seen))
+    problems.extend(_answer_problems(seen))
     problems.extend(delivery_problems(seen, expected))
     if seen.deadletters:
         problems.append(f"{seen.deadletters} messages dead-lettered")
@@ -242,6 +249,25 @@ def _heard_problems(seen: TelegramObserved) -> list[str]:
     times = Counter(heard)
     counted = ", ".join(f"{text[:30]!r} {times[text]}x" for text in seen.said)
     return [f"the run heard {[h[:30] for h in heard]} ({counted}): each message once, in order"]
+
+
+def _answer_problems(seen: TelegramObserved) -> list[str]:
+    """Every answer that asked for no tool ended its turn (``run.completed``) before the run
+    took another message: else the model believes the chat saw an answer it never got."""
+    problems, answered = [], None
+    for row in seen.journal:
+        if row.type == "model.called":
+            called = decode(row.type, row.data)
+            answered = None if called.response.tool_calls else called.step
+        elif row.type in ("run.completed", "run.failed", "steps.invalidated"):
+            answered = None
+        elif row.type == "message.received" and answered is not None:
+            problems.append(
+                f"the answer of model call {answered} never ended its turn: the run took "
+                f"{str(row.data.get('text'))[:30]!r} first, and the chat never got the answer"
+            )
+            answered = None
+    return problems
 
 
 def delivery_problems(seen: TelegramObserved, expected: TelegramExpected) -> list[str]:
@@ -343,6 +369,8 @@ class TelegramExecution(_Execution):
         self.said = said(uuid.uuid4().hex[:8])
         self.pushed: dict[int, str] = {}
         self.hold: Hold | None = None
+        # an interrupted chat: the model's first request, held while message 2 is sent
+        self.asked: ModelHold | None = None
         self.hold_set = anyio.Event()
 
     def _push(self, text: str) -> None:
@@ -368,6 +396,8 @@ class TelegramExecution(_Execution):
         elif cell.point not in HARNESS_POINTS:
             victim_env["TOREN_KILL_POINT"] = f"{cell.point}#{cell.occurrence}"
             victim_env["TOREN_KILL_POINT_DIR"] = str(self.points)
+        if cell.shape == "interrupted":
+            self.asked = self.model.hold(1)
         victim = self.start(victim_env, "victim")
         evidence = ""
         async with anyio.create_task_group() as tg:
@@ -390,8 +420,13 @@ class TelegramExecution(_Execution):
 
     async def _converse(self) -> None:
         """Write the next message once the previous answer reached the chat; in a cell at a
-        held send, hold the first send after the first answer (answer 2's first piece)."""
+        held send, hold the first send after the first answer (answer 2's first piece). In an
+        interrupted chat, message 2 comes while the model is answering message 1: its request
+        is held until message 2 waits in the run's mailbox."""
         for i in range(1, len(self.said)):
+            if i == 1 and self.asked is not None:
+                await self._interrupt(self.asked)
+                continue
             while not (await self.progress()).settled(i):
                 await anyio.sleep(0.05)
             if self.cell.point in HELD and self.cell.fault is not None and self.hold is None:
@@ -399,6 +434,24 @@ class TelegramExecution(_Execution):
                 self.hold = self.server.hold("sendMessage", delivered=delivered)
                 self.hold_set.set()
             self._push(self.said[i])
+
+    async def _interrupt(self, asked: ModelHold) -> None:
+        with anyio.fail_after(30):
+            await asked.arrived.wait()
+        self._push(self.said[1])
+        with anyio.fail_after(30):
+            while not await self._forwarded():
+                await anyio.sleep(0.05)
+        asked.release()
+
+    async def _forwarded(self) -> bool:
+        """Whether message 2 was sent to the run (the update that carries it handled)."""
+        n = await self.client.pool.fetchval(
+            "SELECT count(*) FROM toren.journal WHERE actor_id = $1 AND type = 'update.handled' "
+            "AND data->>'outcome' = 'forwarded'",
+            self.channel,
+        )
+        return bool(n)
 
     async def progress(self) -> Progress:
         rows = await self.client.pool.fetch(
@@ -572,7 +625,7 @@ async def observe_telegram(execution: TelegramExecution) -> TelegramObserved:
     state = await read_run(client, run) if run else RunState()
     logs = {f"{i}-{w.role}": w.log() for i, w in enumerate(execution.workers)}
     return TelegramObserved(
-        delivery=execution.cell.shape,
+        delivery=delivery(execution.cell.shape),
         state=state,
         journal=await journal(client, run) if run else (),
         channel_journal=await journal(client, execution.channel),

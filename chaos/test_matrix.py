@@ -29,7 +29,13 @@ from toren._db import EmbeddedPostgres
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize("cell", cells(), ids=lambda c: f"{c.point}#{c.occurrence}-{c.fault}")
+@pytest.mark.parametrize(
+    "cell",
+    cells(),
+    ids=lambda c: (
+        ("" if c.shape == "chaos" else f"{c.shape}-") + f"{c.point}#{c.occurrence}-{c.fault}"
+    ),
+)
 async def test_cell(cell: Cell, harness: Harness, expected: Expected) -> None:
     result, _ = await harness.run_cell(cell, expected)
     record(MATRICES[0], result)
@@ -74,6 +80,8 @@ async def test_telegram_cell(
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
+    "early": "expected",
+    "interrupted": "telegram_expected",
     "call": "call_expected",
     "sandbox": "sandbox_expected",  # without Docker: skipped (failed in CI)
     "rerunnable": "sandbox_expected",

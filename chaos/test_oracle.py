@@ -201,3 +201,27 @@ def test_a_lost_call_never_received_passes_only_where_the_fault_left_it_unsent()
     assert not any(p.startswith("step") for p in allowed)
     elsewhere = lost_problems(_state(*rows), rows, arrivals, unsent=frozenset({1}))
     assert any("step 2" in p for p in elsewhere)
+
+
+def test_an_early_message_dropped_heard_twice_or_before_the_start_is_caught() -> None:
+    from chaos.harness import EARLY
+    from chaos.oracle import early_problems
+    from toren.runs import MessageReceived, RunStarted
+
+    def run(*events: Any) -> Observed:
+        state = RunState()
+        rows = []
+        for seq, event in enumerate(events, 1):
+            state = fold(state, event)
+            rows.append(_row(seq, type(event).__name__, **attrs.asdict(event)))
+        kinds = {"RunStarted": "run.started", "MessageReceived": "message.received"}
+        rows = [attrs.evolve(r, type=kinds[r.type]) for r in rows]
+        return attrs.evolve(_seen(), state=state, journal=tuple(rows))
+
+    started = RunStarted(agent="chaos", input="case x", at=1.0)
+    early = MessageReceived(text=EARLY, who="chaos", channel="chaos")
+    assert early_problems(run(started, early), EARLY) == []
+    assert "heard []" in early_problems(run(started), EARLY)[0]
+    assert "heard out of place" in early_problems(run(early, started), EARLY)[0]
+    twice = early_problems(run(started, early, early), EARLY)
+    assert "expected the early message once" in twice[0]

@@ -194,3 +194,37 @@ def test_a_journal_that_does_not_fold_a_dead_letter_or_a_leaked_token_is_caught(
 
 def _renumbered(rows: tuple[Row, ...]) -> tuple[Row, ...]:
     return tuple(attrs.evolve(r, seq=i + 1) for i, r in enumerate(rows))
+
+
+def _called(step: int, *blocks: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    response = {"content": list(blocks), "model": "m", "response_id": "r", "stop_reason": "end"}
+    usage = {"input_tokens": 1, "output_tokens": 1}
+    data = {
+        "step": step,
+        "digest": "d",
+        "model": "anthropic/m",
+        "response": response | {"usage": usage},
+        "cost_usd": None,
+        "latency_ms": 1,
+    }
+    return ("model.called", data)
+
+
+def test_an_answer_whose_turn_a_message_overtook_is_caught() -> None:
+    answer = {"text": "answer 1"}
+    ended = _rows(
+        ("run.started", {"agent": "chatty", "input": SAID[0]}),
+        _called(1, answer),
+        ("run.completed", {"output": "answer 1"}),
+        ("message.received", {"text": SAID[1]}),
+    )
+    overtaken = _rows(
+        ("run.started", {"agent": "chatty", "input": SAID[0]}),
+        _called(1, answer),
+        ("message.received", {"text": SAID[1]}),
+    )
+    assert not any(
+        "never ended its turn" in p for p in _problems(attrs.evolve(_seen(), journal=ended))
+    )
+    found = _problems(attrs.evolve(_seen(), journal=overtaken))
+    assert any("model call 1 never ended its turn" in p for p in found)
