@@ -146,6 +146,17 @@ async def received(
     return await wait_for(found, timeout=timeout, what=f"a message to chat {chat_id}")
 
 
+async def polled_past(server: TelegramServer, update_id: int, *, token: str = TELLER) -> None:
+    """Wait until the bot asked for the updates after ``update_id``: the step that handled it
+    has committed (a channel polls again only in its next step), whether or not it recorded
+    it (an unpaired chat's update that did nothing leaves no row)."""
+
+    async def past() -> bool:
+        return (server.confirmed_offset(token) or 0) > update_id
+
+    await wait_for(past, what=f"getUpdates asked past update {update_id}")
+
+
 async def channel_row(client: Client, bot: str) -> dict[str, Any] | None:
     row = await client.pool.fetchrow(
         "SELECT summary FROM toren.actors WHERE actor_id = $1", f"channel/telegram/{bot}"

@@ -441,6 +441,61 @@ async def test_failed_console_sign_ins_are_limited_per_address(client: Client, d
     assert await client.pool.fetchval("SELECT count(*) FROM toren.sessions") == 0
 
 
+# --- 7b. console sessions per token (issue 26) --------------------------------------------------
+
+
+async def _session_cookie(http: aiohttp.ClientSession, base: str, token: str) -> str:
+    """A sign-in's session cookie (read from its answer: the jar takes none from an address)."""
+    async with sign_in(http, base, token) as r:
+        assert r.status == 303, await r.text()
+        return r.cookies["toren_session"].value
+
+
+async def _with_cookie(http: aiohttp.ClientSession, base: str, cookie: str) -> int:
+    async with http.get(f"{base}/session", headers={"Cookie": f"toren_session={cookie}"}) as r:
+        return r.status
+
+
+async def _live_sessions(client: Client, token_id: str) -> int:
+    count: int = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.sessions WHERE token_id = $1 AND expires_at > now()", token_id
+    )
+    return count
+
+
+async def test_a_sign_in_past_ten_sessions_ends_the_tokens_oldest(
+    client: Client, db_url: str
+) -> None:
+    token_id, token = await _token(client, "browser", ["read"])
+    async with api(db_url) as base, aiohttp.ClientSession() as http:
+        cookies = [await _session_cookie(http, base, token) for _ in range(12)]
+        assert await _live_sessions(client, token_id) == 10
+        assert [await _with_cookie(http, base, c) for c in cookies[:2]] == [401, 401]
+        assert await _with_cookie(http, base, cookies[2]) == 200  # the oldest one kept
+        assert await _with_cookie(http, base, cookies[-1]) == 200
+
+
+async def test_concurrent_sign_ins_with_one_token_leave_at_most_ten_sessions(
+    client: Client, db_url: str
+) -> None:
+    token_id, token = await _token(client, "browsers", ["read"])
+    other_id, other = await _token(client, "another", ["read"])
+    cookies: list[str] = []
+    async with api(db_url) as base, aiohttp.ClientSession() as http:
+        other_cookie = await _session_cookie(http, base, other)
+
+        async def one() -> None:
+            cookies.append(await _session_cookie(http, base, token))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(one)
+        assert len(cookies) == 20  # every sign-in succeeded
+        assert await _live_sessions(client, token_id) == 10
+        assert await _with_cookie(http, base, other_cookie) == 200  # another token's: untouched
+    assert await _live_sessions(client, other_id) == 1
+
+
 async def test_a_failed_token_is_checked_against_the_database_once(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

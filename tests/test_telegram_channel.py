@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
@@ -19,15 +20,20 @@ from tests.telegram_support import (
     bots,
     channel_row,
     paired,
+    polled_past,
     received,
     texts,
 )
 from toren import Client
+from toren.actors.channel import inbound
+from toren.channels import ChannelState, PairFailed, fold
+from toren.channels._vocabulary import FORGET_AFTER
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio
+STRANGER = 778  # a chat that is not paired
 
 __all__ = ["bots"]  # the fixture
 
@@ -38,17 +44,148 @@ async def test_an_unpaired_chat_is_hinted_once_and_reaches_no_agent(
     server, model = bots
     server.push_message(100, "hello", user_id=ALICE)
     await received(server, 100, lambda t: "not paired" in t)
-    server.push_message(100, "hello again", user_id=ALICE)
-
-    async def handled() -> bool:
-        summary = await channel_row(client, "teller")
-        return bool(summary and summary["updates"] >= 2)
-
-    await wait_for(handled, what="both updates handled")
-    assert len(server.sent(100)) == 1  # one hint a minute at most
+    await polled_past(server, server.push_message(100, "hello again", user_id=ALICE))
+    assert len(server.sent(100)) == 1  # one hint a day at most
     assert model.requests == []  # nothing reached the agent
     runs = await client.pool.fetchval("SELECT count(*) FROM toren.actors WHERE kind = 'toren.run'")
     assert runs == 0
+
+
+async def test_strangers_add_one_row_each_and_the_offset_still_advances(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    """Issue 26: 50 messages from 10 unpaired chats add one journal row per chat (its hint,
+    at most one a day), the offset the bot asks for still passes them all (none is handed out
+    again), and a paired chat still talks to its agent after them."""
+    server, _ = bots
+    await paired(client, server, 100)
+
+    async def settled() -> bool:  # the pairing notice sent and recorded
+        summary = await channel_row(client, "teller")
+        return bool(summary and summary["pending"] == 0 and summary["sent"] == 1)
+
+    await wait_for(settled, what="the pairing notice recorded sent")
+    before = await _rows(client)
+    strangers = [9001 + i for i in range(10)]
+    last = 0
+    for round_ in range(5):
+        for chat in strangers:
+            last = server.push_message(chat, f"hello {round_}", user_id=chat)
+    await polled_past(server, last)
+    added = await _rows(client) - before
+    assert added <= len(strangers), f"{added} journal rows for 50 messages from 10 strangers"
+    assert [len(server.sent(chat)) for chat in strangers] == [1] * 10  # one hint each
+    assert server.pending_updates() == []
+    server.push_message(100, "still here", user_id=ALICE)
+    await received(server, 100, lambda t: t == "echo: still here")
+
+
+async def _rows(client: Client) -> int:
+    count: int = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.journal WHERE actor_id = 'channel/telegram/teller'"
+    )
+    return count
+
+
+async def test_a_chat_past_twenty_failed_codes_in_a_day_is_not_checked_and_adds_no_row() -> None:
+    """Issue 26: a chat that is not paired may send five wrong codes every ten minutes, and each
+    added rows (``pair.failed``, ``update.handled``, the answer queued and sent) for as long as
+    it kept at it, without end over days; the attempts refused while it waited added a row
+    each too. Now at most 20 failed codes a day are checked per chat (the twentieth says so),
+    and an attempt refused adds nothing to the journal. (A unit test: the handler in a context
+    of its own, as the channel actor builds it.)"""
+    now = time.time()
+    state = ChannelState(agent="dailyunit", bot_id=1008, username="dailyunit_bot")
+    for i in range(19):  # four an hour, never five in ten minutes: the window never holds it
+        state = fold(state, PairFailed(chat_id=STRANGER, at=now - 80_000 + i * 900.0))
+    twentieth = await alone(state, 1, "/pair GUESS00001")
+    assert [e[1] for e in twentieth.events] == ["pair.failed", "outbox.queued", "update.handled"]
+    assert "none is checked for a day" in twentieth.events[1][3].text
+    refused = await alone(twentieth.state, 2, "/pair GUESS00002")
+    assert refused.events == [], [(e[1], e[3]) for e in refused.events]
+
+
+async def test_a_stranger_is_hinted_once_a_day_in_one_row() -> None:
+    """Issue 26: the pairing hint went through the outbox (``update.handled``, then the hint
+    queued and sent: three rows) at most once a minute, so a stranger writing all day added
+    rows all day. Now the hint is sent by the step that handles the update and recorded as that
+    update alone, at most once a day; the messages in between add nothing."""
+    api = SentTexts()
+    state = ChannelState(agent="dailyunit", bot_id=1008, username="dailyunit_bot")
+    hinted = await alone(state, 1, "hello", api)
+    assert [e[1] for e in hinted.events] == ["update.handled"]
+    assert hinted.events[0][3].outcome == "hinted"
+    assert len(api.texts) == 1
+    assert "not paired" in api.texts[0]
+    assert hinted.state.hinted.get(str(STRANGER), 0.0) > time.time() - 60
+    hour_later = attrs.evolve(  # hinted an hour ago
+        hinted.state, hinted=hinted.state.hinted.set(str(STRANGER), time.time() - 3600)
+    )
+    quiet = await alone(hour_later, 2, "hello again", api)
+    assert quiet.events == [], [(e[1], e[3]) for e in quiet.events]
+    assert len(api.texts) == 1
+    day_later = attrs.evolve(  # hinted a day and some ago
+        hinted.state, hinted=hinted.state.hinted.set(str(STRANGER), time.time() - 86_500)
+    )
+    again = await alone(day_later, 3, "hello tomorrow", api)
+    assert [e[1] for e in again.events] == ["update.handled"]
+    assert again.events[0][3].outcome == "hinted"
+    assert len(api.texts) == 2
+    # The state forgets a stranger's hint and failed codes no sooner than their windows.
+    assert max(inbound.HINT_EVERY, inbound.DAY) <= FORGET_AFTER
+
+
+def test_the_offset_kept_in_memory_is_used_only_on_the_state_its_tick_left() -> None:
+    """The offset past unrecorded updates confirms them to Telegram when asked for: it must be
+    used only if the tick that reached it committed. A tick that recorded updates and then
+    failed to commit is handled again on the older state: the recorded offset is asked for
+    then, and Telegram gives those updates again. (A unit test of the channel actor's choice.)"""
+    from toren.actors.channel.actor import ChannelActor
+
+    actor = ChannelActor("channel/telegram/offsetunit", {"bot": "offsetunit"})
+    assert actor._offset(7) == 7  # nothing held: the recorded offset
+    actor._ahead = (12, 20)  # the last tick left 12 recorded, and passed 12..19 unrecorded
+    assert actor._offset(12) == 20
+    assert actor._offset(7) == 7  # its commit failed: its recorded updates come again
+    assert actor._offset(25) == 25  # recorded past it since
+
+
+class SentTexts:
+    """A Bot API stand-in that keeps the texts sent."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    async def send_text(self, chat_id: int, text: str, **_: Any) -> int:
+        self.texts.append(text)
+        return len(self.texts)
+
+
+async def alone(state: ChannelState, update_id: int, text: str, api: Any = None) -> Any:
+    """The context after the channel handled STRANGER's message ``text`` in a step of its own
+    (no database, no lease: what it emitted is in ``events``)."""
+    from toren._actor import Context
+    from toren.actors.channel import runtime
+    from toren.actors.channel.actor import ChannelActor
+    from toren.actors.channel.inbound import Inbound
+    from toren.channels import Telegram
+
+    actor_id = "channel/telegram/dailyunit"
+    actor = ChannelActor(actor_id, {"bot": "dailyunit"})
+    bot = runtime.Bot(agent=None, settings=Telegram(bot="dailyunit"), api=api)  # type: ignore[arg-type]
+    ctx = Context(actor, state, 0, 1, None)
+    update = {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": 0,
+            "chat": {"id": STRANGER, "type": "private"},
+            "from": {"id": STRANGER, "is_bot": False, "first_name": "s"},
+            "text": text,
+        },
+    }
+    await Inbound(ctx, bot, actor_id).handle(update, polling=False)
+    return ctx
 
 
 async def test_wrong_expired_and_reused_codes_fail_and_a_paired_chat_talks_to_its_agent(
@@ -115,7 +252,7 @@ async def _count(server: TelegramServer, chat: int, text: str, n: int) -> bool:
     return sum(text in (m.text or "") for m in server.sent(chat)) >= n
 
 
-async def test_odd_and_hostile_updates_are_recorded_and_the_bot_goes_on(
+async def test_odd_and_hostile_updates_are_passed_and_the_bot_goes_on(
     client: Client, bots: tuple[TelegramServer, Any]
 ) -> None:
     server, model = bots
@@ -123,18 +260,22 @@ async def test_odd_and_hostile_updates_are_recorded_and_the_bot_goes_on(
     server.push_message(100, "first", user_id=ALICE)
     await received(server, 100, lambda t: t == "echo: first")
     [first] = [m for m in server.sent(100) if m.text == "echo: first"]
-    server.push_edited_message(100, first.message_id, "edited")  # not a new message
-    server.push_raw({"message": {"chat": {"id": "100"}, "text": 5, "from": []}})
-    server.push_raw({"callback_query": {"id": 5, "data": {"a": 1}, "message": "x"}})
-    server.push_raw({"poll": {"id": "1"}, "message": None})
-    server.push_message(100, "second", user_id=ALICE)
+    odd = [
+        server.push_edited_message(100, first.message_id, "edited"),  # not a new message
+        server.push_raw({"message": {"chat": {"id": "100"}, "text": 5, "from": []}}),
+        server.push_raw({"callback_query": {"id": 5, "data": {"a": 1}, "message": "x"}}),
+        server.push_raw({"poll": {"id": "1"}, "message": None}),
+    ]
+    second = server.push_message(100, "second", user_id=ALICE)
     await received(server, 100, lambda t: t == "echo: second")
     rows = await client.pool.fetch(
-        "SELECT data->>'outcome' AS outcome FROM toren.journal "
+        "SELECT (data->>'update_id')::bigint AS id, data->>'outcome' AS outcome "
+        "FROM toren.journal "
         "WHERE actor_id = 'channel/telegram/teller' AND type = 'update.handled' ORDER BY seq"
     )
-    outcomes = [r["outcome"] for r in rows]
-    assert outcomes[-5:] == ["ignored", "ignored", "ignored", "ignored", "forwarded"]
+    # From no chat, they did nothing: no row (anyone can send them), and the offset passed them.
+    assert [(r["id"], r["outcome"]) for r in rows][-1] == (second, "forwarded")
+    assert not [r for r in rows if r["id"] in odd]
     assert len(model.requests) == 2  # only the two real messages reached the agent
 
 

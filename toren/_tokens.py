@@ -6,7 +6,8 @@ bytes need no slow hash). A token has scopes (``read``; ``operate``: start, send
 retry; ``approve``: decisions), may be limited to some agents (then it may write only to runs
 of those agents) and may expire. A console session is a random cookie whose SHA-256 is stored
 with the token it was opened with and the CSRF token its writes must carry; it lasts at most as
-long as its token, and revoking the token ends its sessions.
+long as its token, and revoking the token ends its sessions. A token holds at most
+``MAX_SESSIONS`` live sessions: a sign-in past them ends the token's oldest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from toren._principal import Principal
 
 PREFIX = "trn"
 SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 10
+"""Live console sessions one token holds at most (each sign-in opens one)."""
 SCOPES = ("read", "operate", "approve")
 NAME_CAP = 100
 
@@ -211,21 +214,41 @@ async def authenticate(pool: asyncpg.Pool, token: str, *, via: str = "http") -> 
 
 async def open_session(pool: asyncpg.Pool, access: Access) -> tuple[str, str, float]:
     """A console session for ``access`` (ending no later than its token); returns
-    ``(cookie value, csrf token, seconds it lasts)``."""
+    ``(cookie value, csrf token, seconds it lasts)``. Past ``MAX_SESSIONS`` live sessions of
+    the token, its oldest are ended (and its expired ones dropped) in the same transaction."""
     cookie = secrets.token_urlsafe(32)
     csrf = secrets.token_urlsafe(24)
     seconds = float(SESSION_SECONDS)
     if access.expires_at is not None:
         seconds = max(1.0, min(seconds, access.expires_at.timestamp() - time.time()))
-    await pool.execute(
-        "INSERT INTO toren.sessions (id_sha256, token_id, csrf, expires_at) "
-        "VALUES ($1, $2, $3, now() + make_interval(secs => $4))",
-        _sha256(cookie),
-        access.principal.id,
-        csrf,
-        seconds,
-    )
+    token_id = access.principal.id
+    async with pool.acquire() as conn, conn.transaction():
+        # Sign-ins with one token take turns on its row, so that each one counts the sessions
+        # the one before it left (two at once never leave MAX_SESSIONS + 1). Read committed:
+        # the statements below see what the one before committed.
+        await conn.execute("SELECT 1 FROM toren.tokens WHERE id = $1 FOR NO KEY UPDATE", token_id)
+        await conn.execute(_TRIM_SESSIONS, token_id, MAX_SESSIONS - 1)
+        # clock_timestamp(), not now() (this transaction's start, before it waited its turn):
+        # "oldest" is then the order in which sign-ins took their turn.
+        await conn.execute(
+            "INSERT INTO toren.sessions (id_sha256, token_id, csrf, created_at, expires_at) "
+            "VALUES ($1, $2, $3, clock_timestamp(), now() + make_interval(secs => $4))",
+            _sha256(cookie),
+            token_id,
+            csrf,
+            seconds,
+        )
     return cookie, csrf, seconds
+
+
+# The token's sessions but its newest live ones ($2 of them): expired ones go too.
+_TRIM_SESSIONS = """
+DELETE FROM toren.sessions WHERE id_sha256 IN (
+    SELECT id_sha256 FROM toren.sessions WHERE token_id = $1
+    ORDER BY expires_at > now() DESC, created_at DESC, id_sha256
+    OFFSET $2
+)
+"""
 
 
 async def session_access(pool: asyncpg.Pool, cookie: str) -> Access | None:

@@ -4,7 +4,9 @@ It stays active on its own: every ``channel.tick`` (a durable timer it sets itse
 Telegram, handles the updates, reads the runs it watches, and sets the next tick; the lease on
 the actor makes it the bot's only poller across the cluster. A tick's updates, the offset they
 advance and everything they cause (runs started, messages to runs, outbound messages queued)
-commit in one step, so a crash anywhere neither loses nor doubles an update.
+commit in one step, so a crash anywhere neither loses nor doubles an update. Updates from
+strangers that did nothing are not recorded (see ``Inbound.handle``): the offset past them is
+kept in memory and asked for at the next poll.
 
 Outbound messages go one per step (``channel.flush``): sent, then recorded ``outbox.sent``.
 Telegram has no idempotency key, so a crash between a send and its record is the channel's
@@ -85,6 +87,8 @@ class ChannelActor(Actor[ChannelState]):
         self._failures = 0  # polls failed in a row (backoff)
         self._ticks = 0  # every SWEEP-th reads every watched run, not only the active ones
         self._limits = outbound.Limits()
+        # (recorded offset, offset past the updates the last tick did not record): see _offset.
+        self._ahead = (0, 0)
 
     def initial_state(self) -> ChannelState:
         return ChannelState()
@@ -134,11 +138,14 @@ class ChannelActor(Actor[ChannelState]):
                 elif wait is not None:
                     timeout = min(timeout, max(1.0, wait))
                 ctx.ensure_lease()
-                updates = await bot.api.get_updates(ctx.state.offset, timeout)
+                offset = self._offset(ctx.state.offset)
+                updates = await bot.api.get_updates(offset, timeout)
                 kill_point("telegram.polled")
-                handler = InboundHandler(ctx, bot, self.actor_id)
-                for raw in updates:
-                    await handler.handle(raw, polling=True)
+                handler = InboundHandler(ctx, bot, self.actor_id, self._limits)
+                handled = [await handler.handle(raw, polling=True) for raw in updates]
+                ids = [i for i in handled if i is not None]
+                if ids:
+                    self._ahead = (ctx.state.offset, max(offset, max(ids) + 1))
         except (TelegramError, SendError) as exc:
             self._failures += 1
             delay = min(2.0**self._failures, _BACKOFF_CAP)
@@ -166,6 +173,20 @@ class ChannelActor(Actor[ChannelState]):
         self._failures = 0
         self._arm_flush(ctx)
         ctx.set_timer("tick", 0.0 if polling else settings.poll_timeout, Tick())
+
+    def _offset(self, recorded: int) -> int:
+        """The offset to poll from: past the updates the last tick handled without recording
+        them, or the recorded one.
+
+        Asking Telegram for a higher offset confirms the updates below it (Telegram forgets
+        them), so the offset held in memory is used only while the state is the one that tick
+        left: a tick that recorded updates moved the recorded offset, and a retry of it after
+        a failed commit sees the older one (then the recorded offset, and Telegram sends the
+        same updates again). A tick that recorded none and did not commit is skipped anyway:
+        its updates did nothing, and would do nothing again.
+        """
+        base, ahead = self._ahead
+        return ahead if recorded == base and ahead > recorded else recorded
 
     async def _start(self, ctx: Context[ChannelState], bot: runtime.Bot) -> None:
         settings = bot.settings
@@ -217,7 +238,9 @@ class ChannelActor(Actor[ChannelState]):
                 )
             )
         await Reader(ctx).read()
-        await InboundHandler(ctx, bot, self.actor_id).handle(msg.update, polling=False)
+        await InboundHandler(ctx, bot, self.actor_id, self._limits).handle(
+            msg.update, polling=False
+        )
         self._arm_flush(ctx)
 
     # -- outbound --------------------------------------------------------------------------

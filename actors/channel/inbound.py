@@ -1,8 +1,11 @@
 """What one update from Telegram does, recorded as ``update.handled`` with what it caused.
 
-An unpaired chat gets a short pairing hint (at most one a minute) and reaches nothing; ``/pair
+An unpaired chat gets a short pairing hint (at most one a day) and reaches nothing; ``/pair
 CODE`` pairs it if the code is issued, unused and unexpired (failures are counted per chat: past
-five in ten minutes a chat is told to wait, and its codes are not even checked). A paired chat's
+five in ten minutes, or twenty in a day, a chat is told to wait, and its codes are not even
+checked). What a chat that is not paired sends is recorded only when it did something (a hint
+sent, a code tried, a chat paired or migrated): anyone can write to a bot, and the journal must
+not grow with every message of every stranger (see :meth:`Inbound.handle`). A paired chat's
 text goes to its conversation run (started by its first message); a reply to an approval prompt
 or a press of its buttons decides the call, if the user is one of the approvers of the agent
 whose call it is (a child run's call, shown in its parent's chat, needs the child's agent's). In a
@@ -50,7 +53,15 @@ log = logging.getLogger("toren.channel")
 
 PAIR_TRIES = 5
 PAIR_WINDOW = 600.0
-HINT_EVERY = 60.0
+PAIR_DAILY = 20  # failed codes from one chat in a day (the state keeps a chat's last 20)
+DAY = 86400.0
+HINT_EVERY = DAY
+HINT = (
+    "This chat is not paired with an agent. Ask its operator for a code "
+    "(`toren channels pair AGENT`), then send /pair CODE."
+)
+# What a chat that is not paired did when these are its outcome: nothing (no row is recorded).
+_QUIET = frozenset({"ignored", "stale", "pair_refused"})
 _NAMESPACE = uuid.UUID("5d0f3c1e-8b7a-4e2f-9c61-2a4b8e7d9f30")
 _YES = {"approve", "approved", "yes", "y", "ok", "allow", "\u2705", "\U0001f44d"}
 _NO = {"deny", "denied", "no", "n", "reject", "refuse", "\u274c", "\U0001f44e"}
@@ -189,22 +200,39 @@ def _command(text: str, username: str) -> tuple[str, str]:
 class Inbound:
     """Handles updates for one channel actor step."""
 
-    def __init__(self, ctx: Context[ChannelState], bot: runtime.Bot, actor_id: str) -> None:
+    def __init__(
+        self,
+        ctx: Context[ChannelState],
+        bot: runtime.Bot,
+        actor_id: str,
+        limits: outbound.Limits | None = None,
+    ) -> None:
         self.ctx = ctx
         self.bot = bot
         self.actor_id = actor_id
+        self.limits = limits or outbound.Limits()  # the actor's: a hint is sent here
         self._sent_to = ""  # the run the update being handled was sent to
 
-    async def handle(self, raw: dict[str, Any], *, polling: bool) -> None:
-        """Handle one raw update and record it (``update.handled``)."""
+    async def handle(self, raw: dict[str, Any], *, polling: bool) -> int | None:
+        """Handle one raw update and record it (``update.handled``), unless it came from a
+        chat that is not paired (or from no chat) and did nothing; returns its id (None
+        without one: then it is skipped).
+
+        Such an update leaves no row: anyone on Telegram can send them, without end. When
+        polling, the actor still asks for the updates after it (its offset, kept in memory past
+        the recorded one). A crash before the next recorded update may bring it back, and it is
+        ignored again: what it did (nothing; at most a button press answered again) is the same
+        the second time, so handling it twice does not matter.
+        """
         ctx = self.ctx
         update = parse(raw, ctx.state.bot_id)
         if update is None:
             log.warning("%s: an update without an update_id was skipped", self.actor_id)
-            return
+            return None
         if polling and update.update_id < ctx.state.offset:
-            return  # handled before (Telegram sent it again: the offset was not confirmed)
+            return update.update_id  # handled before (Telegram sent it again: not confirmed)
         self._sent_to = ""
+        seq = ctx.seq
         try:
             outcome, detail = await self._dispatch(update)
         except _RETRIED:
@@ -213,6 +241,9 @@ class Inbound:
             # Recorded and passed: one update must not stop the bot for ever.
             log.exception("%s: update %d could not be handled", self.actor_id, update.update_id)
             outcome, detail = "error", f"{type(exc).__name__}: {exc}"
+        stranger = update.chat_id is None or str(update.chat_id) not in ctx.state.chats
+        if stranger and outcome in _QUIET and ctx.seq == seq:
+            return update.update_id
         ctx.emit(
             UpdateHandled(
                 update_id=update.update_id,
@@ -225,6 +256,7 @@ class Inbound:
                 at=time.time(),
             )
         )
+        return update.update_id
 
     async def _dispatch(self, update: Update) -> tuple[str, str]:
         state = self.ctx.state
@@ -248,7 +280,7 @@ class Inbound:
         if paired is None:
             if command in ("/pair", "/start") and argument:
                 return self._pair(update, argument)
-            return self._hint(update)
+            return await self._hint(update)
         if paired.blocked:
             self.ctx.emit(ChatUnblocked(chat_id=chat_id, at=time.time()))
         if command in ("/pair", "/start"):  # never forwarded: its argument may be a code
@@ -269,15 +301,20 @@ class Inbound:
     def _pair(self, update: Update, code: str) -> tuple[str, str]:
         ctx, now = self.ctx, time.time()
         chat_id = update.chat
-        recent = [t for t in ctx.state.failures.get(str(chat_id), ()) if t > now - PAIR_WINDOW]
-        if len(recent) >= PAIR_TRIES:  # told once, with the last failure: silent until then
+        failures = ctx.state.failures.get(str(chat_id), ())
+        recent = [t for t in failures if t > now - PAIR_WINDOW]
+        today = [t for t in failures if t > now - DAY]
+        # Told once, with the last failure: silent until then (and not recorded).
+        if len(recent) >= PAIR_TRIES or len(today) >= PAIR_DAILY:
             return "pair_refused", "rate limited"
         digest = code_hash(code)
         issued = ctx.state.codes.get(digest)
         if issued is None or issued.expires_at <= now:
             ctx.emit(PairFailed(chat_id=chat_id, at=now))
             text = "That code is wrong, used or expired. Ask for a new one."
-            if len(recent) + 1 >= PAIR_TRIES:
+            if len(today) + 1 >= PAIR_DAILY:
+                text += " Too many wrong codes from this chat today: none is checked for a day."
+            elif len(recent) + 1 >= PAIR_TRIES:
                 text += " Too many wrong codes from this chat: none is checked for ten minutes."
             self._say(update, text)
             return "pair_failed", "unknown or expired code"
@@ -295,16 +332,27 @@ class Inbound:
         self._say(update, f"Paired with {ctx.state.agent}. Write to talk to it.")
         return "paired", f"by {who.id}"
 
-    def _hint(self, update: Update) -> tuple[str, str]:
-        chat = str(update.chat_id)
-        last = self.ctx.state.hinted.get(chat, 0.0)
-        if time.time() - last < HINT_EVERY:
-            return "ignored", "not paired (hinted recently)"
-        self._say(
-            update,
-            "This chat is not paired with an agent. Ask its operator for a code "
-            "(`toren channels pair AGENT`), then send /pair CODE.",
-        )
+    async def _hint(self, update: Update) -> tuple[str, str]:
+        """Tell an unpaired chat how to pair, at most once a day. The hint is sent here, not
+        through the outbox, so that it is one row (this update's, outcome ``hinted``) rather
+        than three: sent, then recorded; a crash between the two sends it again (at least once,
+        whatever the channel's ``delivery``). Not sent, the update is ignored (no row)."""
+        ctx, now = self.ctx, time.time()
+        last = ctx.state.hinted.get(str(update.chat_id))
+        if last is not None and now - last < HINT_EVERY:
+            return "ignored", "not paired (hinted today)"
+        if self.limits.wait(now, self.bot.settings.global_per_second) > 0:
+            return "ignored", "not paired (the bot's send rate is used up: no hint)"
+        ctx.ensure_lease()
+        try:
+            await self.bot.api.send_text(
+                update.chat, HINT, thread=update.thread, reply_to=update.message_id
+            )
+        except SendError as exc:
+            if exc.action == "retry":
+                self.limits.hold(exc.retry_after)
+            return "ignored", f"not paired (the hint was not sent: {exc.detail})"
+        self.limits.sent(time.time())
         return "hinted", "not paired"
 
     # -- conversations ---------------------------------------------------------------------

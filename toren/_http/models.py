@@ -297,7 +297,9 @@ class Channel(BaseModel):
     pending: int = Field(description="Outbound messages queued or being sent.")
     sent: int
     failed: int = Field(description="Outbound messages lost, blocked or refused.")
-    updates: int = Field(description="Updates from Telegram handled.")
+    updates: int = Field(
+        description="Updates from Telegram recorded (not those of unpaired chats that did nothing)."
+    )
     observing: list[str] = Field(description="Runs and agents its chats observe.")
 
 

@@ -33,9 +33,9 @@ if TYPE_CHECKING:
 CHANNEL_KIND = "toren.channel"
 RECENT = 200
 """Delivered or failed outbound messages a channel's state keeps (for the surfaces)."""
-FORGET_AFTER = 600.0
+FORGET_AFTER = 86400.0
 """Seconds after which an unpaired chat's hint and failed codes are forgotten (their windows:
-a minute for hints, ten minutes for failed codes)."""
+a hint at most once a day, at most twenty failed codes a day)."""
 _PRUNE = 64  # every this many unpaired chats remembered, the expired ones are dropped
 SNAPSHOT_VERSION = 2
 """The shape of :class:`ChannelState` as snapshots store it (2: a watch counts the messages the
