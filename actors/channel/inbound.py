@@ -35,10 +35,10 @@ from toren.channels import (
     Prompt,
     UpdateHandled,
     chat_key,
+    issued_code,
     redact,
     telegram_principal,
 )
-from toren.channels.client import code_hash
 from toren.kernel import TRANSIENT_DB_ERRORS, route_served, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
@@ -269,9 +269,8 @@ class Inbound:
         recent = [t for t in ctx.state.failures.get(str(chat_id), ()) if t > now - PAIR_WINDOW]
         if len(recent) >= PAIR_TRIES:  # told once, with the last failure: silent until then
             return "pair_refused", "rate limited"
-        digest = code_hash(code)
-        issued = ctx.state.codes.get(digest)
-        if issued is None or issued.expires_at <= now:
+        digest = self.bot.pairing.digest(code)
+        if issued_code(ctx.state, digest, now) is None:
             ctx.emit(PairFailed(chat_id=chat_id, at=now))
             text = "That code is wrong, used or expired. Ask for a new one."
             if len(recent) + 1 >= PAIR_TRIES:

@@ -61,6 +61,7 @@ from toren.channels._vocabulary import (
     summary,
     telegram_principal,
 )
+from toren.channels.pairing import PairingKey, issued_code, pairing_key
 
 __all__ = [
     "CHANNEL_KIND",
@@ -89,6 +90,7 @@ __all__ = [
     "ObserverChanged",
     "Outgoing",
     "PairFailed",
+    "PairingKey",
     "Prompt",
     "PromptClosed",
     "PromptOpened",
@@ -107,6 +109,8 @@ __all__ = [
     "chat_key",
     "configured",
     "fold",
+    "issued_code",
+    "pairing_key",
     "pending_codes",
     "redact",
     "summary",
