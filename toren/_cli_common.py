@@ -53,8 +53,10 @@ class Unshown(click.ParamType):  # type: ignore[type-arg]
             where = f" (from {envvar}; its value is not shown)" if envvar else ""
             self.fail(f"expected {self.expected}{where}", param, ctx)
 
-    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str | None:
-        return self.inner.get_metavar(param, ctx)
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str | None:
+        # click 8.2 on passes (param, ctx), 8.1 (param): hand on what this click passes.
+        metavar: str | None = self.inner.get_metavar(*args, **kwargs)
+        return metavar
 
 
 def database_url(settings: Settings) -> str:
