@@ -124,10 +124,7 @@ async def _provider(model: str) -> ModelProvider:
     """
     found = _providers.get(model)
     if found is None:
-        policy = RetryPolicy(
-            attempts=int(os.environ.get("TOREN_MODEL_RETRY_ATTEMPTS", "6")),
-            base=float(os.environ.get("TOREN_MODEL_RETRY_BASE_SECONDS", "0.5")),
-        )
+        policy = RetryPolicy.from_env(os.environ)
         # In a thread: the first use imports the provider's SDK, which takes seconds and must
         # not stall the worker's event loop (its lease renewals run there).
         created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))

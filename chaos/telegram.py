@@ -79,8 +79,9 @@ from toren.channels import (
     channel_address,
     channel_route,
     fold,
+    pairing_key,
 )
-from toren.channels.client import code_hash, new_code
+from toren.channels.client import new_code
 from toren.runs import RunState, read_run
 from toren.testing import AnthropicServer
 from toren.testing import Hold as ModelHold
@@ -385,9 +386,9 @@ class TelegramExecution(_Execution):
         args = {"bot": settings.bot, "agent": agent(cell.shape).name}
         await self.client.spawn(CHANNEL_KIND, self.channel, args, route=channel_route(settings.bot))
         code = new_code()
-        await self.client.send(
-            self.channel, IssueCode(code_hash=code_hash(code), by=CHAOS), system=True
-        )
+        key = await pairing_key(self.client.pool, self.env)  # as the victim will read it
+        issue = IssueCode(code_hash=key.digest(code), key_id=key.id, by=CHAOS)
+        await self.client.send(self.channel, issue, system=True)
         self._push(f"/pair {code}")
         self._push(self.said[0])
         victim_env = dict(self.env)

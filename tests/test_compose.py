@@ -380,6 +380,25 @@ def test_every_toren_container_runs_without_privileges_to_gain() -> None:
             assert spec.get("cap_drop") == ["ALL"], (name, service)
 
 
+def test_every_published_port_binds_loopback_only() -> None:
+    """The API is plain HTTP: published on every interface it would take bearer tokens and
+    session cookies in clear from the network. The compose files bind it to 127.0.0.1; reaching
+    it from elsewhere goes through a reverse proxy that terminates TLS (docs/operations.md)."""
+    published = []
+    for path in sorted(DOCKER.glob("compose*.yaml")):
+        for service, spec in yaml.safe_load(path.read_text())["services"].items():
+            for port in spec.get("ports", []):
+                published.append((path.name, service))
+                if isinstance(port, dict):  # the long syntax
+                    host_ip = port.get("host_ip", "")
+                else:  # HOST_IP:HOST_PORT:CONTAINER_PORT; without HOST_IP, every interface
+                    parts = str(port).split(":")
+                    host_ip = parts[0] if len(parts) == 3 else ""
+                assert host_ip == "127.0.0.1", (path.name, service, port)
+    assert ("compose.yaml", "toren") in published
+    assert ("compose.cluster.yaml", "api") in published
+
+
 async def test_two_image_builds_at_once_take_turns(images: None, tmp_path: Path) -> None:
     """scripts/toren-image empties and refills docker/wheels/: a second one at the same time
     waits for the first instead of building from its half-copied wheels."""

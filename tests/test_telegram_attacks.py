@@ -421,7 +421,7 @@ async def test_a_button_press_is_not_answered_without_a_held_lease() -> None:
     from toren.actors.channel import runtime
     from toren.actors.channel.actor import ChannelActor
     from toren.actors.channel.inbound import Inbound
-    from toren.channels import Telegram
+    from toren.channels import PairingKey, Telegram
 
     actor_id = "channel/telegram/siegeunit"
 
@@ -440,7 +440,8 @@ async def test_a_button_press_is_not_answered_without_a_held_lease() -> None:
     actor = ChannelActor(actor_id, {"bot": "siegeunit"})
     state = ChannelState(agent="siegeunit", bot_id=1005, username="siegeunit_bot")
     ctx = Context(actor, state, 0, 1, None, lease=Lapsed())  # type: ignore[arg-type]
-    bot = runtime.Bot(agent=None, settings=Telegram(bot="siegeunit"), api=api)  # type: ignore[arg-type]
+    key = PairingKey(b"k" * 32)
+    bot = runtime.Bot(agent=None, settings=Telegram(bot="siegeunit"), api=api, pairing=key)  # type: ignore[arg-type]
     update = {
         "update_id": 7,
         "callback_query": {

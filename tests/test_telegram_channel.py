@@ -4,6 +4,8 @@ refusals, hostile text, groups."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from typing import Any
 
@@ -237,6 +239,39 @@ async def test_failed_pairs_are_rate_limited_per_chat(
     assert summary is not None
     assert [c["chat_id"] for c in summary["chats"]] == [101]
     assert len(server.sent(100)) == 5  # no answer to the attempt past the limit
+
+
+async def test_the_journal_holds_a_code_only_as_a_keyed_hash_and_never_the_key(
+    client: Client, bots: tuple[TelegramServer, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, _ = bots
+    code, _ = await pair(client, "teller", by=person("op"))
+    server.push_message(100, f"/pair {code}", user_id=ALICE)
+    await received(server, 100, lambda t: t.startswith("Paired with teller"))
+    rows = await client.pool.fetch(
+        "SELECT type, data FROM toren.journal WHERE actor_id = 'channel/telegram/teller'"
+    )
+    journal = json.dumps([dict(r) for r in rows])
+    sha256 = hashlib.sha256(code.encode()).hexdigest()  # about 50 bits: found offline
+    assert sha256 not in journal, "the journal holds the code's unkeyed SHA-256"
+    assert code not in journal
+
+    from toren.channels import pairing_key
+
+    key = await pairing_key(client.pool)  # the database's: the test sets no TOREN_PAIRING_KEY
+    [issued] = [r["data"] for r in rows if r["type"] == "code.issued"]
+    assert issued["code_hash"] == key.digest(code)
+    for table in ("journal", "mailbox", "snapshots"):
+        held = await client.pool.fetchval(
+            f"SELECT count(*) FROM toren.{table} t WHERE t::text LIKE $1", f"%{key.secret.hex()}%"
+        )
+        assert held == 0, table
+
+    # `toren channels pair` with another key than the worker's: refused, not a code that
+    # could never pair.
+    monkeypatch.setenv("TOREN_PAIRING_KEY", "k" * 32)
+    with pytest.raises(ChannelError, match="another pairing key than this worker's"):
+        await pair(client, "teller", by=person("op"))
 
 
 async def test_pair_needs_a_channel(client: Client, bots: tuple[TelegramServer, Any]) -> None:

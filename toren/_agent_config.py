@@ -74,7 +74,7 @@ def read_agent_tables(raw: Any, source: str) -> Tables:
     """
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"agents in {source} must be tables, got {raw!r}",
+            f"agents in {source} must be tables",
             hint="Write one table per agent: [agents.NAME].",
         )
     tables: dict[str, Mapping[str, Any]] = {}
@@ -82,7 +82,7 @@ def read_agent_tables(raw: Any, source: str) -> Tables:
         where = f"[agents.{name}] in {source}"
         if not isinstance(table, dict):
             raise ConfigError(
-                f"agents.{name} in {source} must be a table, got {table!r}",
+                f"agents.{name} in {source} must be a table",
                 hint=f"Write [agents.{name}] with keys such as {', '.join(SETTABLE[:3])}.",
             )
         unknown = sorted(set(table) - set(SETTABLE))
@@ -137,7 +137,7 @@ def _checked(key: str, value: Any, where: str) -> Any:
         elif isinstance(value, typ) and not isinstance(value, bool):
             return value
     raise ConfigError(
-        f"{key} in {where} must be {_describe(wanted[0])}, got {value!r}",
+        f"{key} in {where} must be {_describe(wanted[0])} (the value given is not shown)",
         hint="Leave the key out to keep the value given in Agent(...).",
     )
 

@@ -59,7 +59,7 @@ def parse_duration(text: str | float) -> float:
         ConfigError: the text is not a duration, or it is not a positive, finite one.
     """
     if isinstance(text, bool) or not isinstance(text, int | float | str):
-        raise ConfigError(f"not a duration: {text!r}", hint="Write it like '30m' or 1800.")
+        raise ConfigError("not a duration (a number or text)", hint="Write it like '30m' or 1800.")
     if isinstance(text, int | float):
         try:
             seconds = float(text)
@@ -70,13 +70,15 @@ def parse_duration(text: str | float) -> float:
         return seconds
     match = _DURATION.match(text)
     if not match or not any(match.groups()):
+        # The text is not shown: a setting's value that does not parse may be a misplaced secret.
         raise ConfigError(
-            f"not a duration: {text!r}", hint="Write it like '30m', '1h30m', '45s', '30d'."
+            "not a duration (the text is not shown)",
+            hint="Write it like '30m', '1h30m', '45s', '30d'.",
         )
     days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
     total = days * 86400 + hours * 3600 + minutes * 60 + seconds
     if not 0 < total < 10**15:
-        raise ConfigError(f"duration must be positive and finite, got {text[:40]!r}")
+        raise ConfigError("duration must be positive and finite")
     return float(total)
 
 

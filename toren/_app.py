@@ -20,14 +20,21 @@ def load_app(spec: str, settings: Settings | None = None) -> ModuleType:
     The current directory is put on ``sys.path`` first, as ``python -m`` would.
 
     Raises:
-        ConfigError: the module cannot be found; it raises while it is imported (the message
-            names the real cause and where in the user's code it happened: a module it imports
-            that is missing, a syntax error with its line, any exception, without the import
-            machinery's frames; a ``sys.exit()`` at import too); ``ATTR`` is missing; or an
-            agent merged with its table in the settings file is invalid (the message names the
-            file).
+        ConfigError: ``spec`` is not a module path (the message does not show it); the module
+            cannot be found; it raises while it is imported (the message names the real cause
+            and where in the user's code it happened: a module it imports that is missing, a
+            syntax error with its line, any exception, without the import machinery's frames;
+            a ``sys.exit()`` at import too); ``ATTR`` is missing; or an agent merged with its
+            table in the settings file is invalid (the message names the file).
     """
-    module_name, _, attr = spec.partition(":")
+    module_name, colon, attr = spec.partition(":")
+    if not _dotted(module_name) or (colon and not attr.isidentifier()):
+        # Not shown: a value that is no module path may be a secret set in the wrong variable.
+        raise ConfigError(
+            "--app (or TOREN_APP) must be MODULE[:ATTR], a Python module path such as "
+            "myproject.agents (the value given is not shown)",
+            hint="Pass the module that defines your agents.",
+        )
     if str(Path.cwd()) not in sys.path:
         sys.path.insert(0, str(Path.cwd()))
     try:
@@ -65,6 +72,10 @@ def load_app(spec: str, settings: Settings | None = None) -> ModuleType:
 
 
 _IMPORTLIB = Path(importlib.__file__).parent
+
+
+def _dotted(name: str) -> bool:
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def _names_app(missing: str, module_name: str) -> bool:

@@ -9,9 +9,10 @@ import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
+import click
 from rich.console import Console
 
 from toren._config import Settings
@@ -27,6 +28,35 @@ R = TypeVar("R")
 _piped = not sys.stdout.isatty()
 out = Console(width=200 if _piped else None, soft_wrap=_piped)
 err = Console(stderr=True, soft_wrap=True)
+
+
+# click.ParamType is generic from click 8.4 on; subscripting it here would fail on 8.1-8.3.
+class Unshown(click.ParamType):  # type: ignore[type-arg]
+    """``inner``, refusing a value read from the environment (``TOREN_PORT``,
+    ``TOREN_LOG_LEVEL``) without repeating it: the variable may hold a secret set there by
+    mistake. The error names the variable and says what form was expected. A value typed on
+    the command line is shown as ``inner`` shows it."""
+
+    def __init__(self, inner: click.ParamType[Any], expected: str) -> None:
+        self.inner = inner
+        self.expected = expected
+        self.name = inner.name
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return self.inner.convert(value, param, ctx)
+        except click.BadParameter:
+            source = ctx.get_parameter_source(param.name) if ctx and param and param.name else None
+            if source == click.core.ParameterSource.COMMANDLINE:
+                raise
+            envvar = param.envvar if param is not None and isinstance(param.envvar, str) else ""
+            where = f" (from {envvar}; its value is not shown)" if envvar else ""
+            self.fail(f"expected {self.expected}{where}", param, ctx)
+
+    def get_metavar(self, *args: Any, **kwargs: Any) -> str | None:
+        # click 8.2 on passes (param, ctx), 8.1 (param): hand on what this click passes.
+        metavar: str | None = self.inner.get_metavar(*args, **kwargs)
+        return metavar
 
 
 def database_url(settings: Settings) -> str:

@@ -6,7 +6,7 @@ import click
 from rich.table import Table
 
 from toren._agents import parse_duration
-from toren._cli_common import database_url, err, out, run_async
+from toren._cli_common import Unshown, database_url, err, out, run_async
 from toren._config import Settings
 from toren._db import connect
 from toren._errors import ConfigError
@@ -37,8 +37,8 @@ port_option = click.option(
     envvar="TOREN_PORT",
     default=DEFAULT_PORT,
     show_default=True,
-    type=click.IntRange(0, 65535),
-    help="Port (env TOREN_PORT).",
+    type=Unshown(click.IntRange(0, 65535), "a port number, 0 to 65535"),
+    help="Port, 0 to 65535 (env TOREN_PORT).",
 )
 
 

@@ -24,6 +24,7 @@ import attrs
 
 from toren._agent_config import Tables, read_agent_tables
 from toren._errors import ConfigError
+from toren._secrets import SUFFIX
 
 # Setting name -> (environment variable, type). The TOML file uses the setting names as keys,
 # at top level or under [worker].
@@ -57,27 +58,44 @@ _ENV: dict[str, tuple[str, type]] = {
 
 _TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
 
+# What a value of each type must look like. An error says this instead of showing the value: a
+# value that does not parse may be a secret given in the wrong variable or file.
+_EXPECTED: dict[type, str] = {
+    float: "a number",
+    int: "a whole number",
+    bool: "true or false (or 1/0, yes/no, on/off)",
+    tuple: "addresses or networks (such as 10.0.0.0/8), comma-separated or as a list",
+    str: "text",
+    Path: "a path",
+}
+_NOT_SHOWN = "The value is not shown, in case it is a secret given in the wrong place."
+
 
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
     if not (value > 0 and math.isfinite(value)):  # NaN compares false both ways
         raise ConfigError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
-def _networks(value: Any) -> tuple[str, ...]:
+def _networks(value: Any, where: str = "trusted_proxies") -> tuple[str, ...]:
     """Addresses or networks, from a list or a comma-separated string.
 
     Raises:
-        ConfigError: one is neither.
+        ConfigError: one is neither; the message names ``where`` and the entry's position,
+            never the entry (it may be a secret given in the wrong place).
     """
     items = value.split(",") if isinstance(value, str) else list(value)
     found = []
-    for item in (str(i).strip() for i in items):
+    for n, item in enumerate((str(i).strip() for i in items), start=1):
         if not item:
             continue
         try:
             found.append(str(ipaddress.ip_network(item, strict=False)))
         except ValueError:
-            raise ConfigError(f"trusted_proxies: {item!r} is not an address or network") from None
+            raise ConfigError(
+                f"{where}: entry {n} of {len(items)} must be an address or network "
+                "(such as 10.0.0.0/8)",
+                hint=_NOT_SHOWN,
+            ) from None
     return tuple(found)
 
 
@@ -198,7 +216,7 @@ class Settings:
             values["config_file"] = path
         for name, (var, typ) in _ENV.items():
             if env.get(var):
-                values[name] = _convert(name, var, typ, env[var])
+                values[name] = _convert(name, _origin(var, env), typ, env[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls(**values)
@@ -232,16 +250,31 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return values
 
 
+def _origin(var: str, env: Mapping[str, str]) -> str:
+    """Where ``var``'s value came from: the variable, or its ``X_FILE`` and the file's path
+    (:func:`toren._secrets.read_secret_files` has copied the file's content into ``var``)."""
+    path = env.get(var + SUFFIX)
+    return f"{var}{SUFFIX} ({path})" if path else var
+
+
 def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
+    """``raw`` (from ``source``: a variable, a file) as a ``typ``.
+
+    Raises:
+        ConfigError: it is not one; the message names the setting and ``source`` and says what
+            form was expected, never what ``raw`` holds.
+    """
     if typ is bool:
         if isinstance(raw, bool):
             return raw
         if str(raw).lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
             return str(raw).lower() in ("1", "true", "yes", "on")
-        raise ConfigError(f"{name} from {source} must be true or false, got {raw!r}")
-    if typ is tuple:
-        return raw if isinstance(raw, list | tuple) else str(raw)
-    try:
-        return typ(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} from {source} must be a {typ.__name__}, got {raw!r}") from None
+    elif typ is tuple:
+        listed = raw if isinstance(raw, list | tuple) else str(raw)
+        return _networks(listed, f"{name} from {source}")
+    else:
+        try:
+            return typ(raw)
+        except (TypeError, ValueError):
+            pass
+    raise ConfigError(f"{name} from {source} must be {_EXPECTED[typ]}", hint=_NOT_SHOWN)

@@ -103,7 +103,9 @@ def arm(environ: Mapping[str, str] = os.environ) -> None:
         point, _, k = spec.partition("#")
         occurrence = int(k) if k.isdigit() else (1 if not k else 0)
         if occurrence < 1 or not point:
-            raise ValueError(f"{ENV_POINT}={spec!r}: expected 'name' or 'name#k' with k >= 1")
+            raise ValueError(  # the value is not shown: a misplaced secret must not be printed
+                f"{ENV_POINT} must be 'name' or 'name#k' with k >= 1 (the value is not shown)"
+            )
         if not environ.get(ENV_DIR):
             raise ValueError(f"{ENV_POINT} is set but {ENV_DIR} is not")
     _armed = _Armed(

@@ -31,7 +31,7 @@ from toren._agent_config import (
 from toren._agents import Agent, agents_in, check
 from toren._app import load_app, loaded_agents
 from toren._cli_channels import register as register_channel_commands
-from toren._cli_common import database_url, out, print_error, run_async, run_reporting
+from toren._cli_common import Unshown, database_url, out, print_error, run_async, run_reporting
 from toren._cli_runs import register as register_run_commands
 from toren._cli_sandboxes import register as register_sandbox_commands
 from toren._cli_serve import register as register_serve_commands
@@ -58,7 +58,7 @@ def _settings(ctx: click.Context) -> Settings:
 @click.option(
     "--log-level",
     envvar="TOREN_LOG_LEVEL",
-    type=click.Choice(LEVELS, case_sensitive=False),
+    type=Unshown(click.Choice(LEVELS, case_sensitive=False), f"one of {', '.join(LEVELS)}"),
     help="Log every library from this level. Default: Toren's own logs from INFO, other "
     "libraries' from WARNING.",
 )

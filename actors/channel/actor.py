@@ -357,10 +357,19 @@ class ChannelActor(Actor[ChannelState]):
     # -- requests from the CLI and the API -------------------------------------------------
 
     def _issue(self, ctx: Context[ChannelState], msg: IssueCode) -> None:
-        settings = runtime.bot(self.bot_name).settings
+        bot = runtime.bot(self.bot_name)
+        settings = bot.settings
         now = time.time()
         if msg.until and now > msg.until:  # the CLI gave up: nobody will ever see this code
             log.warning("%s: a pairing code asked for too late was not issued", ctx.actor_id)
+            return
+        if msg.key_id != bot.pairing.id:  # a code this worker could never match
+            detail = (
+                "the code was hashed with another pairing key than this worker's (a different "
+                "TOREN_PAIRING_KEY, or a `toren` older than the worker): give every process "
+                "the same TOREN_PAIRING_KEY, or none (they then share the database's key)"
+            )
+            ctx.reply(Answer(ok=False, detail=detail))
             return
         if pending_codes(ctx.state, now) >= settings.max_pending_codes:
             detail = (
@@ -370,7 +379,10 @@ class ChannelActor(Actor[ChannelState]):
             ctx.reply(Answer(ok=False, detail=detail))
             return
         expires = now + settings.pair_code_ttl
-        ctx.emit(CodeIssued(code_hash=msg.code_hash, expires_at=expires, by=msg.by, at=now))
+        issued = CodeIssued(
+            code_hash=msg.code_hash, expires_at=expires, by=msg.by, at=now, keyed=True
+        )
+        ctx.emit(issued)
         ctx.reply(Answer(ok=True, detail=repr(expires)))
 
     def _unpair(self, ctx: Context[ChannelState], msg: Unpair) -> None:

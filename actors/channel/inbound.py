@@ -41,10 +41,10 @@ from toren.channels import (
     UpdateHandled,
     approvers_of,
     chat_key,
+    issued_code,
     redact,
     telegram_principal,
 )
-from toren.channels.client import code_hash
 from toren.kernel import TRANSIENT_DB_ERRORS, printable, route_served, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
@@ -307,9 +307,8 @@ class Inbound:
         # Told once, with the last failure: silent until then (and not recorded).
         if len(recent) >= PAIR_TRIES or len(today) >= PAIR_DAILY:
             return "pair_refused", "rate limited"
-        digest = code_hash(code)
-        issued = ctx.state.codes.get(digest)
-        if issued is None or issued.expires_at <= now:
+        digest = self.bot.pairing.digest(code)
+        if issued_code(ctx.state, digest, now) is None:
             ctx.emit(PairFailed(chat_id=chat_id, at=now))
             text = "That code is wrong, used or expired. Ask for a new one."
             if len(today) + 1 >= PAIR_DAILY:

@@ -18,10 +18,12 @@ from toren.actors.channel.telegram import BotApi
 from toren.channels import (
     CHANNEL_KIND,
     DEFAULT_API_URL,
+    PairingKey,
     Telegram,
     Tick,
     channel_address,
     channel_route,
+    pairing_key,
 )
 from toren.runs import registered_agents, serve_route
 from toren.sandbox.files import open_store
@@ -36,11 +38,13 @@ class Unavailable(Exception):
 
 @attrs.define
 class Bot:
-    """A bot this worker runs: its agent, its settings, its API client."""
+    """A bot this worker runs: its agent, its settings, its API client, and the key its
+    pairing codes are hashed with (the same for every bot of the fleet)."""
 
     agent: Agent
     settings: Telegram
     api: BotApi
+    pairing: PairingKey
 
 
 _bots: dict[str, Bot] = {}
@@ -79,12 +83,16 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
     """Open the bots this worker can run and wake their channel actors; returns their names.
 
     Raises:
-        ConfigError: two agents name the same bot.
+        ConfigError: two agents name the same bot, or ``TOREN_PAIRING_KEY`` is too short.
     """
     global _pool, _settings
     _pool, _settings = pool, settings
+    bots = configured_bots(registered_agents())
+    if not bots:
+        return []
+    key = await pairing_key(pool)
     opened = []
-    for name, agent in configured_bots(registered_agents()).items():
+    for name, agent in bots.items():
         telegram = agent.telegram
         if telegram is None:
             continue
@@ -95,7 +103,8 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
         except ConfigError as exc:
             log.error("telegram bot %r of agent %r not run here: %s", name, agent.name, exc)  # noqa: TRY400
             continue
-        _bots[name] = Bot(agent=agent, settings=telegram, api=BotApi(token, api_url(settings)))
+        api = BotApi(token, api_url(settings))
+        _bots[name] = Bot(agent=agent, settings=telegram, api=api, pairing=key)
         serve_route(channel_route(name))
         client = Client(pool, "")
         address = channel_address(name)

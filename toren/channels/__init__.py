@@ -64,6 +64,7 @@ from toren.channels._vocabulary import (
     telegram_principal,
     telegram_user,
 )
+from toren.channels.pairing import PairingKey, issued_code, pairing_key
 
 __all__ = [
     "CHANNEL_KIND",
@@ -93,6 +94,7 @@ __all__ = [
     "ObserverChanged",
     "Outgoing",
     "PairFailed",
+    "PairingKey",
     "Prompt",
     "PromptClosed",
     "PromptOpened",
@@ -112,6 +114,8 @@ __all__ = [
     "chat_key",
     "configured",
     "fold",
+    "issued_code",
+    "pairing_key",
     "pending_codes",
     "redact",
     "summary",

@@ -37,22 +37,39 @@ Delivery = Literal["at_least_once", "at_most_once"]
 Mode = Literal["polling", "webhook"]
 
 
+# Errors about these settings never show a value that does not fit: the token itself is
+# easily put where its variable's name, or the bot's name, belongs.
+NOT_SHOWN = "(the value given is not shown: it may be a secret)"
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _bot(inst: Any, attribute: attrs.Attribute[Any], value: str) -> None:
     if not isinstance(value, str) or not BOT_NAME.fullmatch(value):
         raise ConfigError(
-            f"telegram bot {value!r} must be 1-64 letters, digits, '_' or '-'",
-            hint="It names the channel (channel/telegram/BOT), not the bot's @username.",
+            f"a telegram bot's name must be 1-64 letters, digits, '_' or '-' {NOT_SHOWN}",
+            hint="It names the channel (channel/telegram/BOT), not the bot's @username or token.",
+        )
+
+
+def _variable(inst: Any, attribute: attrs.Attribute[Any], value: str) -> None:
+    if not isinstance(value, str) or (value and not _VARIABLE.fullmatch(value)):
+        raise ConfigError(
+            f"telegram {attribute.name} must name an environment variable (letters, digits "
+            f"and '_') {NOT_SHOWN}",
+            hint="Put the secret in that variable (or the token in token_file), and the "
+            "variable's name here.",
         )
 
 
 def _approvers(value: Iterable[Any]) -> tuple[int, ...]:
     if isinstance(value, str | int):
-        raise ConfigError(f"telegram approvers must be a list of user ids, got {value!r}")
+        raise ConfigError(f"telegram approvers must be a list of user ids {NOT_SHOWN}")
     ids = tuple(value)
-    for uid in ids:
+    for n, uid in enumerate(ids, start=1):
         if isinstance(uid, bool) or not isinstance(uid, int) or uid <= 0:
             raise ConfigError(
-                f"telegram approver {uid!r} is not a Telegram user id (a positive number)",
+                f"telegram approver {n} of {len(ids)} is not a Telegram user id (a positive "
+                f"number) {NOT_SHOWN}",
                 hint="A user id is stable; a @username can change hands. Ask @userinfobot.",
             )
     return ids
@@ -62,7 +79,7 @@ def _choice(*allowed: str) -> Any:
     def check(inst: Any, attribute: attrs.Attribute[Any], value: str) -> None:
         if value not in allowed:
             raise ConfigError(
-                f"telegram {attribute.name} must be one of {', '.join(allowed)}, not {value!r}"
+                f"telegram {attribute.name} must be one of {', '.join(allowed)} {NOT_SHOWN}"
             )
 
     return check
@@ -113,7 +130,10 @@ class Telegram:
     """
 
     bot: str = attrs.field(validator=_bot)
-    token_env: str = "TELEGRAM_BOT_TOKEN"  # noqa: S105  (a variable's name, not a token)
+    token_env: str = attrs.field(
+        default="TELEGRAM_BOT_TOKEN",  # a variable's name, not a token
+        validator=_variable,
+    )
     token_file: str | None = None
     approvers: tuple[int, ...] = attrs.field(default=(), converter=_approvers)
     delivery: str = attrs.field(
@@ -121,7 +141,10 @@ class Telegram:
     )
     mode: str = attrs.field(default="polling", validator=_choice("polling", "webhook"))
     webhook_url: str | None = None
-    webhook_secret_env: str = "TELEGRAM_WEBHOOK_SECRET"  # noqa: S105  (a name)
+    webhook_secret_env: str = attrs.field(
+        default="TELEGRAM_WEBHOOK_SECRET",  # a variable's name
+        validator=_variable,
+    )
     per_thread: bool = False
     poll_timeout: float = attrs.field(default=3.0, converter=float, validator=_at_least_one)
     chat_interval: float = attrs.field(default=1.0, converter=float, validator=_not_negative)
@@ -210,15 +233,15 @@ def configured(current: Telegram | None, table: Mapping[str, Any], where: str) -
         )
     for key, value in table.items():
         if key == "per_thread" and not isinstance(value, bool):
-            raise ConfigError(f"{key} in {where} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be true or false {NOT_SHOWN}")
         strings = ("bot", "token_env", "token_file", "delivery", "mode", "webhook_url")
         if key in (*strings, "webhook_secret_env") and not isinstance(value, str):
-            raise ConfigError(f"{key} in {where} must be a string, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be a string {NOT_SHOWN}")
         numbers = ("poll_timeout", "chat_interval", "global_per_second", "max_file_bytes")
         if key in (*numbers, "max_pending_codes") and (
             isinstance(value, bool) or not isinstance(value, int | float)
         ):
-            raise ConfigError(f"{key} in {where} must be a number, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be a number {NOT_SHOWN}")
     if current is None and "bot" not in table:
         raise ConfigError(f'{where} needs bot = "NAME"')
     try:

@@ -120,11 +120,14 @@ class Inbound:
 @message("channel.issue_code")
 @attrs.frozen(kw_only=True)
 class IssueCode:
-    """Record a pairing code (its hash) for the agent: answered with :class:`Answer`."""
+    """Record a pairing code (its keyed hash, :mod:`toren.channels.pairing`) for the agent:
+    answered with :class:`Answer`. Refused when ``key_id`` is not the id of the worker's key
+    (empty: a sender older than keyed hashes)."""
 
     code_hash: str
     by: Principal
     until: float = 0.0  # the asker gives up then: a code recorded later would be one nobody saw
+    key_id: str = ""
 
 
 @message("channel.unpair")
@@ -188,6 +191,9 @@ class CodeIssued:
     expires_at: float
     by: Principal
     at: float = 0.0
+    # A keyed hash (HMAC, toren.channels.pairing). False: recorded before keyed hashes, as plain
+    # SHA-256; such a code counts as expired (it never pairs, and is not pending).
+    keyed: bool = False
 
 
 @message("chat.paired")
@@ -728,7 +734,7 @@ def _observer(state: ChannelState, event: ObserverChanged) -> ChannelState:
 
 def pending_codes(state: ChannelState, now: float) -> int:
     """Codes issued, unused and unexpired."""
-    return sum(1 for code in state.codes.values() if code.expires_at > now)
+    return sum(1 for code in state.codes.values() if code.keyed and code.expires_at > now)
 
 
 def summary(state: ChannelState) -> dict[str, Any]:

@@ -8,7 +8,6 @@ runs the bot must be live.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,6 +26,7 @@ from toren.channels._vocabulary import (
     channel_route,
     fold,
 )
+from toren.channels.pairing import pairing_key
 
 if TYPE_CHECKING:
     from toren._client import Client
@@ -43,12 +43,6 @@ class ChannelError(TorenError):
 def new_code() -> str:
     """A fresh pairing code."""
     return "".join(secrets.choice(CODE_ALPHABET) for _ in range(CODE_LENGTH))
-
-
-def code_hash(code: str) -> str:
-    """How a code is recorded (the same function the channel checks ``/pair`` with): its
-    SHA-256, so the journal never holds a usable code."""
-    return hashlib.sha256(code.strip().upper().encode()).hexdigest()
 
 
 async def channels(client: Client) -> list[dict[str, Any]]:
@@ -118,13 +112,20 @@ async def _ask(client: Client, channel: str, msg: Any) -> Answer:
 async def pair(client: Client, agent: str, *, by: Principal) -> tuple[str, float]:
     """A single-use pairing code for ``agent``'s bot, and when it expires (epoch seconds).
 
+    The code is recorded as its keyed hash (:mod:`toren.channels.pairing`: this process's
+    ``TOREN_PAIRING_KEY``, else the database's key), never as itself.
+
     Raises:
-        ChannelError: no channel, no worker answered, or too many codes are pending.
+        ChannelError: no channel, no worker answered, too many codes are pending, or the
+            worker's pairing key is not this process's.
+        ConfigError: ``TOREN_PAIRING_KEY`` is too short.
     """
     channel = await channel_of(client, agent)
+    key = await pairing_key(client.pool)
     code = new_code()
     until = time.time() + ASK_WAIT
-    answer = await _ask(client, channel, IssueCode(code_hash=code_hash(code), by=by, until=until))
+    issue = IssueCode(code_hash=key.digest(code), key_id=key.id, by=by, until=until)
+    answer = await _ask(client, channel, issue)
     return code, float(answer.detail)
 
 

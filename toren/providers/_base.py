@@ -132,6 +132,33 @@ class RetryPolicy:
     max_retry_after: float = 120.0
     attempt_timeout: float = attrs.field(default=600.0, validator=attrs.validators.gt(0))
 
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RetryPolicy:
+        """The default policy with ``TOREN_MODEL_RETRY_ATTEMPTS`` (a whole number, at least 1)
+        and ``TOREN_MODEL_RETRY_BASE_SECONDS`` (a number, 0 or more) from ``env`` when set.
+
+        Raises:
+            ConfigError: one does not hold such a number; the message names the variable and
+                never shows its value (it may be a secret set in the wrong variable).
+        """
+        values: dict[str, Any] = {}
+        for field, var, typ, expected in (
+            ("attempts", "TOREN_MODEL_RETRY_ATTEMPTS", int, "a whole number, at least 1"),
+            ("base", "TOREN_MODEL_RETRY_BASE_SECONDS", float, "a number of seconds, 0 or more"),
+        ):
+            raw = env.get(var, "").strip()
+            if not raw:
+                continue
+            try:
+                values[field] = typ(raw)
+                cls(**{field: values[field]})  # its validators: attempts >= 1, base >= 0
+            except ValueError:
+                raise ConfigError(
+                    f"{var} must be {expected}",
+                    hint="The value is not shown, in case it is a secret set in the wrong place.",
+                ) from None
+        return cls(**values)
+
     def delay(self, failures: int, retry_after: float | None = None) -> float:
         """Seconds to wait after the ``failures``-th consecutive failure (1-based)."""
         backoff = min(self.cap, self.base * 2.0 ** (failures - 1))

@@ -32,6 +32,8 @@ WORKSPACE = "/workspace"
 _CONTROL = (";", "&", "|", "\n", "\r", "`", "$", "<", ">", "(", ")", "\0")
 
 _BYTES = pydantic.TypeAdapter(pydantic.ByteSize)
+# Errors never show a value that does not fit: a misplaced secret must not reach a log.
+_NOT_SHOWN = "(the value given is not shown)"
 
 
 def parse_size(value: Any, what: str) -> int:
@@ -41,32 +43,33 @@ def parse_size(value: Any, what: str) -> int:
         ConfigError: it is not a size, or not a positive one.
     """
     if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a size like '512MiB', got {value!r}")
+        raise ConfigError(f"{what} must be a size like '512MiB' {_NOT_SHOWN}")
     try:
         size = int(_BYTES.validate_python(value))
     except pydantic.ValidationError:
         raise ConfigError(
-            f"{what} must be a size like '512MiB' or a number of bytes, got {value!r}"
+            f"{what} must be a size like '512MiB' or a number of bytes {_NOT_SHOWN}"
         ) from None
     if size <= 0:
-        raise ConfigError(f"{what} must be positive, got {value!r}")
+        raise ConfigError(f"{what} must be positive, got {size}")
     return size
 
 
 def _rules(value: Iterable[str]) -> tuple[str, ...]:
     if isinstance(value, str):
-        raise ConfigError(f"allow must be a list of commands, got the string {value!r}")
+        raise ConfigError(f"allow must be a list of commands, not a string {_NOT_SHOWN}")
     rules = tuple(value)
-    for rule in rules:
+    for n, rule in enumerate(rules, start=1):
+        which = f"allow rule {n} of {len(rules)}"
         if not isinstance(rule, str) or not _words(rule):
-            raise ConfigError(f"allow rule {rule!r} is not a command")
+            raise ConfigError(f"{which} is not a command {_NOT_SHOWN}")
         if any(c in rule for c in _CONTROL):
             raise ConfigError(
-                f"allow rule {rule!r} holds shell control syntax",
+                f"{which} holds shell control syntax {_NOT_SHOWN}",
                 hint="A rule is one plain command; a trailing * allows what follows it.",
             )
         if "*" in _words(rule)[:-1]:
-            raise ConfigError(f"allow rule {rule!r}: * may only be the last word")
+            raise ConfigError(f"{which}: * may only be the last word {_NOT_SHOWN}")
     return rules
 
 
@@ -140,9 +143,9 @@ class Sandbox:
 
     def __attrs_post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigError(f"sandbox image {self.image!r} is not an image name")
+            raise ConfigError(f"sandbox image is not an image name {_NOT_SHOWN}")
         if not self.network or any(c.isspace() for c in self.network):
-            raise ConfigError(f"sandbox network {self.network!r} is not a network mode")
+            raise ConfigError(f"sandbox network is not a network mode {_NOT_SHOWN}")
         if self.memory < 16 * 1024**2:
             raise ConfigError("sandbox memory must be at least 16MiB")
         if self.output_cap < 1024:
@@ -201,13 +204,13 @@ def configured(sandbox: Sandbox, table: Mapping[str, Any], where: str) -> Sandbo
         )
     for key, value in table.items():
         if key == "rerunnable" and not isinstance(value, bool):
-            raise ConfigError(f"{key} in {where} must be true or false, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be true or false {_NOT_SHOWN}")
         if key in ("image", "network") and not isinstance(value, str):
-            raise ConfigError(f"{key} in {where} must be a string, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be a string {_NOT_SHOWN}")
         if key == "pids" and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ConfigError(f"{key} in {where} must be an integer, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be an integer {_NOT_SHOWN}")
         if key == "allow" and not isinstance(value, list):
-            raise ConfigError(f"{key} in {where} must be a list of commands, got {value!r}")
+            raise ConfigError(f"{key} in {where} must be a list of commands {_NOT_SHOWN}")
     try:
         return attrs.evolve(sandbox, **table)
     except ConfigError as exc:

@@ -42,6 +42,9 @@ from toren._errors import ConfigError, TorenError
 _KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _URL_HINT = "use a directory (file:///path or a plain path) or s3://bucket/prefix"
+# Errors never show the URL: it comes from the environment (TOREN_WORKSPACE_STORE), where a
+# secret set in the wrong variable may have landed.
+_STORE_URL = "the workspace store URL (workspace_store; not shown)"
 
 
 class StoreError(TorenError):
@@ -283,7 +286,8 @@ class S3Store:
 def store_from_url(url: str, env: Mapping[str, str] | None = None) -> WorkspaceStore:
     """The store a URL names: ``file:///path`` or a plain path (a directory), or
     ``s3://bucket/prefix`` (with the endpoint from ``TOREN_S3_ENDPOINT_URL`` or
-    ``AWS_ENDPOINT_URL`` if set, for MinIO or R2). Raises ConfigError on anything else."""
+    ``AWS_ENDPOINT_URL`` if set, for MinIO or R2). Raises ConfigError on anything else (the
+    message does not show the URL)."""
     env = os.environ if env is None else env
     if not url.strip():
         raise ConfigError("the workspace store URL is empty", hint=_URL_HINT)
@@ -296,20 +300,26 @@ def store_from_url(url: str, env: Mapping[str, str] | None = None) -> WorkspaceS
     if parts.scheme == "":
         return LocalStore(Path(url).expanduser().absolute())
     if parts.query or parts.fragment:
-        raise ConfigError(
-            f"unexpected ?query or #fragment in the store URL {url!r}", hint=_URL_HINT
-        )
+        raise ConfigError(f"{_STORE_URL} has an unexpected ?query or #fragment", hint=_URL_HINT)
     if parts.scheme == "file":
         path = urllib.parse.unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-            raise ConfigError(f"the store URL {url!r} is no local path", hint="use file:///path")
+            raise ConfigError(f"{_STORE_URL} is a file:// URL with no local path", hint=_URL_HINT)
         return LocalStore(Path(path))
     if parts.scheme == "s3":
         if not _BUCKET.fullmatch(parts.netloc):
             raise ConfigError(
-                f"{parts.netloc!r} in {url!r} is not a valid S3 bucket name",
+                f"the bucket in {_STORE_URL} is not a valid S3 bucket name",
                 hint="3 to 63 lowercase letters, digits, dots and hyphens: s3://bucket/prefix",
             )
-        endpoint = env.get("TOREN_S3_ENDPOINT_URL") or env.get("AWS_ENDPOINT_URL") or None
+        var = "TOREN_S3_ENDPOINT_URL" if env.get("TOREN_S3_ENDPOINT_URL") else "AWS_ENDPOINT_URL"
+        endpoint = env.get(var) or None
+        if endpoint is not None:
+            where = urllib.parse.urlsplit(endpoint)
+            if where.scheme not in ("http", "https") or not where.hostname:
+                raise ConfigError(
+                    f"{var} must be an http:// or https:// URL (the value given is not shown)",
+                    hint="the address of your S3-compatible server, e.g. http://minio:9000",
+                )
         return S3Store(parts.netloc, parts.path, endpoint_url=endpoint)
-    raise ConfigError(f"unsupported workspace store URL {url!r}", hint=_URL_HINT)
+    raise ConfigError(f"{_STORE_URL} has an unsupported scheme", hint=_URL_HINT)
