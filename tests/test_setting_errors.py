@@ -132,3 +132,24 @@ def test_a_bot_token_put_where_a_name_belongs_is_refused_without_echoing_it() ->
         with pytest.raises(ConfigError) as caught:
             Telegram(**{"bot": "support", **fields})
         assert token not in str(caught.value)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("opened", ["connect", "create_pool"])
+async def test_a_database_url_whose_password_breaks_its_parsing_never_shows_the_password(
+    opened: str,
+) -> None:
+    """A password with an unescaped ``@`` and ``:`` (a common slip) makes asyncpg read part of
+    it as the port; its error quotes that part, and the error Toren shows must not."""
+    from toren import _db
+    from toren._errors import DatabaseUnavailable
+
+    url = "postgresql://toren:p@ss:hunter2-secret@127.0.0.1/toren"
+    with pytest.raises(DatabaseUnavailable) as caught:
+        await getattr(_db, opened)(url)
+    # Nor a logged traceback of it (the exceptions it is chained from).
+    import traceback
+
+    shown = "".join(traceback.format_exception(caught.value))
+    assert "hunter2" not in shown
+    assert "percent-encode" in str(caught.value)  # what to fix is said

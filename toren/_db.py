@@ -71,7 +71,7 @@ async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> async
             server_settings={"application_name": name},
         )
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(redact(url), exc) from exc
+        raise _unavailable(url, exc) from _shown_cause(exc)
     return pool
 
 
@@ -87,9 +87,34 @@ async def connect(url: str, *, name: str = "toren") -> asyncpg.Connection:
     try:
         conn = await asyncpg.connect(url, server_settings={"application_name": name})
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-        raise DatabaseUnavailable(redact(url), exc) from exc
+        raise _unavailable(url, exc) from _shown_cause(exc)
     await init_connection(conn)
     return conn
+
+
+def _unparsed(exc: BaseException) -> bool:
+    """Whether ``exc`` is asyncpg failing to parse the URL itself (a plain ``ValueError``; its
+    configuration errors are ``InterfaceError`` too, and name a parameter, not its value)."""
+    return isinstance(exc, ValueError) and not isinstance(exc, asyncpg.InterfaceError)
+
+
+def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
+    """The error for a URL that did not lead to a connection. A URL that did not even parse
+    is described, not quoted: asyncpg's message quotes the piece it failed on, and with an
+    unescaped ``@`` or ``:`` in the password that piece is part of the password."""
+    if _unparsed(exc):
+        exc = ValueError(
+            "the URL does not parse (asyncpg's reason is not shown: it may quote the "
+            "password); percent-encode any @ : / ? # in the user name or password "
+            "(@ is %40, : is %3A)"
+        )
+    return DatabaseUnavailable(redact(url), exc)
+
+
+def _shown_cause(exc: BaseException) -> BaseException | None:
+    """What a :class:`DatabaseUnavailable` is chained from (a logged traceback shows it):
+    nothing for a URL that did not parse, for the reason given in :func:`_unavailable`."""
+    return None if _unparsed(exc) else exc
 
 
 _SECRET_PARAMETERS = frozenset({"password", "sslpassword"})
