@@ -407,7 +407,7 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import toren.actors.run
-    from toren.actors.run import RunActor
+    from toren.actors import deciding
 
     load_app("tests.run_app")
     async with anthropic(_ticket_refund_done, monkeypatch):  # type: ignore[arg-type]
@@ -416,16 +416,16 @@ async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_
             await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
         shout = _shouting(toren.actors.run.build_request)  # version 2
         monkeypatch.setattr(toren.actors.run, "build_request", shout)
-        decide_once = RunActor._decide
+        decide_once = deciding.decide
         failures: list[str] = []
 
-        def failing_once(self: RunActor, ctx: Any, msg: Any) -> None:
-            decide_once(self, ctx, msg)
+        def failing_once(ctx: Any, msg: Any) -> None:
+            decide_once(ctx, msg)
             if not failures:
                 failures.append(msg.call_id)
                 raise RuntimeError("a bug after the resume check")  # the step is discarded
 
-        monkeypatch.setattr(RunActor, "_decide", failing_once)
+        monkeypatch.setattr(deciding, "decide", failing_once)
         await decide_waiting(client, run_id, approved=True, by=person("early"), wait=None)
         async with running_worker(db_url):  # version 2
 
