@@ -105,7 +105,7 @@ def unbound_decisions() -> Iterator[None]:
     """Apply any decision to the first waiting call, sorted, ignoring the call it names (and
     answer as if the named call had been decided: only the journal tells)."""
     import toren.runs
-    from toren.actors import run as run_actor
+    from toren.actors import deciding
     from toren.runs import ApprovalDecided, Continue, DecisionOutcome, RunState, author, waiting_on
     from toren.runs import state as run_state
 
@@ -119,12 +119,12 @@ def unbound_decisions() -> Iterator[None]:
             call_id=decision.call_id, outcome="applied", detail=f"{verdict}d {decision.call_id}"
         )
 
-    decide = run_actor.RunActor._decide
+    decide = deciding.decide
 
-    def unbound_decide(self: Any, ctx: Any, msg: Any) -> None:
+    def unbound_decide(ctx: Any, msg: Any) -> None:
         waiting = sorted(c.id for c in waiting_on(ctx.state))
         if not waiting:
-            decide(self, ctx, msg)
+            decide(ctx, msg)
             return
         outcome = unbound_judge(ctx.state, msg)
         ctx.emit(
@@ -144,8 +144,8 @@ def unbound_decisions() -> Iterator[None]:
     patches: list[tuple[object, str, Any]] = [
         (run_state, "judge_decision", unbound_judge),
         (toren.runs, "judge_decision", unbound_judge),
-        (run_actor, "judge_decision", unbound_judge),
-        (run_actor.RunActor, "_decide", unbound_decide),
+        (deciding, "judge_decision", unbound_judge),
+        (deciding, "decide", unbound_decide),
     ]
     with _patched(patches):
         yield
