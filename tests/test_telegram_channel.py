@@ -170,11 +170,12 @@ async def alone(state: ChannelState, update_id: int, text: str, api: Any = None)
     from toren.actors.channel import runtime
     from toren.actors.channel.actor import ChannelActor
     from toren.actors.channel.inbound import Inbound
-    from toren.channels import Telegram
+    from toren.channels import PairingKey, Telegram
 
     actor_id = "channel/telegram/dailyunit"
     actor = ChannelActor(actor_id, {"bot": "dailyunit"})
-    bot = runtime.Bot(agent=None, settings=Telegram(bot="dailyunit"), api=api)  # type: ignore[arg-type]
+    key = PairingKey(b"k" * 32)
+    bot = runtime.Bot(agent=None, settings=Telegram(bot="dailyunit"), api=api, pairing=key)  # type: ignore[arg-type]
     ctx = Context(actor, state, 0, 1, None)
     update = {
         "update_id": update_id,
