@@ -280,7 +280,10 @@ class RunActor(Actor[RunState]):
                 return
             if state.status != "failed":
                 who, via = author(msg)
-                ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))
+                received = MessageReceived(
+                    text=msg.text, who=who, channel=via, by=msg.by, at=time.time()
+                )
+                ctx.emit(received)
                 if was_done:
                     ctx.send(ctx.actor_id, Continue())
             return
@@ -363,7 +366,7 @@ class RunActor(Actor[RunState]):
         if not state.awaiting_model:
             # The model spoke last and asked for nothing, its turn not ended with it (a journal
             # of an earlier version, or a run retried): its answer is the output.
-            ctx.emit(RunCompleted(output=final_text(state.calls[-1].response)))
+            ctx.emit(RunCompleted(output=final_text(state.calls[-1].response), at=time.time()))
             return
         await self._model_step(ctx, agent)
 
@@ -625,7 +628,7 @@ def _end_turn(ctx: Context[RunState], agent: Agent) -> None:
     """The model's answer asks for nothing: it ends the turn in the commit that records it, so
     that a message arriving next starts a new turn after this one, whose answer is out."""
     if not _over_time(ctx, agent):
-        ctx.emit(RunCompleted(output=final_text(ctx.state.calls[-1].response)))
+        ctx.emit(RunCompleted(output=final_text(ctx.state.calls[-1].response), at=time.time()))
 
 
 def _over_time(ctx: Context[RunState], agent: Agent) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 import weakref
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -761,3 +762,33 @@ async def test_only_workers_that_define_an_agent_claim_its_runs(
             assert await client.journal(run_id) == []  # untouched, not failed
     finally:
         _registry.update(saved)
+
+
+async def test_a_completed_run_idle_past_its_wall_clock_still_answers_the_next_message(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Time a run spends completed, waiting for someone to write again, is not work: a
+    conversation (a Telegram chat's run) that goes on after a pause longer than the agent's
+    wall-clock budget answers, rather than failing with ``timeout`` and dropping the message."""
+    load_app("tests.run_app")
+    script = [Reply("first answer"), Reply("second answer")]
+    async with anthropic(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "hasty", "hello")  # wall_clock = 2 s
+        await wait_for(lambda: _output(client, run_id, "first answer"), what="first answer")
+        started = (await read_run(client, run_id)).started_at
+
+        async def idle_past_the_budget() -> bool:  # the pause is the point of the test
+            return time.time() - started > 2.5
+
+        await wait_for(idle_past_the_budget, what="a pause past the wall clock")
+        await say(client, run_id, "are you still there?", by=person("erin"))
+
+        async def ended() -> str | None:
+            state = await read_run(client, run_id)
+            if not state.heard:  # the message is not taken yet
+                return None
+            if state.status == "failed":
+                return f"failed: {state.error_class}: {state.error}"
+            return state.output if state.status == "completed" else None
+
+        assert await wait_for(ended, what="the second turn ended") == "second answer"

@@ -412,6 +412,9 @@ class MessageReceived:
     who: str  # ``by.name``
     channel: str  # ``by.via``
     by: Principal | None = None
+    # When it was taken (0.0 in journals of earlier versions): to a completed run, it ends the
+    # wait since run.completed, which is not counted toward the wall clock.
+    at: float = 0.0
     v: int = FORMAT
 
 
@@ -573,6 +576,9 @@ class ChildApprovalRequested:
 @attrs.frozen(kw_only=True)
 class RunCompleted:
     output: str
+    # When the turn ended (0.0 in journals of earlier versions): until a message continues the
+    # conversation, the run waits on a human, which is not counted toward the wall clock.
+    at: float = 0.0
     v: int = FORMAT
 
 

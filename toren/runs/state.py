@@ -284,6 +284,11 @@ def fold(state: RunState, event: Any) -> RunState:
         if state.pending_calls:
             return attrs.evolve(state, inbox=state.inbox.append(event.text))
         status: Status = "running" if state.status in ("completed", "running") else state.status
+        if state.status == "completed":  # the wait since the turn ended was not work
+            waited = event.at - state.parked_since if event.at and state.parked_since else 0.0
+            state = attrs.evolve(
+                state, parked_since=None, parked_seconds=state.parked_seconds + max(0.0, waited)
+            )
         return attrs.evolve(
             state,
             messages=_append_user(state.messages, Text(text=event.text)),
@@ -420,7 +425,11 @@ def fold(state: RunState, event: Any) -> RunState:
             state = attrs.evolve(state, checked_as=event.checked_as, checked_calls=len(state.calls))
         return state
     if isinstance(event, RunCompleted):
-        return attrs.evolve(state, status="completed", output=event.output, calling=None)
+        # Until someone writes again, the run waits on a human (see MessageReceived).
+        since = event.at if event.at else state.parked_since
+        return attrs.evolve(
+            state, status="completed", output=event.output, calling=None, parked_since=since
+        )
     if isinstance(event, RunFailed):
         return attrs.evolve(
             state,
