@@ -264,3 +264,26 @@ async def test_a_call_too_long_for_one_message_is_prompted_without_buttons_and_d
     await received(server, 100, lambda t: t.startswith("done:") and "denied" in t)
     [decision] = await decisions(client, run_id)
     assert decision["by"]["name"] == "ana"
+
+
+async def test_a_press_refused_for_a_call_decided_elsewhere_says_where_in_full(
+    client: Client, bots: tuple[TelegramServer, Any]
+) -> None:
+    """A button press on a child run's call whose agent has no approvers on Telegram is refused
+    with where to decide it. A button's answer holds at most 200 characters, too few for the run
+    and both commands: the press is answered briefly, and the chat is told in full."""
+    server, _ = bots
+    await paired(client, server, 100)
+    server.push_message(100, "ask the clerk to refund 5", user_id=ALICE)
+    prompt = await received(server, 100, lambda t: "asks to run refund (in clerk" in t)
+    [child] = (await read_run(client, await conversation(client, 100))).children.values()
+    call_id = await _waiting_call(client, child.run_id)
+    server.push_callback(100, prompt.message_id, buttons(prompt)[0][1], user_id=APPROVER)
+    answered = await answer_to(server, 1)
+    assert len(answered) <= 200
+    # Whatever the answer holds, what it names is whole: no command cut in the middle.
+    command = f"toren jobs approve {child.run_id} --call {call_id}"
+    assert command in answered or "toren jobs" not in answered, answered
+    told = await received(server, 100, lambda t: command in t)
+    assert f"toren jobs deny {child.run_id} --call {call_id}" in told.text
+    assert await decisions(client, child.run_id) == []

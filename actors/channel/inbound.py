@@ -67,6 +67,7 @@ _YES = {"approve", "approved", "yes", "y", "ok", "allow", "\u2705", "\U0001f44d"
 _NO = {"deny", "denied", "no", "n", "reject", "refuse", "\u274c", "\U0001f44e"}
 _RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, OSError)  # tried again
 _CALLBACK = re.compile(r"([ad]):([A-Za-z0-9_-]{1,40})")
+CALLBACK_TEXT = 200  # characters a button's answer shows (answerCallbackQuery's text)
 
 
 @attrs.frozen(kw_only=True)
@@ -583,8 +584,14 @@ class Inbound:
             return "stale", "unknown decision"
         refused = await self._refusal(update, decision)
         if refused is not None:
-            await api.answer_callback(update.callback_id, refused[2])
-            return refused[0], refused[1]
+            outcome, detail, text = refused
+            if len(text) > CALLBACK_TEXT:
+                # Where to decide does not fit a button's answer (the run and both commands):
+                # the chat is told in full, under the prompt, and the answer says so.
+                self._say(update, text)
+                text = f"{text.split('. ', 1)[0]}. Where to decide it is in the chat."
+            await api.answer_callback(update.callback_id, text)
+            return outcome, detail
         answer = self._decide(update, decision, approved, "by a button in Telegram")
         await api.answer_callback(update.callback_id, answer)
         return "decided", decision
