@@ -105,6 +105,19 @@ class Fragile(Actor[list[str]]):
         ctx.emit(Handled(tag=msg.tag))
 
 
+class Mourner(Fragile):
+    """Raises on Boom; as a message is dead-lettered, records it and tells ``fragile/listener``
+    and an actor that does not exist."""
+
+    kind = "test.mourner"
+
+    def on_dead_letter(self, ctx: Context[list[str]], msg: Any, error: str) -> None:
+        tag = msg.tag if isinstance(msg, Boom) else "?"
+        ctx.emit(Handled(tag=f"gave up on {tag}"))
+        ctx.send("fragile/listener", Handled(tag=f"news of {tag}"))
+        ctx.send("nobody/here", Handled(tag=f"news of {tag}"))
+
+
 @message("test.forward")
 @attrs.frozen(kw_only=True)
 class Forward:

@@ -47,6 +47,25 @@ async def test_poison_message_is_dead_lettered_the_sender_told_and_the_actor_goe
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
 
 
+async def test_what_on_dead_letter_records_and_sends_commits_with_the_dead_letter(
+    client: Client, db_url: str
+) -> None:
+    await client.spawn(app.Fragile, "fragile/listener")
+    await client.spawn(app.Mourner, "mourner/1")
+    await client.send("mourner/1", app.Boom(tag="x"))
+    async with running_worker(db_url):
+
+        async def told() -> bool:
+            listener, _ = await client.state("fragile/listener")
+            return listener == ["news of x"]
+
+        await wait_for(told, what="the listener told of the dead letter")
+    mourner, _ = await client.state("mourner/1")
+    assert mourner == ["gave up on x"]  # its event, though a recipient does not exist
+    [dead] = await client.deadletters()
+    assert dead.actor_id == "mourner/1"
+
+
 async def test_requeued_dead_letter_is_delivered_again_with_fresh_counts(
     client: Client, db_url: str
 ) -> None:

@@ -409,14 +409,28 @@ class ActorHost:
             ctx = Context(actor, state, seq, self.epoch, envelope)
             summary = None
         try:
-            await dead_letter(self.pool, self.worker_id, envelope, ctx, error, summary=summary)
-        except (UnknownActor, ActorAlreadyExists):
-            # What on_dead_letter sent or spawned cannot be: the message goes without it.
-            log.exception(
-                "%s: on_dead_letter's records refused; dead-lettering without them", self.actor_id
+            missing = await dead_letter(
+                self.pool, self.worker_id, envelope, ctx, error, summary=summary
             )
-            bare = Context(actor, state, seq, self.epoch, envelope)
-            await dead_letter(self.pool, self.worker_id, envelope, bare, error)
+        except (UnknownActor, ActorAlreadyExists):
+            # What on_dead_letter sent or spawned cannot be: its events go without them.
+            log.exception(
+                "%s: on_dead_letter's sends refused; dead-lettering with its events only",
+                self.actor_id,
+            )
+            ctx.outgoing.clear()
+            ctx.spawns.clear()
+            ctx.cancelled_timers.clear()
+            missing = await dead_letter(
+                self.pool, self.worker_id, envelope, ctx, error, summary=summary
+            )
+        if missing:
+            log.warning(
+                "%s: dead-lettering message %d: nothing sent to %s (no such actor)",
+                self.actor_id,
+                envelope.id,
+                ", ".join(missing),
+            )
         log.error("%s: message %d dead-lettered: %s", self.actor_id, envelope.id, error)
         raise MessageDeadLettered(self.actor_id, envelope.id, error)
 

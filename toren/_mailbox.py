@@ -415,14 +415,20 @@ async def dead_letter(
     error: str,
     *,
     summary: Mapping[str, Any] | None = None,
-) -> None:
+) -> list[str]:
     """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask(), and
     commit what ``ctx`` holds (the events the actor records about it, the messages it sends,
     its timers and spawns), all in one transaction.
 
+    Messages ``ctx`` sends to actors that do not exist are left out (a dead letter is often
+    about such an actor): the others, and the events, are committed.
+
+    Returns:
+        The recipients whose messages were left out.
+
     Raises:
         FencedOut: the actor is no longer ours.
-        UnknownActor: ``ctx`` sends a message to an actor that does not exist.
+        UnknownActor: a recipient went away while this ran.
         ActorAlreadyExists: ``ctx`` spawns an id that an actor of another kind holds.
     """
     poison = PoisonMessage(
@@ -449,7 +455,15 @@ async def dead_letter(
         )
         if not moved:
             raise FencedOut(ctx.actor_id, ctx.epoch)
+        spawned = {s.actor_id for s in ctx.spawns}
+        recipients = sorted({o.to for o in ctx.outgoing} - spawned)
+        found = await conn.fetch(
+            "SELECT actor_id FROM toren.actors WHERE actor_id = ANY($1::text[])", recipients
+        )
+        missing = sorted(set(recipients) - {r["actor_id"] for r in found})
+        ctx.outgoing[:] = [o for o in ctx.outgoing if o.to not in missing]
         await commit_step(conn, owner, envelope, ctx, summary=summary)
+    return missing
 
 
 def open_envelope(envelope: Envelope) -> Envelope:
