@@ -193,6 +193,15 @@ async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_ch
     [decision] = await decisions(client, child)
     assert decision["by"]["id"] == f"telegram:{PAY_APPROVER}"
 
+    # A prompt an earlier version opened names no agent: the agent of its run decides who may.
+    from toren.actors.channel import runtime
+    from toren.actors.channel.inbound import Inbound
+    from toren.channels import Prompt, PromptOpened
+
+    earlier = PromptOpened(decision="d", run=child, call_id="c", name="transfer", chat_id=100)
+    inbound = Inbound(None, runtime.bot("front"), "channel/telegram/front")  # type: ignore[arg-type]
+    assert await inbound._approvers(Prompt(opened=earlier)) == ("pay", (PAY_APPROVER,))
+
 
 async def test_a_calls_bidi_controls_show_as_escapes_in_its_prompt_and_to_observers(
     client: Client, bots: tuple[TelegramServer, Any]

@@ -470,10 +470,15 @@ class Inbound:
 
     # -- decisions -------------------------------------------------------------------------
 
-    def _approvers(self, prompt: Prompt) -> tuple[str, tuple[int, ...]]:
+    async def _approvers(self, prompt: Prompt) -> tuple[str, tuple[int, ...]]:
         """The agent whose call the prompt shows, and the users who may decide its calls: the
         approvers of that agent's own bot (a child run's call needs the child's agent's)."""
-        name = prompt.opened.agent or self.bot.agent.name
+        name = prompt.opened.agent
+        if not name:  # a prompt opened by an earlier version: the agent of the run it names
+            name = await runtime.pool().fetchval(
+                "SELECT args->>'agent' FROM toren.actors WHERE actor_id = $1", prompt.opened.run
+            )
+            name = str(name or "")
         if name == self.bot.agent.name:
             return name, self.bot.settings.approvers
         return name, approvers_of(agent_named(name))
@@ -538,7 +543,7 @@ class Inbound:
         """Why ``update`` cannot decide ``decision``: (outcome, detail, what to tell the
         user), or None if it can."""
         prompt = self.ctx.state.prompts[decision]
-        agent, approvers = self._approvers(prompt)
+        agent, approvers = await self._approvers(prompt)
         if update.user_id is None or update.user_id not in approvers:
             if agent == self.bot.agent.name:
                 text = f"Only the agent's approvers can decide (your user id: {update.user_id})."
