@@ -620,7 +620,12 @@ def _over_budget(ctx: Context[RunState], agent: Agent) -> bool:
 
 def _after_the_start(ctx: Context[RunState], msg: Say) -> None:
     """A message handled before the run's start (a say() right after start_run: the system lane
-    is taken first) is sent again, behind the start, so that it is heard after the input."""
+    is taken first) is sent again, behind the start, so that it is heard after the input. Sent
+    again once only: one that comes back before the start has no start ahead of it (a run made
+    without one) and is dropped, logged, rather than sent round for ever."""
+    if ctx.sender == ctx.actor_id:
+        log.warning("%s: a message waited for a start that never came; dropped", ctx.actor_id)
+        return
     ctx.send(ctx.actor_id, msg)
 
 

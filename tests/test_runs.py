@@ -321,6 +321,27 @@ async def test_a_message_sent_before_the_run_started_is_heard_after_its_input(
     assert first("run.started") < first("message.received") < first("model.called")
 
 
+async def test_a_message_to_a_run_made_without_a_start_is_dropped_not_sent_round_for_ever(
+    client: Client, db_url: str
+) -> None:
+    from toren.runs import RUN_KIND, agent_route
+
+    load_app("tests.run_app")
+    run_id = "run/00000000-0000-4000-8000-00000000c0de"
+    await client.spawn(RUN_KIND, run_id, {"agent": "support"}, route=agent_route("support"))
+    await say(client, run_id, "anyone there?", by=person("erin"))
+    async with running_worker(db_url):
+
+        async def drained() -> bool:
+            left = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.mailbox WHERE actor_id = $1", run_id
+            )
+            return left == 0
+
+        await wait_for(drained, what="the message dropped")
+    assert await client.journal(run_id) == []
+
+
 async def _output(client: Client, run_id: str, text: str) -> bool:
     state = await read_run(client, run_id)
     return state.status == "completed" and state.output == text
