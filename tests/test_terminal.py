@@ -347,3 +347,19 @@ async def test_deadletters_json_escapes_a_hostile_error(
     [item] = json.loads(as_json.stdout)
     assert item["error"].endswith(f"cannot handle {tag}")
     assert item["body"]["tag"] == tag
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("\u2028", "\\u2028"),  # a line separator: a fake line break
+        ("\u200b", "\\u200b"),  # a zero-width space
+        ("\ufeff", "\\ufeff"),
+        ("\U000e0041", "\\U000e0041"),  # a tag letter: invisible text
+    ],
+)
+def test_invisible_characters_that_break_a_line_or_hide_text_are_shown_as_escapes(
+    raw: str, shown: str
+) -> None:
+    assert printable(f"a{raw}b") == f"a{shown}b"
+    assert printable("a\u200db \U0001f468\u200d\U0001f469") == "a\u200db \U0001f468\u200d\U0001f469"

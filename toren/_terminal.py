@@ -30,21 +30,31 @@ _CONTROLS = [*range(0x09), *range(0x0B, 0x20), *range(0x7F, 0xA0)]
 # Bidi embeddings, overrides and isolates, and the implicit marks: written \uNNNN.
 _BIDI = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A)]
 _SURROGATES = range(0xD800, 0xE000)  # lone surrogates (UTF-8 cannot even encode them)
+# What breaks a line or hides text without showing: the line and paragraph separators, the
+# zero-width space, the word joiner and invisible operators, the byte order mark, and the tag
+# characters (invisible letters, used to smuggle text past a reader).
+_INVISIBLE = [0x2028, 0x2029, 0x200B, *range(0x2060, 0x2065), 0xFEFF]
+_TAGS = range(0xE0000, 0xE0080)
 
 _ESCAPES: dict[int, str] = {
     **{c: f"\\x{c:02x}" for c in _CONTROLS},
-    **{c: f"\\u{c:04x}" for c in (*_BIDI, *_SURROGATES)},
+    **{c: f"\\u{c:04x}" for c in (*_BIDI, *_SURROGATES, *_INVISIBLE)},
+    **{c: f"\\U{c:08x}" for c in _TAGS},
 }
 _UNSAFE = re.compile(
-    "[" + "".join(re.escape(chr(c)) for c in (*_CONTROLS, *_BIDI)) + "\ud800-\udfff]"
+    "["
+    + "".join(re.escape(chr(c)) for c in (*_CONTROLS, *_BIDI, *_INVISIBLE))
+    + "\ud800-\udfff\U000e0000-\U000e007f]"
 )
 
 
 def printable(text: str) -> str:
     """``text`` with every character that could drive or reorder a terminal written as an
-    escape: C0 controls but newline and tab, DEL, C1 controls, bidi controls and lone
-    surrogates. Text without any is returned as it is (one regular-expression scan), so
-    escaping twice is escaping once."""
+    escape: C0 controls but newline and tab, DEL, C1 controls, bidi controls, lone
+    surrogates, and the invisible characters that break a line or hide text (line and paragraph
+    separators, zero-width space, word joiner, byte order mark, tag characters). Text without
+    any is returned as it is (one regular-expression scan), so escaping twice is escaping
+    once."""
     if _UNSAFE.search(text):
         return text.translate(_ESCAPES)
     return text

@@ -16,11 +16,14 @@ function esc(text) {
 
 // Text from a run with every character that could hide or reorder what is shown written as an
 // escape, as the CLI prints it (toren/_terminal.py): C0 controls but newline and tab, DEL, C1
-// controls as \xNN; bidi controls and lone surrogates as \uNNNN.
-const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
+// controls as \xNN; bidi controls, lone surrogates and the invisible characters that break a
+// line or hide text (line and paragraph separators, zero-width space, word joiner, byte order
+// mark) as \uNNNN; tag characters (invisible letters) as \UNNNNNNNN.
+const UNSAFE = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f\u061c\u200b\u200e\u200f\u2028\u2029\u202a-\u202e\u2060-\u2064\u2066-\u2069\ufeff]|\udb40[\udc00-\udc7f]|[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g;
 function visible(text) {
   return String(text ?? "").replace(UNSAFE, (c) => {
-    const code = c.charCodeAt(0);
+    const code = c.length > 1 ? c.codePointAt(0) : c.charCodeAt(0);
+    if (code > 0xffff) return `\\U${code.toString(16).padStart(8, "0")}`;
     return code < 0x100 ? `\\x${code.toString(16).padStart(2, "0")}` : `\\u${code.toString(16).padStart(4, "0")}`;
   });
 }
