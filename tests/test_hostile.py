@@ -140,7 +140,7 @@ async def test_a_decision_for_another_call_is_refused_and_never_applied(
 
 
 async def test_a_flood_of_refused_decisions_records_twenty_then_one_and_the_run_goes_on(
-    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     script = by_position(
         Reply([ToolCall(id="p1", name="pay", arguments={"to": "alice", "amount": 1})]),
@@ -170,6 +170,10 @@ async def test_a_flood_of_refused_decisions_records_twenty_then_one_and_the_run_
     [muted] = [e.data for e in journal if e.type == "decision.refusals_muted"]
     assert muted["recorded"] == 20
     assert muted["until"] - muted["since"] == 3600
+    if request.config.getoption("--record-journals", default=False):
+        from tests.test_runs import _record_fixture
+
+        _record_fixture(journal, "run_v1_refusals.json")
 
 
 async def test_a_decision_nobody_answers_is_pending_and_applies_only_to_its_call(

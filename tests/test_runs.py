@@ -605,7 +605,9 @@ def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: 
     ``run_v1_every_event.json`` holds every event type today's code records (principals,
     refused decisions, unreadable answers, invalidations, timers, crashloops...) but the two
     ``run_v1_lost.json`` records: a call announced (``model.calling``) and lost in flight at a
-    SIGKILL (``model.lost``)."""
+    SIGKILL (``model.lost``), and the one ``run_v1_refusals.json`` records: a flood of refused
+    decisions past the bound (``decision.refusals_muted``), with a turn's end that records its
+    time (``run.completed`` with ``at``)."""
     from toren._codec import decode, encode
     from toren._json import dumps, loads
     from toren.runs import RunState, fold
