@@ -203,3 +203,29 @@ async def test_housekeeping_forgets_old_dedupe_keys_and_replies(client: Client) 
     assert done["sessions"] == 1  # the expired console session, not the live one
     assert await client.send("c/hk", app.Add(n=1, tag="a2"), dedupe_key="old") is not None
     assert await client.send("c/hk", app.Add(n=1, tag="b2"), dedupe_key="new") is None
+
+
+async def test_a_dedicated_connection_cancelled_while_it_is_set_up_is_closed(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker stopped as it starts cancels its death watch and listener mid-connect: the
+    connection is closed then, never left to the garbage collector (a ResourceWarning that
+    failed whichever test ran next, on a loaded machine)."""
+    import toren._db
+    from toren._leases import open_death_watch
+
+    opened = []
+    setup = toren._db.init_connection
+
+    async def slow_setup(conn: object) -> None:
+        opened.append(conn)
+        await setup(conn)
+        await anyio.sleep_forever()
+
+    monkeypatch.setattr(toren._db, "init_connection", slow_setup)
+    with anyio.move_on_after(0.5):
+        await toren._db.connect(db_url)
+    with anyio.move_on_after(0.5):
+        await open_death_watch(db_url, recheck=1.0)
+    assert len(opened) == 2
+    assert all(conn.is_closed() for conn in opened)  # type: ignore[attr-defined]

@@ -88,7 +88,11 @@ async def connect(url: str, *, name: str = "toren") -> asyncpg.Connection:
         conn = await asyncpg.connect(url, server_settings={"application_name": name})
     except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise _unavailable(url, exc) from _shown_cause(exc)
-    await init_connection(conn)
+    try:
+        await init_connection(conn)
+    except BaseException:
+        conn.terminate()  # cancelled (a worker stopping as it starts) or failed: not leaked
+        raise
     return conn
 
 

@@ -524,7 +524,11 @@ async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
     workers come and go.
     """
     conn = await connect(url, name="toren-worker-watch")
-    await conn.execute(f"SET lock_timeout = '{int(recheck * 1000)}ms'")
+    try:
+        await conn.execute(f"SET lock_timeout = '{int(recheck * 1000)}ms'")
+    except BaseException:
+        conn.terminate()  # cancelled (a worker stopping as it starts) or failed: not leaked
+        raise
     return conn
 
 
