@@ -47,13 +47,7 @@ def announce(ctx: Context[RunState], agent: Agent | None, build: Build) -> None:
     """At the end of a step: if the run's next step is a model call not announced yet, announce
     it in this step's commit, with its estimated input tokens and their cost."""
     state = ctx.state
-    if (
-        agent is None
-        or state.status != "running"
-        or state.calling is not None
-        or not state.awaiting_model
-        or state.pending_calls
-    ):
+    if agent is None or not calls_next(state):
         return
     tokens = estimated_input(state, agent, build)
     cost = _input_price(agent.model, tokens)
@@ -64,6 +58,16 @@ def announce(ctx: Context[RunState], agent: Agent | None, build: Build) -> None:
             input_tokens=tokens,
             cost_usd=str(cost) if cost is not None else None,
         )
+    )
+
+
+def calls_next(state: RunState) -> bool:
+    """Whether the run's next step is a model call not announced yet."""
+    return (
+        state.status == "running"
+        and state.calling is None
+        and state.awaiting_model
+        and not state.pending_calls
     )
 
 

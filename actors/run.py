@@ -199,6 +199,11 @@ class RunActor(Actor[RunState]):
         # children it waited on; an ended run's sandbox is reaped.
         calls.after_step(ctx, running)
         sandboxing.after_step(ctx, was_live)
+        if inflight.calls_next(ctx.state):
+            # A run that goes on from its journal (a message to it once completed, a retry, a
+            # child's end) records so before it announces the call: the journal reads message,
+            # resumed, model call. The Continue that makes the call is already sent.
+            self._check_resume(ctx, go_on=False)
         # The model call the next step makes is on record before it is made (with this commit).
         callees = ctx.state.callees
         inflight.announce(

@@ -815,3 +815,27 @@ async def test_a_completed_run_idle_past_its_wall_clock_still_answers_the_next_m
             return state.output if state.status == "completed" else None
 
         assert await wait_for(ended, what="the second turn ended") == "second answer"
+
+
+async def test_a_message_to_a_completed_run_reads_message_then_resumed_then_the_next_call(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal (and so every timeline drawn from it) tells a reopened conversation in the
+    order it happened: the message, the run going on from its journal, then the model call it
+    makes, announced and made."""
+    load_app("tests.run_app")
+    script = [Reply("first answer"), Reply("second answer")]
+    async with anthropic(script, monkeypatch), running_worker(db_url):
+        run_id = await start_run(client, "support", "hello")
+        await wait_for(lambda: _output(client, run_id, "first answer"), what="first answer")
+
+        async def passivated() -> bool:  # the next message activates it again
+            return (await client.actor(run_id))["owner"] is None
+
+        await wait_for(passivated, what="lease released once completed")
+        await say(client, run_id, "and another thing", by=person("erin"))
+        await wait_for(lambda: _output(client, run_id, "second answer"), what="second answer")
+    types = [e.type for e in await client.journal(run_id)]
+    after = types[types.index("message.received") :]
+    shown = ("message.received", "run.resumed", "model.calling", "model.called")
+    assert [t for t in after if t in shown] == list(shown)
