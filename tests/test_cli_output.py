@@ -4,11 +4,13 @@ what is missing, and errors in their own module that name the real cause."""
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import click
 import pytest
 
 from tests.conftest import ROOT, running_worker, wait_for
@@ -218,3 +220,58 @@ async def test_piped_output_keeps_each_line_whole(
     assert first.startswith("   1  started support: please refund refund")
     assert len(first) > 200  # as the run's text is shown (cut by Toren, not by the width)
     assert second.startswith("   2  ")  # the next event, not the rest of the first
+
+
+def _summaries(help_text: str) -> dict[str, list[str]]:
+    """Each command's summary in a ``--help`` listing, as the lines it takes."""
+    rows: dict[str, list[str]] = {}
+    for line in help_text.split("\nCommands:\n", 1)[1].splitlines():
+        if named := re.fullmatch(r"  (\S+)  +(\S.*)", line):
+            rows[named[1]] = [named[2]]
+        elif line.startswith("   ") and rows:  # a summary wrapped onto the next line
+            rows[list(rows)[-1]].append(line.strip())
+    return rows
+
+
+def _cut_summaries(label: str, group: click.Group, help_text: str) -> list[str]:
+    """The commands whose summary in the listing is not their help's first sentence, whole,
+    on one line."""
+    rows = _summaries(help_text)
+    assert set(rows) == {n for n, c in group.commands.items() if not c.hidden}, help_text
+    cut = []
+    for name, lines in rows.items():
+        summary = " ".join(lines)
+        help_words = " ".join((group.commands[name].help or "").split())
+        if len(lines) > 1 or not summary.endswith(".") or not help_words.startswith(summary):
+            cut.append(f"{label} {name}: {summary!r}")
+    return cut
+
+
+def test_the_top_level_help_lists_every_command_with_a_whole_sentence() -> None:
+    from toren.cli import main
+
+    result = toren("--help", COLUMNS="80")
+    assert result.returncode == 0, result.stderr
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    assert _cut_summaries("toren", main, result.stdout) == []
+
+
+def test_every_command_group_lists_its_commands_with_whole_sentences(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from toren.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")  # the width click reads, as in an 80-column terminal
+
+    def groups(group: click.Group, name: str) -> list[tuple[str, click.Group]]:
+        found = [(name, group)]
+        for sub, command in group.commands.items():
+            if isinstance(command, click.Group):
+                found += groups(command, f"{name} {sub}")
+        return found
+
+    cut = []
+    for name, group in groups(main, "toren"):
+        with click.Context(group, info_name=name) as ctx:
+            cut += _cut_summaries(name, group, group.get_help(ctx))
+    assert cut == []

@@ -64,15 +64,15 @@ def register(main: click.Group) -> None:
 
     @main.group()
     def channels() -> None:
-        """Telegram channels: bots and their chats, pairing, observers, delivery states."""
+        """Telegram channels: pairing, chats, observers, deliveries."""
 
     @channels.command("list")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
     @click.pass_context
     @run_async
     async def list_cmd(ctx: click.Context, as_json: bool) -> None:
-        """Every channel (bot, agent, @username, status, paired chats, messages pending, sent
-        and failed) and its paired chats."""
+        """Every channel and its paired chats. Each channel with its bot, agent, @username,
+        status, paired chats and messages pending, sent and failed."""
         async with await _client(ctx) as client:
             rows = await api.channels(client)
         if as_json:
@@ -112,8 +112,8 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def pair_cmd(ctx: click.Context, agent: str) -> None:
-        """A single-use code that pairs a Telegram chat with AGENT's bot: send `/pair CODE` to
-        the bot from that chat before it expires."""
+        """Print a code that pairs a Telegram chat with AGENT's bot. Single-use: send `/pair
+        CODE` to the bot from that chat before it expires."""
         async with await _client(ctx) as client:
             code, expires = await api.pair(client, agent, by=who())
             username = await _username(client, agent)
@@ -137,7 +137,7 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def unpair_cmd(ctx: click.Context, agent: str, chat_id: int) -> None:
-        """Unpair chat CHAT_ID from AGENT's bot: it no longer reaches the agent (the chat is
+        """Unpair chat CHAT_ID from AGENT's bot. It no longer reaches the agent (the chat is
         told; its conversation run is left as it is)."""
         async with await _client(ctx) as client:
             detail = await api.unpair(client, agent, chat_id, by=who())
@@ -163,10 +163,10 @@ def register(main: click.Group) -> None:
         observed: str | None,
         stop: bool,
     ) -> None:
-        """Make chat CHAT_ID, paired with AGENT's bot, receive what a run does (--run RUN) or
-        what every new run of an agent does (--agent OBSERVED), read-only: tool calls, what
-        waits for approval, how it ends. AGENT names whose bot sends; OBSERVED may be another
-        agent. --stop ends it."""
+        """Make chat CHAT_ID observe a run or an agent's new runs. The chat, paired with
+        AGENT's bot, receives what a run does (--run RUN) or what every new run of an agent
+        does (--agent OBSERVED), read-only: tool calls, what waits for approval, how it ends.
+        AGENT names whose bot sends; OBSERVED may be another agent. --stop ends it."""
         if (run_id is None) == (observed is None):
             raise click.UsageError("give exactly one of --run RUN and --agent AGENT")
         async with await _client(ctx) as client:
@@ -190,8 +190,8 @@ def register(main: click.Group) -> None:
     async def messages_cmd(
         ctx: click.Context, agent: str, chat_id: int | None, as_json: bool
     ) -> None:
-        """AGENT's bot's outbound messages, oldest first, with their delivery state: queued,
-        sending, sent, lost (at-most-once: the worker stopped during its send), blocked (the
+        """AGENT's bot's outbound messages and their delivery state. Oldest first; a state is
+        queued, sending, sent, lost (at-most-once: the worker stopped during its send), blocked (the
         user blocked the bot), refused (Telegram refused it). Pending ones and the last 200
         delivered or failed."""
         async with await _client(ctx) as client:

@@ -299,8 +299,9 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def jobs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-        """The run's timeline, its sandboxed calls (command, where, how it ended, the first
-        lines of output; all of it with --json, as `commands`) and its receipt."""
+        """The run's timeline, its sandboxed calls and its receipt. Each sandboxed call shows
+        its command, where, how it ended and the first lines of its output (all of it with
+        --json, as `commands`)."""
         run_id = normalize(run_id)
         client = await _client(ctx.obj["settings"])
         try:
@@ -460,12 +461,13 @@ def register(main: click.Group) -> None:
 
     decision(
         "approve",
-        "Approve the tool call RUN waits on (shown first; with several, name it with --call).",
+        "Approve the tool call RUN waits on. It is shown first; with several, name it with --call.",
         True,
     )
     decision(
         "deny",
-        "Deny the tool call RUN waits on (the model is told why; with several, use --call).",
+        "Deny the tool call RUN waits on. The model is told why; with several, name it with "
+        "--call.",
         False,
     )
 

@@ -107,7 +107,7 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def list_cmd(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> None:
-        """Sandboxes, newest first: by default those whose container may exist (not reaped)."""
+        """Sandboxes, newest first. By default those whose container may exist (not reaped)."""
         async with await _client(ctx.obj["settings"]) as client:
             rows = await list_sandboxes(client.pool, reaped=everything, limit=limit)
         if as_json:
@@ -139,7 +139,7 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def reap_cmd(ctx: click.Context, runs: tuple[str, ...], dry_run: bool) -> None:
-        """Remove sandbox containers: without RUNs, those of every ended run (completed or
+        """Remove sandbox containers. Without RUNs, those of every ended run (completed or
         failed) not reaped yet; with RUNs, those runs' whatever their status (a forced reap: a
         running run's next command starts a new container from its last checkpoint).
 

@@ -63,9 +63,10 @@ def register(main: click.Group) -> None:
 async def mcp(
     ctx: click.Context, over_http: bool, host: str, port: int, allow_decisions: bool
 ) -> None:
-    """Serve the MCP server: over stdio (for a local client such as Claude Desktop), or over
-    streamable HTTP at /mcp, where every request needs an API token (its scopes govern the
-    tools). Approving and denying are offered only with --allow-decisions."""
+    """Serve the MCP server, over stdio or streamable HTTP. Over stdio for a local client
+    such as Claude Desktop, or over streamable HTTP at /mcp, where every request needs an API
+    token (its scopes govern the tools). Approving and denying are offered only with
+    --allow-decisions."""
     import anyio
 
     from toren._mcp import serve_stdio, serving_http
@@ -93,7 +94,7 @@ async def mcp(
 @click.pass_context
 @run_async
 async def serve(ctx: click.Context, host: str, port: int) -> None:
-    """Serve the HTTP API and the web console (every route but /healthz needs a token)."""
+    """Serve the HTTP API and the web console. Every route but /healthz needs a token."""
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(  # the host as text: TOREN_HOST may hold anything, [/x] too
             plain(f"listening on {host}:", style="yellow"),
@@ -143,7 +144,7 @@ async def create(
     agent_args: tuple[str, ...],
     expires: str | None,
 ) -> None:
-    """Create a token named NAME (unique among live tokens; events record its id). It is
+    """Create a token named NAME. Unique among live tokens (events record its id), it is
     printed once, here; only its hash is stored."""
     scopes = tuple(s.strip() for arg in scope_args for s in arg.split(",") if s.strip())
     unknown = sorted(set(scopes) - set(SCOPES))
@@ -224,7 +225,8 @@ async def list_(ctx: click.Context) -> None:
 @click.pass_context
 @run_async
 async def revoke(ctx: click.Context, token_id: str) -> None:
-    """Revoke the token TOKEN_ID (as `tokens list` shows it) and end its console sessions."""
+    """Revoke the token TOKEN_ID and end its console sessions. TOKEN_ID as `tokens list`
+    shows it."""
     conn = await connect(database_url(_settings(ctx)))
     try:
         done = await revoke_token(conn, token_id)

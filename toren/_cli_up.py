@@ -45,8 +45,8 @@ def register(main: click.Group) -> None:
 async def up(
     ctx: click.Context, /, app: str | None, host: str, port: int, **overrides: Any
 ) -> None:
-    """Run migrations, a worker and the HTTP API and console in one process, against
-    TOREN_DATABASE_URL (never an embedded Postgres), until SIGTERM.
+    """Run a worker, the API and console in one process. It applies the migrations
+    first and runs against TOREN_DATABASE_URL (never an embedded Postgres) until SIGTERM.
 
     GET /healthz says the process is alive; GET /readyz answers 200 once the schema is migrated
     and this process's worker is registered, 503 with a reason otherwise (also while draining).

@@ -210,9 +210,9 @@ def register(main: click.Group) -> None:
     @main.command("init")
     @click.argument("name")
     def init(name: str) -> None:
-        """Write NAME/: a small app (one agent, one tool that asks for approval), its offline
-        model script, its test and a settings file. Exit 2 if NAME is not a Python identifier
-        or NAME/ exists and is not empty."""
+        """Write NAME/, a small app to start from. One agent, one tool that asks for approval,
+        its offline model script, its test and a settings file. Exit 2 if NAME is not a Python
+        identifier or NAME/ exists and is not empty."""
         try:
             target = write_app(name, Path.cwd())
         except ConfigError as exc:

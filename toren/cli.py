@@ -90,7 +90,7 @@ def _level_from_file(level: str) -> str:
 @click.pass_context
 @run_async
 async def migrate(ctx: click.Context) -> None:
-    """Bring the database schema up to date (safe to run from several processes at once)."""
+    """Bring the database schema up to date. Safe to run from several processes at once."""
     url = database_url(_settings(ctx))
     conn = await connect(url)
     try:
@@ -112,7 +112,7 @@ async def migrate(ctx: click.Context) -> None:
 @click.pass_context
 @run_async
 async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overrides: Any) -> None:
-    """Run a worker: claim actors with mail and run them until SIGTERM."""
+    """Run a worker until SIGTERM. It claims actors with mail and runs them."""
     from toren.supervisors.worker import run_worker  # the entry point that boots a worker
 
     try:
@@ -266,7 +266,7 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
 def deadletters(ctx: click.Context, actor: str | None, limit: int, as_json: bool) -> None:
-    """List dead-lettered messages (or requeue them: `toren deadletters requeue ID...`)."""
+    """List dead-lettered messages. Requeue them with `toren deadletters requeue ID...`."""
     if ctx.invoked_subcommand is None:
         _list_deadletters(ctx, actor, limit, as_json)
 
@@ -321,7 +321,7 @@ async def _list_deadletters(
 @click.pass_context
 @run_async
 async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
-    """Put dead letters back at the end of their mailboxes with fresh counts."""
+    """Put dead letters back in their mailboxes. Each goes at the end, with fresh counts."""
     async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
         new_ids = await client.requeue(list(ids))
     missing = len(ids) - len(new_ids)
@@ -352,9 +352,9 @@ def agents() -> None:
 )
 @click.pass_context
 def agents_check(ctx: click.Context, app: str, strict: bool) -> None:
-    """List every tool with its declarations (flagging external + unkeyed + no-approval tools),
-    cross-agent consent declared on one side only, and the [agents.NAME] tables of the settings
-    file.
+    """List every tool with its declarations, and what to check. Tools that are external,
+    unkeyed and need no approval are flagged; cross-agent consent declared on one side only and
+    the [agents.NAME] tables of the settings file are listed too.
 
     Exit 0; 1 for a self-call, and with --strict for any finding; 2 for a configuration error.
     """
@@ -432,8 +432,8 @@ def _print_agent_tables(settings: Settings, loaded: set[str]) -> None:
 def dev(
     ctx: click.Context, data_dir: Path | None, app: str | None, port: int, model_script: str | None
 ) -> None:
-    """Run everything on one machine: embedded Postgres, migrations, a worker, the HTTP API
-    and console, and the demo.
+    """Run everything on one machine, Postgres included. It starts an embedded Postgres,
+    applies the migrations and runs a worker, the HTTP API and console, and the demo.
 
     Ctrl-C stops it: exit 0 once it was up (the worker drains), 130 while it was starting; 1 if
     another `toren dev` runs on this TOREN_HOME or data directory (it says where)."""
