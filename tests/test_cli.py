@@ -297,3 +297,58 @@ async def test_tokens_are_created_listed_and_revoked_from_the_command_line(
     )
     assert again.returncode == 1
     assert "no live token" in again.stderr
+
+
+async def test_show_json_carries_the_timeline_a_page_at_a_time(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``jobs show --json`` holds what the human view shows: each event as the API gives it,
+    with its timeline line, in journal order; ``--limit`` and ``--after`` page through them as
+    the API's ``after`` does."""
+    from datetime import datetime
+
+    from toren._app import load_app
+    from toren.actors.run import close_providers
+    from toren.runs import read_run, start_run
+    from toren.testing import AnthropicServer, Reply
+
+    load_app("tests.run_app")
+    async with AnthropicServer([Reply("Done.")]) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        try:
+            async with running_worker(db_url):
+                run_id = await start_run(client, "support", "hello\nthere")
+
+                async def completed() -> bool:
+                    return (await read_run(client, run_id)).status == "completed"
+
+                await wait_for(completed, what="the run completed")
+        finally:
+            await close_providers()  # they point at this server, on this test's loop
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return toren("jobs", "show", run_id, *args, db_url=db_url)
+
+    shown, human = await anyio.to_thread.run_sync(lambda: (cli("--json"), cli()))
+    assert shown.returncode == 0, shown.stderr
+    record = json.loads(shown.stdout)
+    journal = await client.journal(run_id)
+    assert [(e["seq"], e["type"], e["data"]) for e in record["events"]] == [
+        (e.seq, e.type, e.data) for e in journal
+    ]
+    assert all(datetime.fromisoformat(e["at"]).tzinfo for e in record["events"])
+    lines = [f"{e['seq']:>4}  {e['text']}" for e in record["events"]]
+    assert human.stdout.splitlines()[: len(lines)] == lines  # the human view's timeline
+    assert "started support: hello\\nthere" in lines[0]
+    assert record["more_events"] is False
+    first, rest = await anyio.to_thread.run_sync(
+        lambda: (cli("--json", "--limit", "2"), cli("--json", "--after", "2"))
+    )
+    page = json.loads(first.stdout)
+    assert [e["seq"] for e in page["events"]] == [1, 2]
+    assert page["more_events"] is True
+    assert json.loads(rest.stdout)["events"] == record["events"][2:]
+    cut = await anyio.to_thread.run_sync(lambda: cli("--limit", "2"))
+    assert f"jobs show {run_id} --after 2" in cut.stdout  # how to read on
+    assert "receipt: 1 calls made" in cut.stdout  # the receipt is the whole run's

@@ -266,7 +266,8 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         assert run_id in listed
         assert "completed" in listed
         record = json.loads(await second(f"toren jobs show {run_id} --json"))
-        assert set(record) | set(record["receipt"]) | {"class", "message"} == (
+        event_fields = set(record["events"][0])
+        assert set(record) | set(record["receipt"]) | {"class", "message"} | event_fields == (
             documented_json_fields()
         )
 

@@ -15,6 +15,7 @@ from toren._cli_sandboxes import call_lines, described
 from toren._client import Client
 from toren._config import Settings
 from toren._errors import ConfigError, TorenError, UnknownActor
+from toren._journal import JournalEntry
 from toren._listing import list_runs
 from toren._model import ToolCall
 from toren._principal import Principal
@@ -104,6 +105,21 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
             }
             for call_id, c in state.children.items()
         ],
+    }
+
+
+EVENTS_PAGE = 1000  # events `jobs show` lists at once: a page of the API's GET /runs/{id}/events
+
+
+def event_record(entry: JournalEntry) -> dict[str, Any]:
+    """One event as ``toren jobs show --json`` lists it: ``seq``, ``type``, ``at`` and ``data``
+    as the API's events give them, and ``text``, its line on the timeline."""
+    return {
+        "seq": entry.seq,
+        "type": entry.type,
+        "at": entry.at.isoformat() if entry.at else None,
+        "text": describe(entry.type, entry.data),
+        "data": entry.data,
     }
 
 
@@ -295,13 +311,30 @@ def register(main: click.Group) -> None:
 
     @jobs.command("show")
     @click.argument("run_id")
-    @click.option("--json", "as_json", is_flag=True)
+    @click.option("--json", "as_json", is_flag=True, help="Print the run and its events as JSON.")
+    @click.option(
+        "--after",
+        type=click.IntRange(min=0),
+        default=0,
+        help="Only the events after this sequence number (the next page: the last one shown).",
+    )
+    @click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=EVENTS_PAGE,
+        show_default=True,
+        help="At most this many events.",
+    )
     @click.pass_context
     @run_async
-    async def jobs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    async def jobs_show(
+        ctx: click.Context, run_id: str, as_json: bool, after: int, limit: int
+    ) -> None:
         """The run's timeline, its sandboxed calls and its receipt. Each sandboxed call shows
         its command, where, how it ended and the first lines of its output (all of it with
-        --json, as `commands`)."""
+        --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
+        ones with --after, as the line that ends it says. With --json the events are
+        `events`, each with its timeline line, and `more_events` says whether more follow."""
         run_id = normalize(run_id)
         client = await _client(ctx.obj["settings"])
         try:
@@ -309,16 +342,27 @@ def register(main: click.Group) -> None:
             sandbox = await sandbox_of(client.pool, run_id)
             over = state.status in ("completed", "failed")
             calls = await read_calls(client.pool, run_id, ended=over)
+            entries = await client.journal(run_id, after=after, limit=limit + 1)
+            more, entries = len(entries) > limit, entries[:limit]
             if as_json:
                 shown = record(run_id, state) | {
                     "sandbox": sandbox.to_json() if sandbox else None,
                     "commands": [c.to_json() for c in calls],
+                    "events": [event_record(e) for e in entries],
+                    "more_events": more,
                 }
                 # ASCII escapes: any text a run holds prints, lone surrogates included.
                 click.echo(json.dumps(shown, indent=2, ensure_ascii=True))
                 return
-            for entry in await client.journal(run_id):
+            for entry in entries:
                 out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
+            if more:
+                out.print(
+                    plain(
+                        f"   ...  more events: {toren_command()} jobs show {run_id} "
+                        f"--after {entries[-1].seq}"
+                    )
+                )
             if sandbox is not None or calls:
                 out.print()
             if sandbox is not None:

@@ -339,9 +339,11 @@ class Client:
         for event in self._waiters.values():
             event.set()
 
-    async def journal(self, actor_id: str, *, after: int = 0) -> list[JournalEntry]:
-        """The actor's stored events after ``after``."""
-        return await read_journal(self.pool, actor_id, after=after)
+    async def journal(
+        self, actor_id: str, *, after: int = 0, limit: int | None = None
+    ) -> list[JournalEntry]:
+        """The actor's stored events after ``after`` (the first ``limit`` of them, if given)."""
+        return await read_journal(self.pool, actor_id, after=after, limit=limit)
 
     async def state(self, actor_id: str) -> tuple[Any, int]:
         """The actor's current state, read here (its snapshot, if it keeps them, and the events

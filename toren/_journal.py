@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import anyio
@@ -51,20 +52,30 @@ class JournalEntry:
     epoch: int
     type: str
     data: Any
+    at: datetime | None = None  # when it was appended, by the database's clock
 
 
 async def read_journal(
-    conn: asyncpg.Connection | asyncpg.Pool, actor_id: str, *, after: int = 0
+    conn: asyncpg.Connection | asyncpg.Pool,
+    actor_id: str,
+    *,
+    after: int = 0,
+    limit: int | None = None,
 ) -> list[JournalEntry]:
-    """Every event of ``actor_id`` with ``seq > after``, in order."""
+    """The events of ``actor_id`` with ``seq > after``, in order: every one, or the first
+    ``limit``."""
     rows = await conn.fetch(
-        "SELECT seq, epoch, type, data FROM toren.journal WHERE actor_id = $1 AND seq > $2 "
-        "ORDER BY seq",
+        "SELECT seq, epoch, type, data, created_at FROM toren.journal "
+        "WHERE actor_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
         actor_id,
         after,
+        limit,
     )
     return [
-        JournalEntry(seq=r["seq"], epoch=r["epoch"], type=r["type"], data=r["data"]) for r in rows
+        JournalEntry(
+            seq=r["seq"], epoch=r["epoch"], type=r["type"], data=r["data"], at=r["created_at"]
+        )
+        for r in rows
     ]
 
 
