@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from toren._cli_common import database_url, out, run_async
 from toren._cli_runs import normalize, who
@@ -72,7 +73,8 @@ def register(main: click.Group) -> None:
     @run_async
     async def list_cmd(ctx: click.Context, as_json: bool) -> None:
         """Every channel (bot, agent, @username, status, paired chats, messages pending, sent
-        and failed) and its paired chats."""
+        and failed) and its paired chats. A channel that Telegram does not answer is shown
+        failing, with since when and why."""
         async with await _client(ctx) as client:
             rows = await api.channels(client)
         if as_json:
@@ -96,13 +98,17 @@ def register(main: click.Group) -> None:
                 plain(str(row["bot"])),
                 plain(str(row.get("agent") or "")),
                 plain(f"@{row['username']}" if row.get("username") else "-"),
-                plain(str(row["status"])),
+                _status(row),
                 str(len(row.get("chats") or [])),
                 str(row.get("pending", 0)),
                 str(row.get("sent", 0)),
                 str(row.get("failed", 0)),
             )
         out.print(table)
+        for row in rows:
+            failing = _failing(row)
+            if failing:
+                out.print(plain(failing, style="red"))
         for row in rows:
             if row.get("chats"):
                 out.print(_chats(row))
@@ -218,6 +224,26 @@ def register(main: click.Group) -> None:
 
 
 _STYLES = {"sent": "green", "lost": "red", "blocked": "red", "refused": "red"}
+
+
+def _status(row: dict[str, Any]) -> Text:
+    """The actor's status; ``failing`` (red) for a live channel that Telegram does not answer."""
+    if row["status"] == "live" and isinstance(row.get("failing"), dict):
+        return plain("failing", style="red")
+    return plain(str(row["status"]))
+
+
+def _failing(row: dict[str, Any]) -> str:
+    """``BOT: failing since WHEN (AGO): WHY`` for a live channel Telegram does not answer."""
+    failing = row.get("failing")
+    if row["status"] != "live" or not isinstance(failing, dict):
+        return ""
+    since = float(failing.get("since") or 0)
+    local = datetime.fromtimestamp(since).astimezone()
+    return (
+        f"{row['bot']}: failing since {local:%Y-%m-%d %H:%M:%S %Z} "
+        f"({ago(time.time() - since)}): {one_line(str(failing.get('error') or ''), 500)}"
+    )
 
 
 async def _client(ctx: click.Context) -> Client:
