@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -121,7 +122,7 @@ def register(main: click.Group) -> None:
         """A single-use code that pairs a Telegram chat with AGENT's bot: send `/pair CODE` to
         the bot from that chat before it expires."""
         async with await _client(ctx) as client:
-            code, expires = await api.pair(client, agent, by=who())
+            code, expires = await api.pair(client, agent, by=who(), telegram=_table(ctx, agent))
             username = await _username(client, agent)
         local = datetime.fromtimestamp(expires).astimezone()
         bot = f" (@{username})" if username else ""
@@ -249,6 +250,13 @@ def _failing(row: dict[str, Any]) -> str:
 async def _client(ctx: click.Context) -> Client:
     settings: Settings = ctx.find_root().obj["settings"]
     return await Client.connect(database_url(settings), pool_size=2)
+
+
+def _table(ctx: click.Context, agent: str) -> Mapping[str, Any] | None:
+    """The agent's ``[agents.NAME.telegram]`` table in the settings file, if it has one."""
+    settings: Settings = ctx.find_root().obj["settings"]
+    table = settings.agents.get(agent, {}).get("telegram")
+    return table if isinstance(table, Mapping) else None
 
 
 async def _username(client: Client, agent: str) -> str:
