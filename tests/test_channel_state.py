@@ -9,6 +9,8 @@ from toren import Client
 from toren._snapshots import encode, read, write
 from toren.channels import (
     SNAPSHOT_VERSION,
+    ChannelFailing,
+    ChannelRecovered,
     ChannelState,
     ChatMigrated,
     ChatPaired,
@@ -57,6 +59,8 @@ def journal() -> list[object]:
         Failed(n=n + 1, reason="lost", at=5.0),
         Queued(n=n + 2, chat_id=5, kind="text", text="after the upgrade", at=6.0),
         ChatMigrated(chat_id=5, to=-1005, at=6.0),
+        ChannelFailing(error="no answer from the Bot API", since=6.0, at=6.0),
+        ChannelFailing(error="refused", since=6.0, at=7.0),  # the reason changed
     ]
     return events
 
@@ -85,6 +89,13 @@ def test_the_fold_keeps_pending_messages_and_the_recent_ones() -> None:
     assert state.watches["run/b"].seq == 3
     assert state.codes == {}  # used
     assert list(state.failures["9"]) == [1.5]
+
+
+def test_failing_keeps_its_first_time_and_last_reason_until_recovered() -> None:
+    state = folded()
+    assert state.failing is not None
+    assert (state.failing.since, state.failing.error, state.failing.at) == (6.0, "refused", 7.0)
+    assert fold(state, ChannelRecovered(at=8.0)).failing is None
 
 
 def test_unpairing_forgets_the_chat_its_conversation_and_its_observations() -> None:

@@ -25,7 +25,7 @@ import anyio
 import pytest
 
 from tests import telegram_app
-from tests.conftest import ROOT, running_worker, wait_for
+from tests.conftest import ROOT, person, running_worker, wait_for
 from tests.telegram_support import TELLER, channel_row, chat_model, received, telegram
 from tests.test_api import api, session
 from tests.test_cli import toren
@@ -42,6 +42,7 @@ from toren._http import ServerOptions
 from toren._serve import serving
 from toren._tokens import SCOPES, create_token
 from toren.channels import CHANNEL_KIND, Inbound, channel_address, channel_route
+from toren.channels.client import ChannelError, pair
 from toren.runs import start_run
 from toren.testing.telegram_server import TelegramServer
 
@@ -292,6 +293,32 @@ async def test_pair_for_an_agent_without_a_channel_exits_1_saying_what_to_do(
     assert "agent 'nobody' has no Telegram channel" in done.stderr
     assert "[agents.nobody.telegram]" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+async def test_pair_for_an_agent_whose_bot_token_is_not_set_names_the_variable(
+    client: Client, db_url: str, tmp_path: Path
+) -> None:
+    settings = tmp_path / "toren.toml"
+    settings.write_text(
+        '[agents.support.telegram]\nbot = "support"\ntoken_env = "SUPPORT_BOT_TOKEN"\n'
+    )
+    done = await anyio.to_thread.run_sync(
+        lambda: toren("--config", str(settings), "channels", "pair", "support", db_url=db_url)
+    )
+    assert done.returncode == 1
+    assert "SUPPORT_BOT_TOKEN is not set" in done.stderr, done.stderr
+    assert "give it [agents.support.telegram]" not in done.stderr
+    assert "Traceback" not in done.stderr
+    # The default variable, and a token file, are named the same way (as asked in-process).
+    for table, named in (
+        ({"bot": "support"}, "TELEGRAM_BOT_TOKEN is not set"),
+        (
+            {"bot": "support", "token_file": str(tmp_path / "none")},
+            "token_file '.+' cannot be read here",
+        ),
+    ):
+        with pytest.raises(ChannelError, match=named):
+            await pair(client, "support", by=person("op"), telegram=table)
 
 
 async def test_pair_with_no_worker_running_the_bot_exits_1_and_names_the_next_step(

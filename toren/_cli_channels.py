@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from toren._cli_common import database_url, out, run_async
 from toren._cli_runs import normalize, who
@@ -72,7 +74,8 @@ def register(main: click.Group) -> None:
     @run_async
     async def list_cmd(ctx: click.Context, as_json: bool) -> None:
         """Every channel and its paired chats. Each channel with its bot, agent, @username,
-        status, paired chats and messages pending, sent and failed."""
+        status, paired chats and messages pending, sent and failed; one that Telegram does not
+        answer is shown failing, with since when and why."""
         async with await _client(ctx) as client:
             rows = await api.channels(client)
         if as_json:
@@ -96,13 +99,17 @@ def register(main: click.Group) -> None:
                 plain(str(row["bot"])),
                 plain(str(row.get("agent") or "")),
                 plain(f"@{row['username']}" if row.get("username") else "-"),
-                plain(str(row["status"])),
+                _status(row),
                 str(len(row.get("chats") or [])),
                 str(row.get("pending", 0)),
                 str(row.get("sent", 0)),
                 str(row.get("failed", 0)),
             )
         out.print(table)
+        for row in rows:
+            failing = _failing(row)
+            if failing:
+                out.print(plain(failing, style="red"))
         for row in rows:
             if row.get("chats"):
                 out.print(_chats(row))
@@ -115,7 +122,7 @@ def register(main: click.Group) -> None:
         """Print a code that pairs a Telegram chat with AGENT's bot. Single-use: send `/pair
         CODE` to the bot from that chat before it expires."""
         async with await _client(ctx) as client:
-            code, expires = await api.pair(client, agent, by=who())
+            code, expires = await api.pair(client, agent, by=who(), telegram=_table(ctx, agent))
             username = await _username(client, agent)
         local = datetime.fromtimestamp(expires).astimezone()
         bot = f" (@{username})" if username else ""
@@ -220,9 +227,36 @@ def register(main: click.Group) -> None:
 _STYLES = {"sent": "green", "lost": "red", "blocked": "red", "refused": "red"}
 
 
+def _status(row: dict[str, Any]) -> Text:
+    """The actor's status; ``failing`` (red) for a live channel that Telegram does not answer."""
+    if row["status"] == "live" and isinstance(row.get("failing"), dict):
+        return plain("failing", style="red")
+    return plain(str(row["status"]))
+
+
+def _failing(row: dict[str, Any]) -> str:
+    """``BOT: failing since WHEN (AGO): WHY`` for a live channel Telegram does not answer."""
+    failing = row.get("failing")
+    if row["status"] != "live" or not isinstance(failing, dict):
+        return ""
+    since = float(failing.get("since") or 0)
+    local = datetime.fromtimestamp(since).astimezone()
+    return (
+        f"{row['bot']}: failing since {local:%Y-%m-%d %H:%M:%S %Z} "
+        f"({ago(time.time() - since)}): {one_line(str(failing.get('error') or ''), 500)}"
+    )
+
+
 async def _client(ctx: click.Context) -> Client:
     settings: Settings = ctx.find_root().obj["settings"]
     return await Client.connect(database_url(settings), pool_size=2)
+
+
+def _table(ctx: click.Context, agent: str) -> Mapping[str, Any] | None:
+    """The agent's ``[agents.NAME.telegram]`` table in the settings file, if it has one."""
+    settings: Settings = ctx.find_root().obj["settings"]
+    table = settings.agents.get(agent, {}).get("telegram")
+    return table if isinstance(table, Mapping) else None
 
 
 async def _username(client: Client, agent: str) -> str:

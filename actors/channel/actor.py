@@ -20,8 +20,9 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import BadRequest, InvalidToken, NetworkError, TelegramError
 
 from toren import Actor, ChildFailed, ConfigError, Context, PoisonMessage
 from toren.actors.channel import outbound, runtime
@@ -32,6 +33,8 @@ from toren.channels import (
     CHANNEL_KIND,
     SNAPSHOT_VERSION,
     Answer,
+    ChannelFailing,
+    ChannelRecovered,
     ChannelStarted,
     ChannelState,
     ChatBlocked,
@@ -64,6 +67,15 @@ _BACKOFF_CAP = 60.0
 # ends the activation); another process does not know, and records such a message lost.
 _UNSENT: set[tuple[str, int]] = set()
 SWEEP = 20  # ticks between two reads of every watched run (about a minute while idle)
+_REASON_CHARS = 500  # of why Telegram does not answer, as recorded (channel.failing)
+
+
+def _where(url: str) -> str:
+    """The Bot API's address as a failure names it: scheme, host and port (a path or a user
+    part may hold a secret)."""
+    parts = urlsplit(url)
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{parts.hostname}{port}"
 
 
 class ChannelActor(Actor[ChannelState]):
@@ -149,6 +161,7 @@ class ChannelActor(Actor[ChannelState]):
         except (TelegramError, SendError) as exc:
             self._failures += 1
             delay = min(2.0**self._failures, _BACKOFF_CAP)
+            self._failing(ctx, exc)
             if isinstance(exc, InvalidToken):
                 where = settings.token_file or settings.token_env
                 log.error(  # noqa: TRY400  (what to fix, not where it failed)
@@ -171,8 +184,29 @@ class ChannelActor(Actor[ChannelState]):
             self._arm_flush(ctx)
             return
         self._failures = 0
+        if ctx.state.failing is not None:
+            ctx.emit(ChannelRecovered(at=time.time()))
         self._arm_flush(ctx)
         ctx.set_timer("tick", 0.0 if polling else settings.poll_timeout, Tick())
+
+    def _failing(self, ctx: Context[ChannelState], exc: TelegramError | SendError) -> None:
+        """Record that Telegram does not answer (or refuses) the bot, and why: once per
+        outage, again only when the reason changes (the surfaces show it)."""
+        settings = runtime.bot(self.bot_name).settings
+        api = _where(runtime.api_url(runtime.settings()))
+        if isinstance(exc, InvalidToken):
+            where = settings.token_file or settings.token_env
+            reason = f"Telegram refuses the bot token read from {where}: check it with @BotFather"
+        elif isinstance(exc, NetworkError) and not isinstance(exc, BadRequest):
+            reason = f"no answer from the Bot API at {api} ({exc})"  # PTB: BadRequest is one
+        else:
+            reason = f"the Bot API at {api} refused the bot's request ({type(exc).__name__}: {exc})"
+        reason = redact(reason)[:_REASON_CHARS]
+        failing = ctx.state.failing
+        if failing is None or failing.error != reason:
+            now = time.time()
+            since = now if failing is None else failing.since
+            ctx.emit(ChannelFailing(error=reason, since=since, at=now))
 
     def _offset(self, recorded: int) -> int:
         """The offset to poll from: past the updates the last tick handled without recording

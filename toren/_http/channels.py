@@ -32,6 +32,7 @@ from toren._http.guard import FailedAuth
 from toren._http.models import (
     Channel,
     ChannelChat,
+    ChannelFailing,
     ChannelList,
     ChannelMessages,
     FieldError,
@@ -110,7 +111,15 @@ def _channel(row: dict[str, Any]) -> Channel:
         failed=int(row.get("failed") or 0),
         updates=int(row.get("updates") or 0),
         observing=[str(o) for o in row.get("observing") or []],
+        failing=_failing(row.get("failing")),
     )
+
+
+def _failing(failing: Any) -> ChannelFailing | None:
+    if not isinstance(failing, dict):
+        return None
+    since = _iso(float(failing.get("since") or 0.0))
+    return ChannelFailing(since=since, error=str(failing.get("error") or ""))
 
 
 def _chat(chat: dict[str, Any]) -> ChannelChat:

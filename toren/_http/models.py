@@ -285,6 +285,13 @@ class ChannelChat(BaseModel):
     run: str | None = Field(description="The chat's conversation run, once it wrote.")
 
 
+class ChannelFailing(BaseModel):
+    """Telegram does not answer the channel's bot, or refuses it."""
+
+    since: str = Field(description="When it began (the first failure of this outage).")
+    error: str = Field(description="Why (the last reason recorded; never the bot's token).")
+
+
 class Channel(BaseModel):
     """A Telegram bot's channel (``channel/telegram/<bot>``), from its row's summary."""
 
@@ -301,6 +308,10 @@ class Channel(BaseModel):
         description="Updates from Telegram recorded (not those of unpaired chats that did nothing)."
     )
     observing: list[str] = Field(description="Runs and agents its chats observe.")
+    failing: ChannelFailing | None = Field(
+        default=None,
+        description="Set while Telegram does not answer the bot (null once it answers again).",
+    )
 
 
 class ChannelList(BaseModel):

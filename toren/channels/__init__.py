@@ -9,6 +9,7 @@ settings, the actor's messages, events and state, and the client API the CLI and
 use; the actor is in :mod:`toren.actors.channel`. See ``docs/channels.md``.
 """
 
+from toren.channels._health import ChannelFailing, ChannelRecovered
 from toren.channels._settings import (
     DEFAULT_API_URL,
     SETTABLE,
@@ -73,6 +74,8 @@ __all__ = [
     "SNAPSHOT_VERSION",
     "TEXT_LIMIT",
     "Answer",
+    "ChannelFailing",
+    "ChannelRecovered",
     "ChannelStarted",
     "ChannelState",
     "Chat",

@@ -13,7 +13,9 @@ it the bot's only poller in the cluster. Its journal is the channel's whole stor
   message, in order per chat, with its delivery state;
 - ``run.read``: how far the channel has read a run's journal (its replies, its approvals), in
   the commit that queued what it read;
-- ``prompt.opened`` / ``decision.sent``: approval prompts and the decisions taken from them.
+- ``prompt.opened`` / ``decision.sent``: approval prompts and the decisions taken from them;
+- ``channel.failing`` / ``channel.recovered``: Telegram stopped answering the bot (since when,
+  why) and answers again (:mod:`toren.channels._health`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 import toren.runs.state  # noqa: F401  (teaches the converter persistent maps: for snapshots)
 from toren._codec import message
 from toren._principal import Principal
+from toren.channels._health import ChannelFailing, ChannelRecovered, failing_summary
 
 if TYPE_CHECKING:
     from toren._agents import Agent
@@ -460,6 +463,7 @@ class ChannelState:
     prompts: PMap[str, Prompt] = attrs.field(factory=pmap)  # by decision id
     prompt_of: PMap[str, str] = attrs.field(factory=pmap)  # "chat/message_id" -> decision
     last_sent: PMap[str, float] = attrs.field(factory=pmap)  # chat -> when it was last sent to
+    failing: ChannelFailing | None = None  # Telegram does not answer the bot (its last record)
 
     def outgoing(self, n: int) -> Outgoing | None:
         """Outbound message ``n`` (pending, or among the recent ones)."""
@@ -623,6 +627,10 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
         return _observer(state, event)
     if isinstance(event, ChannelStarted):
         return attrs.evolve(state, agent=event.agent, bot_id=event.bot_id, username=event.username)
+    if isinstance(event, ChannelFailing):
+        return attrs.evolve(state, failing=event)
+    if isinstance(event, ChannelRecovered):
+        return attrs.evolve(state, failing=None)
     return state
 
 
@@ -764,4 +772,5 @@ def summary(state: ChannelState) -> dict[str, Any]:
             [f"run {run}" for run, w in state.watches.items() if w.observers][:100]
             + [f"agent {agent}" for agent in state.agent_observers][:100]
         ),
+        "failing": failing_summary(state.failing),
     }

@@ -8,13 +8,16 @@ runs the bot must be live.
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from toren._errors import AskTimeout, TorenError
+from toren._errors import AskTimeout, ConfigError, TorenError
 from toren._journal import replay
 from toren._principal import Principal
+from toren.channels._settings import configured
 from toren.channels._vocabulary import (
     CHANNEL_KIND,
     SNAPSHOT_VERSION,
@@ -68,8 +71,13 @@ async def channels(client: Client) -> list[dict[str, Any]]:
     return found
 
 
-async def channel_of(client: Client, agent: str) -> str:
+async def channel_of(
+    client: Client, agent: str, *, telegram: Mapping[str, Any] | None = None
+) -> str:
     """The channel actor of ``agent``'s bot.
+
+    ``telegram`` is the agent's ``[agents.NAME.telegram]`` table as this process read it, if
+    any: when no worker has run the bot, the error then says where its token is read from.
 
     Raises:
         ChannelError: no worker has run a bot for ``agent``.
@@ -88,9 +96,41 @@ async def channel_of(client: Client, agent: str) -> str:
             f"agent {agent!r} has several Telegram channels ({names}) and no live worker runs "
             "exactly one of them: start the worker that runs the bot you mean"
         )
+    if telegram is not None:
+        raise ChannelError(_no_token(agent, telegram))
     raise ChannelError(
         f"agent {agent!r} has no Telegram channel: give it [agents.{agent}.telegram] (bot, "
         "token_env) and start a worker that has the token (docs/channels.md)"
+    )
+
+
+def _no_token(agent: str, table: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> str:
+    """Why agent ``agent``, whose settings give it a bot, has no channel yet: no worker has
+    run the bot, which a worker does only with its token. Names where the token is read from
+    and whether it is there for this process (a worker is usually started with the same
+    environment); never shows a value."""
+    where = f"[agents.{agent}.telegram]"
+    try:
+        settings = configured(None, {"bot": "unnamed", **table}, where)
+    except ConfigError as exc:  # the worker refuses it too
+        return f"agent {agent!r} has no Telegram channel: {exc}"
+    bot = f" {settings.bot!r}" if "bot" in table else ""  # else named in code, not known here
+    head = f"agent {agent!r} has no Telegram channel yet: no worker has run its bot{bot}"
+    source = f"token_file {settings.token_file!r}" if settings.token_file else settings.token_env
+    try:
+        settings.token(environ)
+    except ConfigError:
+        missing = f"{source} is not set"
+        if settings.token_file:
+            missing = f"{source} cannot be read here, or holds no token"
+        return (
+            f"{head}, and its token is missing here: {missing}. Put the bot's token from "
+            f"@BotFather in {source} where the worker runs, and restart the worker "
+            "(docs/channels.md)"
+        )
+    return (
+        f"{head}: a worker runs it only with the bot's token in {source} (set here). Start "
+        "the worker with it; its log says why it does not run the bot (docs/channels.md)"
     )
 
 
@@ -109,18 +149,24 @@ async def _ask(client: Client, channel: str, msg: Any) -> Answer:
     return answer
 
 
-async def pair(client: Client, agent: str, *, by: Principal) -> tuple[str, float]:
+async def pair(
+    client: Client, agent: str, *, by: Principal, telegram: Mapping[str, Any] | None = None
+) -> tuple[str, float]:
     """A single-use pairing code for ``agent``'s bot, and when it expires (epoch seconds).
 
     The code is recorded as its keyed hash (:mod:`toren.channels.pairing`: this process's
     ``TOREN_PAIRING_KEY``, else the database's key), never as itself.
 
+    ``telegram``: the agent's ``[agents.NAME.telegram]`` table, if this process read one
+    (:func:`channel_of`).
+
     Raises:
-        ChannelError: no channel, no worker answered, too many codes are pending, or the
-            worker's pairing key is not this process's.
+        ChannelError: no channel (with ``telegram``: it names where the bot's token is read
+            from), no worker answered, too many codes are pending, or the worker's pairing
+            key is not this process's.
         ConfigError: ``TOREN_PAIRING_KEY`` is too short.
     """
-    channel = await channel_of(client, agent)
+    channel = await channel_of(client, agent, telegram=telegram)
     key = await pairing_key(client.pool)
     code = new_code()
     until = time.time() + ASK_WAIT

@@ -174,10 +174,18 @@ function channelView(c, messages) {
   const box = el("div", "channel");
   box.dataset.bot = c.bot;
   const head = el("h2");
-  head.append(el("span", `badge ${c.status}`, c.status), " ", el("span", "", c.bot),
+  // A live channel that Telegram does not answer is shown failing, with since when and why.
+  const failing = c.status === "live" && c.failing ? c.failing : null;
+  const status = failing ? "failing" : c.status;
+  head.append(el("span", `badge ${status}`, status), " ", el("span", "", c.bot),
     " ", el("span", "muted", c.username ? `@${c.username}` : ""));
   box.append(head, el("p", "facts", `agent ${c.agent} · ${c.chats.length} paired chat(s) · ` +
     `${c.pending} pending, ${c.sent} sent, ${c.failed} failed · ${c.updates} updates`));
+  if (failing) {
+    const since = new Date(failing.since);
+    box.append(el("p", "failing", `Failing since ${since.toLocaleString()} ` +
+      `(${ago((Date.now() - since.getTime()) / 1000)}): ${failing.error}`));
+  }
   box.append(el("h3", "", "Paired chats"));
   box.append(table(["Chat", "Title", "Type", "Paired by", "Blocked", "Conversation"],
     c.chats.map((chat) => [String(chat.chat_id), chat.title, chat.type,
