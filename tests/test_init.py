@@ -159,6 +159,8 @@ def test_dev_runs_the_new_app_offline_and_a_second_terminal_drives_a_run(
                 time.sleep(0.2)
             banner = log_path.read_text()
             assert f"scripted by {NAME}.model:script" in banner
+            # Receipts show dollars: the banner says what they are, and that nothing is paid.
+            assert "nothing is paid: the script's token counts are made up" in banner
             started = toren("run", NAME, "Tell the team the release is out.", cwd=project, env=env)
             assert started.returncode == 0, started.stderr
             run_id = re.search(r"run/[0-9a-f-]{36}", started.stdout + started.stderr)
