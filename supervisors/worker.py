@@ -71,9 +71,10 @@ WorkerState = Literal["starting", "running", "reconnecting", "draining"]
 class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
 
-    def __init__(self, settings: Settings, url: str) -> None:
+    def __init__(self, settings: Settings, url: str, *, sandboxes: bool = True) -> None:
         self.settings = settings
         self.url = url
+        self._with_sandboxes = sandboxes  # False: Docker is not even asked (see run_worker)
         self.hosts: HostRegistry | None = None
         self.session: WorkerSession | None = None
         self._tree: Supervisor | None = None
@@ -110,7 +111,10 @@ class Worker:
             # lease's deadline.
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
-            self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
+            if self._with_sandboxes:
+                self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
+            else:
+                log.debug("no agent here has a sandbox: Docker is not asked")
             await channels.open_channels(self.settings, pool)
             self._tree = Supervisor(
                 "worker",
@@ -305,11 +309,14 @@ async def run_worker(
     url: str,
     *,
     migrate: bool = False,
+    sandboxes: bool = True,
     on_started: Callable[[Worker], object] = lambda _worker: None,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run a worker until SIGTERM or SIGINT; a second signal exits at once. ``on_started``
     receives the worker once its tree runs (``toren up`` asks it for ``/readyz``).
+    ``sandboxes=False`` serves no sandboxes without asking Docker (``toren dev`` passes it when
+    none of its agents has one); otherwise the ``sandboxes`` setting and Docker decide.
 
     Started with ``await tg.start(run_worker, ...)``, it reports ready once the worker is up
     (registered, claiming) and listening for the signals that drain it.
@@ -320,7 +327,7 @@ async def run_worker(
             await _migrate(conn)
         finally:
             await conn.close()
-    worker = Worker(settings, url)
+    worker = Worker(settings, url, sandboxes=sandboxes)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         on_started(worker)

@@ -140,27 +140,50 @@ def test_unreachable_database_exits_1_without_a_traceback(tmp_path: Path) -> Non
 
 
 def test_dev_runs_the_demo_agent_and_a_second_terminal_approves_it(tmp_path: Path) -> None:
+    """The demo's first start, its run approved from a second terminal, then a second start
+    on the same data: each banner says where the run is and what nothing is paid for; Docker,
+    which the demo does not use, is never asked (a socket where nothing answers would say so)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOREN_", "ANTHROPIC_"))}
     env.update({"TOREN_HOME": str(tmp_path / "home"), "PYTHONPATH": str(ROOT)})
-    log_path = tmp_path / "dev.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toren", "dev"], env=env, cwd=ROOT, stdout=log, stderr=log
-    )
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-docker.sock"
 
     def second_terminal(*args: str) -> subprocess.CompletedProcess[str]:
         return toren(*args, home=tmp_path / "home")
 
-    try:
+    def start(log_path: Path) -> subprocess.Popen[bytes]:
+        with log_path.open("w") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "toren", "dev", "--port", "0"],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=log,
+            )
+
+    def banner(proc: subprocess.Popen[bytes], log_path: Path) -> str:
         deadline = time.monotonic() + 60
-        match = None
-        while match is None:
+        while not re.search(r"In another terminal:\n(?:.*\n){4}", log_path.read_text()):
             assert proc.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
-            match = re.search(r"toren jobs approve (run/\S+)", log_path.read_text())
-        assert "OFFLINE DEMO MODEL" in log_path.read_text()
+        return log_path.read_text()
+
+    def stop(proc: subprocess.Popen[bytes], log_path: Path) -> None:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        assert proc.returncode == 0, log_path.read_text()
+
+    log_path = tmp_path / "dev.log"
+    proc = start(log_path)
+    try:
+        shown = banner(proc, log_path)
+        assert "OFFLINE DEMO MODEL" in shown
+        assert "Nothing is paid: its token counts are made up" in shown
+        match = re.search(r"Demo run (run/\S+) will park, asking to approve a \$80 refund", shown)
+        assert match is not None, shown
         run_id = match.group(1)
+        assert f"toren jobs approve {run_id}" in shown
+        deadline = time.monotonic() + 60
         while json.loads(second_terminal("jobs", "show", run_id, "--json").stdout)["status"] != (
             "parked"
         ):
@@ -179,10 +202,20 @@ def test_dev_runs_the_demo_agent_and_a_second_terminal_approves_it(tmp_path: Pat
         assert "receipt: 3 calls made" in shown.stdout
         assert len(json.loads(second_terminal("workers", "--json").stdout)) == 1
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-        log.close()
-    assert proc.returncode == 0, log_path.read_text()
+        stop(proc, log_path)
+    assert "Docker" not in log_path.read_text()
+
+    again_path = tmp_path / "dev-again.log"
+    proc = start(again_path)
+    try:
+        shown = banner(proc, again_path)
+    finally:
+        stop(proc, again_path)
+    assert f"Demo run {run_id} has completed (on an earlier start)" in shown
+    assert "will park" not in shown
+    assert "jobs approve" not in shown
+    assert f"jobs send {run_id} 'Thanks! When will it arrive?'" in shown
+    assert "Docker" not in shown
 
 
 def test_agents_check_lists_tools_and_flags_the_dangerous_one() -> None:

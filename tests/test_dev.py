@@ -323,6 +323,18 @@ async def test_dev_with_an_app_warns_of_missing_keys_then_says_it_runs(tmp_path:
     assert "Traceback" not in log
 
 
+def test_only_agents_with_a_sandbox_have_toren_dev_ask_docker() -> None:
+    """The demo and an app without sandboxes leave Docker alone (the demo's runs never asked it,
+    yet every start did, with a long line when none answered); the coding agent needs it."""
+    from examples.coding_agent import app as coding
+    from examples.refund_approval import app as refunds
+    from toren._dev import _has_sandboxes
+
+    assert not _has_sandboxes(None)  # the demo
+    assert not _has_sandboxes(refunds)
+    assert _has_sandboxes(coding)
+
+
 def test_a_home_it_cannot_use_is_a_configuration_error(tmp_path: Path) -> None:
     taken = tmp_path / "a-file"
     taken.write_text("not a directory")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from tests.conftest import ROOT
 
 NAME = "shopdesk"
+NO_CACHE = ("-p", "no:cacheprovider")
 
 
 def clean_env(home: Path) -> dict[str, str]:
@@ -59,7 +61,25 @@ def project(tmp_path: Path) -> Path:
     return tmp_path / NAME
 
 
-def test_init_writes_an_app_whose_own_test_passes(project: Path, tmp_path: Path) -> None:
+@pytest.fixture
+def in_checkout(tmp_path: Path) -> Path:
+    """Where the quickstart runs ``toren init``: a checkout's root, whose pytest settings
+    (pyproject.toml, conftest.py) apply to the app's test too; returns the app's directory."""
+    for name in ("pyproject.toml", "conftest.py"):
+        if (ROOT / name).exists():
+            shutil.copy(ROOT / name, tmp_path / name)
+    result = toren("init", NAME, cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    assert result.returncode == 0, result.stderr
+    assert "pip install pytest" in result.stdout  # what the "Next:" lines ask for, no more
+    return tmp_path / NAME
+
+
+def test_init_writes_an_app_whose_own_test_passes_with_only_pytest_installed(
+    in_checkout: Path, tmp_path: Path
+) -> None:
+    """Run as its README says, in a checkout, with pytest but not pytest-timeout (which only
+    Toren's own test dependencies bring): ``-p no:timeout`` leaves the installed one out."""
+    project = in_checkout
     assert sorted(str(p.relative_to(project)) for p in project.rglob("*") if p.is_file()) == [
         "README.md",
         "conftest.py",
@@ -72,7 +92,7 @@ def test_init_writes_an_app_whose_own_test_passes(project: Path, tmp_path: Path)
     readme = (project / "README.md").read_text()
     assert f"toren dev --app {NAME}.app --model-script {NAME}.model:script" in readme
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "pytest"), "-q", "-p", "no:cacheprovider"],
+        [str(Path(sys.executable).parent / "pytest"), "-q", *NO_CACHE, "-p", "no:timeout"],
         cwd=project,
         env=clean_env(tmp_path / "home"),
         capture_output=True,
@@ -139,6 +159,8 @@ def test_dev_runs_the_new_app_offline_and_a_second_terminal_drives_a_run(
                 time.sleep(0.2)
             banner = log_path.read_text()
             assert f"scripted by {NAME}.model:script" in banner
+            # Receipts show dollars: the banner says what they are, and that nothing is paid.
+            assert "nothing is paid: the script's token counts are made up" in banner
             started = toren("run", NAME, "Tell the team the release is out.", cwd=project, env=env)
             assert started.returncode == 0, started.stderr
             run_id = re.search(r"run/[0-9a-f-]{36}", started.stdout + started.stderr)

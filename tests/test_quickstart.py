@@ -282,7 +282,7 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         await second(init)
         app = cd.removeprefix("cd ")
         dev = terminal(f"{activate_line} && {cd} && {start} --port 0", "dev-own")
-        await dev.shows(r"no provider is called, nothing is paid", timeout=120)
+        await dev.shows(r"no provider is called and nothing is paid", timeout=120)
         shown_banner = next(b for lang, b in blocks(offline) if "OFFLINE model" in b)
         assert " ".join(normal(shown_banner, clone)) in " ".join(normal(dev.output, clone))
         parked = await second(run_cmd, where=app)

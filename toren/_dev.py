@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
@@ -28,7 +30,7 @@ from toren._killpoints import kill_point
 from toren._migrate import migrate
 from toren._serve import DEFAULT_PORT, serving
 from toren._terminal import plain
-from toren.runs import start_run
+from toren.runs import RunState, read_run, start_run
 from toren.testing import AnthropicServer, ScriptedModel, load_script
 from toren.testing._harness import SERVERS, providers_of
 
@@ -38,6 +40,9 @@ console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("toren.dev")
 
 INTERRUPTED = 130  # the exit status of a `toren dev` stopped by Ctrl-C before it was up
+# What the banner suggests once the demo run has ended (the quickstart's "More to try").
+FOLLOW_UP = "Thanks! When will it arrive?"
+ANOTHER_TASK = "Order A-17 is broken, refund please"
 
 
 async def run_dev(
@@ -120,7 +125,7 @@ async def _serve(
             log_boot_checks(module, settings)
             preload_providers(module)
         async with anyio.create_task_group() as tg:
-            await tg.start(run_worker, settings, url)
+            await tg.start(partial(run_worker, sandboxes=_has_sandboxes(module)), settings, url)
             record = DevRecord(
                 pid=os.getpid(),
                 database_url=url,
@@ -131,6 +136,16 @@ async def _serve(
             stack.callback(remove_record, settings.home, record.pid)
             progress.up = True
             console.print(banner, highlight=False)
+
+
+def _has_sandboxes(module: ModuleType | None) -> bool:
+    """Whether an agent of ``module`` (the demo's without one) has a sandbox: only then does the
+    worker ask Docker whether it answers."""
+    if module is None:
+        from toren import demo
+
+        return demo.concierge.sandbox is not None
+    return any(agent.sandbox is not None for agent in loaded_agents(module))
 
 
 @attrs.define
@@ -232,7 +247,9 @@ async def _start_offline(
         ("OFFLINE model", "bold"),
         " scripted by ",
         plain(scripted.name),
-        f" ({', '.join(where) or 'no provider used'}): no provider is called, nothing is paid.\n"
+        f" ({', '.join(where) or 'no provider used'}): no provider is called and nothing is "
+        "paid: the script's token counts are made up, and receipts price them as each agent's "
+        "model would charge.\n"
         f"In another terminal: {toren_command()} run AGENT TEXT --wait, then "
         f"{toren_command()} jobs show RUN",
     )
@@ -254,7 +271,8 @@ def _app_banner(module: ModuleType) -> Text:
 
 async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Settings) -> Text:
     """Start the demo run (once per database) and its offline model (without a key); the
-    banner that says how to follow and approve it."""
+    banner that says where the run is (it may have ended on an earlier start) and what to do
+    with it."""
     from toren import demo
     from toren.cli import preload_providers
 
@@ -267,26 +285,45 @@ async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Sett
         )
         os.environ.update(offline.env())
         model = (
-            f"the OFFLINE DEMO MODEL at {offline.base_url} (set ANTHROPIC_API_KEY for a real one)"
+            f"the OFFLINE DEMO MODEL at {offline.base_url} (set ANTHROPIC_API_KEY for a real "
+            "one). Nothing is paid: its token counts are made up, and receipts price them as "
+            f"{demo.concierge.model.partition('/')[2]} would charge"
         )
     async with await Client.connect(url, pool_size=1) as client:
         run_id = await start_run(
             client, demo.concierge.name, demo.DEMO_INPUT, idempotency_key="toren-dev-demo"
         )
-    toren = toren_command()
-    commands = [
-        (f"{toren} jobs tail {run_id}", "follow it live"),
-        (f"{toren} jobs approve {run_id}", "approve the refund (or deny it: jobs deny)"),
-        (f"{toren} jobs show {run_id}", "its timeline and cost receipt"),
-        (f"{toren} workers", "live workers, leases, memory"),
-    ]
+        state = await read_run(client, run_id)  # as an earlier start may have left it
+    where, commands = _demo_next(run_id, state)
     width = max(len(command) for command, _ in commands) + 3
     return Text.assemble(
         ("toren dev", "bold"),
         " is running (Ctrl-C to stop). Agent ",
         ("concierge", "bold"),
         f" on {model}.\n",
-        f"Demo run {run_id} will park, asking to approve a $80 refund. In another terminal:\n",
+        f"Demo run {run_id} {where}. In another terminal:\n",
         *(f"  {command:<{width}}{what}\n" for command, what in commands),
         path_hint(),
     )
+
+
+def _demo_next(run_id: str, state: RunState) -> tuple[str, list[tuple[str, str]]]:
+    """Where the demo run is (an earlier start may have taken it to its end), and the commands
+    that go on from there, each with what it does."""
+    toren = toren_command()
+    tail = (f"{toren} jobs tail {run_id}", "follow it live")
+    decide = (f"{toren} jobs approve {run_id}", "approve the refund (or deny it: jobs deny)")
+    show = (f"{toren} jobs show {run_id}", "its timeline and cost receipt")
+    write = (f"{toren} jobs send {run_id} {shlex.quote(FOLLOW_UP)}", "the conversation goes on")
+    new_run = (f"{toren} run concierge {shlex.quote(ANOTHER_TASK)} --wait", "a new demo run")
+    workers = (f"{toren} workers", "live workers, leases, memory")
+    if state.status == "completed":
+        return "has completed (on an earlier start)", [show, write, new_run, workers]
+    if state.status == "failed":
+        failed = f"has failed (class {state.error_class}, on an earlier start)"
+        return failed, [show, new_run, workers]
+    if state.status == "parked":
+        return "is parked, asking to approve a $80 refund", [tail, decide, show, workers]
+    if state.decisions:  # stopped while it went on after a decision: nothing to decide now
+        return "goes on where it stopped", [tail, show, workers]
+    return "will park, asking to approve a $80 refund", [tail, decide, show, workers]

@@ -224,7 +224,7 @@ def register(main: click.Group) -> None:
         out.print(
             f"  cd {name}\n"
             f"  toren dev --app {name}.app --model-script {name}.model:script\n"
-            "  pytest",
+            "  pytest                # after pip install pytest",
             highlight=False,
             soft_wrap=True,
         )
