@@ -37,6 +37,7 @@ from toren import Agent, Context, Principal
 from toren.actors.bounds import cut_result, shown
 from toren.kernel import kill_point, published
 from toren.runs import (
+    ENDED,
     MESSAGE_CAP,
     RUN_KIND,
     TOOL_RESULT_CAP,
@@ -292,7 +293,7 @@ def child_ended(
         )
     )
     kill_point("child.finished")
-    if ctx.state.status not in ("completed", "failed") and msg.call_id not in ctx.state.results:
+    if ctx.state.status not in ENDED and msg.call_id not in ctx.state.results:
         result(msg.call_id, _result_text(msg.status, msg.agent, msg), msg.status != "completed")
 
 
@@ -301,11 +302,7 @@ def child_asked(ctx: Context[RunState], msg: ChildAsked) -> None:
     run's own parent (only while this run waits on the child it came through)."""
     state = ctx.state
     started = state.children.get(msg.call_id)
-    if (
-        state.status in ("completed", "failed")
-        or started is None
-        or started.run_id not in state.running
-    ):
+    if state.status in ENDED or started is None or started.run_id not in state.running:
         return  # a child whose end this run took (retried by hand since): not its business
     ctx.emit(
         ChildApprovalRequested(
@@ -325,7 +322,7 @@ def child_asked(ctx: Context[RunState], msg: ChildAsked) -> None:
 def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
     """What a step that ended the run, or asked a human, tells the runs around it: the parent
     learns of the child's end (and of its approvals); children still running when the run
-    failed are cancelled."""
+    failed or was cancelled are cancelled."""
     state = ctx.state
     recorded = [e[3] for e in ctx.events]
     ended = any(isinstance(e, RunCompleted | RunFailed) for e in recorded)
@@ -343,7 +340,7 @@ def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
                         arguments=event.arguments,
                     ),
                 )
-        if ended and state.status in ("completed", "failed"):
+        if ended and state.status in ENDED:
             r = receipt(state)
             ctx.send(
                 state.parent,
@@ -364,7 +361,7 @@ def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
                     lost_usd=str(r.usd_lost_estimated + r.child_usd_lost_estimated),
                 ),
             )
-    if ended and state.status == "failed":
+    if ended and state.status in ("failed", "cancelled"):
         for child in was_running:
             if child.run_id in state.finished:
                 continue

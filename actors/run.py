@@ -58,6 +58,7 @@ from toren.providers import (
     provider_for,
 )
 from toren.runs import (
+    ENDED,
     RUN_KIND,
     SNAPSHOT_VERSION,
     Agent,
@@ -179,7 +180,7 @@ class RunActor(Actor[RunState]):
     def on_dead_letter(self, ctx: Context[RunState], msg: Any, error: str) -> None:
         """Whatever message the run could not handle, it no longer goes on by itself: it fails
         (class ``internal``) in the same statement, visibly, and can be retried."""
-        if ctx.state.status == "failed":
+        if ctx.state.status in ("failed", "cancelled"):
             return
         kind = ctx.envelope.kind if ctx.envelope else "a message"
         if isinstance(msg, Continue) and ctx.state.status == "running" and ctx.envelope:
@@ -193,7 +194,7 @@ class RunActor(Actor[RunState]):
 
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
         running = ctx.state.children_running
-        was_live = ctx.state.status not in ("completed", "failed")
+        was_live = ctx.state.status not in ENDED
         await self._handle(ctx, msg)
         # A child tells its parent that it ended or asks a human; a failed parent cancels the
         # children it waited on; an ended run's sandbox is reaped.
@@ -271,19 +272,19 @@ class RunActor(Actor[RunState]):
                 # and spend where no receipt counts it (toren.runs.retry refuses it too).
                 log.warning("%s: a child run is not retried; retry %s", ctx.actor_id, state.parent)
                 return
-            if state.status == "failed" and state.error_class != "cancelled":
+            if state.status == "failed":  # not a cancelled run: that one stays so
                 ctx.emit(RunRetried(who=author(msg)[0], at=time.time(), by=msg.by))
                 ctx.send(ctx.actor_id, Continue())
             return
         if isinstance(msg, Say):
-            if not state.agent and state.status != "failed":
+            if not state.agent and state.status not in ("failed", "cancelled"):
                 _after_the_start(ctx, msg)
                 return
             was_done = state.status == "completed"
             if was_done and state.parent:
                 log.warning("%s: an ended child run takes no messages", ctx.actor_id)
                 return
-            if state.status != "failed":
+            if state.status not in ("failed", "cancelled"):
                 who, via = author(msg)
                 received = MessageReceived(
                     text=msg.text, who=who, channel=via, by=msg.by, at=time.time()
@@ -292,7 +293,7 @@ class RunActor(Actor[RunState]):
                 if was_done:
                     ctx.send(ctx.actor_id, Continue())
             return
-        live = state.status not in ("completed", "failed")
+        live = state.status not in ENDED
         if live and isinstance(msg, Cancel):
             reason = f": {msg.reason}" if msg.reason else ""
             text = f"cancelled by {author(msg)[0]}{reason}"

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from toren import ChildFailed, Context
 from toren.kernel import route_served
 from toren.runs import (
+    ENDED,
     Agent,
     RunFailed,
     RunState,
@@ -92,7 +93,7 @@ def done(ctx: Context[RunState], msg: SandboxDone, record: Result) -> None:
     state = ctx.state
     if msg.call_id not in state.sandbox_waiting or msg.call_id in state.results:
         return
-    if state.status in ("completed", "failed"):
+    if state.status in ENDED:
         return
     record(msg.call_id, msg.content, msg.is_error, msg.checkpoint)
     if msg.fatal:
@@ -112,7 +113,7 @@ def crashed(ctx: Context[RunState], msg: ChildFailed, record: Result) -> bool:
         return False
     error = f"the sandbox failed and was given up on: {msg.error[:2000]}"
     ctx.emit(SandboxFailed(error=error, at=time.time()))
-    if state.status not in ("completed", "failed"):
+    if state.status not in ENDED:
         for call_id in sorted(state.sandbox_waiting):
             if call_id not in ctx.state.results:
                 record(call_id, error, True, None)
@@ -123,5 +124,5 @@ def after_step(ctx: Context[RunState], was_live: bool) -> None:
     """A run that ended in this step has its sandbox's container removed (its checkpoints
     stay: a retried or continued run gets its workspace back)."""
     state = ctx.state
-    if was_live and state.sandbox and state.status in ("completed", "failed"):
+    if was_live and state.sandbox and state.status in ENDED:
         ctx.send(state.sandbox, Reap())

@@ -99,7 +99,7 @@ from toren._db import with_database
 from toren._migrate import migrate
 from toren._principal import Principal
 from toren.actors.sandbox.docker import Docker
-from toren.runs import DecisionOutcome, decide, read_run, say, start_run, waiting_on
+from toren.runs import ENDED, DecisionOutcome, decide, read_run, say, start_run, waiting_on
 from toren.sandbox import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
@@ -543,7 +543,7 @@ class _Execution:
             state = await read_run(self.client, self.run_id)
             # A point past the run's last commit (committed:run.completed) is reached just after
             # the run ends: give its report a moment before calling it missed.
-            ended = state.status in ("completed", "failed") or victim.exited
+            ended = state.status in ENDED or victim.exited
             if ended and not await _poll(reached, 1.0):
                 raise CellFailed(f"the point was never reached (run {state.status})")
             if time.monotonic() > deadline:
@@ -808,7 +808,7 @@ class _Execution:
         deadline = time.monotonic() + self.h.bound
         while True:
             state = await read_run(self.client, self.run_id)
-            if state.status in ("completed", "failed"):
+            if state.status in ENDED:
                 return
             if not any(w.running for w in self.workers):
                 self.start(self.env, "replacement")

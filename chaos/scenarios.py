@@ -22,7 +22,7 @@ from chaos.servers import EffectServer
 from toren import Client
 from toren._principal import Principal
 from toren.kernel import TRANSIENT_DB_ERRORS
-from toren.runs import decide, read_run, start_run, waiting_on
+from toren.runs import ENDED, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
@@ -94,7 +94,7 @@ class Fleet:
                     if run_id in self.done:
                         continue
                     state = await read_run(self.client, run_id)
-                    if state.status in ("completed", "failed"):
+                    if state.status in ENDED:
                         self.done.add(run_id)
                     elif waiting_on(state) and run_id not in decided:
                         # Not waiting for the answer: in the soak, workers die all the time.

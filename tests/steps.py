@@ -11,7 +11,7 @@ import pytest
 
 from toren import Client
 from toren._model import ToolCall
-from toren.runs import run_status
+from toren.runs import ENDED, run_status
 from toren.testing import AnthropicServer, Reply
 
 Step = Sequence[ToolCall] | str
@@ -70,4 +70,4 @@ async def model(
 
 async def settled(client: Client, run_id: str) -> str | None:
     status = await run_status(client, run_id)
-    return status if status in ("completed", "failed") else None
+    return status if status in ENDED else None

@@ -1216,23 +1216,30 @@ async def test_a_token_that_may_not_read_gets_back_only_what_it_sent(
     assert await _runs(client) == 1
 
 
-async def test_a_message_to_a_failed_run_is_refused(
+async def test_a_message_to_a_failed_or_cancelled_run_is_refused(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.test_sandbox_surfaces import new_id, new_run
+    from toren.runs import RunFailed
+
     _, token = await _token(client, "ops")
+    failed = await new_run(
+        client, new_id(), "support", [RunFailed(error_class="tool", message="x")]
+    )
     async with refund_agent(monkeypatch, db_url), api(db_url) as base:
         run_id = await _parked_run(client)
         await cancel(client, run_id, by=person("alice"))
-        await wait_for(lambda: _status(client, run_id, "failed"), what="failed")
-        async with (
-            bearer(token) as http,
-            http.post(f"{base}/runs/{_uuid(run_id)}/messages", json={"text": "hi"}) as r,
-        ):
-            problem = await _problem(r, 409)
-        assert "has failed" in problem["detail"]
+        await wait_for(lambda: _status(client, run_id, "cancelled"), what="cancelled")
+        for run, why in ((run_id, "was cancelled and takes no messages"), (failed, "has failed")):
+            async with (
+                bearer(token) as http,
+                http.post(f"{base}/runs/{_uuid(run)}/messages", json={"text": "hi"}) as r,
+            ):
+                problem = await _problem(r, 409)
+            assert why in problem["detail"]
         sent = await cli("jobs", "send", run_id, "hi", db_url=db_url)
         assert sent.returncode == 1, sent
-        assert "has failed" in sent.stderr
+        assert "was cancelled and takes no messages; start a new run" in sent.stderr
         assert "Traceback" not in sent.stderr
     assert await _events(client, run_id, "message.received") == []
     assert "run.say" not in await _mail(client)

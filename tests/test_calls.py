@@ -16,7 +16,7 @@ from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
 from toren._app import load_app
 from toren._model import ToolCall, Usage
-from toren.runs import cancel, read_run, receipt, run_status, start_run
+from toren.runs import ENDED, cancel, read_run, receipt, run_status, start_run
 from toren.testing import AnthropicServer, Reply
 
 pytestmark = pytest.mark.anyio
@@ -91,7 +91,7 @@ def by_agent(server: AnthropicServer, name: str) -> list[dict[str, Any]]:
 
 async def settled(client: Client, run_id: str) -> str | None:
     status = await run_status(client, run_id)
-    return status if status in ("completed", "failed") else None
+    return status if status in ENDED else None
 
 
 async def test_a_call_starts_one_child_parks_the_parent_and_returns_its_output(
@@ -300,7 +300,7 @@ async def test_cancelling_a_parent_cancels_the_child_it_waits_on(
 
         await wait_for(asked_on_parent, what="the child's approval on the parent's timeline")
         await cancel(client, run_id, reason="changed my mind")
-        assert await wait_for(lambda: settled(client, child_id)) == "failed"
+        assert await wait_for(lambda: settled(client, child_id)) == "cancelled"
         child_state = await read_run(client, child_id)
         assert child_state.error_class == "cancelled"
         assert run_id in (child_state.error or "")
@@ -309,7 +309,9 @@ async def test_cancelling_a_parent_cancels_the_child_it_waits_on(
             return receipt(await read_run(client, run_id)).child_runs == 1
 
         await wait_for(child_counted, what="the cancelled child's cost in the parent's receipt")
-    assert (await read_run(client, run_id)).error_class == "cancelled"
+    parent = await read_run(client, run_id)
+    assert (parent.status, parent.error_class) == ("cancelled", "cancelled")
+    assert [f.status for f in parent.finished.values()] == ["cancelled"]
 
 
 async def test_a_callee_served_by_another_worker_process(

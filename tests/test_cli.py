@@ -48,7 +48,7 @@ def toren(
 async def test_migrate_applies_once_then_reports_up_to_date(empty_db_url: str) -> None:
     first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert first.returncode == 0, first.stderr
-    assert "applied 7 migration(s)" in first.stdout
+    assert "applied 8 migration(s)" in first.stdout
     second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert "schema is up to date" in second.stdout
 

@@ -23,6 +23,7 @@ from toren.actors.compaction import ELIDED, SUMMARISER, SUMMARY_MARK
 from toren.actors.run import build_request
 from toren.providers.anthropic import to_wire
 from toren.runs import (
+    ENDED,
     ContextCompacted,
     RunState,
     context_messages,
@@ -58,7 +59,7 @@ async def server(
 
 async def _ended(client: Client, run_id: str) -> RunState | None:
     state = await read_run(client, run_id)
-    return state if state.status in ("completed", "failed") else None
+    return state if state.status in ENDED else None
 
 
 def _summary_requests(s: AnthropicServer) -> list[dict[str, Any]]:

@@ -505,3 +505,29 @@ async def test_a_waiting_calls_bidi_controls_show_as_escapes_where_it_is_decided
         shown = await page.evaluate("document.body.textContent")
         assert "\u202e" not in shown, "the page shows a raw U+202E"
         assert "look\\u202eup" in await page.inner_html("#timeline")
+
+
+async def test_cancelled_runs_have_a_filter_and_a_badge_of_their_own(
+    client: Client, db_url: str, chromium: Path
+) -> None:
+    from toren.runs import RunFailed
+
+    cancel = RunFailed(error_class="cancelled", message="cancelled by carol: duplicate", by=CAROL)
+    run_id = await _journal_run(client, "tr-stopped", [cancel])
+    await _journal_run(client, "tr-broken", [RunFailed(error_class="tool", message="broke")])
+    async with _console(client, db_url, chromium) as (base, page):
+        await page.select_option("#status-filter", "cancelled")
+        await page.wait_for_selector("#runs-body tr:only-child .badge.cancelled")
+        assert await page.inner_text("#runs-body") == await page.inner_text("#runs-body tr")
+        assert "tr-stopped" in await page.inner_text("#runs-body tr")
+        await page.select_option("#status-filter", "")
+        await page.wait_for_selector("#runs-body .badge.failed")
+        colour = "(s) => getComputedStyle(document.querySelector(s)).backgroundColor"
+        cancelled_colour = await page.evaluate(colour, "#runs-body .badge.cancelled")
+        assert cancelled_colour != await page.evaluate(colour, "#runs-body .badge.failed")
+        assert cancelled_colour != await page.evaluate(colour, "#run-status")  # not the default
+        await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
+        await page.wait_for_selector("#run-status.cancelled >> text=cancelled")
+        await page.wait_for_selector("#transcript .entry.bad >> text=Cancelled, by carol")
+        await page.wait_for_selector("#timeline svg line title", state="attached")
+        assert "<title>cancelled</title>" in await page.inner_html("#timeline")  # the end mark

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,8 @@ from toren._snapshots import encode
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,
+    ChildFinished,
+    ChildStarted,
     MessageReceived,
     ModelCalled,
     ModelCalling,
@@ -220,6 +223,28 @@ def test_an_earlier_state_is_untouched_by_the_events_after_it() -> None:
     assert (len(started.calls), len(started.messages), dict(started.intents)) == (0, 1, {})
     assert (len(later.calls), len(later.messages), set(later.intents)) == (1, 3, {"c1"})
     assert str(receipt(later).usd_paid) == "0.5"
+
+
+def test_a_cancel_ends_the_run_as_cancelled_and_an_earlier_childs_cancel_reads_so() -> None:
+    """A cancel records ``run.failed`` of class ``cancelled``: the run's status is
+    ``cancelled``, not ``failed``, and it waits for nothing. A child's end recorded before that
+    status existed (``failed``, class ``cancelled``) reads as cancelled too."""
+    started = fold(RunState(), RunStarted(agent="a", input="go", at=1.0))
+    asked = fold(started, ApprovalRequested(call_id="c1", name="t", arguments={}, at=2.0))
+    cancelled = fold(asked, RunFailed(error_class="cancelled", message="cancelled by ops"))
+    assert (cancelled.status, cancelled.error_class) == ("cancelled", "cancelled")
+    assert (summary(cancelled)["status"], summary(cancelled)["waiting_on"]) == ("cancelled", [])
+    assert waiting_on(cancelled) == []
+    failed = fold(started, RunFailed(error_class="tool", message="broke"))
+    assert (failed.status, failed.error_class) == ("failed", "tool")
+    child = ChildStarted(call_id="k1", run_id="run/c", agent="b", at=2.0)
+    ended = ChildFinished(
+        call_id="k1", run_id="run/c", agent="b", status="failed", error_class="cancelled"
+    )
+    parent = fold_all(started, [child, ended])
+    assert parent.finished["run/c"].status == "cancelled"
+    broke = fold_all(started, [child, attrs.evolve(ended, error_class="tool")])
+    assert broke.finished["run/c"].status == "failed"
 
 
 # --- Review (issue 13): what the fold counts as checked, and intent counts, against their meaning

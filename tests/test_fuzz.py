@@ -75,6 +75,7 @@ from toren._http.states import STATES, RunStates
 from toren._listing import list_runs
 from toren._principal import FIELD_CAP, Principal
 from toren.runs import (
+    ENDED,
     ApprovalDecided,
     DecisionRefused,
     MessageTooLarge,
@@ -530,7 +531,7 @@ class Harness:
                 return None
             state = await read_run(self.client, run_id)
             last[:] = [f"status {state.status}, waiting on {[c.id for c in waiting_on(state)]}"]
-            if state.status in ("completed", "failed"):
+            if state.status in ENDED:
                 return state
             if state.status == "parked" and waiting_on(state):
                 return state
@@ -610,8 +611,11 @@ class Harness:
     async def _check(self, run_id: str, text: str, state: RunState, sent: list[Sent]) -> list[Any]:
         journal = [decode(e.type, e.data) for e in await self.client.journal(run_id)]
 
-        # 1. settled as completed, failed with a class, or parked with a reason on record
-        if state.status == "failed":
+        # 1. settled as completed, failed with a class, cancelled, or parked with a reason on
+        # record
+        if state.status == "cancelled":
+            assert state.error_class == "cancelled", (state.error_class, state.error)
+        elif state.status == "failed":
             assert state.error_class, f"{run_id} failed without an error class: {state.error}"
             assert state.error_class not in ("internal", "crashloop"), (
                 f"{run_id} failed [{state.error_class}]: {state.error}"
@@ -971,6 +975,7 @@ REACHED = {
     "status completed",
     "status failed",
     "status parked",
+    "status cancelled",
     "failed [tool]",
     "failed [cancelled]",
     "a response cut",

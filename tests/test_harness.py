@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 
 from toren import ConfigError
-from toren.testing import harness
+from toren.runs import cancel
+from toren.testing import Reply, RunEnded, ToolCall, harness
 
 pytestmark = pytest.mark.anyio
 
@@ -24,6 +25,19 @@ from toren import Agent
 GREETING = os.environ["HARNESS_APP_GREETING"]
 
 agent = Agent(name="{name}_agent", model="anthropic/claude-sonnet-4-6", system=GREETING)
+"""
+# An agent whose one tool always asks for approval first.
+APPROVING = """\
+from toren import Agent, ToolContext, tool
+
+
+@tool(effects="external", idempotency="keyed", approval="always")
+async def refund(ctx: ToolContext, amount: float) -> str:
+    \"\"\"Refund the customer.\"\"\"
+    return f"refunded {{amount:g}}"
+
+
+agent = Agent(name="{name}_agent", model="anthropic/claude-sonnet-4-6", tools=[refund])
 """
 COUNT = iter(range(1_000_000))
 
@@ -90,3 +104,17 @@ async def test_a_provider_with_no_scripted_server_is_a_clear_error(app: str) -> 
     with pytest.raises(ConfigError, match=r"no scripted server for provider\(s\) 'anthropics'"):
         async with harness(app, lambda r: "hi", providers=["anthropics"]):
             pass
+
+
+async def test_waiting_for_a_cancelled_run_says_it_was_cancelled(app: str, tmp_path: Path) -> None:
+    name = f"{app}_approving"
+    (tmp_path / f"{name}.py").write_text(APPROVING.format(name=name))
+    refund = Reply([ToolCall(id="r1", name="refund", arguments={"amount": 5})])
+    async with harness(name, lambda r: refund) as h:
+        run_id = await h.start(f"{name}_agent", "refund me")
+        await h.waiting(run_id)
+        await cancel(h.client, run_id, reason="duplicate")
+        with pytest.raises(RunEnded, match=r"is cancelled \(cancelled: cancelled by .+\), not"):
+            await h.wait(run_id)
+        state = await h.wait(run_id, "cancelled")
+    assert (state.status, state.error_class) == ("cancelled", "cancelled")

@@ -346,7 +346,7 @@ async def test_a_run_cancelled_after_its_call_was_lost_in_flight_counts_it(
         await cancel(client, run_id, reason="enough")
         held.release()
         workers(app="tests.run_app")
-        await wait_for(lambda: _status(client, run_id, "failed"), timeout=30, what="cancelled")
+        await wait_for(lambda: _status(client, run_id, "cancelled"), timeout=30, what="cancelled")
 
         async def consumed() -> bool:
             left = await client.pool.fetchval(

@@ -30,7 +30,7 @@ from toren.testing import AnthropicServer, Fail, Reply
 
 pytestmark = pytest.mark.anyio
 
-STATUSES = ("running", "parked", "completed", "failed")
+STATUSES = ("running", "parked", "completed", "failed", "cancelled")
 FOLD_EVERY = 64  # toren.count_run_status folds at every 64th change
 
 
@@ -150,8 +150,8 @@ async def test_counts_follow_runs_that_fail_are_retried_and_are_cancelled(
         await wait_for(lambda: reaches(client, parked, "parked"), what="parked")
         assert await counted(client.pool) == {"completed": 1, "parked": 1}
         await cancel(client, parked, by=person("carol"), reason="duplicate")
-        await wait_for(lambda: reaches(client, parked, "failed"), what="cancelled")
-    assert await counted(client.pool) == {"completed": 1, "failed": 1}
+        await wait_for(lambda: reaches(client, parked, "cancelled"), what="cancelled")
+    assert await counted(client.pool) == {"completed": 1, "cancelled": 1}
 
 
 async def test_a_run_the_kernel_gives_up_on_is_counted_failed(client: Client) -> None:
@@ -294,21 +294,26 @@ async def test_deleted_and_truncated_runs_leave_the_counts(client: Client) -> No
     assert await counted(client.pool) == {"parked": 1}
 
 
+async def migrated_before(conn: asyncpg.Connection, migration: str) -> None:
+    """Schema ``toren`` as the migrations before ``migration`` (its name) left it."""
+    await conn.execute(
+        "CREATE SCHEMA toren; CREATE TABLE toren.schema_migrations ("
+        " version integer PRIMARY KEY, name text NOT NULL,"
+        " applied_at timestamptz NOT NULL DEFAULT now())"
+    )
+    for version, name, sql in available():
+        if name == migration:
+            break
+        await conn.execute(sql)
+        await conn.execute(
+            "INSERT INTO toren.schema_migrations (version, name) VALUES ($1, $2)", version, name
+        )
+
+
 async def test_the_migration_counts_the_runs_that_exist_before_it(empty_db_url: str) -> None:
     conn = await asyncpg.connect(empty_db_url)
     try:
-        await conn.execute(
-            "CREATE SCHEMA toren; CREATE TABLE toren.schema_migrations ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT now())"
-        )
-        for version, name, sql in available():
-            if name == "run_counts":
-                break
-            await conn.execute(sql)
-            await conn.execute(
-                "INSERT INTO toren.schema_migrations (version, name) VALUES ($1, $2)", version, name
-            )
+        await migrated_before(conn, "run_counts")
         await insert_runs(conn, [None] * 3 + ["parked"] * 2 + ["completed"] * 5 + ["failed"])
         await conn.execute("INSERT INTO toren.actors (actor_id, kind) VALUES ('x/y', 'other')")
         assert [v for v, _, _ in available()][-1] in await migrate(conn)
@@ -321,7 +326,10 @@ async def test_the_migration_counts_the_runs_that_exist_before_it(empty_db_url: 
 
 
 async def test_metrics_shows_the_counts(client: Client, db_url: str) -> None:
-    await insert_runs(client.pool, [None] * 7 + ["parked"] * 3 + ["completed"] * 500 + ["failed"])
+    await insert_runs(
+        client.pool,
+        [None] * 7 + ["parked"] * 3 + ["completed"] * 500 + ["failed"] + ["cancelled"] * 2,
+    )
     _, token = await create_token(client.pool, "ops", scopes=SCOPES)
     headers = {"Authorization": f"Bearer {token}"}
     async with (
@@ -331,7 +339,8 @@ async def test_metrics_shows_the_counts(client: Client, db_url: str) -> None:
     ):
         assert r.status == 200
         text = await r.text()
-    for status, n in {"running": 7, "parked": 3, "completed": 500, "failed": 1}.items():
+    shown = {"running": 7, "parked": 3, "completed": 500, "failed": 1, "cancelled": 2}
+    for status, n in shown.items():
         assert f'toren_runs{{status="{status}"}} {n:.1f}' in text
     assert "toren_workers_live 0.0" in text
 

@@ -287,7 +287,7 @@ async def test_cancel_a_parked_run_and_talk_to_a_completed_one(
         parked = await start_run(client, "support", "refund please")
         await wait_for(lambda: _status(client, parked, "parked"), what="parked")
         await cancel(client, parked, by=person("carol"), reason="duplicate")
-        await wait_for(lambda: _status(client, parked, "failed"), what="cancelled")
+        await wait_for(lambda: _status(client, parked, "cancelled"), what="cancelled")
         chat = await start_run(client, "support", "hi")
         await wait_for(lambda: _status(client, chat, "completed"), what="first answer")
         await say(client, chat, "are you there?", by=person("dave"))

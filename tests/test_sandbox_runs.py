@@ -369,7 +369,7 @@ async def test_the_container_of_a_run_that_ended_without_its_sandbox_is_reaped_w
     await client.pool.execute("DELETE FROM toren.actors WHERE actor_id = $1", sandbox)
     async with sandboxed(db_url, tmp_path, sandbox_reap_seconds=2.0):
         await wait_for(lambda: _gone(docker, run_id), timeout=60, what="the orphan reaped")
-        assert await settled(client, run_id) == "failed"
+        assert await settled(client, run_id) == "cancelled"
 
 
 async def test_other_actors_read_and_write_a_runs_workspace_through_the_file_api(

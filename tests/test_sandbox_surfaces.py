@@ -243,6 +243,7 @@ async def sandboxed(client: Client, status: str, sandbox: list[Any]) -> str:
     endings: dict[str, list[Any]] = {
         "completed": [RunCompleted(output="ok")],
         "failed": [RunFailed(error_class="tool", message="boom")],
+        "cancelled": [RunFailed(error_class="cancelled", message="cancelled by ana")],
         "running": [],
     }
     ends = endings[status]
@@ -260,6 +261,7 @@ async def fleet(client: Client) -> dict[str, str]:
     return {
         "completed": await sandboxed(client, "completed", [CREATED]),
         "failed": await sandboxed(client, "failed", [CREATED, SandboxStopped(reason="idle")]),
+        "cancelled": await sandboxed(client, "cancelled", [CREATED]),
         "running": await sandboxed(client, "running", [CREATED]),
         "reaped": await sandboxed(client, "completed", [CREATED, SandboxReaped()]),
         "bare": await new_run(client, new_id(), "plain", [RunCompleted(output="ok")]),
@@ -287,7 +289,12 @@ async def test_list_shows_the_sandboxes_whose_container_may_exist(
     listed = await cli(db_url, "sandboxes", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     items = json.loads(listed.stdout)
-    assert {i["run"] for i in items} == {runs["completed"], runs["failed"], runs["running"]}
+    assert {i["run"] for i in items} == {
+        runs["completed"],
+        runs["failed"],
+        runs["cancelled"],
+        runs["running"],
+    }
     [failed] = [i for i in items if i["run"] == runs["failed"]]
     assert (failed["id"], failed["agent"], failed["run_status"], failed["status"]) == (
         sandbox_address(runs["failed"]),
@@ -323,10 +330,10 @@ async def test_reap_sends_to_the_unreaped_sandboxes_of_ended_runs_only(
     reaped = await cli(db_url, "sandboxes", "reap")
     assert reaped.returncode == 0, reaped.stderr
     assert sorted(await reaps(client)) == sorted(
-        sandbox_address(runs[k]) for k in ("completed", "failed")
+        sandbox_address(runs[k]) for k in ("completed", "failed", "cancelled")
     )
     assert f"sent reap to {sandbox_address(runs['completed'])}" in reaped.stdout
-    assert "2 sandbox(es) told to reap" in reaped.stdout
+    assert "3 sandbox(es) told to reap" in reaped.stdout
 
 
 async def test_a_reap_queued_already_is_not_sent_again(client: Client, db_url: str) -> None:
@@ -334,7 +341,7 @@ async def test_a_reap_queued_already_is_not_sent_again(client: Client, db_url: s
     await cli(db_url, "sandboxes", "reap")  # no worker with Docker takes them
     again = await cli(db_url, "sandboxes", "reap")
     assert again.returncode == 0, again.stderr
-    assert len(await reaps(client)) == 2
+    assert len(await reaps(client)) == 3
     assert f"{sandbox_address(runs['failed'])} (run {runs['failed']}) has a reap queued" in (
         again.stdout
     )

@@ -337,10 +337,10 @@ async def test_a_run_that_failed_before_the_chat_wrote_again_is_still_reported(
     held = await hold_polls(server)  # the channel's next poll waits, its run reading too
     await cancel(client, run_id, by=person("op"), reason="stop it")
 
-    async def failed() -> bool:
-        return (await read_run(client, run_id)).status == "failed"
+    async def cancelled() -> bool:
+        return (await read_run(client, run_id)).status == "cancelled"
 
-    await wait_for(failed, what="the run cancelled")
+    await wait_for(cancelled, what="the run cancelled")
     server.push_message(100, "hello again", user_id=ALICE)
     held.release()
     await received(server, 100, lambda t: t == "echo: hello again")  # the new conversation

@@ -22,6 +22,8 @@ from toren._principal import Principal
 from toren._terminal import plain, printable
 from toren.runs import (
     DECISION_WAIT,
+    ENDED,
+    STATUSES,
     AgentNotServed,
     AmbiguousDecision,
     RunState,
@@ -253,7 +255,11 @@ def register(main: click.Group) -> None:
     @click.option(
         "--key", help="Idempotency key (per agent): the same agent, key and input start one run."
     )
-    @click.option("--wait", is_flag=True, help="Wait until the run completes, fails or parks.")
+    @click.option(
+        "--wait",
+        is_flag=True,
+        help="Wait until the run ends (completed, failed, cancelled) or parks.",
+    )
     @click.pass_context
     @run_async
     async def run_cmd(
@@ -281,7 +287,7 @@ def register(main: click.Group) -> None:
         """Inspect and steer runs."""
 
     @jobs.command("list")
-    @click.option("--status", type=click.Choice(["running", "parked", "completed", "failed"]))
+    @click.option("--status", type=click.Choice(STATUSES))
     @click.option("--agent")
     @click.option("--limit", default=50, show_default=True)
     @click.pass_context
@@ -340,7 +346,7 @@ def register(main: click.Group) -> None:
         try:
             state = await _read(client, run_id)
             sandbox = await sandbox_of(client.pool, run_id)
-            over = state.status in ("completed", "failed")
+            over = state.status in ENDED
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
@@ -632,9 +638,9 @@ async def _check_served(client: Client, agent: str) -> None:
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:
-    """The run's state once it has completed, failed or parked: its status is polled from its
-    row (nothing folded meanwhile), the state read once at the end."""
-    settled = ("completed", "failed", "parked")
+    """The run's state once it has ended (completed, failed, cancelled) or parked: its status is
+    polled from its row (nothing folded meanwhile), the state read once at the end."""
+    settled = (*ENDED, "parked")
     while True:
         if await run_status(client, run_id) in settled:
             state = await read_run(client, run_id)

@@ -8,8 +8,7 @@ from typing import Any
 import attrs
 
 from toren._client import Client
-
-STATUSES = ("running", "parked", "completed", "failed")
+from toren.runs.events import STATUSES
 
 
 @attrs.frozen(kw_only=True)

@@ -102,7 +102,7 @@ def build(
         ctx: Context, status: str | None = None, agent: str | None = None, limit: int = 20
     ) -> list[dict[str, Any]]:
         """Runs, newest first. status: running, parked (waiting on a human or a timer),
-        completed or failed."""
+        completed, failed or cancelled."""
         await caller(ctx, "read")
         try:
             limit = max(1, min(limit, 200))

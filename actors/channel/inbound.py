@@ -373,7 +373,7 @@ class Inbound:
 
     async def _conversation(self, update: Update, text: str) -> tuple[str, bool]:
         """The chat's conversation run, started with ``text`` if it has none (or its last
-        one failed): (run, started now)."""
+        one failed or was cancelled): (run, started now)."""
         ctx = self.ctx
         key = self._key(update)
         who = telegram_principal(update.user_id or 0, update.user_name)
@@ -384,7 +384,7 @@ class Inbound:
                 "FROM toren.actors WHERE actor_id = $1",
                 run,
             )
-            if row is None or row["status"] != "failed":
+            if row is None or row["status"] not in ("failed", "cancelled"):
                 self._sent_to = run
                 return run, False
             # It failed before the channel read its end: say so here, since the conversation

@@ -22,11 +22,10 @@ from aiodocker.exceptions import DockerError
 
 from toren import Client, UnknownActor
 from toren.actors.sandbox.docker import Docker, Info
+from toren.runs import ENDED
 from toren.sandbox import Reap
 
 log = logging.getLogger("toren.sandbox")
-
-_ENDED = ("completed", "failed")
 
 
 async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
@@ -39,7 +38,7 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
         [i.run_id for i in found],
     )
     status = {r["actor_id"]: r["run_status"] for r in rows}
-    ended = [i for i in found if status.get(i.run_id, "gone") in (*_ENDED, "gone")]
+    ended = [i for i in found if status.get(i.run_id, "gone") in (*ENDED, "gone")]
     # A command still running when its run ended (cancelled) runs to its end: its sandbox
     # reaps the container then, unless the kernel gave up on the sandbox.
     busy = {

@@ -17,6 +17,7 @@ from prometheus_client import (
 from toren._http.common import ACCESS, CLIENT, json
 from toren._http.models import Health, WorkerInfo
 from toren._leases import live_worker_count, live_workers
+from toren.runs.events import STATUSES
 
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 _REQUESTS: web.AppKey[Counter] = web.AppKey("requests", Counter)
@@ -57,7 +58,7 @@ async def metrics(request: web.Request) -> web.Response:
     # Counts kept as runs change status (migration 0006): a few rows, however many runs.
     rows = await pool.fetch("SELECT status, n FROM toren.run_status_counts")
     counts = {r["status"]: r["n"] for r in rows}
-    for status in ("running", "parked", "completed", "failed"):
+    for status in STATUSES:
         app[_RUNS].labels(status).set(counts.get(status, 0))
     app[_WORKERS].set(await live_worker_count(pool))
     return web.Response(

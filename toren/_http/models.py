@@ -14,8 +14,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-RunStatus = Literal["running", "parked", "completed", "failed"]
-
+from toren.runs.events import Status as RunStatus
 
 # Identifiers (keys) cannot hold NUL; text that is journaled (inputs, messages, reasons) can,
 # and round-trips exactly.
@@ -168,7 +167,10 @@ class RunSummary(BaseModel):
 class Run(BaseModel):
     id: str
     agent: str
-    status: RunStatus
+    status: RunStatus = Field(
+        description="`cancelled`: ended by a cancel (`error_class` `cancelled`), apart from "
+        "`failed`; a cancelled run is not retried."
+    )
     input: str
     output: str | None
     error_class: str | None

@@ -10,6 +10,7 @@ from pydantic.json_schema import models_json_schema
 
 from toren._http import models as m
 from toren._version import __version__
+from toren.runs.events import STATUSES
 
 _MODELS: list[type[pydantic.BaseModel]] = [
     m.StartRunBody,
@@ -115,7 +116,7 @@ def document() -> dict[str, Any]:
                         "in": "query",
                         "schema": {
                             "type": "string",
-                            "enum": ["running", "parked", "completed", "failed"],
+                            "enum": list(STATUSES),
                         },
                     },
                     {

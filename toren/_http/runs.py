@@ -50,6 +50,7 @@ from toren._listing import list_runs
 from toren.runs import (
     DECISION_WAIT,
     RUN_KIND,
+    STATUSES,
     AgentNotServed,
     AmbiguousDecision,
     IdempotencyConflict,
@@ -157,10 +158,8 @@ async def listing(request: web.Request) -> web.Response:
     q = request.query
     status, agent = q.get("status"), q.get("agent")
     errors = []
-    if status is not None and status not in ("running", "parked", "completed", "failed"):
-        errors.append(
-            FieldError(field="status", message="one of running, parked, completed, failed")
-        )
+    if status is not None and status not in STATUSES:
+        errors.append(FieldError(field="status", message=f"one of {', '.join(STATUSES)}"))
     limit = _int(q.get("limit", "50"))
     if limit is None or not 1 <= limit <= PAGE_MAX:
         errors.append(FieldError(field="limit", message=f"an integer from 1 to {PAGE_MAX}"))

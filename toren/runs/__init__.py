@@ -62,10 +62,12 @@ from toren.runs.client import (
     waiting_below,
 )
 from toren.runs.events import (
+    ENDED,
     FORMAT,
     REFUSAL_WINDOW,
     REFUSALS_RECORDED,
     RUN_KIND,
+    STATUSES,
     ApprovalDecided,
     ApprovalRequested,
     CalleesDescribed,
@@ -124,6 +126,7 @@ from toren.runs.state import (
 __all__ = [
     "AGENT_NAME",
     "DECISION_WAIT",
+    "ENDED",
     "FORMAT",
     "GENESIS",
     "MESSAGE_CAP",
@@ -131,6 +134,7 @@ __all__ = [
     "REFUSAL_WINDOW",
     "RUN_KIND",
     "SNAPSHOT_VERSION",
+    "STATUSES",
     "TOOL_RESULT_CAP",
     "Agent",
     "AgentNotServed",

@@ -15,6 +15,7 @@ from toren._journal import replay
 from toren._json import dumps, utf8_size
 from toren._principal import Principal
 from toren.runs.events import (
+    ENDED,
     RUN_KIND,
     Cancel,
     Decide,
@@ -422,12 +423,15 @@ async def say(
     Raises:
         MessageTooLarge: ``text`` is over ``cap`` bytes (never truncated).
         UnknownActor: no such run.
-        RunNotInState: the run has failed (retry it first: a failed run takes no messages).
+        RunNotInState: the run has failed (retry it first: a failed run takes no messages) or
+            was cancelled (it takes none again).
     """
     check_message(text, cap)
     status, _ = await _status(client, run_id)
     if status == "failed":
         raise RunNotInState(run_id, "has failed and takes no messages; retry it first")
+    if status == "cancelled":
+        raise RunNotInState(run_id, "was cancelled and takes no messages; start a new run")
     if status == "completed":
         await _not_an_ended_child(client, run_id, "message")
     by = _caller(by)
@@ -500,18 +504,20 @@ async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
 async def cancel(
     client: Client, run_id: str, *, by: Principal | None = None, reason: str = ""
 ) -> None:
-    """Cancel the run: it fails with class ``cancelled`` at its next step boundary.
+    """Cancel the run: it ends with status ``cancelled`` at its next step boundary (its
+    ``run.failed`` records class ``cancelled``).
 
     Raises:
         UnknownActor: no such run.
-        RunNotInState: the run has already ended (completed or failed).
+        RunNotInState: the run has already ended (completed, failed or cancelled).
         MessageTooLarge: the reason is over 2,000 characters.
     """
     if len(reason) > REASON_CAP:
         raise MessageTooLarge(len(reason), REASON_CAP, "reason", "characters")
     status, _ = await _status(client, run_id)
-    if status in ("completed", "failed"):
-        raise RunNotInState(run_id, f"has already {status}; there is nothing to cancel")
+    if status in ENDED:
+        done = "been cancelled" if status == "cancelled" else status
+        raise RunNotInState(run_id, f"has already {done}; there is nothing to cancel")
     by = _caller(by)
     await client.send(run_id, Cancel(by=by, who=by.name, reason=reason), system=True)
 
@@ -527,10 +533,13 @@ async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> 
         RunNotInState: the run has not failed, or was cancelled (a cancelled run stays so).
     """
     status, error_class = await _status(client, run_id)
+    # (A row that says failed with class cancelled: written by a worker of an earlier version.)
+    if status == "cancelled" or error_class == "cancelled":
+        raise RunNotInState(
+            run_id, "was cancelled; a cancelled run is not retried (start a new run instead)"
+        )
     if status != "failed":
         raise RunNotInState(run_id, f"is {status or 'not started'}; only a failed run is retried")
-    if error_class == "cancelled":
-        raise RunNotInState(run_id, "was cancelled; a cancelled run is not retried")
     await _not_an_ended_child(client, run_id, "retry")
     by = _caller(by)
     async with client.pool.acquire() as conn, conn.transaction():

@@ -17,7 +17,13 @@ from toren._principal import Principal
 RUN_KIND = "toren.run"
 FORMAT = 1
 
-Status = Literal["running", "parked", "completed", "failed"]
+Status = Literal["running", "parked", "completed", "failed", "cancelled"]
+STATUSES: tuple[Status, ...] = ("running", "parked", "completed", "failed", "cancelled")
+"""Every status a run has (summaries, filters, metrics): ``cancelled`` is a run ended by a
+cancel (its ``run.failed`` records class ``cancelled``), apart from ``failed``."""
+ENDED: tuple[Status, ...] = ("completed", "failed", "cancelled")
+"""The statuses of a run that has ended: it takes no step until written to (completed) or
+retried (failed); a cancelled run stays so."""
 ErrorClass = Literal[
     "provider", "attempts", "timeout", "budget", "tool", "cancelled", "crashloop", "config"
 ]
@@ -134,7 +140,8 @@ class Retry:
 @message("run.child_ended")
 @attrs.frozen(kw_only=True)
 class ChildEnded:
-    """A child run tells its parent that it ended (completed or failed), with what it cost
+    """A child run tells its parent that it ended (completed, failed or cancelled: its
+    ``status``, ``failed`` with class ``cancelled`` from an earlier version), with what it cost
     (its own calls and its children's, at its end). Sent at each end; the parent takes the
     first for each call."""
 

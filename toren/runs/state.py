@@ -17,6 +17,7 @@ from toren._history import History, Ledger
 from toren._json import dumps
 from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
 from toren.runs.events import (
+    ENDED,
     REFUSAL_WINDOW,
     ApprovalDecided,
     ApprovalRequested,
@@ -95,8 +96,9 @@ _register_snapshot_hooks()
 
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
-# meaning, so that older snapshots are set aside (folded from the journal instead).
-SNAPSHOT_VERSION = 6
+# meaning, so that older snapshots are set aside (folded from the journal instead). 7: a
+# cancelled run's status is ``cancelled`` (it was ``failed``).
+SNAPSHOT_VERSION = 7
 
 
 @attrs.frozen(kw_only=True)
@@ -277,7 +279,7 @@ def fold(state: RunState, event: Any) -> RunState:
             lost_calls=state.lost_calls + max(0, event.count),
             lost_usd=state.lost_usd + max(Decimal(0), _decimal(event.cost_usd)),
             # a live run makes the call again (it stays announced); an ended one does not
-            calling=None if state.status in ("completed", "failed") else state.calling,
+            calling=None if state.status in ENDED else state.calling,
         )
     if isinstance(event, MessageReceived):
         state = attrs.evolve(state, heard=state.heard.append((len(state.calls), event.text)))
@@ -389,6 +391,9 @@ def fold(state: RunState, event: Any) -> RunState:
             parked_since=event.at,
         )
     if isinstance(event, ChildFinished):
+        if event.status == "failed" and event.error_class == "cancelled":
+            # Recorded before a cancelled run had a status of its own: read as today's.
+            event = attrs.evolve(event, status="cancelled")
         state = attrs.evolve(
             state,
             finished=state.finished.set(event.run_id, event),
@@ -431,15 +436,16 @@ def fold(state: RunState, event: Any) -> RunState:
             state, status="completed", output=event.output, calling=None, parked_since=since
         )
     if isinstance(event, RunFailed):
+        cancelled = event.error_class == "cancelled"
         return attrs.evolve(
             state,
-            status="failed",
+            status="cancelled" if cancelled else "failed",
             error_class=event.error_class,
             error=event.message,
             # A cancel comes from outside the steps, possibly while the step that makes the
             # announced call was in flight with a worker that died: kept, so that step, claimed
             # again, counts the call as lost (a cancelled run is never retried).
-            calling=state.calling if event.error_class == "cancelled" else None,
+            calling=state.calling if cancelled else None,
         )
     if isinstance(event, ActorFailed):  # the kernel gave up on the run (restart intensity)
         return attrs.evolve(
@@ -594,7 +600,7 @@ def _waiting_ids(state: RunState) -> set[str]:
 def waiting_on(state: RunState) -> list[ToolCall]:
     """The tool calls the run waits for a decision on (the model's request for each); none
     once the run has ended (a decision can no longer be applied)."""
-    if state.status in ("completed", "failed"):
+    if state.status in ENDED:
         return []
     waiting = _waiting_ids(state)
     found: list[ToolCall] = []
@@ -645,9 +651,7 @@ def summary(state: RunState) -> dict[str, Any]:
         "calls_made": r.calls_made,
         "calls_replayed": r.calls_replayed,
         "usd_paid": str(r.usd_paid),
-        "waiting_on": []
-        if state.status in ("completed", "failed")
-        else sorted(_waiting_ids(state)),
+        "waiting_on": [] if state.status in ENDED else sorted(_waiting_ids(state)),
         "error_class": state.error_class,
         "parent": state.parent or None,
         "children": [c.run_id for c in state.children_running],

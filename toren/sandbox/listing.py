@@ -20,11 +20,9 @@ import asyncpg
 import attrs
 
 from toren._codec import encode
+from toren.runs.events import ENDED
 from toren.sandbox._settings import WORKSPACE
 from toren.sandbox._vocabulary import SANDBOX_KIND, Reap, sandbox_address
-
-ENDED = ("completed", "failed")
-"""Run statuses after which a run's sandbox has no more use for its container."""
 
 _SELECT = """
 SELECT s.actor_id, s.status AS actor_status, s.summary, s.created_at, x.run_id,

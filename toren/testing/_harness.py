@@ -47,6 +47,7 @@ from toren._errors import ConfigError
 from toren._migrate import migrate
 from toren._model import ToolCall
 from toren.runs import (
+    ENDED,
     DecisionOutcome,
     Receipt,
     RunState,
@@ -140,7 +141,8 @@ class Harness:
         """Wait until the run's status is one of ``statuses`` (default ``"completed"``).
 
         Raises:
-            RunEnded: the run failed, or ended otherwise than waited for (the message says how).
+            RunEnded: the run ended otherwise than waited for (failed, cancelled, completed: the
+                message says how).
             TimeoutError: ``timeout`` seconds went by first.
         """
         wanted = set(statuses or ("completed",))
@@ -149,8 +151,8 @@ class Harness:
             state = await self.state(run_id)
             if state.status in wanted:
                 return state
-            if state.status in ("completed", "failed"):
-                why = f" ({state.error_class}: {state.error})" if state.status == "failed" else ""
+            if state.status in ENDED:
+                why = f" ({state.error_class}: {state.error})" if state.error_class else ""
                 raise RunEnded(
                     f"{run_id} is {state.status}{why}, not {' or '.join(sorted(wanted))}"
                 )

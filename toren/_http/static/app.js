@@ -545,7 +545,8 @@ function drawTimeline(events) {
       marks.push({ at: t(e), label: `compacted (${d.tier}): ${d.tokens_before} -> ${d.tokens_after} tokens`,
         kind: "resume" });
     } else if (e.type === "run.completed" || e.type === "run.failed" || e.type === "toren.failed") {
-      marks.push({ at: t(e), label: e.type === "run.completed" ? "completed" : "failed",
+      const ended = d.error_class === "cancelled" ? "cancelled" : "failed";
+      marks.push({ at: t(e), label: e.type === "run.completed" ? "completed" : ended,
         kind: e.type === "run.completed" ? "end" : "bad" });
     }
   }

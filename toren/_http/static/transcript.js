@@ -220,7 +220,8 @@ const ENTRIES = {
     `Agents it may call: ${Object.keys(d.descriptions || {}).join(", ")}`),
   "run.completed": (t, e, d) => entry(t, e, "output", "Output", longText("div", "text", d.output)),
   "run.failed": (t, e, d) => entry(t, e, "bad",
-    `Failed (${d.error_class})${d.by ? `, by ${principalText(d)}` : ""}`,
+    `${d.error_class === "cancelled" ? "Cancelled" : `Failed (${d.error_class})`}` +
+      `${d.by ? `, by ${principalText(d)}` : ""}`,
     longText("div", "text", d.message)),
   "toren.failed": (t, e, d) => entry(t, e, "bad", `Failed (${d.error_class})`,
     longText("div", "text", d.error)),
