@@ -104,6 +104,10 @@ async def test_a_cancelled_run_shows_and_filters_as_cancelled_and_is_not_cancell
     assert f"error: {cancelled} has already been cancelled; there is nothing to cancel" in (
         again.stderr
     )
+    shown = await cli("jobs", "show", cancelled, db_url=db_url)
+    assert shown.returncode == 0, shown.stderr
+    assert "cancelled: cancelled by" in shown.stdout  # its own word on the timeline too
+    assert "failed [cancelled]" not in shown.stdout
     retried = await cli("jobs", "retry", cancelled, db_url=db_url)
     assert retried.returncode == 1
     assert "was cancelled; a cancelled run is not retried (start a new run instead)" in (

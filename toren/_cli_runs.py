@@ -222,6 +222,8 @@ def _describe(event_type: str, data: dict[str, Any]) -> str:
     if event_type == "context.compacted":
         return _compacted(data)
     if event_type == "run.failed":
+        if data["error_class"] == "cancelled":  # a cancel ends the run with its own status
+            return f"cancelled: {data['message']}"
         return f"failed [{data['error_class']}]: {data['message']}"
     if event_type == "toren.failed":
         return f"failed [{data['error_class']}]: {data['error']}"
