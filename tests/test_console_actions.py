@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.test_api import api, refund_agent
 from tests.test_console import (  # noqa: F401  (chromium: a fixture)
+    ARTIFACTS,
     _console,
     _journal_run,
     _launch,
@@ -116,6 +117,8 @@ async def test_an_operate_token_starts_sends_cancels_and_retries_and_a_read_toke
                 await page.click("#send")
                 await page.wait_for_selector("#transcript .entry.human >> text=please hurry")
                 assert await page.input_value("#message-text") == ""
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                await page.screenshot(path=str(ARTIFACTS / "console-operate.png"), full_page=True)
                 # Cancel it: it ends, and offers neither cancel nor retry any more.
                 await page.fill("#steer-reason", "sent by mistake")
                 await page.click("#cancel")
