@@ -5,7 +5,10 @@ A prefix is looked up in one query on the actors' primary key: every run id with
 lies between the prefix padded with ``0`` and the prefix padded with ``f`` (run ids are
 lowercase canonical uuids), a range the key's btree answers without reading other rows;
 ``starts_with`` then keeps exactly the ids with the prefix. A whole id is the same query with
-both ends equal.
+both ends equal. The range is compared in the column's collation (so the key's index serves
+it): C and the usual libc and ICU locales order hex digits and ``-`` so that every id with the
+prefix lies inside it; a collation that contracts letters among ``a``-``f`` (Danish ``aa``) could
+leave one out, never let a wrong one in.
 """
 
 from __future__ import annotations
