@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -18,7 +18,7 @@ from toren._model import ToolCall
 from toren._serve import serving
 from toren._tokens import SCOPES, create_token, revoke_token
 from toren.runs import read_run, start_run
-from toren.testing import AnthropicServer, Reply
+from toren.testing import AnthropicServer, Fail, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -46,14 +46,23 @@ def _uuid(run_id: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def refund_agent(monkeypatch: pytest.MonkeyPatch, db_url: str) -> AsyncIterator[None]:
-    """A worker running `support`, whose model opens a refund that needs approval, then ends."""
+async def refund_agent(
+    monkeypatch: pytest.MonkeyPatch,
+    db_url: str,
+    *,
+    first: Callable[[dict[str, Any], int], Reply | Fail | None] | None = None,
+) -> AsyncIterator[None]:
+    """A worker running `support`, whose model opens a refund that needs approval, then ends.
+    ``first``, if given, answers each request first; where it returns None, the refund goes on."""
     from toren.actors.run import close_providers
 
     load_app("tests.run_app")
     run_app.applied.clear()
 
-    def respond(request: dict[str, Any], n: int) -> Reply:
+    def respond(request: dict[str, Any], n: int) -> Reply | Fail:
+        answer = first(request, n) if first is not None else None
+        if answer is not None:
+            return answer
         done = any(m["role"] == "assistant" for m in request["messages"])
         return (
             Reply("Refunded.")
@@ -334,6 +343,7 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/messages",
         "/runs/{run}/approvals",
         "/runs/{run}/cancel",
+        "/runs/{run}/retry",
         "/channels",
         "/channels/{bot}/messages",
         "/telegram/{bot}",

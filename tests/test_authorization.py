@@ -200,6 +200,7 @@ async def test_a_read_only_token_cannot_start_send_cancel_or_decide_over_http(
         ("/runs", {"agent": "support", "input": "another"}, "operate"),
         (f"/runs/{run}/messages", {"text": "hi"}, "operate"),
         (f"/runs/{run}/cancel", {}, "operate"),
+        (f"/runs/{run}/retry", {}, "operate"),
         (f"/runs/{run}/approvals", DECISION, "approve"),
     ]
     async with api(db_url) as base, bearer(token) as http:

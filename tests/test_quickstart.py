@@ -309,8 +309,10 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         await dev.shows(r"OFFLINE model", timeout=120)
         sample = next(b for lang, b in blocks(walk) if b.startswith("$ toren run"))
         (run_cmd, _), (tail_cmd, before) = transcript(sample)
-        run_id = (await second(run_cmd)).strip().splitlines()[-1]
-        assert re.fullmatch(r"run/[0-9a-f-]{36}", run_id), run_id
+        started = await second(run_cmd)  # the id (stdout), then the console link (stderr)
+        run_id = started.splitlines()[0]
+        assert re.fullmatch(r"run/[0-9a-f-]{36}", run_id), started
+        assert f"/#/runs/{run_id}" in started
         tail = terminal(
             f"{activate_line} && {re.sub(r'run/[0-9a-f-]{36}', run_id, tail_cmd)}", "tail"
         )

@@ -23,7 +23,8 @@ from rich.table import Table
 from rich.text import Text
 
 from toren._cli_common import database_url, out, run_async
-from toren._cli_runs import normalize, who
+from toren._cli_run_ids import resolve
+from toren._cli_runs import who
 from toren._client import Client
 from toren._config import Settings
 from toren._terminal import plain, printable
@@ -154,7 +155,10 @@ def register(main: click.Group) -> None:
     @click.argument("agent")
     @click.argument("chat_id", type=int)
     @click.option(
-        "--run", "run_id", metavar="RUN", help="The run to observe (run/<uuid> or the uuid)."
+        "--run",
+        "run_id",
+        metavar="RUN",
+        help="The run to observe (run/<uuid>, the uuid, or a unique prefix of it).",
     )
     @click.option(
         "--agent", "observed", metavar="OBSERVED", help="Observe every new run of this agent."
@@ -181,7 +185,7 @@ def register(main: click.Group) -> None:
                 client,
                 agent,
                 chat_id,
-                run=normalize(run_id) if run_id else "",
+                run=await resolve(client, run_id) if run_id else "",
                 observed_agent=observed or "",
                 stop=stop,
                 by=who(),

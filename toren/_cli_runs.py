@@ -11,6 +11,7 @@ import click
 from rich.table import Table
 
 from toren._cli_common import database_url, err, out, run_async, toren_command
+from toren._cli_run_ids import console_link, resolve
 from toren._cli_sandboxes import call_lines, described
 from toren._client import Client
 from toren._config import Settings
@@ -47,11 +48,6 @@ def who() -> Principal:
     """How a CLI user is recorded on what they do: the OS user of this process, by uid (never
     from ``LOGNAME`` or ``USER``). The CLI needs no token: database access is the trust."""
     return Principal.os_user("cli")
-
-
-def normalize(run_id: str) -> str:
-    """Accept ``run/<uuid>`` or the bare uuid."""
-    return run_id if run_id.startswith("run/") else f"run/{run_id}"
 
 
 async def _client(settings: Settings) -> Client:
@@ -274,6 +270,9 @@ def register(main: click.Group) -> None:
             cap = ctx.obj["settings"].max_message_bytes
             run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap, by=who())
             out.print(plain(run_id))
+            link = console_link(ctx.obj["settings"], run_id)
+            if link:  # on stderr: `RUN=$(toren run ...)` gets the id alone
+                err.print(plain(f"console: {link}"))
             if wait:
                 state = await _until_settled(client, run_id)
                 if state.status == "parked":
@@ -343,9 +342,9 @@ def register(main: click.Group) -> None:
         --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
         ones with --after, as the line that ends it says. With --json the events are
         `events`, each with its timeline line, and `more_events` says whether more follow."""
-        run_id = normalize(run_id)
         client = await _client(ctx.obj["settings"])
         try:
+            run_id = await resolve(client, run_id)
             state = await _read(client, run_id)
             sandbox = await sandbox_of(client.pool, run_id)
             over = state.status in ENDED
@@ -418,6 +417,9 @@ def register(main: click.Group) -> None:
                     )
                 )
             )
+            link = console_link(ctx.obj["settings"], run_id)
+            if link:
+                out.print(plain(f"console: {link}"))
         finally:
             await client.close()
 
@@ -427,10 +429,9 @@ def register(main: click.Group) -> None:
     @run_async
     async def jobs_tail(ctx: click.Context, run_id: str) -> None:
         """Follow a run's events until it completes or fails."""
-        run_id = normalize(run_id)
         client = await _client(ctx.obj["settings"])
         try:
-            await _read(client, run_id)
+            run_id = await resolve(client, run_id)
             seen = 0
             while True:
                 for entry in await client.journal(run_id, after=seen):
@@ -456,11 +457,10 @@ def register(main: click.Group) -> None:
         @click.pass_context
         @run_async
         async def command(ctx: click.Context, /, run_id: str, **kwargs: Any) -> None:
-            run_id = normalize(run_id)
             settings: Settings = ctx.obj["settings"]
             client = await _client(settings)
             try:
-                await _read(client, run_id)
+                run_id = await resolve(client, run_id)
                 await action(client, run_id, settings=settings, **kwargs)
                 out.print(plain(f"{name}: sent to {run_id}"))
             finally:
@@ -497,16 +497,15 @@ def register(main: click.Group) -> None:
         async def command(
             ctx: click.Context, run_id: str, call_id: str | None, run: str | None, reason: str
         ) -> None:
-            run_id = normalize(run_id)
             client = await _client(ctx.obj["settings"])
             try:
                 await _decide(
                     client,
-                    run_id,
+                    await resolve(client, run_id),
                     call_id,
                     approved=approved,
                     reason=reason,
-                    run=normalize(run) if run else None,
+                    run=await resolve(client, run) if run else None,
                 )
             finally:
                 await client.close()

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 
 import click
 from rich.table import Table
 
 from toren._cli_common import database_url, err, out, run_async
+from toren._cli_run_ids import resolve
 from toren._client import Client
 from toren._config import Settings
-from toren._errors import UnknownActor
+from toren._errors import ConfigError
 from toren._terminal import plain, printable
-from toren.runs import run_status
 from toren.sandbox import WORKSPACE, Reap
 from toren.sandbox.listing import (
     SandboxedCall,
@@ -147,7 +148,7 @@ def register(main: click.Group) -> None:
         no message (nothing is sent then)."""
         async with await _client(ctx.obj["settings"]) as client:
             if runs:
-                targets = await _named(client, [_normalize(r) for r in runs])
+                targets = await _named(client, runs)
             else:
                 targets = _ended(await reapable(client.pool))
             verb = "would send" if dry_run else "sent"
@@ -167,10 +168,6 @@ def register(main: click.Group) -> None:
                     "their containers (their checkpoints stay)"
                 )
             )
-
-
-def _normalize(run_id: str) -> str:
-    return run_id if run_id.startswith("run/") else f"run/{run_id}"
 
 
 async def _client(settings: Settings) -> Client:
@@ -195,19 +192,21 @@ def _ended(rows: list[SandboxRow]) -> list[tuple[SandboxRow, str]]:
     return targets
 
 
-async def _named(client: Client, run_ids: list[str]) -> list[tuple[SandboxRow, str]]:
-    """The sandboxes of the runs named, each with what to say of it. Every run is checked
-    before anything is sent: one without a sandbox (or whose sandbox takes no message) is an
-    error naming it, and nothing is sent (exit 1)."""
+async def _named(client: Client, names: Sequence[str]) -> list[tuple[SandboxRow, str]]:
+    """The sandboxes of the runs named (each by its id, its uuid or a unique prefix), each
+    with what to say of it. Every run is checked before anything is sent: one not found, one
+    without a sandbox (or whose sandbox takes no message) is an error naming it, and nothing
+    is sent (exit 1)."""
     targets, errors = [], []
-    for run_id in dict.fromkeys(run_ids):
+    found = []
+    for text in names:
+        try:
+            found.append(await resolve(client, text))
+        except ConfigError as exc:
+            errors.append(str(exc))
+    for run_id in dict.fromkeys(found):
         row = await sandbox_of(client.pool, run_id)
         if row is None:
-            try:
-                await run_status(client, run_id)
-            except UnknownActor:
-                errors.append(f"no run {run_id!r} (list runs with `toren jobs list`)")
-                continue
             errors.append(f"{run_id} has no sandbox (its agent has none, or it ran no command)")
         elif not row.live:
             errors.append(

@@ -54,6 +54,7 @@ _ENV: dict[str, tuple[str, type]] = {
     "workspace_store": ("TOREN_WORKSPACE_STORE", str),
     "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
     "telegram_api_url": ("TOREN_TELEGRAM_API_URL", str),
+    "console_url": ("TOREN_CONSOLE_URL", str),
 }
 
 _TABLES = {"worker"}  # and [agents.NAME], read by toren._agent_config
@@ -74,6 +75,14 @@ _NOT_SHOWN = "The value is not shown, in case it is a secret given in the wrong 
 def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
     if not (value > 0 and math.isfinite(value)):  # NaN compares false both ways
         raise ConfigError(f"{attribute.name} must be a positive finite number, got {value!r}")
+
+
+def _http_url(inst: Settings, attribute: attrs.Attribute[Any], value: str | None) -> None:
+    if value is not None and not value.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{attribute.name} must be an http:// or https:// URL",
+            hint="Give the address people open the console at, such as https://toren.example.com.",
+        )
 
 
 def _networks(value: Any, where: str = "trusted_proxies") -> tuple[str, ...]:
@@ -152,6 +161,9 @@ class Settings:
             whose run has ended, and removes them.
         telegram_api_url: The Bot API's address (default ``https://api.telegram.org``): a
             self-hosted Bot API server, or a local test server.
+        console_url: The console's address as people open it (``https://toren.example.com``),
+            for the links the CLI prints beside a run; unset, the CLI links to the console of
+            the running ``toren dev`` whose database it uses, if any.
         agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
             those given in ``Agent(...)`` when the app's agents are registered (read-only).
         config_file: The TOML file these settings were read from, if any.
@@ -184,6 +196,7 @@ class Settings:
     workspace_store: str | None = None
     sandbox_reap_seconds: float = attrs.field(default=30.0, validator=_positive)
     telegram_api_url: str | None = None
+    console_url: str | None = attrs.field(default=None, validator=_http_url)
     agents: Tables = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
     )

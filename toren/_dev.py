@@ -222,7 +222,7 @@ async def _start_api(
     console.print(  # a path (toren's own) is text, never markup
         plain(
             f"API and console on {base} (sign in with a token: "
-            f"`{toren_command()} tokens create NAME --scope read,approve`)"
+            f"`{toren_command()} tokens create NAME --scope read,operate,approve`)"
         )
     )
     return base

@@ -68,6 +68,10 @@ class CancelBody(_Strict):
     reason: str = Field(default="", max_length=2_000)
 
 
+class RetryBody(_Strict):
+    """Nothing: a retry resumes the run as it failed (an empty object, or no body)."""
+
+
 class Receipt(BaseModel):
     calls_made: int
     calls_replayed: int

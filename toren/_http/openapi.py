@@ -17,6 +17,7 @@ _MODELS: list[type[pydantic.BaseModel]] = [
     m.MessageBody,
     m.ApprovalBody,
     m.CancelBody,
+    m.RetryBody,
     m.Run,
     m.RunList,
     m.EventList,
@@ -189,6 +190,9 @@ def document() -> dict[str, Any]:
             "post": _write("Approve or deny what the run waits for", m.ApprovalBody, accepted)
         },
         "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
+        "/runs/{run}/retry": {
+            "post": _write("Resume a failed run from its last good step", m.RetryBody, accepted)
+        },
         **_channel_paths(),
         **_session_paths(),
         "/healthz": {

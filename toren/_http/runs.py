@@ -1,4 +1,5 @@
-"""The run endpoints: start, list, read, events (JSON and a live stream), steer, approve."""
+"""The run endpoints: start, list, read, events (JSON and a live stream), steer (message,
+cancel, retry), approve."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from toren._http.models import (
     MessageBody,
     PendingApproval,
     Receipt,
+    RetryBody,
     Run,
     RunList,
     RunSummary,
@@ -65,6 +67,7 @@ from toren.runs import (
     decide,
     decision_target,
     receipt,
+    retry,
     run_agent,
     say,
     start_run,
@@ -88,6 +91,7 @@ def install(app: web.Application) -> None:
     app.router.add_post("/runs/{run}/messages", message)
     app.router.add_post("/runs/{run}/approvals", approval)
     app.router.add_post("/runs/{run}/cancel", cancel_run)
+    app.router.add_post("/runs/{run}/retry", retry_run)
 
 
 async def start(request: web.Request) -> web.Response:
@@ -433,6 +437,17 @@ async def cancel_run(request: web.Request) -> web.Response:
     client = request.app[CLIENT]
     await _writable(request, rid, "operate")
     await _send(cancel(client, rid, by=principal(request), reason=body.reason))
+    return json(Accepted(run=rid), status=202)
+
+
+async def retry_run(request: web.Request) -> web.Response:
+    """Resume a failed run from its last good step (as ``toren jobs retry`` does): 202 once
+    queued; 409 if the run has not failed, was cancelled, or is a child whose end went to its
+    parent."""
+    rid = run_id(request)
+    await read_body(request, RetryBody)
+    await _writable(request, rid, "operate")
+    await _send(retry(request.app[CLIENT], rid, by=principal(request)))
     return json(Accepted(run=rid), status=202)
 
 

@@ -83,16 +83,31 @@ async function start() {
     location.href = "/";
   };
   $("status-filter").onchange = () => loadRuns();
+  $("start").hidden = !may("operate");
+  $("start-not-allowed").hidden = may("operate");
+  $("start").onsubmit = startRun;
+  $("send").onclick = () => { if (view) steer(view, "messages", { text: $("message-text").value }); };
+  $("cancel").onclick = () => { if (view) steer(view, "cancel", { reason: $("steer-reason").value }); };
+  $("retry").onclick = () => { if (view) steer(view, "retry", {}); };
   $("more-button").onclick = () => { if (view) nextPage(view); };
   window.onhashchange = route;
   route();
 }
 
+// A run's page: `#/runs/<uuid>`, or `#/runs/run/<uuid>` with the id as the CLI and the API
+// print it (`run/<uuid>`). Anything else under `#/runs/` shows the list and says why.
+const RUN_HASH = /^#\/runs\/(?:run\/)?([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$/i;
+
 function route() {
   leaveRun();
   if (listTimer) { clearInterval(listTimer); listTimer = null; }
-  const match = location.hash.match(/^#\/runs\/([0-9a-f-]+)$/);
-  if (match) { openRun(match[1]); return; }
+  notice("");
+  const match = location.hash.match(RUN_HASH);
+  if (match) { openRun(match[1].toLowerCase()); return; }
+  if (location.hash.startsWith("#/runs/")) {
+    notice(`${decodeURIComponent(location.hash.slice(7))} is not a run id: a run's page is ` +
+      "#/runs/<uuid> or #/runs/run/<uuid>.");
+  }
   if (location.hash === "#/channels") {
     show("channels");
     loadChannels();
@@ -104,9 +119,26 @@ function route() {
   listTimer = setInterval(loadRuns, 2000);
 }
 
+// A line above the runs list saying why it shows instead of what was asked for.
+function notice(text) {
+  $("runs-notice").textContent = visible(text);
+  $("runs-notice").hidden = !text;
+}
+
+// Whether this session may do what `scope` allows, to runs of `agent` if named (a token
+// limited to some agents writes only to their runs). Only what it may do is offered; the
+// server refuses the rest anyway.
+function may(scope, agent) {
+  return !!me && me.scopes.includes(scope) &&
+    (agent === undefined || me.agents === null || me.agents.includes(agent));
+}
+
 async function loadRuns() {
   const status = $("status-filter").value;
   const page = await api(`/runs?limit=100${status ? `&status=${status}` : ""}`);
+  const agents = new Set([...(me.agents || []), ...page.runs.map((r) => r.agent)]);
+  $("agents").replaceChildren(...[...agents].filter((a) => may("operate", a)).sort()
+    .map((a) => { const o = document.createElement("option"); o.value = a; return o; }));
   $("runs-body").innerHTML = page.runs.map((r) => `
     <tr data-run="${esc(r.id.slice(4))}">
       <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
@@ -115,6 +147,45 @@ async function loadRuns() {
       <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
   for (const row of $("runs-body").querySelectorAll("tr")) {
     row.onclick = () => { location.hash = `#/runs/${row.dataset.run}`; };
+  }
+}
+
+// Starting a run (the `operate` scope): the new run's page opens once the server took it.
+async function startRun(event) {
+  event.preventDefault();
+  $("start-button").disabled = true;
+  $("start-error").hidden = true;
+  try {
+    const run = await api("/runs", { method: "POST",
+      body: JSON.stringify({ agent: $("start-agent").value.trim(), input: $("start-input").value }) });
+    $("start-input").value = "";
+    location.hash = `#/runs/${run.id.slice(4)}`;
+  } catch (e) {
+    $("start-error").textContent = visible(e.message);
+    $("start-error").hidden = false;
+  } finally { $("start-button").disabled = false; }
+}
+
+// A message, a cancellation or a retry (the `operate` scope) sent to the run shown; what the
+// run does with it comes in on its event stream. A refusal is shown as the server gave it.
+async function steer(v, action, body) {
+  const buttons = ["send", "cancel", "retry"].map($);
+  for (const b of buttons) b.disabled = true;
+  $("steer-error").hidden = true;
+  try {
+    await api(`/runs/${v.uuid}/${action}`, { method: "POST", body: JSON.stringify(body) });
+    if (action === "messages") $("message-text").value = "";
+    $("steer-done").textContent = { messages: "Message sent: the run reads it at its next step.",
+      cancel: "Cancellation sent: the run stops at its next step.",
+      retry: "Retry sent: the run resumes from its last good step." }[action];
+    $("steer-done").hidden = false;
+  } catch (e) {
+    $("steer-done").hidden = true;
+    $("steer-error").textContent = visible(e.message);
+    $("steer-error").hidden = false;
+  } finally {
+    for (const b of buttons) b.disabled = false;
+    if (v === view) refreshRun(v.uuid);
   }
 }
 
@@ -214,6 +285,7 @@ const RECONNECT_MS = 3000;
 async function openRun(uuid) {
   leaveRun();
   show("run");
+  $("steer-error").hidden = $("steer-done").hidden = true;
   const v = view = {
     uuid, last: 0, events: [], calls: { intents: {}, cwds: {}, sandboxed: new Set() },
     transcript: newTranscript($("transcript")), abort: new AbortController(), pending: null,
@@ -222,7 +294,17 @@ async function openRun(uuid) {
   $("events-body").replaceChildren();
   $("timeline").replaceChildren();
   $("more").hidden = true;
-  await refreshRun(uuid);
+  try {
+    await refreshRun(uuid);
+  } catch (e) {
+    if (v !== view || e.message === "signed out") return;
+    leaveRun();
+    show("runs");
+    notice(e.message); // "no run run/<uuid>"
+    loadRuns();
+    listTimer = setInterval(loadRuns, 2000);
+    return;
+  }
   await nextPage(v);
 }
 
@@ -470,6 +552,15 @@ async function refreshRun(uuid) {
     $("approve").onclick = decide(true);
     $("deny").onclick = decide(false);
   }
+  // Message, cancel, retry: offered as the run's status allows them (a failed run takes no
+  // message until retried; a cancelled one is not retried).
+  const mayOperate = may("operate", run.agent);
+  const ended = ["completed", "failed", "cancelled"].includes(run.status);
+  $("steer-controls").hidden = !mayOperate;
+  $("steer-not-allowed").hidden = mayOperate;
+  $("message-form").hidden = run.status === "failed" || run.status === "cancelled";
+  $("cancel-form").hidden = ended;
+  $("retry").hidden = !(run.status === "failed" && run.error_class !== "cancelled");
   const r = run.receipt;
   $("receipt").innerHTML = [
     ["calls made", r.calls_made], ["calls replayed (not re-paid)", r.calls_replayed],
