@@ -178,6 +178,12 @@ async def test_a_runs_page_opens_from_the_id_the_cli_prints(
         assert await page.locator("#runs").is_visible()
         await page.goto(f"{base}/#/runs/8146c6")
         await page.wait_for_selector("#runs-notice >> text=8146c6 is not a run id")
+        # A stray % (a link cut short, a hand-typed address) is said too, not thrown.
+        await page.goto(f"{base}/#/runs/{run_id.removeprefix('run/')}")
+        await page.wait_for_selector("#run-status.completed")
+        await page.goto(f"{base}/#/runs/8146%E0%A4%A")
+        await page.wait_for_selector("#runs-notice >> text=8146%E0%A4%A is not a run id")
+        assert await page.locator("#run").is_hidden()
 
 
 async def test_the_sign_in_page_suggests_a_token_that_can_operate_and_says_what_scopes_allow(

@@ -105,7 +105,7 @@ function route() {
   const match = location.hash.match(RUN_HASH);
   if (match) { openRun(match[1].toLowerCase()); return; }
   if (location.hash.startsWith("#/runs/")) {
-    notice(`${decodeURIComponent(location.hash.slice(7))} is not a run id: a run's page is ` +
+    notice(`${decoded(location.hash.slice(7))} is not a run id: a run's page is ` +
       "#/runs/<uuid> or #/runs/run/<uuid>.");
   }
   if (location.hash === "#/channels") {
@@ -117,6 +117,12 @@ function route() {
   show("runs");
   loadRuns();
   listTimer = setInterval(loadRuns, 2000);
+}
+
+// Text from the address as the person typed it: decoded, unless it is not valid
+// percent-encoding (a stray %), which decodeURIComponent throws on.
+function decoded(text) {
+  try { return decodeURIComponent(text); } catch { return text; }
 }
 
 // A line above the runs list saying why it shows instead of what was asked for.
