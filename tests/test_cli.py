@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import anyio
@@ -304,6 +305,25 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
     unknown = await anyio.to_thread.run_sync(lambda: cli("run", "nobody", "hello"))
     assert unknown.returncode == 2
     assert "no live worker runs agent 'nobody'" in unknown.stderr
+
+
+async def test_show_refuses_a_page_bound_past_what_the_journal_counts(
+    client: Client, db_url: str
+) -> None:
+    """``--after`` and ``--limit`` past a 64-bit sequence number are refused as usage errors,
+    not passed to Postgres (which cannot take them: a traceback)."""
+    from tests.test_sandbox_surfaces import new_run
+    from toren.runs import RunCompleted
+
+    run_id = await new_run(client, f"run/{uuid.uuid4()}", "support", [RunCompleted(output="ok")])
+    huge = str(2**63)
+    for option in ("--after", "--limit"):
+        shown = await anyio.to_thread.run_sync(
+            lambda o=option: toren("jobs", "show", run_id, o, huge, db_url=db_url)
+        )
+        assert shown.returncode == 2, (option, shown.stderr[-300:])
+        assert "Traceback" not in shown.stderr
+        assert f"Invalid value for '{option}'" in shown.stderr
 
 
 async def test_tokens_are_created_listed_and_revoked_from_the_command_line(

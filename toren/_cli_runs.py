@@ -107,6 +107,7 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
 
 
 EVENTS_PAGE = 1000  # events `jobs show` lists at once: a page of the API's GET /runs/{id}/events
+_SEQ_MAX = 2**63 - 2  # a page bound Postgres takes as a bigint (the limit is asked one more)
 
 
 def event_record(entry: JournalEntry) -> dict[str, Any]:
@@ -321,13 +322,13 @@ def register(main: click.Group) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print the run and its events as JSON.")
     @click.option(
         "--after",
-        type=click.IntRange(min=0),
+        type=click.IntRange(min=0, max=_SEQ_MAX),
         default=0,
         help="Only the events after this sequence number (the next page: the last one shown).",
     )
     @click.option(
         "--limit",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=1, max=_SEQ_MAX),
         default=EVENTS_PAGE,
         show_default=True,
         help="At most this many events.",
