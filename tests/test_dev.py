@@ -391,3 +391,25 @@ async def test_ctrl_c_at_any_moment_stops_cleanly(tmp_path: Path, moment: str) -
     else:
         assert status == 130, dev.stderr
         assert "interrupted while starting" in dev.stderr
+
+
+def test_a_demo_run_cancelled_on_an_earlier_start_is_not_said_to_park() -> None:
+    """A demo run cancelled before this start (from another terminal or the console) has
+    ended: the banner says so and offers a new run, not an approval it can no longer take."""
+    from toren._dev import _demo_next
+    from toren.runs import RunFailed, RunStarted, RunState
+    from toren.runs.state import fold
+
+    state = RunState()
+    for event in (
+        RunStarted(agent="concierge", input="refund", at=1.0),
+        RunFailed(error_class="cancelled", message="cancelled by ann"),
+    ):
+        state = fold(state, event)
+    assert state.status == "cancelled"
+    where, commands = _demo_next("run/x", state)
+    assert where == "was cancelled (on an earlier start)"
+    shown = " ".join(command for command, _ in commands)
+    assert "jobs approve" not in shown
+    assert "jobs tail" not in shown
+    assert " run concierge " in shown  # a new demo run

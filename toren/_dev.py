@@ -322,6 +322,8 @@ def _demo_next(run_id: str, state: RunState) -> tuple[str, list[tuple[str, str]]
     if state.status == "failed":
         failed = f"has failed (class {state.error_class}, on an earlier start)"
         return failed, [show, new_run, workers]
+    if state.status == "cancelled":  # it takes no decision nor message again
+        return "was cancelled (on an earlier start)", [show, new_run, workers]
     if state.status == "parked":
         return "is parked, asking to approve a $80 refund", [tail, decide, show, workers]
     if state.decisions:  # stopped while it went on after a decision: nothing to decide now
