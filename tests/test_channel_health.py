@@ -133,3 +133,22 @@ async def test_the_console_shows_a_failing_channel_and_why(
             assert f"no answer from the Bot API at http://127.0.0.1:{unreachable}" in text
         finally:
             await browser.close()
+
+
+def test_flood_control_counting_down_is_one_reason_not_a_row_a_poll() -> None:
+    """Telegram's 429 says how many seconds to wait, a different number at each poll of the
+    same outage: the reason recorded leaves the number out, so the outage stays one
+    ``channel.failing`` row (a reason is recorded again only when it changes)."""
+    from telegram.error import NetworkError, RetryAfter
+
+    from toren.actors.channel.actor import failure_reason
+
+    api = "http://127.0.0.1:8081"
+    reasons = {failure_reason(RetryAfter(n), api, "TELLER_TOKEN") for n in (28, 14, 3)}
+    assert len(reasons) == 1, reasons
+    [reason] = reasons
+    assert "flood control" in reason.lower()
+    assert api in reason
+    # Other reasons still say what Telegram said.
+    down = failure_reason(NetworkError("httpx.ConnectError: refused"), api, "TELLER_TOKEN")
+    assert down == f"no answer from the Bot API at {api} (httpx.ConnectError: refused)"

@@ -22,7 +22,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from telegram.error import BadRequest, InvalidToken, NetworkError, TelegramError
+from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
 
 from toren import Actor, ChildFailed, ConfigError, Context, PoisonMessage
 from toren.actors.channel import outbound, runtime
@@ -76,6 +76,23 @@ def _where(url: str) -> str:
     parts = urlsplit(url)
     port = f":{parts.port}" if parts.port else ""
     return f"{parts.scheme}://{parts.hostname}{port}"
+
+
+def failure_reason(exc: TelegramError | SendError, api: str, token_source: str) -> str:
+    """Why Telegram does not answer the bot (or refuses it), as ``channel.failing`` records it:
+    redacted, at most ``_REASON_CHARS`` characters. ``api`` is the Bot API's address as
+    :func:`_where` gives it; ``token_source`` where the bot's token is read from."""
+    if isinstance(exc, InvalidToken):
+        reason = (
+            f"Telegram refuses the bot token read from {token_source}: check it with @BotFather"
+        )
+    elif isinstance(exc, RetryAfter):  # its text counts the seconds down: one reason an outage
+        reason = f"the Bot API at {api} holds the bot back (flood control: too many requests)"
+    elif isinstance(exc, NetworkError) and not isinstance(exc, BadRequest):
+        reason = f"no answer from the Bot API at {api} ({exc})"  # PTB: BadRequest is one
+    else:
+        reason = f"the Bot API at {api} refused the bot's request ({type(exc).__name__}: {exc})"
+    return redact(reason)[:_REASON_CHARS]
 
 
 class ChannelActor(Actor[ChannelState]):
@@ -194,14 +211,7 @@ class ChannelActor(Actor[ChannelState]):
         outage, again only when the reason changes (the surfaces show it)."""
         settings = runtime.bot(self.bot_name).settings
         api = _where(runtime.api_url(runtime.settings()))
-        if isinstance(exc, InvalidToken):
-            where = settings.token_file or settings.token_env
-            reason = f"Telegram refuses the bot token read from {where}: check it with @BotFather"
-        elif isinstance(exc, NetworkError) and not isinstance(exc, BadRequest):
-            reason = f"no answer from the Bot API at {api} ({exc})"  # PTB: BadRequest is one
-        else:
-            reason = f"the Bot API at {api} refused the bot's request ({type(exc).__name__}: {exc})"
-        reason = redact(reason)[:_REASON_CHARS]
+        reason = failure_reason(exc, api, settings.token_file or settings.token_env)
         failing = ctx.state.failing
         if failing is None or failing.error != reason:
             now = time.time()
