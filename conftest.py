@@ -1,10 +1,11 @@
 """pytest settings for the whole checkout (tests, chaos, examples) that need an optional plugin.
 
 Each test gets 300 s where pytest-timeout is installed (Toren's test dependencies bring it),
-unless ``--timeout``, ``PYTEST_TIMEOUT`` or a ``timeout`` mark says otherwise. It is not a
-``timeout`` key in pyproject.toml: without the plugin pytest refuses an unknown key (warnings are
-errors there), and a user who installed only pytest, as the docs say, could not run the
-examples' tests. Without the plugin, ``timeout`` marks are registered and do nothing.
+unless ``--timeout``, ``PYTEST_TIMEOUT``, a ``timeout`` ini value (``-o timeout=N``) or a
+``timeout`` mark says otherwise. It is not a ``timeout`` key in pyproject.toml: without the
+plugin pytest refuses an unknown key (warnings are errors there), and a user who installed only
+pytest, as the docs say, could not run the examples' tests. Without the plugin, ``timeout``
+marks are registered and do nothing.
 """
 
 from __future__ import annotations
@@ -20,5 +21,9 @@ TEST_TIMEOUT = 300.0  # seconds; a hung test fails with every thread's stack ins
 def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.has_plugin("timeout"):
         config.addinivalue_line("markers", "timeout(seconds): a limit, with pytest-timeout")
-    elif config.getoption("timeout") is None and not os.environ.get("PYTEST_TIMEOUT"):
+    elif (
+        config.getoption("timeout") is None
+        and not os.environ.get("PYTEST_TIMEOUT")
+        and not config.getini("timeout")  # `-o timeout=N`, or an ini file's own key
+    ):
         config.option.timeout = TEST_TIMEOUT

@@ -31,3 +31,23 @@ def test_an_examples_readme_command_passes_without_pytest_timeout() -> None:
     printed = result.stdout + result.stderr
     assert result.returncode == 0, printed
     assert re.search(r"\b\d+ passed\b", result.stdout), printed
+
+
+def test_a_timeout_given_in_the_ini_settings_is_kept() -> None:
+    """The 300 s the root conftest.py gives each test is a default: ``-o timeout=N`` (or a
+    ``timeout`` key in an ini file, which pytest-timeout reads after ``--timeout`` and
+    ``PYTEST_TIMEOUT``) sets it as pytest-timeout documents."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    this = "tests/test_pytest_as_documented.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-p", "no:cacheprovider", "-o", "timeout=7", this],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    [header] = [line for line in result.stdout.splitlines() if line.startswith("timeout: ")]
+    assert header == "timeout: 7.0s"
