@@ -140,3 +140,13 @@ async def test_commands_take_a_unique_prefix_and_print_the_runs_console_link(
         assert "console:" not in other.stdout
     with pytest.raises(ConfigError, match="console_url must be an http:// or https:// URL"):
         Settings(console_url="toren.example.com")
+
+
+def test_a_console_url_that_would_print_as_another_line_is_refused() -> None:
+    """The link is printed to a terminal beside a run: a line break or a space in the setting
+    would print a line, or a link, that is not the console's (escape characters are already
+    shown as escapes). The scheme is read in either case, as URLs allow."""
+    for bad in ("http://a\nerror: run failed", "http://a b", "http://\t", "https://", "http:///x"):
+        with pytest.raises(ConfigError, match="console_url must be an http:// or https:// URL"):
+            Settings(console_url=bad)
+    assert Settings(console_url="HTTPS://Toren.example.com:8443/ops").console_url

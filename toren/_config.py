@@ -19,6 +19,7 @@ import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import attrs
 
@@ -78,9 +79,19 @@ def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> 
 
 
 def _http_url(inst: Settings, attribute: attrs.Attribute[Any], value: str | None) -> None:
-    if value is not None and not value.startswith(("http://", "https://")):
+    # Printed to a terminal beside a run: a space or a line break would print a line, or a
+    # link, that is not the console's.
+    if value is None:
+        return
+    try:
+        parts = urlsplit(value)
+        usable = bool(parts.hostname) and parts.scheme.lower() in ("http", "https")
+    except ValueError:  # such as an unclosed [ of an IPv6 address
+        usable = False
+    if not usable or any(c.isspace() or not c.isprintable() for c in value):
         raise ConfigError(
-            f"{attribute.name} must be an http:// or https:// URL",
+            f"{attribute.name} must be an http:// or https:// URL with a host, and no spaces "
+            "or control characters",
             hint="Give the address people open the console at, such as https://toren.example.com.",
         )
 
