@@ -186,6 +186,53 @@ async def test_a_runs_page_opens_from_the_id_the_cli_prints(
         assert await page.locator("#run").is_hidden()
 
 
+async def _child_run(client: Client, parent: str, events: list[Any]) -> str:
+    """A child run of ``parent`` (its call c1) that has ended with ``events``, as runs write
+    them."""
+    from tests.test_sandbox_surfaces import new_id, write
+    from toren.runs import RUN_KIND, RunStarted
+    from toren.runs import summary as run_summary
+
+    child = new_id()
+    args = {"agent": "tr-helper", "parent": parent}
+    await client.spawn(RUN_KIND, child, args, route="agent:tr-helper")
+    started = RunStarted(agent="tr-helper", input="help", at=1.0, parent=parent, parent_call="c1")
+    await write(client, child, [started, *events])
+    summary = run_summary(await read_run(client, child))
+    await client.pool.execute(
+        "UPDATE toren.actors SET summary = $2 WHERE actor_id = $1", child, summary
+    )
+    return child
+
+
+async def test_an_ended_child_run_is_offered_no_retry_nor_message(
+    client: Client,
+    db_url: str,
+    chromium: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """A child run's end went to its parent: the server refuses to retry it or write to it
+    (409), so its page offers neither; a parent's page still does."""
+    from toren.runs import RunFailed
+
+    parent = await _journal_run(client, "tr-parent", [RunFailed(error_class="tool", message="x")])
+    failed = await _child_run(client, parent, [RunFailed(error_class="tool", message="broke")])
+    completed = await _child_run(client, parent, [RunCompleted(output="helped")])
+    async with _console(client, db_url, chromium) as (base, page):
+        await page.goto(f"{base}/#/runs/{parent}")
+        await page.wait_for_selector("#run-status.failed")
+        assert await page.locator("#retry").is_visible()
+        await page.goto(f"{base}/#/runs/{failed}")
+        await page.wait_for_selector("#run-agent >> text=tr-helper")  # the page drawn
+        assert await page.inner_text("#run-status") == "failed"
+        assert await page.locator("#steer-not-allowed").is_hidden()  # it may operate
+        assert await page.locator("#retry").is_hidden()
+        assert await page.locator("#message-form").is_hidden()
+        await page.goto(f"{base}/#/runs/{completed}")
+        await page.wait_for_selector("#run-status.completed")
+        assert await page.locator("#message-form").is_hidden()
+        assert await page.locator("#cancel-form").is_hidden()
+
+
 async def test_the_sign_in_page_suggests_a_token_that_can_operate_and_says_what_scopes_allow(
     db_url: str,
 ) -> None:

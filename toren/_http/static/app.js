@@ -559,14 +559,16 @@ async function refreshRun(uuid) {
     $("deny").onclick = decide(false);
   }
   // Message, cancel, retry: offered as the run's status allows them (a failed run takes no
-  // message until retried; a cancelled one is not retried).
+  // message until retried; a cancelled one is not retried). A child run that has ended takes
+  // neither a message nor a retry: its end went to its parent (the server refuses both).
   const mayOperate = may("operate", run.agent);
   const ended = ["completed", "failed", "cancelled"].includes(run.status);
   $("steer-controls").hidden = !mayOperate;
   $("steer-not-allowed").hidden = mayOperate;
-  $("message-form").hidden = run.status === "failed" || run.status === "cancelled";
+  $("message-form").hidden = run.status === "failed" || run.status === "cancelled" ||
+    (ended && !!run.parent);
   $("cancel-form").hidden = ended;
-  $("retry").hidden = !(run.status === "failed" && run.error_class !== "cancelled");
+  $("retry").hidden = !(run.status === "failed" && run.error_class !== "cancelled" && !run.parent);
   const r = run.receipt;
   $("receipt").innerHTML = [
     ["calls made", r.calls_made], ["calls replayed (not re-paid)", r.calls_replayed],
