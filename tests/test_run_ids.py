@@ -145,8 +145,18 @@ async def test_commands_take_a_unique_prefix_and_print_the_runs_console_link(
 def test_a_console_url_that_would_print_as_another_line_is_refused() -> None:
     """The link is printed to a terminal beside a run: a line break or a space in the setting
     would print a line, or a link, that is not the console's (escape characters are already
-    shown as escapes). The scheme is read in either case, as URLs allow."""
-    for bad in ("http://a\nerror: run failed", "http://a b", "http://\t", "https://", "http:///x"):
+    shown as escapes), and a query or fragment would make a link that opens no run's page (the
+    link appends ``/#/runs/<id>``). The scheme is read in either case, as URLs allow."""
+    bad_values = (
+        "http://a\nerror: run failed",
+        "http://a b",
+        "http://\t",
+        "https://",
+        "http:///x",
+        "https://x/#/console",  # the link appends #/runs/...: two fragments
+        "https://x/?a=1",
+    )
+    for bad in bad_values:
         with pytest.raises(ConfigError, match="console_url must be an http:// or https:// URL"):
             Settings(console_url=bad)
     assert Settings(console_url="HTTPS://Toren.example.com:8443/ops").console_url

@@ -86,12 +86,13 @@ def _http_url(inst: Settings, attribute: attrs.Attribute[Any], value: str | None
     try:
         parts = urlsplit(value)
         usable = bool(parts.hostname) and parts.scheme.lower() in ("http", "https")
+        usable = usable and not parts.query and not parts.fragment  # the link appends #/runs/
     except ValueError:  # such as an unclosed [ of an IPv6 address
         usable = False
     if not usable or any(c.isspace() or not c.isprintable() for c in value):
         raise ConfigError(
-            f"{attribute.name} must be an http:// or https:// URL with a host, and no spaces "
-            "or control characters",
+            f"{attribute.name} must be an http:// or https:// URL with a host, and no query, "
+            "fragment, spaces or control characters",
             hint="Give the address people open the console at, such as https://toren.example.com.",
         )
 
