@@ -324,6 +324,12 @@ async def test_show_refuses_a_page_bound_past_what_the_journal_counts(
         assert shown.returncode == 2, (option, shown.stderr[-300:])
         assert "Traceback" not in shown.stderr
         assert f"Invalid value for '{option}'" in shown.stderr
+    for bound in ("-1", huge):  # jobs list's too (a negative LIMIT reached Postgres)
+        listed = await anyio.to_thread.run_sync(
+            lambda b=bound: toren("jobs", "list", "--limit", b, db_url=db_url)
+        )
+        assert listed.returncode == 2, (bound, listed.stderr[-300:])
+        assert "Invalid value for '--limit'" in listed.stderr
 
 
 async def test_tokens_are_created_listed_and_revoked_from_the_command_line(

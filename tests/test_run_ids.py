@@ -60,6 +60,9 @@ async def test_a_run_is_found_by_its_id_its_uuid_or_a_unique_prefix(client: Clie
     for bad in ("nope", "run/", "", "8146c6aa-1b2c-4d5e-8f90-0123456789ab0", "sandbox/8146c6aa"):
         with pytest.raises(NotARunId):
             await find_run(client.pool, bad)
+    with pytest.raises(NotARunId) as pasted:  # a whole page pasted by mistake is not echoed
+        await find_run(client.pool, "x" * 5000)
+    assert len(str(pasted.value)) < 200
 
 
 async def test_a_prefix_is_looked_up_on_the_actors_key_not_by_a_scan(client: Client) -> None:

@@ -345,7 +345,7 @@ async def test_a_run_that_failed_before_the_chat_wrote_again_is_still_reported(
     held.release()
     await received(server, 100, lambda t: t == "echo: hello again")  # the new conversation
     texts = await outbox_texts(client, 100)
-    assert [t for t in texts if t.startswith("The conversation failed (cancelled)")], texts
+    assert [t for t in texts if t.startswith("The conversation was cancelled: ")], texts
 
 
 # --- MEDIUM: an unpaired chat makes the bot talk without limit -----------------------------

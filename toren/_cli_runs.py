@@ -106,6 +106,8 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
     }
 
 
+# Runs `jobs list` prints at most: a bound, so that -1 or 2**63 is a usage error.
+_LIST_MAX = 100_000
 EVENTS_PAGE = 1000  # events `jobs show` lists at once: a page of the API's GET /runs/{id}/events
 _SEQ_MAX = 2**63 - 2  # a page bound Postgres takes as a bigint (the limit is asked one more)
 
@@ -291,7 +293,9 @@ def register(main: click.Group) -> None:
     @jobs.command("list")
     @click.option("--status", type=click.Choice(STATUSES))
     @click.option("--agent")
-    @click.option("--limit", default=50, show_default=True)
+    @click.option(
+        "--limit", type=click.IntRange(min=1, max=_LIST_MAX), default=50, show_default=True
+    )
     @click.pass_context
     @run_async
     async def jobs_list(

@@ -26,7 +26,7 @@ import attrs
 
 from toren import Context, InternalError
 from toren.actors.channel import outbound, runtime
-from toren.actors.channel.reading import where_to_decide
+from toren.actors.channel.reading import ended, where_to_decide
 from toren.actors.channel.telegram import SendError
 from toren.channels import (
     ChannelState,
@@ -392,7 +392,7 @@ class Inbound:
             ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
             self._say(
                 update,
-                f"The conversation failed ({row['error_class']}): this message starts a new one.",
+                f"{ended(row['error_class'])}: this message starts a new one.",
             )
         count = ctx.state.started.get(key, 0)
         name = f"{self.actor_id}\0{key}\0{count}"

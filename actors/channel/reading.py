@@ -220,7 +220,7 @@ class Reader:
         elif isinstance(event, RunFailed | ActorFailed):
             message = event.message if isinstance(event, RunFailed) else event.error
             text = (
-                f"The conversation failed ({event.error_class}): {outbound.cut(message, 1000)}\n"
+                f"{ended(event.error_class)}: {outbound.cut(message, 1000)}\n"
                 "Your next message starts a new one."
             )
             outbound.queue(ctx, chat, text, kind="notice", thread=thread, source=source)
@@ -328,6 +328,16 @@ class Reader:
             text = f"\u2705 {run} completed ({cost}):\n{outbound.cut(event.output, 1500)}"
         elif isinstance(event, RunFailed | ActorFailed):
             message = event.message if isinstance(event, RunFailed) else event.error
-            text = f"\u274c {run} failed ({event.error_class}): {outbound.cut(message, 600)}"
+            how = (
+                "cancelled" if event.error_class == "cancelled" else f"failed ({event.error_class})"
+            )
+            text = f"\u274c {run} {how}: {outbound.cut(message, 600)}"
         if text:
             outbound.queue(ctx, chat, text, kind="observer", source=source)
+
+
+def ended(error_class: str) -> str:
+    """How the chat is told its conversation ended without an answer: a cancel is not a failure."""
+    if error_class == "cancelled":
+        return "The conversation was cancelled"
+    return f"The conversation failed ({error_class})"

@@ -56,8 +56,9 @@ class NotARunId(TorenError):
 
     def __init__(self, text: str) -> None:
         self.text = text
+        shown = text if len(text) <= 60 else f"{text[:57]}..."  # not all of a pasted page
         super().__init__(
-            f"no run {text!r}: a run is named by run/<uuid>, the uuid, or its first hex "
+            f"no run {shown!r}: a run is named by run/<uuid>, the uuid, or its first hex "
             "digits (such as 8146c6)"
         )
 

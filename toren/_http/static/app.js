@@ -182,7 +182,7 @@ async function steer(v, action, body) {
     await api(`/runs/${v.uuid}/${action}`, { method: "POST", body: JSON.stringify(body) });
     if (action === "messages") $("message-text").value = "";
     $("steer-done").textContent = { messages: "Message sent: the run reads it at its next step.",
-      cancel: "Cancellation sent: the run stops at its next step.",
+      cancel: "Cancellation sent: the run stops at its next step, unless it ends first.",
       retry: "Retry sent: the run resumes from its last good step." }[action];
     $("steer-done").hidden = false;
   } catch (e) {
