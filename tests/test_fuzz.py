@@ -65,7 +65,7 @@ from tests.fuzz_mutations import MUTATION_NAMES, MUTATIONS
 from toren import Client
 from toren._actor import ActorFailed
 from toren._app import load_app
-from toren._cli_runs import record
+from toren._cli_timeline import record
 from toren._codec import decode
 from toren._db import with_database
 from toren._errors import ActorNotLive

@@ -20,7 +20,7 @@ from tests.conftest import WorkerFactory, running_worker, wait_for
 from tests.test_cli import toren as cli
 from toren import Client
 from toren._app import load_app
-from toren._cli_runs import describe, record
+from toren._cli_timeline import describe, record
 from toren._codec import decode
 from toren._model import ToolCall
 from toren.runs import (
