@@ -179,7 +179,8 @@ class RunActor(Actor[RunState]):
 
     def on_dead_letter(self, ctx: Context[RunState], msg: Any, error: str) -> None:
         """Whatever message the run could not handle, it no longer goes on by itself: it fails
-        (class ``internal``) in the same statement, visibly, and can be retried."""
+        (class ``internal``) in the same statement, visibly, and can be retried. A cancel it could
+        not handle ends it as cancelled all the same (a retry would undo the cancel)."""
         if ctx.state.status in ("failed", "cancelled"):
             return
         kind = ctx.envelope.kind if ctx.envelope else "a message"
@@ -188,7 +189,12 @@ class RunActor(Actor[RunState]):
             # max_deliveries this claim is not handled; past max_attempts it was.
             inflight.note_lost(ctx, handled=ctx.envelope.deliveries <= self.max_deliveries)
         running = ctx.state.children_running
-        ctx.emit(RunFailed(error_class="internal", message=f"{kind} could not be handled: {error}"))
+        if isinstance(msg, Cancel):
+            # The run ends as its cancel asked, not as a failure a retry would resume.
+            ctx.emit(_cancelled(msg, also=f" (its step could not be committed: {error})"))
+        else:
+            failed = f"{kind} could not be handled: {error}"
+            ctx.emit(RunFailed(error_class="internal", message=failed))
         calls.after_step(ctx, running)
         sandboxing.after_step(ctx, was_live=True)
 
@@ -295,9 +301,7 @@ class RunActor(Actor[RunState]):
             return
         live = state.status not in ENDED
         if live and isinstance(msg, Cancel):
-            reason = f": {msg.reason}" if msg.reason else ""
-            text = f"cancelled by {author(msg)[0]}{reason}"
-            ctx.emit(RunFailed(error_class="cancelled", message=text, by=msg.by))
+            ctx.emit(_cancelled(msg))
             return
         if live:
             self._check_resume(ctx, go_on=not isinstance(msg, Continue))
@@ -778,3 +782,11 @@ async def _run_tool(tool: Tool, ctx: Context[RunState], intent: ToolIntended) ->
         if group.subgroup(asyncio.CancelledError) is not None and task and task.cancelling():
             raise
         return f"{tool.name} failed: {error_text(group)}", True
+
+
+def _cancelled(msg: Cancel, *, also: str = "") -> RunFailed:
+    """How a run ends on ``msg``: class ``cancelled``, by whom and why."""
+    reason = f": {msg.reason}" if msg.reason else ""
+    return RunFailed(
+        error_class="cancelled", message=f"cancelled by {author(msg)[0]}{reason}{also}", by=msg.by
+    )
