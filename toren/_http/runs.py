@@ -240,10 +240,13 @@ async def _run(app: web.Application, rid: str) -> Run:
     r = receipt(state)
     client = app[CLIENT]
     waiting = await _pending(client.pool, rid, state.agent, waiting_on(state))
-    for below, agent, _ in await waiting_below(client, rid):
+    # A run with no child running has nothing below it that waits (its row's list of children
+    # is the same list, written with its last event): no query.
+    below = await waiting_below(client, rid) if state.children_running else []
+    for below_rid, agent, _ in below:
         # A call a child run waits on is decided from here too (it goes to the child).
-        child, _ = await _state(app, below)
-        waiting.extend(await _pending(client.pool, below, agent, waiting_on(child)))
+        child, _ = await _state(app, below_rid)
+        waiting.extend(await _pending(client.pool, below_rid, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
     return Run(
         id=rid,
