@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import secrets
 import socket
 import subprocess
@@ -36,6 +37,7 @@ from tests.conftest import ROOT, person, running_worker, wait_for
 from tests.test_api import refund_agent
 from toren import Client
 from toren._http import ServerOptions
+from toren._logging import OWN_LOGGERS, configure
 from toren._mcp import serving_http
 from toren._migrate import available, migrate
 from toren._serve import serving
@@ -827,6 +829,41 @@ async def test_mcp_tool_errors_tell_the_client_why(client: Client, db_url: str) 
         result = await mcp.call_tool("start_run", {"agent": "support", "input": "hi"})
     assert result.is_error
     assert "forbidden: this token lacks the 'operate' scope" in result.content[0].text
+
+
+async def test_under_torens_own_log_handler_the_access_log_is_a_line_per_request_redacted(
+    client: Client, db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # toren serve configures its one handler: the lines are then written in batches, off the
+    # request's path, in the handler's own format.
+    token_id, token = await _token(client, "logged", ["read"])
+    run_id = await start_run(client, "support", "hello")
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    levels = {name: logging.getLogger(name).level for name in OWN_LOGGERS}
+    try:
+        configure()
+        async with api(db_url) as base, bearer(token) as http:
+            async with http.get(f"{base}/runs/{_uuid(run_id)}") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/nothing/123456:{'A' * 20}") as r:
+                assert r.status == 404
+    finally:
+        root.handlers[:], root.level = handlers, level
+        for name, old in levels.items():
+            logging.getLogger(name).setLevel(old)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if " toren.http.access: " in line]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO toren\.http\.access: "
+    assert len(lines) == 2, err
+    assert re.fullmatch(
+        stamp + f"GET /runs/{_uuid(run_id)} 200 127\\.0\\.0\\.1 token:{token_id} " + r"\d+\.\dms",
+        lines[0],
+    ), lines
+    assert re.fullmatch(
+        stamp + r"GET /nothing/<bot token> 404 127\.0\.0\.1 \S+ \d+\.\dms", lines[1]
+    )
+    assert "AAAAAAAAAA" not in err
 
 
 async def test_a_console_sign_in_is_logged_and_counted_as_the_redirect_it_is(

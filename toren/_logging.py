@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import sys
 import time
 
 _BOT_TOKEN = re.compile(r"\d{3,}:[A-Za-z0-9_-]{10,}")
+_DATE = "%Y-%m-%dT%H:%M:%S"
 _SECRET_TOKEN = re.compile(r"""(secret_token['"]?\s*[:=]\s*['"]?)[A-Za-z0-9_-]+""")
 
 
@@ -23,6 +25,26 @@ class _Redacting(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return redact(super().format(record))
+
+
+class TorenHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Toren's handler (:func:`configure`): a stream handler that also takes lines formatted
+    elsewhere in the same shape (the access log's, written in batches)."""
+
+    def write(self, text: str) -> None:
+        """Write ``text`` (whole lines, already formatted and redacted) as :meth:`emit` would."""
+        with self.lock or contextlib.nullcontext():
+            try:
+                self.stream.write(text)
+                self.flush()
+            except Exception:  # as emit does: a log that cannot be written stops nothing
+                self.handleError(logging.makeLogRecord({"msg": "access log lines"}))
+
+
+def line_prefix(at: float) -> str:
+    """What :func:`configure`'s format puts before a record's level, for a record made at
+    ``at`` (seconds since the epoch): ``2026-12-03T19:47:47.123Z ``."""
+    return f"{time.strftime(_DATE, time.gmtime(at))}.{int((at - int(at)) * 1000):03d}Z "
 
 
 # Toren's own loggers: its package, and the names its worker packages log under when imported
@@ -49,9 +71,9 @@ def configure(level: str | None = None) -> None:
     if level is not None and level.upper() not in LEVELS:
         raise ValueError(f"unknown log level {level!r}: use one of {', '.join(LEVELS)}")
     _chosen = level.upper() if level else None
-    handler = logging.StreamHandler(sys.stderr)
+    handler = TorenHandler(sys.stderr)
     formatter = _Redacting("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s")
-    formatter.datefmt = "%Y-%m-%dT%H:%M:%S"
+    formatter.datefmt = _DATE
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)
     root = logging.getLogger()

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from toren._client import Client
 from toren._http import channels, console, metrics, readiness, runs
+from toren._http.access import AccessLog
 from toren._http.auth import TOKENS, authenticate
 from toren._http.common import (
     ACCESS,
@@ -41,7 +42,7 @@ from toren._http.openapi import document
 from toren._tokens import TokenCache
 
 log = logging.getLogger("toren.http")
-access_log = logging.getLogger("toren.http.access")
+ACCESS_LOG: web.AppKey[AccessLog] = web.AppKey("access_log", AccessLog)
 
 MAX_BODY = 256 * 1024
 
@@ -121,8 +122,8 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
 
 @web.middleware
 async def observed(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Metrics and the access log: method, path (never the query), status, client address,
-    principal and latency; never a token or a cookie."""
+    """Metrics and the access log (:mod:`toren._http.access`): method, path (never the query),
+    status, client address, principal and latency; never a token or a cookie."""
     started = time.perf_counter()
     status = 500
     try:
@@ -138,15 +139,13 @@ async def observed(request: web.Request, handler: Handler) -> web.StreamResponse
         name = route.canonical if route is not None else "unmatched"
         metrics.observe(request.app, request.method, name, status, seconds)
         caller = request.get(ACCESS)
-        who = f"{caller.principal.kind}:{caller.principal.id}" if caller else "-"
-        access_log.info(
-            "%s %s %s %s %s %.1fms",
+        request.app[ACCESS_LOG].add(
             request.method,
             request.rel_url.raw_path[:500],
             status,
             client_address(request),
-            who,
-            seconds * 1000,
+            f"{caller.principal.kind}:{caller.principal.id}" if caller else "-",
+            seconds,
         )
 
 
@@ -178,6 +177,8 @@ def create_app(
     app[OPTIONS] = options
     app[TOKENS] = TokenCache()
     app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
+    app[ACCESS_LOG] = AccessLog()
+    app.on_cleanup.append(_flush_access_log)
     app.on_response_prepare.append(_headers)
     metrics.install(app)
     readiness.install(app, worker)
@@ -186,6 +187,10 @@ def create_app(
     console.install(app)
     app.router.add_get("/openapi.json", _openapi)
     return app
+
+
+async def _flush_access_log(app: web.Application) -> None:
+    app[ACCESS_LOG].flush()
 
 
 async def _openapi(request: web.Request) -> web.Response:
