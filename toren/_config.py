@@ -138,7 +138,8 @@ class Settings:
         poll_seconds: Fallback poll for runnable actors when no notification arrives.
         grace_seconds: On SIGTERM, how long in-flight handling may take before it is cut.
         max_actors: How many actors one worker runs at once; it stops claiming at the cap.
-        pool_size: Connections in the worker's pool (plus one dedicated lock connection).
+        pool_size: Connections in the worker's pool (plus one dedicated lock connection), and
+            in an API server's (``toren serve``; ``toren up`` and ``toren dev`` have both).
         worker_name: Shown by ``toren workers``; defaults to the host name.
         deploy_label: Optional label added to the code version (for example a git sha).
         actor_restart_intensity: Restarts of one actor (failed starts, dead-lettered messages)

@@ -35,7 +35,10 @@ async def serving(
     Raises:
         ConfigError: the port cannot be bound.
     """
-    client = await Client.connect(url)
+    options = options or ServerOptions()
+    # At 50 requests in flight, 5 connections (a client's default) made requests queue for one:
+    # 10 answered about 15% more reads per second, at a p99 of 20 ms instead of 26 (bench api).
+    client = await Client.connect(url, pool_size=options.pool_size)
     runner = web.AppRunner(
         create_app(client, options, worker=worker), access_log=None, handle_signals=False
     )

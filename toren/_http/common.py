@@ -33,6 +33,7 @@ class ServerOptions:
     stream_idle_seconds: float = 300.0
     stream_recheck_seconds: float = 2.0
     failed_auth_per_minute: int = 20
+    pool_size: int = 10
 
     @classmethod
     def of(cls, settings: Settings) -> ServerOptions:
@@ -44,6 +45,7 @@ class ServerOptions:
             streams_per_token=settings.streams_per_token,
             stream_idle_seconds=settings.stream_idle_seconds,
             failed_auth_per_minute=settings.failed_auth_per_minute,
+            pool_size=settings.pool_size,
         )
 
 
