@@ -37,7 +37,7 @@ class TorenHandler(logging.StreamHandler):  # type: ignore[type-arg]
             try:
                 self.stream.write(text)
                 self.flush()
-            except Exception:  # as emit does: a log that cannot be written stops nothing
+            except (OSError, ValueError):  # a closed or broken stream: as emit, stop nothing
                 self.handleError(logging.makeLogRecord({"msg": "access log lines"}))
 
 

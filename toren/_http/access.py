@@ -70,7 +70,9 @@ class AccessLog:
         handler = _own_handler(self._log)
         if handler is None:
             for at, message in messages:
-                record = self._log.makeRecord(self._log.name, logging.INFO, "", 0, message, (), None)
+                record = self._log.makeRecord(
+                    self._log.name, logging.INFO, "", 0, message, (), None
+                )
                 record.created, record.msecs = at, (at % 1) * 1000
                 self._log.handle(record)
             return
