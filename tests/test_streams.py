@@ -513,27 +513,30 @@ async def _true(value: int) -> bool:
     return bool(value)
 
 
-async def test_steps_of_an_actor_that_keeps_no_summary_notify_no_one(
-    client: Client, db_url: str
-) -> None:
-    # A notification costs a global lock at commit: the kernel's own actors (and any that no
-    # stream follows) must not pay it on every step.
+async def test_only_the_steps_of_a_watched_actor_notify(client: Client, db_url: str) -> None:
+    # A notification takes a lock at commit that serializes every notifying commit (WAL flush
+    # included): only the steps of an actor someone follows may pay it.
     heard: list[str] = []
     listener = await connect(db_url, name="test-listener")
     try:
         await listener.add_listener("toren_journal", lambda *n: heard.append(str(n[3])))
         await client.spawn(app.Counter, "c/quiet")
-        for i in range(3):
-            await client.send("c/quiet", app.Add(n=1, tag=f"t{i}"))
-        async with running_worker(db_url):
+        await client.spawn(app.Counter, "c/watched")
+        async with client.watch_journal("c/watched") as watch:
+            await watch.arm()  # marks the row: its steps notify from now on
+            for i in range(3):
+                await client.send("c/quiet", app.Add(n=1, tag=f"q{i}"))
+                await client.send("c/watched", app.Add(n=1, tag=f"w{i}"))
+            async with running_worker(db_url):
 
-            async def journaled() -> bool:
-                return len(await client.journal("c/quiet")) == 3
+                async def journaled() -> bool:
+                    quiet = await client.journal("c/quiet")
+                    return len(quiet) == 3 and len(await client.journal("c/watched")) == 3
 
-            await wait_for(journaled, timeout=20, what="three steps")
+                await wait_for(journaled, timeout=20, what="three steps of each")
         # Notifications arrive in commit order: any the steps sent come before this one.
         await client.pool.execute("SELECT pg_notify('toren_journal', 'marker')")
-        await wait_for(lambda: _true(len(heard)), timeout=MARGIN, what="the marker")
+        await wait_for(lambda: _true("marker" in heard), timeout=MARGIN, what="the marker")
     finally:
         await listener.close()
-    assert heard == ["marker"]
+    assert heard == ["c/watched"] * 3 + ["marker"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
@@ -30,7 +31,15 @@ from toren._journal import JournalEntry, read_journal, rebuild
 _ASK_POLL = 0.5
 JOURNAL_CHANNEL = "toren_journal"
 """Notified, with the actor id as payload, in the transaction that appends to the journal of an
-actor that keeps a summary (runs), and whenever the kernel records a dead letter or a failure."""
+actor someone watches (:class:`JournalWatch`), and whenever the kernel records a dead letter or
+a failure."""
+WATCH_SECONDS = 60.0
+"""How long a watch set on an actor's row lasts; a follower renews it at half that."""
+_WATCH = """
+UPDATE toren.actors
+SET watched_until = greatest(watched_until, now() + make_interval(secs => $2))
+WHERE actor_id = $1
+"""
 
 log = logging.getLogger("toren.client")
 
@@ -72,12 +81,20 @@ class JournalWatch:
     client's listening connection drops (notifications sent while it is down are lost, so a
     follower should read again). Use it as: :meth:`arm`, read the journal, :meth:`wait`; an
     append committed after :meth:`arm` returned always wakes it while the connection holds.
+
+    Steps notify only for actors someone watches: :meth:`arm` marks the actor's row as watched
+    (``watched_until``, for :data:`WATCH_SECONDS`, renewed at half that) after the listener is
+    up and before the caller reads. A step locks that row as its fence and reads the mark from
+    the version it locked, so a step in flight while the mark is set either sees it (and
+    notifies) or holds the lock until it has committed (and the read that follows sees its
+    events): nothing falls between.
     """
 
     def __init__(self, client: Client, actor_id: str) -> None:
         self.actor_id = actor_id
         self._client = client
         self._event = anyio.Event()
+        self._renew_at = -math.inf
 
     @property
     def woken(self) -> bool:
@@ -97,6 +114,9 @@ class JournalWatch:
         if self._event.is_set():
             self._event = anyio.Event()
         await self._client._ensure_listener(journals=True)
+        if anyio.current_time() >= self._renew_at:
+            await self._client.pool.execute(_WATCH, self.actor_id, WATCH_SECONDS)
+            self._renew_at = anyio.current_time() + WATCH_SECONDS / 2
 
     async def wait(self) -> None:
         """Until woken (at once if woken since :meth:`arm`). Bound it with a cancel scope."""
@@ -283,12 +303,11 @@ class Client:
     async def watch_journal(self, actor_id: str) -> AsyncIterator[JournalWatch]:
         """A :class:`JournalWatch` on ``actor_id``'s journal while inside.
 
-        Appends are notified for actors that keep a summary (:meth:`Actor.summarize`; runs do)
-        and for the dead letters and failures the kernel records; other actors' steps notify
-        nothing (a notification takes a lock at commit that a busy actor nobody follows should
-        not pay for), so their watches wake only when the listening connection drops. A
-        follower should still read again now and then: a notification is lost if the
-        connection fails in a way the client does not see.
+        Appends are notified while the actor is watched (:meth:`JournalWatch.arm` marks it),
+        and so are the dead letters and failures the kernel records; the steps of actors
+        nobody watches notify nothing (a notification takes a lock at commit that serializes
+        every notifying commit in the database). A follower should still read again now and
+        then: a notification is lost if the connection fails in a way the client does not see.
         """
         watch = JournalWatch(self, actor_id)
         self._watches.setdefault(actor_id, set()).add(watch)

@@ -5,7 +5,7 @@ actor's row in the same statement, and the step commit takes a share lock on tha
 concurrent claim (which raises the epoch) either waits for the step or fences it out. A step is
 one statement, hence one transaction and one round trip: consume the message, append the events,
 spawn children, insert the outgoing messages and timers, store the reply, notify recipients (and
-followers of the journal, for actors that keep a summary), and claim the actor's next message.
+followers of the journal, if the actor has any), and claim the actor's next message.
 """
 
 from __future__ import annotations
@@ -139,7 +139,9 @@ async def claim_next(
 
 _COMMIT = """
 WITH fence AS (
-    SELECT actor_id FROM toren.actors
+    -- The row locked is its latest version: a watch set while this statement waited for the
+    -- lock is seen here (see toren._client.JournalWatch).
+    SELECT actor_id, watched_until FROM toren.actors
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
     FOR SHARE
 ), clash AS (
@@ -225,8 +227,10 @@ WITH fence AS (
     UNION ALL
     SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
     UNION ALL
-    -- Streams follow actors that keep a summary (runs); other actors' steps notify nothing.
-    SELECT pg_notify('toren_journal', $1) FROM summed
+    -- Only an actor someone follows is notified of: a commit that notifies is serialized
+    -- with every other one that does, WAL flush included.
+    SELECT pg_notify('toren_journal', $1) FROM fence
+    WHERE fence.watched_until > now() AND EXISTS (SELECT 1 FROM ev)
 ), next AS (
     SELECT * FROM claimed
     UNION ALL
