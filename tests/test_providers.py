@@ -6,12 +6,15 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import anyio
 import attrs
+import genai_prices
 import pytest
+from genai_prices import data_snapshot
 
 from toren import ConfigError
 from toren._estimate import estimate_tokens
@@ -35,7 +38,7 @@ from toren.providers import (
     provider_for,
 )
 from toren.providers._base import parse_retry_after, redact_text, redact_url
-from toren.providers.pricing import bedrock_model_refs
+from toren.providers.pricing import bedrock_model_refs, linear_rates
 from toren.testing import (
     AnthropicServer,
     BedrockServer,
@@ -558,6 +561,34 @@ def test_an_unknown_model_is_unpriced_not_free() -> None:
     assert price("openai", "llama3.2-local-finetune", usage) is None
     assert price("bedrock", "acme.unknown-model-v1:0", usage) is None
     assert price("nobody", "x", usage) is None
+
+
+def test_every_model_is_priced_as_the_library_prices_it_to_the_digit() -> None:
+    # price() computes a plain per-token price itself (the library's calculation costs about a
+    # hundred times as much); for every model the library knows, the two agree, value and
+    # digits (a receipt records the amount as text).
+    snapshot = data_snapshot.get_snapshot()
+    usages = [(0, 0), (1, 0), (0, 1), (1234, 56), (250_001, 64_000), (3_000_000, 7)]
+    ours = {"anthropic": "anthropic", "openai": "openai", "aws": "bedrock"}
+    linear = 0
+    for vendor in snapshot.providers:
+        if vendor.id not in ours:
+            continue
+        for model in vendor.models:
+            for i, o in usages:
+                try:
+                    expected = genai_prices.calc_price(
+                        genai_prices.Usage(input_tokens=i, output_tokens=o),
+                        model_ref=model.id,
+                        provider_id=vendor.id,
+                    ).total_price
+                except LookupError:  # an id the library does not find by itself
+                    break
+                got = price(ours[vendor.id], model.id, Usage(input_tokens=i, output_tokens=o))
+                assert (got, str(got)) == (expected, str(expected)), (vendor.id, model.id, i, o)
+            now = datetime.now(UTC)
+            linear += linear_rates(model.get_prices(now)) is not None
+    assert linear > 50  # most are priced without the library's calculation
 
 
 def test_bedrock_model_ids_are_priced_through_a_mapping() -> None:
