@@ -349,6 +349,23 @@ class RetryingProvider(abc.ABC):
                 the policy gives up.
             ConfigError: the provider is not configured (e.g. its API key is missing).
         """
+        request = wire_safe(request)
+        # The first attempt is made directly: most calls need no other, and the retry loop's
+        # machinery cost about 3% of a busy worker's time (bench agent). A retryable
+        # failure is handed to the loop as its first attempt's outcome, so the stops, waits and
+        # log lines are the loop's own.
+        try:
+            return await self._attempt(request, before_attempt)
+        except ProviderError as exc:
+            if not _should_retry(exc):
+                raise
+            first: list[ProviderError] = [exc]
+
+        async def attempt() -> ModelResponse:
+            if first:
+                raise first.pop()
+            return await self._attempt(request, before_attempt)
+
         retrying = AsyncRetrying(
             sleep=anyio.sleep,
             stop=stop_after_attempt(self.retry.attempts)
@@ -358,7 +375,7 @@ class RetryingProvider(abc.ABC):
             before_sleep=self._log_retry,
             reraise=True,
         )
-        response: ModelResponse = await retrying(self._attempt, wire_safe(request), before_attempt)
+        response: ModelResponse = await retrying(attempt)
         return response
 
     async def _attempt(
