@@ -205,7 +205,13 @@ class OpenAIProvider(RetryingProvider):
             base_url = self._env.get("OPENAI_BASE_URL")  # None: the SDK's own default
             if base_url:
                 logger.debug("openai base URL: %s", redact_url(base_url))
-            self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, max_retries=0)
+            self._client = openai.AsyncOpenAI(
+                api_key=api_key,
+                base_url=base_url,
+                max_retries=0,
+                # As for Anthropic: the SDK's aiohttp transport (see anthropic.py).
+                http_client=openai.DefaultAioHttpClient(),
+            )
         return self._client
 
     async def _send(self, request: ModelRequest) -> ModelResponse:
