@@ -220,6 +220,13 @@ async def test_the_proxy_counts_what_the_client_asks(counters: Client, db_url: s
             deleted = await rows_written(client.pool, mark)
         finally:
             await conn.close()
+        # A client that asks for TLS first is told no by the server, through the proxy.
+        tls_first = await asyncpg.connect(proxy.url.replace("sslmode=disable", "sslmode=prefer"))
+        try:
+            assert await tls_first.fetchval("SELECT 2") == 2
+            assert proxy.encryption_requests == 1
+        finally:
+            await tls_first.close()
     assert (simple.statement_count, simple.round_trips, simple.commits) == (2, 1, 1)
     assert (extended.statement_count, extended.round_trips, extended.parses) == (3, 4, 1)
     assert (extended.commits, extended.rollbacks) == (1, 0)

@@ -217,6 +217,7 @@ class WireCounter:
         self.url = ""  # set once listening
         self._open: list[tuple[Seen, frozenset[str]]] = []
         self.connections = 0
+        self.encryption_requests = 0  # SSLRequest and GSSENCRequest messages relayed
 
     @contextlib.contextmanager
     def window(self, *, ignore: Iterable[str] = ()) -> Iterator[Seen]:
@@ -277,6 +278,7 @@ class WireCounter:
             body = await _read_exactly(client, length - 8)
             await server.send(head + body)
             if code in (_SSL_REQUEST, _GSSENC_REQUEST):
+                self.encryption_requests += 1
                 answer = await _read_exactly(server, 1)
                 if answer != b"N":
                     what = "TLS" if code == _SSL_REQUEST else "GSS encryption"
