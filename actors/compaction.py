@@ -100,6 +100,22 @@ SUMMARISER = (
 Build = Callable[[Agent, Iterable[Message]], ModelRequest]
 
 
+@attrs.define
+class LastSent:
+    """The estimated tokens of the request the run's last call sent, as the code builds it now,
+    kept by the run's actor between its steps: building and measuring that request again before
+    every call cost what the conversation has grown to. It holds for the call whose digest it
+    names, built for the same agent and build inputs (the very objects)."""
+
+    digest: str | None = None
+    agent: Agent | None = None
+    inputs: object = None
+    tokens: int = 0
+
+    def holds(self, digest: str, agent: Agent, inputs: object) -> bool:
+        return self.digest == digest and self.agent is agent and self.inputs is inputs
+
+
 @attrs.frozen(kw_only=True)
 class Hooks:
     """What compaction borrows from the run actor: how it builds a request (the code's, so that a
@@ -109,6 +125,10 @@ class Hooks:
     provider: Callable[[str], Awaitable[ModelProvider]]
     price: Callable[[str, str, ModelResponse], Decimal | None]
     failed_attempt: Callable[[Context[RunState], Agent, ProviderError], None]
+    last_sent: LastSent = attrs.field(factory=LastSent)
+    # What the build depends on besides the agent and the messages (the run's callees): the
+    # estimate of the last request is kept only while it is the same.
+    build_inputs: object = None
 
 
 @attrs.frozen
@@ -222,21 +242,28 @@ class Projection:
     ratio: float  # the provider's count of the last request over its estimate
 
 
-def project(state: RunState, agent: Agent, build: Build) -> Projection:
+def project(state: RunState, agent: Agent, hooks: Hooks) -> Projection:
     """The projected input tokens of the next request: the last call's reported input and
     output tokens, and the estimate of what was added since, calibrated by the last call."""
+    build = hooks.build
     view = _current(state).all(state.messages)
     if not state.calls:
         return Projection(estimate_tokens(build(agent, view)), 1.0)
     last = state.calls[-1]
     usage = last.response.usage
-    then = _in_effect(state, len(state.calls) - 1)
-    sent = (
-        [*then.prefix, *state.messages[then.base : last.messages_len]]
-        if then is not None
-        else state.messages[: last.messages_len]
-    )
-    estimated = estimate_tokens(build(agent, sent))
+    memo = hooks.last_sent
+    if memo.holds(last.digest, agent, hooks.build_inputs):
+        estimated = memo.tokens
+    else:
+        then = _in_effect(state, len(state.calls) - 1)
+        sent = (
+            [*then.prefix, *state.messages[then.base : last.messages_len]]
+            if then is not None
+            else state.messages[: last.messages_len]
+        )
+        estimated = estimate_tokens(build(agent, sent))
+        memo.digest, memo.agent, memo.inputs = last.digest, agent, hooks.build_inputs
+        memo.tokens = estimated
     if usage.input_tokens <= 0 or estimated <= 0:  # no usage reported: the estimate alone
         return Projection(estimate_tokens(build(agent, view)), 1.0)
     # Usage is the provider's word, believed within a factor of MAX_RATIO of the estimate: a
@@ -473,7 +500,7 @@ async def compact_if_needed(ctx: Context[RunState], agent: Agent, hooks: Hooks) 
     window = window_of(agent)
     if window is None:
         return False
-    projection = project(state, agent, hooks.build)
+    projection = project(state, agent, hooks)
     if projection.tokens <= agent.compact_soft * window:
         return False
     latest = state.compactions[-1] if state.compactions else None
@@ -498,7 +525,7 @@ async def after_refusal(
         )
         return
     window = window_of(agent)
-    projection = project(state, agent, hooks.build)
+    projection = project(state, agent, hooks)
     log.warning(
         "%s: the provider refused the request as over the window; compacting: %s",
         ctx.actor_id,

@@ -167,6 +167,7 @@ class RunActor(Actor[RunState]):
         # The journal's seq once this activation checked its recorded calls against the code.
         # A step that did the check and then failed leaves the journal below it: checked again.
         self._verified_seq: int | None = None
+        self._last_sent = compaction.LastSent()
 
     def initial_state(self) -> RunState:
         return RunState()
@@ -574,6 +575,8 @@ class RunActor(Actor[RunState]):
             provider=_provider,
             price=_price,
             failed_attempt=self._failed_attempt,
+            last_sent=self._last_sent,
+            build_inputs=callees,
         )
 
     def _failed_attempt(self, ctx: Context[RunState], agent: Agent, exc: ProviderError) -> None:
