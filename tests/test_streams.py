@@ -27,7 +27,7 @@ from toren._db import connect
 from toren._http import ServerOptions
 from toren._http.streams import Page
 from toren._leases import mark_failed
-from toren._mailbox import claim_next, dead_letter
+from toren._mailbox import claim_next, commit_step, dead_letter
 from toren._serve import serving
 from toren._tokens import authenticate, close_session, create_token, open_session, revoke_token
 from toren.actors.run import RunActor
@@ -540,3 +540,74 @@ async def test_only_the_steps_of_a_watched_actor_notify(client: Client, db_url: 
     finally:
         await listener.close()
     assert heard == ["c/watched"] * 3 + ["marker"]
+
+
+async def test_a_watch_on_an_actor_marked_for_long_enough_writes_nothing(client: Client) -> None:
+    # Every stream opened on a run arms a watch, and a caller may open and close streams in a
+    # loop (a read token may): a row already marked for most of a watch's time is not written
+    # again (a write locks the run's row: a claim skips it, a step's fence waits for it).
+    await client.spawn(app.Counter, "c/followed")
+    mark = "SELECT xmin::text AS version, watched_until FROM toren.actors WHERE actor_id = $1"
+    async with client.watch_journal("c/followed") as first:
+        await first.arm()
+        marked = await client.pool.fetchrow(mark, "c/followed")
+        assert marked["watched_until"] is not None
+        for _ in range(3):
+            async with client.watch_journal("c/followed") as another:
+                await another.arm()
+        assert await client.pool.fetchrow(mark, "c/followed") == marked
+    # A mark running out is renewed by the next watch to arm.
+    await client.pool.execute(
+        "UPDATE toren.actors SET watched_until = now() + interval '20 seconds' WHERE actor_id = $1",
+        "c/followed",
+    )
+    async with client.watch_journal("c/followed") as late:
+        await late.arm()
+    left = await client.pool.fetchval(
+        "SELECT extract(epoch FROM watched_until - now()) FROM toren.actors WHERE actor_id = $1",
+        "c/followed",
+    )
+    assert left > 50, left
+
+
+async def test_a_watch_committed_while_a_step_waits_for_its_fence_is_seen_by_that_step(
+    client: Client, db_url: str
+) -> None:
+    # The step's statement began before the watch committed, so its snapshot holds the row
+    # unmarked: it notifies only because its fence reads the version it locks, the watched one.
+    path = await _run(client)
+    run_id, owner, epoch = await _owned(client, path)
+    envelope = await claim_next(client.pool, run_id, owner, epoch)
+    assert envelope is not None
+    heard: list[str] = []
+    listener = await connect(db_url, name="test-listener")
+    watcher = await connect(db_url, name="test-watcher")
+    try:
+        await listener.add_listener("toren_journal", lambda *n: heard.append(str(n[3])))
+        watching = watcher.transaction()
+        await watching.start()
+        await watcher.execute(
+            "UPDATE toren.actors SET watched_until = now() + interval '60 seconds' "
+            "WHERE actor_id = $1",
+            run_id,
+        )
+        ctx = Context(RunActor(run_id, {}), RunState(), 0, epoch, envelope)
+        ctx.events.append((1, "test.1", '{"n": 1}', None))
+
+        async def step_waits() -> bool:
+            waiting = await client.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%WITH fence AS%' AND pid <> pg_backend_pid()"
+            )
+            return bool(waiting)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(commit_step, client.pool, owner, envelope, ctx)
+            await wait_for(step_waits, timeout=MARGIN, what="the step waiting for its fence")
+            await watching.commit()
+        await client.pool.execute("SELECT pg_notify('toren_journal', 'marker')")
+        await wait_for(lambda: _true("marker" in heard), timeout=MARGIN, what="the marker")
+    finally:
+        await watcher.close()
+        await listener.close()
+    assert heard == [run_id, "marker"]

@@ -35,10 +35,15 @@ actor someone watches (:class:`JournalWatch`), and whenever the kernel records a
 a failure."""
 WATCH_SECONDS = 60.0
 """How long a watch set on an actor's row lasts; a follower renews it at half that."""
+# A row marked for three quarters of that or more is not written again: every stream opened on
+# a run (a read token may open them in a loop) would otherwise write the run's row, whose lock
+# a claim skips and a step's fence waits for. Such a mark still outlasts the follower's own
+# next renewal (at half, plus at most a stream's safety re-read).
 _WATCH = """
 UPDATE toren.actors
-SET watched_until = greatest(watched_until, now() + make_interval(secs => $2))
+SET watched_until = now() + make_interval(secs => $2)
 WHERE actor_id = $1
+  AND (watched_until IS NULL OR watched_until < now() + make_interval(secs => $2 * 3 / 4))
 """
 
 log = logging.getLogger("toren.client")
@@ -87,7 +92,9 @@ class JournalWatch:
     up and before the caller reads. A step locks that row as its fence and reads the mark from
     the version it locked, so a step in flight while the mark is set either sees it (and
     notifies) or holds the lock until it has committed (and the read that follows sees its
-    events): nothing falls between.
+    events): nothing falls between. A row already marked for most of that time is left as it
+    is (no write, no lock): a step that locked it before that mark was set had committed before
+    the mark was, and any later one sees it.
     """
 
     def __init__(self, client: Client, actor_id: str) -> None:
