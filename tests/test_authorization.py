@@ -866,6 +866,37 @@ async def test_under_torens_own_log_handler_the_access_log_is_a_line_per_request
     assert "AAAAAAAAAA" not in err
 
 
+async def test_an_embedding_apps_logging_gets_a_record_per_request_with_its_fields_as_before(
+    client: Client, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An application that embeds the API with logging of its own gets each line as the record
+    # a request logged before lines were batched: a format and the fields as its arguments,
+    # which a filter may read (here, one that leaves health checks out).
+    class NoHealthChecks(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return record.args is None or record.args[1] != "/healthz"
+
+    caplog.set_level(logging.INFO, logger="toren.http.access")
+    access = logging.getLogger("toren.http.access")
+    quiet = NoHealthChecks()
+    access.addFilter(quiet)
+    try:
+        async with api(db_url) as base, aiohttp.ClientSession() as http:
+            async with http.get(f"{base}/healthz") as r:
+                assert r.status == 200
+            async with http.get(f"{base}/openapi.json") as r:
+                assert r.status == 401  # no token
+    finally:
+        access.removeFilter(quiet)
+    records = [r for r in caplog.records if r.name == "toren.http.access"]
+    assert [r.getMessage().rsplit(" ", 1)[0] for r in records] == [
+        "GET /openapi.json 401 127.0.0.1 -"
+    ], caplog.text
+    assert records[0].msg == "%s %s %s %s %s %.1fms"
+    assert records[0].args is not None
+    assert records[0].args[:5] == ("GET", "/openapi.json", 401, "127.0.0.1", "-")
+
+
 async def test_a_console_sign_in_is_logged_and_counted_as_the_redirect_it_is(
     client: Client, db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

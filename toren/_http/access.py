@@ -11,9 +11,10 @@ task), and when the application stops. Where it goes:
 - otherwise (an application that embeds the API with logging of its own, or pytest's capture)
   each line is handed to the logger as its own record, timed when its request ended.
 
-The logger's level decides as before: nothing is kept while it is not enabled for INFO. A
-stream that stops taking lines (a full pipe) holds at most :data:`MOST` of them; more are
-counted and said to be dropped in the next write.
+The logger's level decides as before: nothing is kept while it is not enabled for INFO. The
+write is made on the event loop, as every log line's is: a stream that blocks holds the server
+up as it did, and a write that fails loses its lines (reported by ``logging``'s handleError). At
+most :data:`MOST` lines wait for a write; more are counted and said to be dropped in the next.
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from toren._logging import TorenHandler, line_prefix, redact
 
 FLUSH_SECONDS = 0.1
 MOST = 20_000
+# A line's format, with method, path, status, client address, principal and milliseconds as
+# its arguments: a record made of it is the one a request logged before lines were batched (an
+# application's filter or formatter may read its arguments).
+LINE = "%s %s %s %s %s %.1fms"
+DROPPED = "%d access log lines dropped (stream stalled)"
 
 logger = logging.getLogger("toren.http.access")
 
-_Fields = tuple[str, str, int, str, str, float]
+_Fields = tuple[str, str, int, str, str, float]  # as LINE's arguments
 
 
 class AccessLog:
@@ -37,7 +43,7 @@ class AccessLog:
 
     def __init__(self, log: logging.Logger = logger) -> None:
         self._log = log
-        self._pending: list[tuple[float, *_Fields]] = []
+        self._pending: list[tuple[float, _Fields]] = []
         self._dropped = 0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -51,7 +57,7 @@ class AccessLog:
         if len(self._pending) >= MOST:
             self._dropped += 1
             return
-        self._pending.append((time.time(), method, path, status, address, who, seconds))
+        self._pending.append((time.time(), (method, path, status, address, who, seconds * 1000)))
         if self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_SECONDS, self.flush)
 
@@ -64,24 +70,24 @@ class AccessLog:
         dropped, self._dropped = self._dropped, 0
         if not lines and not dropped:
             return
-        messages = [(line[0], _message(*line[1:])) for line in lines]
+        messages: list[tuple[float, str, tuple[object, ...]]] = [
+            (at, LINE, fields) for at, fields in lines
+        ]
         if dropped:
-            messages.append((time.time(), f"{dropped} access log lines dropped (stream stalled)"))
+            messages.append((time.time(), DROPPED, (dropped,)))
         handler = _own_handler(self._log)
         if handler is None:
-            for at, message in messages:
+            for at, msg, args in messages:
                 record = self._log.makeRecord(
-                    self._log.name, logging.INFO, "", 0, message, (), None
+                    self._log.name, logging.INFO, __file__, 0, msg, args, None
                 )
                 record.created, record.msecs = at, (at % 1) * 1000
                 self._log.handle(record)
             return
-        text = "".join(f"{line_prefix(at)}INFO {self._log.name}: {m}\n" for at, m in messages)
+        text = "".join(
+            f"{line_prefix(at)}INFO {self._log.name}: {msg % args}\n" for at, msg, args in messages
+        )
         handler.write(redact(text))
-
-
-def _message(method: str, path: str, status: int, address: str, who: str, seconds: float) -> str:
-    return f"{method} {path} {status} {address} {who} {seconds * 1000:.1f}ms"
 
 
 def _own_handler(log: logging.Logger) -> TorenHandler | None:
