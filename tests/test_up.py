@@ -3,6 +3,7 @@ secrets read from files (``X_FILE``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -25,6 +26,7 @@ from toren._secrets import read_secret_files
 from toren._serve import serving
 from toren._tokens import create_token
 from toren.demo import DEMO_INPUT, demo_model
+from toren.runs import start_run
 from toren.testing import AnthropicServer, ScriptedModel
 
 pytestmark = pytest.mark.anyio
@@ -196,6 +198,61 @@ async def test_a_host_that_reads_as_markup_is_said_to_be_one_it_cannot_listen_on
     assert "listening on [/x]: anyone who can reach it" in done.stderr
     assert "error: cannot listen on [/x]" in done.stderr
     assert done.returncode == 2
+
+
+# --- toren serve ---------------------------------------------------------------------------------
+
+
+async def test_serve_stops_on_sigterm_telling_its_streams_and_writing_its_last_access_lines(
+    db_url: str, tmp_path: Path
+) -> None:
+    # A container or a service manager stops toren serve with SIGTERM. An open event stream is
+    # told why it ends, and its access line, kept until the server stops (a line is written a
+    # tenth of a second after its request ends, or when the server stops), is written.
+    async with await Client.connect(db_url, pool_size=2) as c:
+        run_id = await start_run(c, "support", "hello")
+        token_id, token = await create_token(c.pool, "serve-test", scopes=("read",))
+    port = free_port()
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toren", "serve"],
+            env=clean_env(TOREN_DATABASE_URL=db_url, TOREN_PORT=str(port)),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    events = f"/runs/{run_id.removeprefix('run/')}/events"
+    received = ""
+    try:
+
+        async def answering() -> bool:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                return (await get_json(f"{base}/healthz"))[0] == 200
+            except aiohttp.ClientConnectionError:
+                return False
+
+        await wait_for(answering, timeout=60, what="toren serve to answer")
+        headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+        async with aiohttp.ClientSession(headers=headers) as http, http.get(base + events) as r:
+            assert r.status == 200, await r.text()  # the stream is open
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(30), contextlib.suppress(aiohttp.ClientPayloadError):
+                async for line in r.content:  # until the server ends the stream
+                    received += line.decode()
+        code = await anyio.to_thread.run_sync(proc.wait, 30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    text = log_path.read_text()
+    assert code == 0, text
+    assert "event: toren.closed" in received, received
+    assert 'data: {"reason":"stopping"}' in received, received
+    assert f"GET {events} 200 127.0.0.1 token:{token_id} " in text, text
+    assert "Traceback" not in text
 
 
 # --- /readyz -------------------------------------------------------------------------------------

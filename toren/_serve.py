@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -65,5 +66,14 @@ async def serving(
 async def serve_forever(
     url: str, *, host: str, port: int, options: ServerOptions | None = None
 ) -> None:
+    """Serve until SIGTERM or SIGINT, then stop as :func:`serving` does: open event streams are
+    told the server is stopping, requests in hand are answered, and the access log's last lines
+    (kept a tenth of a second before they are written) are written. A second signal while it
+    stops gets Python's own handling again (SIGTERM ends the process at once)."""
     async with serving(url, host=host, port=port, options=options):
-        await anyio.sleep_forever()
+        # SIGTERM is how a container or a service manager stops a process: its default action
+        # ends the process on the spot, with nothing of the above.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("%s: stopping", signal.Signals(signum).name)
+                break
