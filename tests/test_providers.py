@@ -434,6 +434,74 @@ async def test_a_held_request_finishes_on_release(kind: str) -> None:
     assert [a.content for a in answers] == [(Text(text="first"),), (Text(text="second"),)]
 
 
+@contextlib.asynccontextmanager
+async def raw_server(answer: bytes) -> AsyncIterator[int]:
+    """A TCP server on a free port that answers every connection with ``answer`` (not
+    necessarily HTTP) and closes it; yields the port."""
+
+    async def serve(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += await stream.receive()
+                await stream.send(answer)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        yield listener.extra(anyio.abc.SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+def at_port(kind: str, port: int) -> dict[str, str]:
+    if kind == "anthropic":
+        return {"ANTHROPIC_API_KEY": "k", "ANTHROPIC_BASE_URL": f"http://127.0.0.1:{port}"}
+    return {"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1"}
+
+
+ONCE = RetryPolicy(attempts=1)
+
+
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_a_refused_connection_is_a_connection_error_not_a_timeout(kind: str) -> None:
+    # A wrong base URL is refused at once: saying "timed out" sends the operator the wrong way.
+    async with raw_server(b"") as port:
+        pass  # closed: nothing listens on the port any more
+    async with provider_for(f"{kind}/{MODELS[kind]}", env=at_port(kind, port), retry=ONCE) as p:
+        with pytest.raises(ProviderError) as caught:
+            await p.call(ask(kind))
+    error = caught.value
+    assert (error.status, error.retryable, error.answered) == (None, True, False)
+    assert "Connection error" in error.message, error.message
+    assert "timed out" not in error.message
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 2x0 WHAT\r\n\r\n",  # a status line that is not one
+        b"SSH-2.0-OpenSSH_9.2\r\n",  # not HTTP at all
+    ],
+)
+@pytest.mark.parametrize("kind", ["anthropic", "openai"])
+async def test_an_answer_that_is_not_http_is_a_connection_error_retried(
+    kind: str, answer: bytes
+) -> None:
+    # What a gateway restarting or a wrong port answers: no model answered, so the call is
+    # tried again, as it was with httpx (never taken for a paid answer that cannot be read).
+    policy = RetryPolicy(attempts=2, base=0.001, cap=0.01)
+    async with (
+        raw_server(answer) as port,
+        provider_for(f"{kind}/{MODELS[kind]}", env=at_port(kind, port), retry=policy) as provider,
+    ):
+        with pytest.raises(ProviderError) as caught:
+            await provider.call(ask(kind))
+    error = caught.value
+    assert (error.status, error.retryable, error.answered) == (None, True, False), error.message
+    assert "Connection error" in error.message, error.message
+
+
 # -- configuration -------------------------------------------------------------------------------
 
 

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp
 import openai
 from openai.types.chat import (
     ChatCompletion,
@@ -35,6 +36,7 @@ from toren.providers._base import (
     ProviderError,
     RetryingProvider,
     RetryPolicy,
+    _first_line,
     parse_retry_after,
     redact_url,
     require_env,
@@ -240,6 +242,18 @@ class OpenAIProvider(RetryingProvider):
                 retry_after=parse_retry_after(exc.response.headers),
                 too_large=too_large(exc, message),
             )
+        failed = _connection_failure(exc)
+        if failed is not None:
+            # The SDK's aiohttp transport reports a connection that failed (refused, closed
+            # without an answer) as a connect timeout, and leaves an answer it cannot parse (a
+            # status line that is none, a server that does not speak HTTP) unwrapped: no model
+            # answered either way, a connection error to retry, as it was over httpx.
+            return ProviderError(
+                provider=self.name,
+                status=None,
+                message=f"Connection error. ({_first_line(failed)})",
+                retryable=True,
+            )
         if isinstance(exc, openai.APITimeoutError):
             return ProviderError(
                 provider=self.name, status=None, message="request timed out", retryable=True
@@ -257,3 +271,16 @@ class OpenAIProvider(RetryingProvider):
         if self._client is not None:
             await self._client.close()
             self._client = None
+
+
+def _connection_failure(exc: BaseException) -> aiohttp.ClientError | None:
+    """The aiohttp error behind ``exc`` (itself, or in its chain of causes) if it is a
+    connection's failure and not a timeout; ``None`` otherwise."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the SDK's error, httpx's, aiohttp's: a chain this short
+        if seen is None:
+            break
+        if isinstance(seen, aiohttp.ClientError) and not isinstance(seen, TimeoutError):
+            return seen
+        seen = seen.__cause__
+    return None
