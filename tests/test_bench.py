@@ -107,3 +107,29 @@ def test_the_smoke_suite_runs_every_section_and_writes_every_key(tmp_path: Path)
     assert results.keys() >= expected, sorted(expected - results.keys())
     assert results["sandbox_containers_left"] == 0
     assert 0 < results["sandbox_checkpoint_bytes_uploaded_max"] < 64 * 1024
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--key", "api_get_run_rsp", "--min", "3300"],  # a key no section is known to measure
+        ["--key", "api_get_run_rps", "--min", "3300", "--max", "1"],
+        ["--key", "api_get_run_rps", "--min", "3300", "--repeat", "0"],
+        ["--key", "api_get_run_rps", "--min", "many"],
+    ],
+)
+def test_bench_bisect_misused_stops_git_bisect_instead_of_judging_the_commit_bad(
+    args: list[str],
+) -> None:
+    # git bisect run takes any exit from 1 to 127 but 125 for "bad" and goes on; only 128 and
+    # above stop it. argparse exits 2 on a usage error.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench-bisect"), "--python", sys.executable, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 128, (done.returncode, done.stderr)
+    assert "error:" in done.stderr
