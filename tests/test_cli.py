@@ -21,6 +21,7 @@ import pytest
 from tests import app
 from tests.conftest import ROOT, WorkerFactory, running_worker, wait_for, worker_registered
 from toren import Client, __version__
+from toren._migrate import available
 
 pytestmark = pytest.mark.anyio
 
@@ -49,7 +50,7 @@ def toren(
 async def test_migrate_applies_once_then_reports_up_to_date(empty_db_url: str) -> None:
     first = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert first.returncode == 0, first.stderr
-    assert "applied 8 migration(s)" in first.stdout
+    assert f"applied {len(available())} migration(s)" in first.stdout
     second = await anyio.to_thread.run_sync(lambda: toren("migrate", db_url=empty_db_url))
     assert "schema is up to date" in second.stdout
 

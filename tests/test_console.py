@@ -238,7 +238,8 @@ async def test_a_childs_approval_is_decided_on_its_parents_page(
                 await child.locator("a").first.click()
                 await page.wait_for_selector("#transcript .entry.input >> text=Input from")
                 assert await page.inner_text("#run-agent") == "editor"
-                assert "a cross-agent call from" in await page.inner_text("#transcript")
+                # The transcript is drawn again as events arrive: wait for it, don't read it once.
+                await page.locator("#transcript >> text=a cross-agent call from").wait_for()
             finally:
                 await browser.close()
     assert (await read_run(client, run_id)).output == "desk: editor: published 'n'"
