@@ -25,8 +25,8 @@ from bench import app
 from bench._common import Bench
 from bench.fold import step_events
 from toren import Client, Context
-from toren._codec import encode
-from toren._journal import replay, save_snapshot
+from toren._core.codec import encode
+from toren._core.journal import replay, save_snapshot
 from toren.actors.run import RunActor, build_request, parameters, verify
 from toren.kernel import connect
 from toren.runs import GENESIS as DIGEST_GENESIS

@@ -20,7 +20,7 @@ from bench._common import Bench
 from bench.agent import Finishes
 from bench.model import BenchModel
 from toren import Client
-from toren._tokens import SCOPES, create_token
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import start_run
 
 CONNECTIONS = 50

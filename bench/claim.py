@@ -15,7 +15,7 @@ import uuid
 
 from bench._common import Bench
 from toren import Client, Settings
-from toren._leases import WorkerSession, claim
+from toren._core.leases import WorkerSession, claim
 from toren.kernel import connect
 from toren.runs import RUN_KIND
 

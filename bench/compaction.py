@@ -129,7 +129,7 @@ async def _one_run(b: Bench, client: Client, agent: str, steps: int, window: int
 
 
 async def run(b: Bench) -> None:
-    from toren._journal import replay as fold_journal
+    from toren._core.journal import replay as fold_journal
     from toren.actors.run import RunActor, verify
     from toren.runs import RunState, fold, receipt
 

@@ -5,7 +5,7 @@ call, the tool's intent and its result. The fold must be linear in the journal's
 sequences and maps are persistent, its receipt totals kept as it goes): 16 times the steps should
 take about 16 times as long. The best of several passes is kept for each size, so that a busy
 machine's pauses do not pass for the fold's cost. The fold runs with Python's cycle collector
-paused, as a replay folds (``toren._collector``); the ratio with it running is reported beside.
+paused, as a replay folds (``toren._core.collector``); the ratio with it running is reported beside.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench._common import Bench
-from toren._collector import paused as collector_paused
+from toren._core.collector import paused as collector_paused
 from toren.runs import (
     ModelCalled,
     ModelResponse,
@@ -69,7 +69,7 @@ def journal(steps: int) -> Iterator[Any]:
 
 def best_fold_seconds(steps: int, passes: int, *, collector: bool = False) -> float:
     """The best time to fold a ``steps``-step journal: with the cycle collector paused, as
-    :func:`toren._journal.replay` folds, or (``collector``) with it running."""
+    :func:`toren._core.journal.replay` folds, or (``collector``) with it running."""
     events = list(journal(steps))
     best = float("inf")
     for _ in range(passes):

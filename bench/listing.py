@@ -17,8 +17,8 @@ import asyncpg
 
 from bench._common import Bench
 from toren import Client
-from toren._serve import serving
-from toren._tokens import create_token
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import create_token
 from toren.runs import RUN_KIND
 
 REQUESTS = 50

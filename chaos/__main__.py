@@ -89,7 +89,7 @@ async def main(
     soak_runs: int,
     workdir: Path,
 ) -> bool:
-    from toren._db import EmbeddedPostgres
+    from toren._core.db import EmbeddedPostgres
 
     server = EmbeddedPostgres(workdir / "pg")
     ok = True

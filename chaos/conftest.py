@@ -31,7 +31,7 @@ from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from chaos.telegram import TelegramExpected
-from toren._db import EmbeddedPostgres
+from toren._core.db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
 # The titles under which the matrices' cells are recorded (the rest are mutations' cells).

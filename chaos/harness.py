@@ -95,9 +95,9 @@ from chaos.sandbox import (
 from chaos.sandbox import worker_env as sandbox_env
 from chaos.servers import EffectServer, case, child_input, position, script
 from toren import Client, TorenError
-from toren._db import with_database
-from toren._migrate import migrate
-from toren._principal import Principal
+from toren._agent.principal import Principal
+from toren._core.db import with_database
+from toren._core.migrate import migrate
 from toren.actors.sandbox.docker import Docker
 from toren.runs import ENDED, DecisionOutcome, decide, read_run, say, start_run, waiting_on
 from toren.sandbox import sandbox_address

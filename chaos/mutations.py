@@ -66,7 +66,7 @@ def _replace(text: str, old: str, new: str) -> str:
 
 
 def _no_fencing() -> None:
-    from toren import _mailbox
+    from toren._core import mailbox as _mailbox
 
     _mailbox._COMMIT = _replace(_mailbox._COMMIT, _FENCE, _NO_FENCE)
     _mailbox._CLAIM_NEXT = _replace(_mailbox._CLAIM_NEXT, _FENCE, _NO_FENCE)
@@ -88,7 +88,7 @@ def _effect_before_intent() -> None:
 
 
 def _consume_on_claim() -> None:
-    from toren import _mailbox
+    from toren._core import mailbox as _mailbox
 
     _mailbox._CLAIM_NEXT = _replace(
         _mailbox._CLAIM_NEXT,
@@ -145,8 +145,9 @@ def _unbound_decisions() -> None:
 def _child_end_after_commit() -> None:
     import orjson
 
-    from toren import _host, _mailbox
-    from toren._codec import decode, type_name
+    from toren._core import host as _host
+    from toren._core import mailbox as _mailbox
+    from toren._core.codec import decode, type_name
     from toren.actors import calls
     from toren.runs import ChildEnded
 

@@ -20,7 +20,7 @@ from chaos.oracle import Expected, judge, meant_for, observe
 from chaos.processes import Worker
 from chaos.servers import EffectServer
 from toren import Client
-from toren._principal import Principal
+from toren._agent.principal import Principal
 from toren.kernel import TRANSIENT_DB_ERRORS
 from toren.runs import ENDED, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer

@@ -70,7 +70,7 @@ from chaos.processes import Worker
 from chaos.sandbox import gave_up
 from chaos.servers import EffectServer, position
 from toren import Agent, Client
-from toren._codec import decode
+from toren._core.codec import decode
 from toren.channels import (
     CHANNEL_KIND,
     ChannelState,

@@ -24,7 +24,7 @@ from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from chaos.telegram import TelegramExpected
-from toren._db import EmbeddedPostgres
+from toren._core.db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,7 @@ import hashlib
 from typing import Any
 
 from toren import Agent, ToolContext, tool
-from toren._model import Text, ToolCall
+from toren._agent.model import Text, ToolCall
 from toren.actors.compaction import SUMMARISER
 from toren.testing import Reply
 

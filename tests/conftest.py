@@ -20,8 +20,8 @@ import asyncpg
 import pytest
 
 from toren import Client
-from toren._db import EmbeddedPostgres, with_database
-from toren._migrate import migrate
+from toren._core.db import EmbeddedPostgres, with_database
+from toren._core.migrate import migrate
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "toren_test_template"
@@ -198,7 +198,7 @@ async def wait_for(predicate, timeout: float = 20.0, interval: float = 0.05, wha
 
 def person(name: str) -> Any:
     """A principal for tests that decide or send as someone by name."""
-    from toren._principal import Principal
+    from toren._agent.principal import Principal
 
     return Principal(kind="os_user", id=f"test-{name}", name=name, via="test")
 

@@ -1,7 +1,8 @@
 """Mutations for the run fuzzer: each removes one of issue 11's fixes from this process, the way
 ``chaos/mutations.py`` removes a protection from a worker process, and restores it on exit.
 
-- ``nul-handling``: Toren's lossless JSON (:mod:`toren._json`) replaced by plain orjson wherever
+- ``nul-handling``: Toren's lossless JSON (:mod:`toren._core.json_text`) replaced by plain orjson
+wherever
   it is used (the ``jsonb`` codec, events, messages, digests, canonical arguments): NUL reaches
   Postgres as ``\\u0000`` and lone surrogates cannot be written at all. The codec is installed
   when a pool's connections open, so apply this before the worker and clients start.
@@ -56,30 +57,30 @@ def nul_handling() -> Iterator[None]:
     modules = {
         name: importlib.import_module(name)
         for name in (
-            "toren._db",
-            "toren._actor",
-            "toren._mailbox",
-            "toren._digest",
+            "toren._core.db",
+            "toren._core.actor",
+            "toren._core.mailbox",
+            "toren._agent.digest",
             "toren.runs.client",
             "toren.kernel",
             "toren.actors.bounds",
             "toren.runs.state",
-            "toren._snapshots",
+            "toren._core.snapshots",
         )
     }
     patches: list[tuple[object, str, Any]] = [
-        (modules["toren._db"], "dumps", _plain_dumps),
-        (modules["toren._db"], "loads", _plain_loads),
-        (modules["toren._actor"], "dumps", _plain_dumps),
-        (modules["toren._actor"], "loads", _plain_loads),
-        (modules["toren._mailbox"], "dumps", _plain_dumps),
-        (modules["toren._digest"], "dumps", _plain_dumps),
+        (modules["toren._core.db"], "dumps", _plain_dumps),
+        (modules["toren._core.db"], "loads", _plain_loads),
+        (modules["toren._core.actor"], "dumps", _plain_dumps),
+        (modules["toren._core.actor"], "loads", _plain_loads),
+        (modules["toren._core.mailbox"], "dumps", _plain_dumps),
+        (modules["toren._agent.digest"], "dumps", _plain_dumps),
         (modules["toren.runs.client"], "dumps", _plain_dumps),
         (modules["toren.kernel"], "json_text", _plain_dumps),
         (modules["toren.actors.bounds"], "json_text", _plain_dumps),
         (modules["toren.runs.state"], "dumps", _plain_dumps),  # canonical arguments
-        (modules["toren._snapshots"], "dumps", _plain_dumps),
-        (modules["toren._snapshots"], "loads", _plain_loads),
+        (modules["toren._core.snapshots"], "dumps", _plain_dumps),
+        (modules["toren._core.snapshots"], "loads", _plain_loads),
     ]
     with _patched(patches):
         yield
@@ -88,7 +89,7 @@ def nul_handling() -> Iterator[None]:
 @contextlib.contextmanager
 def python_arguments() -> Iterator[None]:
     """Record Python-mode arguments, and call tools and predicates with them as recorded."""
-    from toren._agents import Tool
+    from toren._agent.agents import Tool
 
     def validate(self: Tool, arguments: Mapping[str, Any] | None) -> dict[str, Any]:
         return self.arguments.model_validate(arguments or {}).model_dump()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from toren import Client
-from toren._model import ToolCall
+from toren._agent.model import ToolCall
 from toren.runs import ENDED, run_status
 from toren.testing import AnthropicServer, Reply
 

@@ -15,8 +15,8 @@ import pytest
 from tests import telegram_app
 from tests.conftest import person, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._model import ToolCall
+from toren._agent.app import load_app
+from toren._agent.model import ToolCall
 from toren.channels.client import pair
 from toren.testing import AnthropicServer, Reply
 from toren.testing.telegram_server import TelegramServer

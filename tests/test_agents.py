@@ -9,7 +9,7 @@ import pydantic
 import pytest
 
 from toren import Agent, ConfigError, ToolContext, tool
-from toren._agents import agents_in, check, parse_duration
+from toren._agent.agents import agents_in, check, parse_duration
 
 
 @tool(effects="external", idempotency="keyed", approval="never")

@@ -13,10 +13,10 @@ import pytest
 from tests import run_app
 from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._model import ToolCall
-from toren._serve import serving
-from toren._tokens import SCOPES, create_token, revoke_token
+from toren._agent.app import load_app
+from toren._agent.model import ToolCall
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, create_token, revoke_token
 from toren.runs import read_run, start_run
 from toren.testing import AnthropicServer, Fail, Reply
 

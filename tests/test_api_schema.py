@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, settings
 
 from tests.conftest import ROOT, TEMPLATE
 from toren import Client
-from toren._db import with_database
-from toren._http.openapi import document
-from toren._tokens import SCOPES, create_token
+from toren._core.db import with_database
+from toren._surfaces.http.openapi import document
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import start_run
 
 schema = schemathesis.openapi.from_dict(document())

@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import WorkerFactory, wait_for
 from tests.steps import model, settled
 from toren import Client
-from toren._model import ToolCall
+from toren._agent.model import ToolCall
 from toren.runs import read_run, start_run
 
 pytestmark = pytest.mark.anyio

@@ -32,16 +32,16 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from yarl import URL
 
-import toren._tokens
+import toren._surfaces.tokens
 from tests.conftest import ROOT, person, running_worker, wait_for
 from tests.test_api import refund_agent
 from toren import Client
-from toren._http import ServerOptions
-from toren._logging import OWN_LOGGERS, configure
-from toren._mcp import serving_http
-from toren._migrate import available, migrate
-from toren._serve import serving
-from toren._tokens import SCOPES, TokenNameTaken, create_token, revoke_token
+from toren._core.logs import OWN_LOGGERS, configure
+from toren._core.migrate import available, migrate
+from toren._surfaces.http import ServerOptions
+from toren._surfaces.mcp_server import serving_http
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, TokenNameTaken, create_token, revoke_token
 from toren.runs import cancel, decide, read_run, start_run
 
 pytestmark = pytest.mark.anyio
@@ -321,7 +321,7 @@ async def test_an_expired_token_is_refused(client: Client, db_url: str) -> None:
         async with http.get(f"{base}/runs") as r:
             problem = await _problem(r, 401)
         assert "expired" in problem["detail"]
-    assert await toren._tokens.authenticate(client.pool, token) is None
+    assert await toren._surfaces.tokens.authenticate(client.pool, token) is None
 
 
 # --- 4. who is recorded -------------------------------------------------------------------------
@@ -503,13 +503,13 @@ async def test_a_failed_token_is_checked_against_the_database_once(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     looked_up: list[str] = []
-    real = toren._tokens.authenticate
+    real = toren._surfaces.tokens.authenticate
 
     async def counting(pool: asyncpg.Pool, token: str, *, via: str = "http") -> Any:
         looked_up.append(token)
         return await real(pool, token, via=via)
 
-    monkeypatch.setattr(toren._tokens, "authenticate", counting)
+    monkeypatch.setattr(toren._surfaces.tokens, "authenticate", counting)
     _, good = await _token(client, "good", ["read"])
     wrong = good[:-4] + "nope"
     async with api(db_url) as base, bearer(wrong) as http:
@@ -806,7 +806,7 @@ async def test_migration_0003_keeps_old_tokens_working_and_makes_names_unique(
             assert (row["agents"], row["expires_at"]) == (None, None)
         for token_id in ("aaa111", "bbb222"):
             token = f"trn_{token_id}_{secrets_by_id[token_id]}"
-            access = await toren._tokens.authenticate(conn, token)  # type: ignore[arg-type]
+            access = await toren._surfaces.tokens.authenticate(conn, token)  # type: ignore[arg-type]
             assert access is not None
             assert access.scopes == frozenset(SCOPES)
         with pytest.raises(TokenNameTaken):
@@ -1222,7 +1222,7 @@ async def test_migration_0003_renames_until_free_and_repairs_empty_and_long_name
         }
         for token_id, _ in tokens:  # each still works
             token = f"trn_{token_id}_secret-{token_id}"
-            access = await toren._tokens.authenticate(conn, token)  # type: ignore[arg-type]
+            access = await toren._surfaces.tokens.authenticate(conn, token)  # type: ignore[arg-type]
             assert access is not None, token_id
             assert access.principal.name == names[token_id]
     finally:
@@ -1233,7 +1233,7 @@ async def test_an_expired_token_frees_its_name(client: Client, db_url: str) -> N
     old_id, old = await _token(client, "brief", ["read"], expires_in=1)
 
     async def refused() -> bool:
-        return await toren._tokens.authenticate(client.pool, old) is None
+        return await toren._surfaces.tokens.authenticate(client.pool, old) is None
 
     await wait_for(refused, timeout=15, what="the token to expire")
     new_id, new = await create_token(client.pool, "brief")
@@ -1243,7 +1243,7 @@ async def test_an_expired_token_frees_its_name(client: Client, db_url: str) -> N
     }
     assert rows[old_id]["revoked_at"] is not None  # the expired row gave its name up
     assert (rows[new_id]["name"], rows[new_id]["revoked_at"]) == ("brief", None)
-    assert await toren._tokens.authenticate(client.pool, new) is not None
+    assert await toren._surfaces.tokens.authenticate(client.pool, new) is not None
 
 
 async def test_a_token_that_may_not_read_gets_back_only_what_it_sent(

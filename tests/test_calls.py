@@ -14,8 +14,8 @@ import pytest
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import WorkerFactory, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._model import ToolCall, Usage
+from toren._agent.app import load_app
+from toren._agent.model import ToolCall, Usage
 from toren.runs import ENDED, cancel, read_run, receipt, run_status, start_run
 from toren.testing import AnthropicServer, Reply
 
@@ -225,7 +225,7 @@ def test_a_child_started_by_an_earlier_version_keeps_its_own_depth_limit() -> No
     from pathlib import Path
 
     from toren import Agent
-    from toren._codec import decode
+    from toren._core.codec import decode
     from toren.actors.calls import depth_refusal
     from toren.runs import RunState, fold
 
@@ -329,7 +329,7 @@ async def test_a_callee_served_by_another_worker_process(
         workers("tests.calls_remote")
 
         async def published() -> bool:
-            from toren._leases import published_cards
+            from toren._core.leases import published_cards
 
             return bool(await published_cards(client.pool, "remote_helper"))
 

@@ -29,15 +29,14 @@ from tests.test_sandbox_surfaces import (
     reaps,
 )
 from toren import Client
-from toren._codec import decode, encode
-from toren._http.openapi import document
-from toren._listing import list_runs
-from toren._mcp import serving_http
-from toren._migrate import migrate
-from toren._serve import serving
-from toren._snapshots import encode as encode_snapshot
-from toren._snapshots import write as write_snapshot
-from toren._tokens import SCOPES, create_token
+from toren._core.codec import decode, encode
+from toren._core.migrate import migrate
+from toren._core.snapshots import encode as encode_snapshot
+from toren._core.snapshots import write as write_snapshot
+from toren._surfaces.http.openapi import document
+from toren._surfaces.mcp_server import serving_http
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import (
     RUN_KIND,
     STATUSES,
@@ -53,6 +52,7 @@ from toren.runs import (
     summary,
 )
 from toren.runs.events import Status
+from toren.runs.listing import list_runs
 from toren.sandbox import sandbox_address
 
 pytestmark = pytest.mark.anyio

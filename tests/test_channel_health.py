@@ -22,8 +22,8 @@ from tests.test_api import api, session
 from tests.test_cli import toren
 from tests.test_console import _launch, _signed_in, chromium  # noqa: F401  (a fixture)
 from toren import Client
-from toren._app import load_app
-from toren._tokens import SCOPES, create_token
+from toren._agent.app import load_app
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio

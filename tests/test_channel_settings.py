@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from toren import Agent, ConfigError
-from toren._agent_config import configured, read_agent_tables
+from toren._agent.tables import configured, read_agent_tables
 from toren.actors.channel.runtime import configured_bots
 from toren.channels import Telegram
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from toren import Client
-from toren._snapshots import encode, read, write
+from toren._core.snapshots import encode, read, write
 from toren.channels import (
     SNAPSHOT_VERSION,
     ChannelFailing,

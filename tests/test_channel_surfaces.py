@@ -36,11 +36,11 @@ from tests.test_console import (  # noqa: F401  (chromium: a fixture)
     chromium,
 )
 from toren import Client
-from toren._app import load_app
-from toren._codec import decode
-from toren._http import ServerOptions
-from toren._serve import serving
-from toren._tokens import SCOPES, create_token
+from toren._agent.app import load_app
+from toren._core.codec import decode
+from toren._surfaces.http import ServerOptions
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.channels import CHANNEL_KIND, Inbound, channel_address, channel_route
 from toren.channels.client import ChannelError, pair
 from toren.runs import start_run
@@ -518,7 +518,7 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
 ) -> None:
     """End to end: the worker sets the webhook at the API's address; Telegram's posts there
     reach the channel, and a repeated post is handled once."""
-    from toren import _agents
+    from toren._agent import agents as _agents
 
     monkeypatch.setattr(_agents, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
@@ -577,7 +577,7 @@ async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles
     """``toren serve`` frozen right after it enqueued an update, before its 200, and killed:
     Telegram gets no answer and posts the update again to the next server; the channel handles
     it once."""
-    from toren import _agents
+    from toren._agent import agents as _agents
 
     monkeypatch.setattr(_agents, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)

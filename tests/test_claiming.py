@@ -12,7 +12,7 @@ import pytest
 from tests import app
 from tests.conftest import wait_for
 from toren import Client, Settings
-from toren._leases import WorkerSession, claim
+from toren._core.leases import WorkerSession, claim
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ import pytest
 from tests import app
 from tests.conftest import ROOT, WorkerFactory, running_worker, wait_for, worker_registered
 from toren import Client, __version__
-from toren._migrate import available
+from toren._core.migrate import available
 
 pytestmark = pytest.mark.anyio
 
@@ -237,7 +237,7 @@ def test_agents_check_lists_tools_and_flags_the_dangerous_one() -> None:
 async def test_run_approve_and_show_a_run_from_the_command_line(
     client: Client, db_url: str, workers: WorkerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toren._model import ToolCall
+    from toren._agent.model import ToolCall
     from toren.runs import read_run
     from toren.testing import AnthropicServer, Reply
 
@@ -336,7 +336,7 @@ async def test_show_refuses_a_page_bound_past_what_the_journal_counts(
 async def test_tokens_are_created_listed_and_revoked_from_the_command_line(
     client: Client, db_url: str
 ) -> None:
-    from toren._tokens import authenticate
+    from toren._surfaces.tokens import authenticate
 
     created = await anyio.to_thread.run_sync(lambda: toren("tokens", "create", "ci", db_url=db_url))
     assert created.returncode == 0, created.stderr
@@ -367,7 +367,7 @@ async def test_show_json_carries_the_timeline_a_page_at_a_time(
     the API's ``after`` does."""
     from datetime import datetime
 
-    from toren._app import load_app
+    from toren._agent.app import load_app
     from toren.actors.run import close_providers
     from toren.runs import read_run, start_run
     from toren.testing import AnthropicServer, Reply

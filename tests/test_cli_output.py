@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT, running_worker, wait_for
 from tests.test_cli import toren as run_toren
 from toren import Client
-from toren._logging import OWN_LOGGERS, configure, show_info_from
+from toren._core.logs import OWN_LOGGERS, configure, show_info_from
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +176,7 @@ def test_an_error_inside_the_app_module_names_its_real_cause(
             assert text in result.stderr, result.stderr
         assert "Traceback" not in result.stderr
         assert "importlib" not in result.stderr
-        assert "toren/_app.py" not in result.stderr
+        assert "toren/_agent/app.py" not in result.stderr
 
 
 def test_an_app_module_that_is_not_there_is_named_as_such(user_dir: Path) -> None:
@@ -191,7 +191,7 @@ def test_an_app_module_that_is_not_there_is_named_as_such(user_dir: Path) -> Non
 async def test_piped_output_keeps_each_line_whole(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toren._app import load_app
+    from toren._agent.app import load_app
     from toren.runs import read_run, start_run
     from toren.testing import AnthropicServer, Reply
 

@@ -16,8 +16,8 @@ from tests import compaction_app
 from tests.compaction_app import WINDOW, pages
 from tests.conftest import WorkerFactory, person, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._codec import decode
+from toren._agent.app import load_app
+from toren._core.codec import decode
 from toren.actors import compaction
 from toren.actors.compaction import ELIDED, SUMMARISER, SUMMARY_MARK
 from toren.actors.run import build_request

@@ -20,10 +20,10 @@ from aiohttp import web
 from tests.conftest import ROOT, wait_for
 from tests.test_api import api, refund_agent
 from toren import Client
-from toren._codec import message
-from toren._model import Text, ToolCall
-from toren._principal import Principal
-from toren._tokens import SCOPES, create_token
+from toren._agent.model import Text, ToolCall
+from toren._agent.principal import Principal
+from toren._core.codec import message
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,
@@ -205,7 +205,7 @@ async def test_a_childs_approval_is_decided_on_its_parents_page(
 
     from tests.conftest import running_worker
     from tests.test_calls import Plan, model, publisher, relay
-    from toren._app import load_app
+    from toren._agent.app import load_app
 
     load_app("tests.calls_app")
     plan: Plan = {

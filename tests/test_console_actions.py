@@ -24,7 +24,7 @@ from tests.test_console import (  # noqa: F401  (chromium: a fixture)
     chromium,
 )
 from toren import Client
-from toren._tokens import create_token
+from toren._surfaces.tokens import create_token
 from toren.runs import RunCompleted, read_run, start_run
 from toren.testing import Fail, Reply
 

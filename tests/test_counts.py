@@ -41,10 +41,10 @@ from tests.wire_counts import (
     rows_written,
 )
 from toren import Agent, Client, Context, ToolContext, tool
-from toren._agents import register_agents
-from toren._mailbox import _COMMIT
-from toren._serve import serving
-from toren._tokens import SCOPES, TokenCache, create_token
+from toren._agent.agents import register_agents
+from toren._core.mailbox import _COMMIT
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, TokenCache, create_token
 from toren.runs import run_status, start_run
 from toren.testing import AnthropicServer
 
@@ -337,7 +337,9 @@ async def test_one_api_read_of_a_run(
     _, token = await create_token(client.pool, "counts", scopes=SCOPES)
     # The token's check is cached for minutes, not a second: the counted read must find it
     # cached however slowly this machine runs.
-    monkeypatch.setattr("toren._http.app.TokenCache", functools.partial(TokenCache, ttl=600.0))
+    monkeypatch.setattr(
+        "toren._surfaces.http.app.TokenCache", functools.partial(TokenCache, ttl=600.0)
+    )
     headers = {"Authorization": f"Bearer {token}"}
     async with (
         counting_proxy(db_url) as proxy,

@@ -328,7 +328,7 @@ def test_only_agents_with_a_sandbox_have_toren_dev_ask_docker() -> None:
     yet every start did, with a long line when none answered); the coding agent needs it."""
     from examples.coding_agent import app as coding
     from examples.refund_approval import app as refunds
-    from toren._dev import _has_sandboxes
+    from toren._cli.dev import _has_sandboxes
 
     assert not _has_sandboxes(None)  # the demo
     assert not _has_sandboxes(refunds)
@@ -396,7 +396,7 @@ async def test_ctrl_c_at_any_moment_stops_cleanly(tmp_path: Path, moment: str) -
 def test_a_demo_run_cancelled_on_an_earlier_start_is_not_said_to_park() -> None:
     """A demo run cancelled before this start (from another terminal or the console) has
     ended: the banner says so and offers a new run, not an approval it can no longer take."""
-    from toren._dev import _demo_next
+    from toren._cli.dev import _demo_next
     from toren.runs import RunFailed, RunStarted, RunState
     from toren.runs.state import fold
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from toren._digest import GENESIS, canonical, chain
-from toren._model import Message, ModelRequest, Text, ToolCall, ToolResult, ToolSpec
+from toren._agent.digest import GENESIS, canonical, chain
+from toren._agent.model import Message, ModelRequest, Text, ToolCall, ToolResult, ToolSpec
 
 
 def request(text: str, *, tools: bool = False, temperature: float | None = None) -> ModelRequest:

@@ -15,13 +15,13 @@ import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toren._actor import ActorFailed
-from toren._codec import converter
-from toren._codec import decode as decode_payload
-from toren._codec import encode as encode_payload
-from toren._json import dumps, loads
-from toren._snapshots import _state as read_state
-from toren._snapshots import encode
+from toren._core.actor import ActorFailed
+from toren._core.codec import converter
+from toren._core.codec import decode as decode_payload
+from toren._core.codec import encode as encode_payload
+from toren._core.json_text import dumps, loads
+from toren._core.snapshots import _state as read_state
+from toren._core.snapshots import encode
 from toren.runs import (
     ApprovalDecided,
     ApprovalRequested,

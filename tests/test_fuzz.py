@@ -63,17 +63,16 @@ from tests import fuzz_app
 from tests.conftest import TEMPLATE, running_worker, wait_for
 from tests.fuzz_mutations import MUTATION_NAMES, MUTATIONS
 from toren import Client
-from toren._actor import ActorFailed
-from toren._app import load_app
-from toren._cli_timeline import record
-from toren._codec import decode
-from toren._db import with_database
-from toren._errors import ActorNotLive
-from toren._http.common import CLIENT, to_json
-from toren._http.runs import _run
-from toren._http.states import STATES, RunStates
-from toren._listing import list_runs
-from toren._principal import FIELD_CAP, Principal
+from toren._agent.app import load_app
+from toren._agent.principal import FIELD_CAP, Principal
+from toren._cli.timeline import record
+from toren._core.actor import ActorFailed
+from toren._core.codec import decode
+from toren._core.db import with_database
+from toren._core.errors import ActorNotLive
+from toren._surfaces.http.common import CLIENT, to_json
+from toren._surfaces.http.runs import _run
+from toren._surfaces.http.states import STATES, RunStates
 from toren.runs import (
     ENDED,
     ApprovalDecided,
@@ -92,6 +91,7 @@ from toren.runs import (
     start_run,
     waiting_on,
 )
+from toren.runs.listing import list_runs
 from toren.testing import AnthropicServer, Reply, Text, ToolCall, Usage
 
 MAX_EXAMPLES = int(os.environ.get("TOREN_FUZZ_EXAMPLES", "200"))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toren._history import Chunk, History
+from toren._core.history import Chunk, History
 
 counter = itertools.count()
 
@@ -173,7 +173,7 @@ LEDGER_OPS = st.one_of(
 @given(ops=st.lists(LEDGER_OPS, max_size=30))
 def test_a_ledger_behaves_as_a_dict(ops: list[tuple[Any, ...]]) -> None:
     """Set, drop, and the values stored as a snapshot stores them: the same map as a dict's."""
-    from toren._history import Ledger
+    from toren._core.history import Ledger
 
     ledger: Ledger[int] = Ledger()
     model: dict[str, int] = {}

@@ -23,9 +23,8 @@ import toren.providers.anthropic  # noqa: F401  (an SDK import takes seconds; pa
 from tests import hostile_app
 from tests.conftest import person, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._http.states import RunStates
-from toren._listing import list_runs
+from toren._agent.app import load_app
+from toren._surfaces.http.states import RunStates
 from toren.runs import (
     IdempotencyConflict,
     MessageTooLarge,
@@ -38,6 +37,7 @@ from toren.runs import (
     start_run,
     waiting_on,
 )
+from toren.runs.listing import list_runs
 from toren.testing import AnthropicServer, Reply, Text, ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -653,7 +653,7 @@ async def test_a_tool_that_leaks_a_cancellation_or_returns_the_unshowable_runs_o
 async def test_the_mcp_server_shows_a_run_whose_text_holds_lone_surrogates(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toren._mcp import build
+    from toren._surfaces.mcp_server import build
 
     script = by_position(Reply("out \ud800 here"))
     async with model(script, monkeypatch), running_worker(db_url):

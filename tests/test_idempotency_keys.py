@@ -14,8 +14,8 @@ import pytest
 
 from tests.conftest import person, wait_for
 from toren import Client
-from toren._serve import serving
-from toren._tokens import create_token
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import create_token
 from toren.runs import RUN_KIND, IdempotencyConflict, StartRun, agent_route, start_run
 from toren.runs.client import _start_digest
 

@@ -1,4 +1,5 @@
-"""Lossless JSON for Postgres (``toren._json``): what ``jsonb`` refuses or cannot hold (NUL, lone
+"""Lossless JSON for Postgres (``toren._core.json_text``): what ``jsonb`` refuses or cannot hold
+(NUL, lone
 surrogates, integers past 64 bits, strings that start with the tag mark) is written so that
 Postgres accepts it and read back exactly, alone and through a real ``jsonb`` column."""
 
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from toren import Client
-from toren._json import MARK, dumps, loads, safe_text, utf8_size
+from toren._core.json_text import MARK, dumps, loads, safe_text, utf8_size
 
 pytestmark = pytest.mark.anyio
 
@@ -176,7 +177,7 @@ def test_sorted_keys_make_one_text_per_value_whatever_the_key_order(value: dict[
 @LOCAL
 @given(plain_values)
 def test_plain_values_are_written_exactly_as_orjson_writes_them(value: Any) -> None:
-    # Request digests (toren._digest) hash this text: it must not change for values that never
+    # Request digests (toren._agent.digest) hash this text: it must not change for values that never
     # needed tagging, or digests recorded before tagging existed would no longer match.
     assert dumps(value) == orjson.dumps(value).decode()
     assert dumps(value, sort_keys=True) == orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()

@@ -186,7 +186,7 @@ async def test_housekeeping_forgets_old_dedupe_keys_and_replies(client: Client) 
         "INSERT INTO toren.replies (correlation_id, kind, body, created_at) "
         "VALUES (gen_random_uuid(), 'json', '{}', now() - interval '2 hours')"
     )
-    from toren._tokens import authenticate, create_token, open_session
+    from toren._surfaces.tokens import authenticate, create_token, open_session
 
     _, token = await create_token(client.pool, "ops")
     access = await authenticate(client.pool, token)
@@ -211,20 +211,20 @@ async def test_a_dedicated_connection_cancelled_while_it_is_set_up_is_closed(
     """A worker stopped as it starts cancels its death watch and listener mid-connect: the
     connection is closed then, never left to the garbage collector (a ResourceWarning that
     failed whichever test ran next, on a loaded machine)."""
-    import toren._db
-    from toren._leases import open_death_watch
+    import toren._core.db
+    from toren._core.leases import open_death_watch
 
     opened = []
-    setup = toren._db.init_connection
+    setup = toren._core.db.init_connection
 
     async def slow_setup(conn: object) -> None:
         opened.append(conn)
         await setup(conn)
         await anyio.sleep_forever()
 
-    monkeypatch.setattr(toren._db, "init_connection", slow_setup)
+    monkeypatch.setattr(toren._core.db, "init_connection", slow_setup)
     with anyio.move_on_after(0.5):
-        await toren._db.connect(db_url)
+        await toren._core.db.connect(db_url)
     with anyio.move_on_after(0.5):
         await open_death_watch(db_url, recheck=1.0)
     assert len(opened) == 2

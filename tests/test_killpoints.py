@@ -14,7 +14,7 @@ import pytest
 from tests import app
 from tests.conftest import running_worker, wait_for
 from toren import Client
-from toren import _killpoints as kp
+from toren._core import killpoints as kp
 
 pytestmark = pytest.mark.anyio
 

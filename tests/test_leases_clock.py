@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from toren import Actor, ConfigError, Context, LeaseExpired, Settings, ToolContext, TorenError
-from toren._agents import parse_duration
+from toren._agent.agents import parse_duration
 from toren.kernel import Claim, LeaseClock
 
 
@@ -146,7 +146,7 @@ def test_actor_context_checks_its_lease_and_is_a_no_op_without_one() -> None:
 
 
 def test_worker_renews_only_the_clock_of_the_claim_at_the_renewed_epoch() -> None:
-    from toren.actors.hosts import HostRegistry
+    from toren.supervisors.worker.hosts import HostRegistry
 
     settings = Settings(lease_seconds=60.0, renew_seconds=5.0)
     hosts = HostRegistry(None, uuid.uuid4(), settings)  # type: ignore[arg-type]  # no SQL here

@@ -19,10 +19,10 @@ import pytest
 from tests.conftest import WorkerFactory, running_worker, wait_for
 from tests.test_cli import toren as cli
 from toren import Client
-from toren._app import load_app
-from toren._cli_timeline import describe, record
-from toren._codec import decode
-from toren._model import ToolCall
+from toren._agent.app import load_app
+from toren._agent.model import ToolCall
+from toren._cli.timeline import describe, record
+from toren._core.codec import decode
 from toren.runs import (
     ChildFinished,
     ContextCompacted,
@@ -263,7 +263,7 @@ def test_lost_calls_and_their_estimate_add_up_on_the_receipt() -> None:
 
 
 def test_a_summary_call_answers_the_announcement_and_a_soft_compaction_does_not() -> None:
-    from toren._model import ModelResponse, Text, Usage
+    from toren._agent.model import ModelResponse, Text, Usage
 
     state = fold(fold(RunState(), RunStarted(agent="a", input="go")), _calling(2))
     soft = ContextCompacted(

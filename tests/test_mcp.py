@@ -17,9 +17,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from tests.conftest import ROOT, wait_for
 from tests.test_api import refund_agent
 from toren import Client
-from toren._mcp import serving_http
-from toren._principal import Principal
-from toren._tokens import SCOPES, create_token
+from toren._agent.principal import Principal
+from toren._surfaces.mcp_server import serving_http
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import read_run, start_run
 
 pytestmark = pytest.mark.anyio

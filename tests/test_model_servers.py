@@ -10,8 +10,8 @@ import openai
 import pytest
 
 import toren.testing
-from toren._estimate import estimate_tokens
-from toren._model import Text, ToolCall, Usage
+from toren._agent.estimate import estimate_tokens
+from toren._agent.model import Text, ToolCall, Usage
 from toren.testing import (
     AnthropicServer,
     BedrockServer,

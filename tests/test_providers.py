@@ -17,8 +17,8 @@ import pytest
 from genai_prices import data_snapshot
 
 from toren import ConfigError
-from toren._estimate import estimate_tokens
-from toren._model import (
+from toren._agent.estimate import estimate_tokens
+from toren._agent.model import (
     Message,
     ModelRequest,
     Text,

@@ -19,12 +19,12 @@ import pytest
 import toren.providers.anthropic  # noqa: F401  (an SDK import takes seconds: paid here once)
 from tests.conftest import decide_waiting, person, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._leases import mark_failed
-from toren._migrate import available, migrate
-from toren._model import ToolCall
-from toren._serve import serving
-from toren._tokens import SCOPES, create_token
+from toren._agent.app import load_app
+from toren._agent.model import ToolCall
+from toren._core.leases import mark_failed
+from toren._core.migrate import available, migrate
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import RUN_KIND, cancel, read_run, retry, say, start_run
 from toren.testing import AnthropicServer, Fail, Reply
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.test_cli import toren
 from toren import Client, ConfigError, Settings
-from toren._dev_state import DevRecord, claimed, write_record
+from toren._cli.dev_state import DevRecord, claimed, write_record
 from toren.runs import RunCompleted
 
 pytestmark = pytest.mark.anyio

@@ -21,8 +21,8 @@ import toren.providers.anthropic  # noqa: F401
 from tests import run_app
 from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
 from toren import Client
-from toren._app import load_app
-from toren._model import Text, ToolCall
+from toren._agent.app import load_app
+from toren._agent.model import Text, ToolCall
 from toren.runs import cancel, read_run, receipt, retry, say, start_run
 from toren.testing import AnthropicServer, BedrockServer, Fail, OpenAIServer, Reply, ScriptedServer
 
@@ -358,7 +358,7 @@ def _ticket_refund_done(request: dict[str, Any], n: int) -> Reply:
 def _shouting(original: Any) -> Any:
     """A build_request that renders tool results in capitals (version 2 of the code): the
     request of step 2, which carries the first tool result, changes; step 1's does not."""
-    from toren._model import Message, ToolResult
+    from toren._agent.model import Message, ToolResult
 
     def shout(agent: Any, messages: tuple[Message, ...], callees: Any = None) -> Any:
         loud = tuple(
@@ -474,7 +474,7 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
     """An activation skips the calls already checked under the same request parameters; a
     changed system prompt changes the parameters, so every call is checked again (and, the
     prompt being in every request, invalidated from step 1)."""
-    import toren._agents
+    import toren._agent.agents
 
     load_app("tests.run_app")
     script = [Reply("Hello."), Reply("Again."), Reply("Fresh."), Reply("Still fresh.")]
@@ -489,10 +489,10 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
         # Both calls count as checked under this code's parameters: the first by the check of
         # this activation, the second as made by it.
         assert (state.checked_calls, len(state.calls), bool(state.checked_as)) == (2, 2, True)
-        support = toren._agents.agent_named("support")
+        support = toren._agent.agents.agent_named("support")
         assert support is not None
         changed = attrs.evolve(support, system="You are terse.")
-        monkeypatch.setitem(toren._agents._registry, "support", changed)
+        monkeypatch.setitem(toren._agent.agents._registry, "support", changed)
         async with running_worker(db_url):  # the new prompt
             await say(client, run_id, "third", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Fresh."), what="third answer")
@@ -608,8 +608,8 @@ def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: 
     SIGKILL (``model.lost``), and the one ``run_v1_refusals.json`` records: a flood of refused
     decisions past the bound (``decision.refusals_muted``), with a turn's end that records its
     time (``run.completed`` with ``at``)."""
-    from toren._codec import decode, encode
-    from toren._json import dumps, loads
+    from toren._core.codec import decode, encode
+    from toren._core.json_text import dumps, loads
     from toren.runs import RunState, fold
 
     entries = json.loads((FIXTURES / name).read_text())
@@ -621,8 +621,8 @@ def test_recorded_journals_of_every_format_version_replay_to_the_same_run(name: 
         assert {k: again.get(k) for k in entry["data"]} == entry["data"], entry
         state = fold(state, event)
     # Through a snapshot at every point (chunks and row as stored), then the rest: the same.
-    from toren._snapshots import _state as read_state
-    from toren._snapshots import encode as encode_snapshot
+    from toren._core.snapshots import _state as read_state
+    from toren._core.snapshots import encode as encode_snapshot
 
     events = [decode(entry["type"], entry["data"]) for entry in entries]
     for cut in range(len(events) + 1):
@@ -770,7 +770,7 @@ async def _tool_commits(client: Client, run_id: str) -> dict[str, int]:
 async def test_only_workers_that_define_an_agent_claim_its_runs(
     client: Client, db_url: str
 ) -> None:
-    from toren._agents import _registry
+    from toren._agent.agents import _registry
 
     load_app("tests.run_app")
     saved = dict(_registry)

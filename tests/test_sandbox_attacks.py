@@ -22,7 +22,7 @@ from tests.conftest import WorkerFactory, person, running_worker, wait_for
 from tests.sandbox_support import docker_fixture, sandbox  # noqa: F401  (the fixture)
 from tests.steps import Step, bash, model, settled, tool
 from toren import Agent, Client, Settings
-from toren._app import load_app
+from toren._agent.app import load_app
 from toren.actors.sandbox.docker import Docker, ExecFailed, Limits, Outcome
 from toren.runs import cancel, read_run, start_run
 from toren.sandbox import Sandbox

@@ -17,7 +17,7 @@ from tests.conftest import WorkerFactory, decide_waiting, person, running_worker
 from tests.sandbox_support import unavailable
 from tests.steps import Step, bash, model, settled, tool
 from toren import Client
-from toren._app import load_app
+from toren._agent.app import load_app
 from toren.actors.sandbox.docker import Docker, Unavailable
 from toren.runs import cancel, read_run, start_run, waiting_on
 from toren.sandbox import DEFAULT_IMAGE

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from toren import Agent, ConfigError
-from toren._agent_config import configured, read_agent_tables
+from toren._agent.tables import configured, read_agent_tables
 from toren.sandbox import Sandbox, allowed
 
 MODEL = "anthropic/claude-sonnet-4-6"
@@ -129,9 +129,9 @@ def test_a_sandbox_table_replaces_the_codes_values_key_by_key() -> None:
 
 def test_the_sandbox_state_goes_through_a_snapshot_unchanged() -> None:
     import toren.runs  # noqa: F401  (registers the snapshot hooks)
-    from toren._json import dumps, loads
-    from toren._snapshots import _state as read_state
-    from toren._snapshots import encode as encode_snapshot
+    from toren._core.json_text import dumps, loads
+    from toren._core.snapshots import _state as read_state
+    from toren._core.snapshots import encode as encode_snapshot
     from toren.sandbox import (
         Checkpointed,
         CommandFinished,

@@ -27,10 +27,10 @@ from tests.test_console import (  # noqa: F401  (chromium: a fixture)
     chromium,
 )
 from toren import Client
-from toren._codec import encode
-from toren._journal import replay
-from toren._model import ModelResponse, StopReason, Text, ToolCall, Usage
-from toren._tokens import SCOPES, create_token
+from toren._agent.model import ModelResponse, StopReason, Text, ToolCall, Usage
+from toren._core.codec import encode
+from toren._core.journal import replay
+from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import (
     RUN_KIND,
     ApprovalDecided,

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_cli import toren
-from toren._app import load_app
-from toren._config import Settings
-from toren._errors import ConfigError
-from toren._secrets import read_secret_files
+from toren._agent.app import load_app
+from toren._core.config import Settings
+from toren._core.errors import ConfigError
+from toren._core.secret_files import read_secret_files
 from toren.channels import Telegram
 from toren.providers import RetryPolicy
 from toren.sandbox.store import store_from_url
@@ -141,8 +141,8 @@ async def test_a_database_url_whose_password_breaks_its_parsing_never_shows_the_
 ) -> None:
     """A password with an unescaped ``@`` and ``:`` (a common slip) makes asyncpg read part of
     it as the port; its error quotes that part, and the error Toren shows must not."""
-    from toren import _db
-    from toren._errors import DatabaseUnavailable
+    from toren._core import db as _db
+    from toren._core.errors import DatabaseUnavailable
 
     url = "postgresql://toren:p@ss:hunter2-secret@127.0.0.1/toren"
     with pytest.raises(DatabaseUnavailable) as caught:

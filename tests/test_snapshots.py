@@ -15,10 +15,10 @@ import toren.providers.anthropic  # noqa: F401  (the SDK import, paid once)
 from tests import app
 from tests.conftest import running_worker, wait_for
 from toren import Actor, Client, Context, message
-from toren._app import load_app
-from toren._journal import replay
-from toren._model import Text, ToolCall
-from toren._snapshots import encode, read, write
+from toren._agent.app import load_app
+from toren._agent.model import Text, ToolCall
+from toren._core.journal import replay
+from toren._core.snapshots import encode, read, write
 from toren.actors.run import close_providers
 from toren.runs import SNAPSHOT_VERSION, RunState, fold, read_run, start_run
 from toren.testing import AnthropicServer, Reply
@@ -278,10 +278,10 @@ HOSTILE = [
 def _hostile_journal() -> list[Any]:
     """A run's events full of what Postgres and UTF-8 refuse or Toren's tags look like, as the
     journal gives them back (each event written and read as a worker's emit does)."""
-    from toren._codec import decode as decode_payload
-    from toren._codec import encode as encode_payload
-    from toren._json import dumps, loads
-    from toren._model import ModelResponse, Usage
+    from toren._agent.model import ModelResponse, Usage
+    from toren._core.codec import decode as decode_payload
+    from toren._core.codec import encode as encode_payload
+    from toren._core.json_text import dumps, loads
     from toren.runs import (
         MessageReceived,
         ModelCalled,
@@ -404,7 +404,7 @@ def test_a_snapshot_of_a_long_run_costs_what_was_added_not_the_run() -> None:
     import attrs as attrs_
 
     from bench.fold import step_events
-    from toren._json import dumps
+    from toren._core.json_text import dumps
     from toren.runs import RunStarted, ToolResulted
 
     result = "r" * 4096

@@ -18,18 +18,24 @@ import attrs
 import pytest
 from yarl import URL
 
-import toren._http.streams
+import toren._surfaces.http.streams
 from tests import app
 from tests.conftest import decide_waiting, person, running_worker, wait_for
 from tests.test_api import refund_agent
 from toren import Client, Context
-from toren._db import connect
-from toren._http import ServerOptions
-from toren._http.streams import Page
-from toren._leases import mark_failed
-from toren._mailbox import claim_next, commit_step, dead_letter
-from toren._serve import serving
-from toren._tokens import authenticate, close_session, create_token, open_session, revoke_token
+from toren._core.db import connect
+from toren._core.leases import mark_failed
+from toren._core.mailbox import claim_next, commit_step, dead_letter
+from toren._surfaces.http import ServerOptions
+from toren._surfaces.http.streams import Page
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import (
+    authenticate,
+    close_session,
+    create_token,
+    open_session,
+    revoke_token,
+)
 from toren.actors.run import RunActor
 from toren.runs import RunState, read_run, start_run, waiting_on
 
@@ -126,7 +132,7 @@ class Reads:
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
     reads = Reads()
-    stream = toren._http.streams.stream
+    stream = toren._surfaces.http.streams.stream
 
     async def counted(request: Any, actor_id: str, after: int, page: Page) -> Any:
         async def counted_page(after: int) -> Any:
@@ -136,14 +142,14 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> Reads:
 
         return await stream(request, actor_id, after, counted_page)
 
-    connected = toren._http.streams._connected
+    connected = toren._surfaces.http.streams._connected
 
     def counted_turn(request: Any, sse: Any) -> bool:
         reads.turns += 1
         return connected(request, sse)
 
-    monkeypatch.setattr(toren._http.streams, "stream", counted)
-    monkeypatch.setattr(toren._http.streams, "_connected", counted_turn)
+    monkeypatch.setattr(toren._surfaces.http.streams, "stream", counted)
+    monkeypatch.setattr(toren._surfaces.http.streams, "_connected", counted_turn)
     return reads
 
 
@@ -333,7 +339,7 @@ async def test_a_stream_whose_client_stops_reading_gives_its_slot_back(
     write_timeout = 3.0
     # raising=False: before the fix there was no such bound to shorten (the test then fails on
     # the slot never coming back, not on this line).
-    monkeypatch.setattr(toren._http.streams, "WRITE_TIMEOUT", write_timeout, raising=False)
+    monkeypatch.setattr(toren._surfaces.http.streams, "WRITE_TIMEOUT", write_timeout, raising=False)
     _, stuck = await create_token(client.pool, "stuck")
     _, other = await create_token(client.pool, "other")
     path = await _run(client)
@@ -376,7 +382,7 @@ async def test_an_event_a_worker_appends_wakes_an_idle_stream_through_its_notifi
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No safety re-read within the test: what arrives was announced by a notification.
-    monkeypatch.setattr(toren._http.streams, "SAFETY", 60.0)
+    monkeypatch.setattr(toren._surfaces.http.streams, "SAFETY", 60.0)
     reads = count_reads(monkeypatch)
     _, token = await create_token(client.pool, "reader")
     async with refund_agent(monkeypatch, db_url), api(db_url) as base, http(token) as session:
@@ -414,7 +420,7 @@ async def idle_stream(
 ) -> AsyncIterator[AsyncIterator[Sse]]:
     """The events of an open stream of ``path`` that has made its first read, and whose safety
     re-read is ``safety`` seconds away: an event arriving sooner was announced to it."""
-    monkeypatch.setattr(toren._http.streams, "SAFETY", safety)
+    monkeypatch.setattr(toren._surfaces.http.streams, "SAFETY", safety)
     reads = count_reads(monkeypatch)
     _, token = await create_token(client.pool, "reader")
     async with (

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import toren
 import toren.kernel
 from toren import ConfigError, Settings, UnknownMessageType, message
-from toren._codec import decode, encode
+from toren._core.codec import decode, encode
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,9 +79,9 @@ def test_actors_and_supervisors_use_only_the_public_kernel_api(package: str) -> 
 
 
 def test_the_kernel_imports_nothing_from_actors_or_supervisors_but_worker_entry_points() -> None:
-    entry_points = {"cli.py", "_cli_up.py", "_dev.py", "_harness.py"}  # _harness: tests run one
+    entry_points = {"cli.py", "up.py", "dev.py", "_harness.py"}  # _harness: tests run one
     files = _kernel_files()
-    assert any(p.parent.name == "_http" for p in files)  # subfolders are scanned too
+    assert any(p.parent.name == "http" for p in files)  # subfolders are scanned too
     for path in files:
         for name in _imports(path):
             if _layer(name) is not None:

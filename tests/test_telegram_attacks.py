@@ -77,7 +77,7 @@ from tests.telegram_support import (
     telegram,
 )
 from toren import Client, ConfigError
-from toren._app import load_app
+from toren._agent.app import load_app
 from toren.channels import ChannelState, PairFailed, UpdateHandled, fold
 from toren.channels.client import ChannelError, messages, pair, unpair
 from toren.runs import cancel, read_run
@@ -416,8 +416,8 @@ async def test_a_button_press_is_not_answered_without_a_held_lease() -> None:
     does (a step may download files for minutes before). A paused owner answers "Approved."
     for a step that will be fenced. Fix: ``ctx.ensure_lease()`` right before each
     ``answer_callback``. (A unit test: a context whose lease has lapsed.)"""
-    from toren._actor import Context
-    from toren._errors import LeaseExpired
+    from toren._core.actor import Context
+    from toren._core.errors import LeaseExpired
     from toren.actors.channel import runtime
     from toren.actors.channel.actor import ChannelActor
     from toren.actors.channel.inbound import Inbound
@@ -503,7 +503,7 @@ async def test_a_poll_timeout_under_a_second_still_long_polls(
     channel polls (and commits a step with a timer) back to back, hundreds of times a second,
     for as long as the bot runs. Fixed: ``poll_timeout`` under 1 is refused, and the wait sent
     is rounded up; the bot below polls at the least allowed, 1 s."""
-    from toren import _agents
+    from toren._agent import agents as _agents
     from toren.channels import Telegram
 
     with pytest.raises(ConfigError, match="at least 1 second"):
@@ -695,8 +695,8 @@ async def test_at_most_once_does_not_lose_a_message_whose_send_stopped_before_se
     ``LeaseExpired`` before the send, the at-most-once guard must not count it (e.g. record
     ``outbox.sending`` with an attempt token and compare it in ``_send``, or have the kernel not
     count a delivery that ended in ``LeaseExpired`` before any effect)."""
-    from toren import _actor
-    from toren._errors import LeaseExpired
+    from toren._core import actor as _actor
+    from toren._core.errors import LeaseExpired
 
     server, _ = bots
     code, _ = await pair(client, "once", by=person("op"))

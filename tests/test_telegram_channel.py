@@ -166,7 +166,7 @@ class SentTexts:
 async def alone(state: ChannelState, update_id: int, text: str, api: Any = None) -> Any:
     """The context after the channel handled STRANGER's message ``text`` in a step of its own
     (no database, no lease: what it emitted is in ``events``)."""
-    from toren._actor import Context
+    from toren._core.actor import Context
     from toren.actors.channel import runtime
     from toren.actors.channel.actor import ChannelActor
     from toren.actors.channel.inbound import Inbound
@@ -332,7 +332,7 @@ async def test_the_token_is_in_no_table(client: Client, bots: tuple[TelegramServ
 def test_log_lines_are_redacted_of_bot_tokens(capsys: pytest.CaptureFixture[str]) -> None:
     import logging
 
-    from toren._logging import configure
+    from toren._core.logs import configure
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level

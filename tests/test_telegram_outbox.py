@@ -136,7 +136,7 @@ async def test_at_most_once_delivery_sends_each_message_once(
     client: Client, bots: tuple[TelegramServer, Any]
 ) -> None:
     server, _ = bots
-    from toren._principal import Principal
+    from toren._agent.principal import Principal
     from toren.channels.client import pair
 
     code, _ = await pair(client, "once", by=Principal.os_user("test"))

@@ -24,10 +24,10 @@ from tests import app
 from tests.conftest import ROOT, WorkerFactory, wait_for, worker_registered
 from tests.test_cli import toren
 from toren import Client
-from toren._cli_common import print_error
-from toren._errors import ConfigError
-from toren._model import ToolCall
-from toren._terminal import plain, printable
+from toren._agent.model import ToolCall
+from toren._cli.common import print_error
+from toren._core.errors import ConfigError
+from toren._core.terminal import plain, printable
 from toren.runs import read_run, start_run
 from toren.testing import AnthropicServer, Reply
 

@@ -20,11 +20,11 @@ import pytest
 
 from tests.conftest import ROOT, wait_for
 from toren import Client
-from toren._errors import ConfigError
-from toren._migrate import schema_status
-from toren._secrets import read_secret_files
-from toren._serve import serving
-from toren._tokens import create_token
+from toren._core.errors import ConfigError
+from toren._core.migrate import schema_status
+from toren._core.secret_files import read_secret_files
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import create_token
 from toren.demo import DEMO_INPUT, demo_model
 from toren.runs import start_run
 from toren.testing import AnthropicServer, ScriptedModel
@@ -520,7 +520,7 @@ def test_the_log_level_is_read_from_its_file_too(tmp_path: Path) -> None:
 
 def test_the_variables_an_apps_channels_read_are_the_ones_read_from_files() -> None:
     from tests import telegram_app
-    from toren._secrets import channel_variables
+    from toren._core.secret_files import channel_variables
 
     names = channel_variables(telegram_app)
     assert {telegram_app.TOKEN_ENV, telegram_app.BRIEF_TOKEN_ENV} <= set(names)

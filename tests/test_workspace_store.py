@@ -20,7 +20,7 @@ import aioboto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from toren._errors import ConfigError
+from toren._core.errors import ConfigError
 from toren.sandbox.checkpoints import (
     CheckpointStats,
     Manifest,

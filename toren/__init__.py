@@ -4,7 +4,9 @@ The public API: :class:`Actor` and :class:`Context` to write actors, :func:`mess
 payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and the errors.
 """
 
-from toren._actor import (
+from toren._agent.agents import Agent, Tool, ToolContext, durable_sleep, tool
+from toren._agent.principal import Principal
+from toren._core.actor import (
     Actor,
     ActorFailed,
     AskFailed,
@@ -13,11 +15,10 @@ from toren._actor import (
     Envelope,
     PoisonMessage,
 )
-from toren._agents import Agent, Tool, ToolContext, durable_sleep, tool
-from toren._client import AskError, Client, DeadLetter
-from toren._codec import event, message
-from toren._config import Settings
-from toren._errors import (
+from toren._core.client import AskError, Client, DeadLetter
+from toren._core.codec import event, message
+from toren._core.config import Settings
+from toren._core.errors import (
     ActorAlreadyExists,
     ActorNotLive,
     AskTimeout,
@@ -35,10 +36,9 @@ from toren._errors import (
     UnknownActorKind,
     UnknownMessageType,
 )
-from toren._history import History, Ledger
-from toren._journal import JournalEntry
-from toren._principal import Principal
-from toren._restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
+from toren._core.history import History, Ledger
+from toren._core.journal import JournalEntry
+from toren._core.restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
 from toren._version import __version__
 
 __all__ = [

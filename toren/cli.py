@@ -22,30 +22,30 @@ from typing import Any
 import click
 from rich.table import Table
 
-from toren._agent_config import (
+from toren._agent.agents import Agent, agents_in, check
+from toren._agent.app import load_app, loaded_agents
+from toren._agent.tables import (
     ConsentFinding,
     consent_findings,
     log_agent_findings,
     unloaded_tables,
 )
-from toren._agents import Agent, agents_in, check
-from toren._app import load_app, loaded_agents
-from toren._cli_channels import register as register_channel_commands
-from toren._cli_common import Unshown, database_url, out, print_error, run_async, run_reporting
-from toren._cli_runs import register as register_run_commands
-from toren._cli_sandboxes import register as register_sandbox_commands
-from toren._cli_serve import register as register_serve_commands
-from toren._cli_up import register as register_up_command
-from toren._client import Client
-from toren._config import Settings
-from toren._db import connect
-from toren._errors import ConfigError
-from toren._init import register as register_init_command
-from toren._killpoints import arm as arm_kill_points
-from toren._logging import LEVELS, configure, show_info_from
-from toren._migrate import migrate as apply_migrations
-from toren._secrets import channel_variables, read_secret_files
-from toren._terminal import plain
+from toren._cli.channels import register as register_channel_commands
+from toren._cli.common import Unshown, database_url, out, print_error, run_async, run_reporting
+from toren._cli.init import register as register_init_command
+from toren._cli.runs import register as register_run_commands
+from toren._cli.sandboxes import register as register_sandbox_commands
+from toren._cli.serve import register as register_serve_commands
+from toren._cli.up import register as register_up_command
+from toren._core.client import Client
+from toren._core.config import Settings
+from toren._core.db import connect
+from toren._core.errors import ConfigError
+from toren._core.killpoints import arm as arm_kill_points
+from toren._core.logs import LEVELS, configure, show_info_from
+from toren._core.migrate import migrate as apply_migrations
+from toren._core.secret_files import channel_variables, read_secret_files
+from toren._core.terminal import plain
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -215,7 +215,7 @@ def log_tool_flags(module: ModuleType) -> None:
 @run_async
 async def workers(ctx: click.Context, as_json: bool) -> None:
     """List live workers with their versions and statistics."""
-    from toren._leases import live_workers
+    from toren._core.leases import live_workers
 
     conn = await connect(database_url(_settings(ctx)))
     try:
@@ -437,7 +437,7 @@ def dev(
 
     Ctrl-C stops it: exit 0 once it was up (the worker drains), 130 while it was starting; 1 if
     another `toren dev` runs on this TOREN_HOME or data directory (it says where)."""
-    from toren._dev import INTERRUPTED, run_dev
+    from toren._cli.dev import INTERRUPTED, run_dev
 
     if model_script and not app:
         raise click.UsageError("--model-script scripts the model of an --app's agents; add --app")

@@ -5,22 +5,22 @@ and the worker. The lease keeper, the dispatcher and the worker tree use what is
 and only this, so that the kernel's internals can change without touching them.
 """
 
-from toren._actor import actor_kinds
-from toren._codec import decode
-from toren._db import (
+from toren._agent.directory import Card, local_cards, published, route_served
+from toren._agent.directory import attach as attach_directory
+from toren._cli.dev_state import recorded_dev_url
+from toren._core.actor import actor_kinds
+from toren._core.codec import decode
+from toren._core.db import (
     TRANSIENT_DB_ERRORS,
     EmbeddedPostgres,
     connect,
     create_pool,
 )
-from toren._dev_state import recorded_dev_url
-from toren._directory import Card, local_cards, published, route_served
-from toren._directory import attach as attach_directory
-from toren._host import ActorHost, MessageDeadLettered
-from toren._json import dumps as json_text
-from toren._json import safe_text, utf8_size
-from toren._killpoints import kill_point
-from toren._leases import (
+from toren._core.host import ActorHost, MessageDeadLettered
+from toren._core.json_text import dumps as json_text
+from toren._core.json_text import safe_text, utf8_size
+from toren._core.killpoints import kill_point
+from toren._core.leases import (
     Claim,
     LeaseClock,
     WorkerSession,
@@ -36,8 +36,8 @@ from toren._leases import (
     waiting,
     watch_successor,
 )
-from toren._migrate import migrate, schema_status
-from toren._terminal import printable
+from toren._core.migrate import migrate, schema_status
+from toren._core.terminal import printable
 
 __all__ = [
     "TRANSIENT_DB_ERRORS",

@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from toren._codec import message
+from toren._core.codec import message
 
 
 @message("channel.failing")

@@ -24,9 +24,9 @@ from typing import Any, Literal
 
 import attrs
 
-from toren._agents import parse_duration
-from toren._errors import ConfigError
-from toren._logging import redact as redact
+from toren._agent.agents import parse_duration
+from toren._core.errors import ConfigError
+from toren._core.logs import redact as redact
 
 BOT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_API_URL = "https://api.telegram.org"

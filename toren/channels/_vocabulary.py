@@ -26,12 +26,12 @@ import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
 
 import toren.runs.state  # noqa: F401  (teaches the converter persistent maps: for snapshots)
-from toren._codec import message
-from toren._principal import Principal
+from toren._agent.principal import Principal
+from toren._core.codec import message
 from toren.channels._health import ChannelFailing, ChannelRecovered, failing_summary
 
 if TYPE_CHECKING:
-    from toren._agents import Agent
+    from toren._agent.agents import Agent
 
 CHANNEL_KIND = "toren.channel"
 RECENT = 200

@@ -14,9 +14,9 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from toren._errors import AskTimeout, ConfigError, TorenError
-from toren._journal import replay
-from toren._principal import Principal
+from toren._agent.principal import Principal
+from toren._core.errors import AskTimeout, ConfigError, TorenError
+from toren._core.journal import replay
 from toren.channels._settings import configured
 from toren.channels._vocabulary import (
     CHANNEL_KIND,
@@ -32,7 +32,7 @@ from toren.channels._vocabulary import (
 from toren.channels.pairing import pairing_key
 
 if TYPE_CHECKING:
-    from toren._client import Client
+    from toren._core.client import Client
 
 CODE_ALPHABET = "ABCDEFGHJKMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I/L: read aloud, typed on a phone
 CODE_LENGTH = 10  # about 50 bits: with five tries per chat per ten minutes, not guessable
@@ -82,7 +82,7 @@ async def channel_of(
     Raises:
         ChannelError: no worker has run a bot for ``agent``.
     """
-    from toren._leases import route_served
+    from toren._core.leases import route_served
 
     found = [c for c in await channels(client) if c["agent"] == agent and c["status"] == "live"]
     if len(found) > 1:  # the agent's bot was renamed: the old channel's row stays

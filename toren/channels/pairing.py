@@ -30,7 +30,7 @@ from collections.abc import Mapping
 import asyncpg
 import attrs
 
-from toren._errors import ConfigError
+from toren._core.errors import ConfigError
 from toren.channels._vocabulary import ChannelState, CodeIssued
 
 KEY_VAR = "TOREN_PAIRING_KEY"

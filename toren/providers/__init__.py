@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from toren._errors import ConfigError
+from toren._core.errors import ConfigError
 from toren.providers._base import ModelProvider, ProviderError, RetryingProvider, RetryPolicy
 from toren.providers.pricing import context_window, price
 

@@ -29,9 +29,9 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
-from toren._errors import ConfigError, TorenError
-from toren._json import SURROGATE as _SURROGATE
-from toren._model import Message, ModelRequest, ModelResponse, Text, ToolCall, ToolResult
+from toren._agent.model import Message, ModelRequest, ModelResponse, Text, ToolCall, ToolResult
+from toren._core.errors import ConfigError, TorenError
+from toren._core.json_text import SURROGATE as _SURROGATE
 
 logger = logging.getLogger("toren.providers")
 

@@ -25,7 +25,7 @@ from anthropic.types import (
     UserMessageParam,
 )
 
-from toren._model import (
+from toren._agent.model import (
     Message,
     ModelRequest,
     ModelResponse,

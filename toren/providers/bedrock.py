@@ -19,8 +19,7 @@ import anyio
 import botocore.exceptions  # type: ignore[import-untyped]
 from aiobotocore.config import AioConfig  # type: ignore[import-untyped]
 
-from toren._errors import ConfigError
-from toren._model import (
+from toren._agent.model import (
     Message,
     ModelRequest,
     ModelResponse,
@@ -30,6 +29,7 @@ from toren._model import (
     ToolResult,
     Usage,
 )
+from toren._core.errors import ConfigError
 from toren.providers._base import (
     ProviderError,
     RetryingProvider,

@@ -22,7 +22,7 @@ from openai.types.chat import (
     ChatCompletionMessageParam,
 )
 
-from toren._model import (
+from toren._agent.model import (
     Message,
     ModelRequest,
     ModelResponse,

@@ -16,7 +16,7 @@ from functools import lru_cache
 import genai_prices
 from genai_prices import data_snapshot, types
 
-from toren._model import Usage
+from toren._agent.model import Usage
 
 __all__ = ["bedrock_model_refs", "context_window", "price"]
 

@@ -12,7 +12,7 @@ The event format is versioned: every event carries ``v`` (1 today). A later vers
 or fields with defaults; recorded journals of every earlier version are kept as test fixtures.
 """
 
-from toren._agents import (
+from toren._agent.agents import (
     TOOL_RESULT_CAP,
     Agent,
     Tool,
@@ -24,9 +24,9 @@ from toren._agents import (
     serve_route,
     served_routes,
 )
-from toren._digest import GENESIS, chain
-from toren._estimate import estimate_tokens
-from toren._model import (
+from toren._agent.digest import GENESIS, chain
+from toren._agent.estimate import estimate_tokens
+from toren._agent.model import (
     Message,
     ModelRequest,
     ModelResponse,

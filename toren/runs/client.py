@@ -8,12 +8,12 @@ import re
 import uuid
 from typing import TYPE_CHECKING
 
-from toren._agents import agent_route
-from toren._codec import decode
-from toren._errors import AskTimeout, InternalError, TorenError, UnknownActor
-from toren._journal import replay
-from toren._json import dumps, utf8_size
-from toren._principal import Principal
+from toren._agent.agents import agent_route
+from toren._agent.principal import Principal
+from toren._core.codec import decode
+from toren._core.errors import AskTimeout, InternalError, TorenError, UnknownActor
+from toren._core.journal import replay
+from toren._core.json_text import dumps, utf8_size
 from toren.runs.events import (
     ENDED,
     RUN_KIND,
@@ -28,7 +28,7 @@ from toren.runs.events import (
 from toren.runs.state import SNAPSHOT_VERSION, RunState, fold
 
 if TYPE_CHECKING:
-    from toren._client import Client, Connection
+    from toren._core.client import Client, Connection
 
 _KEY_NAMESPACE = uuid.UUID("7c1f4f7e-3b0a-4f59-9a55-2f1c9b1d8e42")
 """Earlier versions derived a keyed run's id from the key alone, in this namespace: one key was
@@ -81,7 +81,7 @@ async def check_served(client: Client, agent: str) -> bool:
     Raises:
         AgentNotServed: workers are live and none runs ``agent``.
     """
-    from toren._leases import served_agents
+    from toren._core.leases import served_agents
 
     served = await served_agents(client.pool)
     if served is None:

@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 import attrs
 
-from toren._codec import message
-from toren._model import Message, ModelResponse
-from toren._principal import Principal
+from toren._agent.model import Message, ModelResponse
+from toren._agent.principal import Principal
+from toren._core.codec import message
 
 RUN_KIND = "toren.run"
 FORMAT = 1
@@ -230,7 +230,7 @@ class ModelCalling:
     ``model.lost``.
 
     ``step`` is the conversation step the call is for; ``input_tokens`` an estimate of its
-    request (see :mod:`toren._estimate`), ``cost_usd`` the price of that input at the model's
+    request (see :mod:`toren._agent.estimate`), ``cost_usd`` the price of that input at the model's
     price (decimal as text; ``None``: unpriced). Both are estimates: the output is unknown."""
 
     step: int

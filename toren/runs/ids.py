@@ -19,7 +19,7 @@ from datetime import datetime
 import asyncpg
 import attrs
 
-from toren._errors import TorenError
+from toren._core.errors import TorenError
 from toren.runs.events import RUN_KIND
 
 CANDIDATES = 10

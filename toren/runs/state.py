@@ -11,11 +11,11 @@ from typing import Any, TypeVar, get_args, get_origin
 import attrs
 from pyrsistent import PMap, PSet, PVector, pmap, pset, pvector
 
-from toren._actor import ActorFailed
-from toren._codec import converter
-from toren._history import History, Ledger
-from toren._json import dumps
-from toren._model import Message, ModelResponse, Text, ToolCall, ToolResult
+from toren._agent.model import Message, ModelResponse, Text, ToolCall, ToolResult
+from toren._core.actor import ActorFailed
+from toren._core.codec import converter
+from toren._core.history import History, Ledger
+from toren._core.json_text import dumps
 from toren.runs.events import (
     ENDED,
     REFUSAL_WINDOW,
@@ -107,7 +107,7 @@ class RunState:
 
     Its sequences and maps are persistent: each event adds to them without copying, so folding
     a journal costs time linear in its length, and a state can be kept while later ones are
-    made from it. The long sequences (calls, conversation) are :class:`~toren._history.History`
+    made from it. The long sequences (calls, conversation) are :class:`~toren._core.history.History`
     values, which a snapshot stores in chunks read back only when something reads into them.
     Totals for the receipt, the tool-call ids used and the count of each distinct tool call
     are kept as events arrive, so that no step walks the whole run.

@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 import pydantic
 
-from toren._agents import parse_duration
-from toren._errors import ConfigError
+from toren._agent.agents import parse_duration
+from toren._core.errors import ConfigError
 
 DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image built locally by ``scripts/sandbox-image`` (bash, coreutils, python3, git)."""

@@ -9,8 +9,8 @@ from typing import Annotated, Any
 
 import pydantic
 
-from toren._agents import Tool, ToolContext, tool
-from toren._errors import ConfigError
+from toren._agent.agents import Tool, ToolContext, tool
+from toren._core.errors import ConfigError
 from toren.sandbox._settings import WORKSPACE, Sandbox
 
 COMMAND_MAX = 64 * 1024

@@ -21,7 +21,7 @@ from typing import Any, Literal
 import attrs
 from pyrsistent import PMap, PSet, pmap, pset
 
-from toren._codec import message
+from toren._core.codec import message
 
 SANDBOX_KIND = "toren.sandbox"
 SANDBOX_ROUTE = "sandbox"

@@ -57,7 +57,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import attrs
 
-from toren._errors import TorenError
+from toren._core.errors import TorenError
 from toren.sandbox.store import CorruptObject, MissingObject, WorkspaceStore
 
 WORKSPACE = "/workspace"

@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from toren._client import Client
-from toren._config import Settings
-from toren._errors import ConfigError, TorenError
+from toren._core.client import Client
+from toren._core.config import Settings
+from toren._core.errors import ConfigError, TorenError
 from toren.sandbox._vocabulary import WriteFiles, sandbox_address
 from toren.sandbox.checkpoints import list_files, read_file
 from toren.sandbox.store import WorkspaceStore, store_from_url

@@ -19,7 +19,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from toren._codec import encode
+from toren._core.codec import encode
 from toren.runs.events import ENDED
 from toren.sandbox._settings import WORKSPACE
 from toren.sandbox._vocabulary import SANDBOX_KIND, Reap, sandbox_address

@@ -37,7 +37,7 @@ from botocore.exceptions import (  # type: ignore[import-untyped]
     NoCredentialsError,
 )
 
-from toren._errors import ConfigError, TorenError
+from toren._core.errors import ConfigError, TorenError
 
 _KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")

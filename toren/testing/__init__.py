@@ -5,7 +5,7 @@ See :mod:`toren.testing.model_servers`. Nothing here reaches the network: the se
 127.0.0.1 and the provider SDKs are pointed at them through their usual base-URL settings.
 """
 
-from toren._model import Message, ModelRequest, Text, ToolCall, ToolResult, Usage
+from toren._agent.model import Message, ModelRequest, Text, ToolCall, ToolResult, Usage
 from toren.testing._harness import Harness, RunEnded, harness
 from toren.testing._script import (
     ModelScript,

@@ -33,8 +33,8 @@ from typing import cast
 
 import anyio
 
-from toren._errors import ConfigError
-from toren._model import Message, ModelRequest, Text, ToolResult
+from toren._agent.model import Message, ModelRequest, Text, ToolResult
+from toren._core.errors import ConfigError
 from toren.testing._scripted import Disconnect, Fail, Reply, Step
 
 __all__ = [

@@ -5,7 +5,8 @@ in its provider's wire format. Everything a test wants to assert is recorded: ev
 those beyond the script), in arrival order, its estimated input tokens, whether it was refused as
 over the model's window, and the scripted model time actually served.
 
-Input tokens are estimated by :func:`toren._estimate.estimate_tokens` (one token per four UTF-8
+Input tokens are estimated by :func:`toren._agent.estimate.estimate_tokens` (one token per four
+UTF-8
 bytes of the string values) over the request's system prompt, messages and tools, in the fields
 the provider's wire format keeps them (:attr:`ScriptedServer.counted_fields`).
 """
@@ -24,8 +25,8 @@ import attrs
 import orjson
 from aiohttp import web
 
-from toren._estimate import estimate_tokens
-from toren._model import ModelRequest, StopReason, Text, ToolCall, Usage
+from toren._agent.estimate import estimate_tokens
+from toren._agent.model import ModelRequest, StopReason, Text, ToolCall, Usage
 
 if TYPE_CHECKING:
     from toren.testing._script import ScriptedModel

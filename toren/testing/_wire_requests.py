@@ -15,7 +15,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from toren._model import Block, Message, ModelRequest, Text, ToolCall, ToolResult, ToolSpec
+from toren._agent.model import Block, Message, ModelRequest, Text, ToolCall, ToolResult, ToolSpec
 
 __all__ = ["anthropic_request", "bedrock_request", "openai_request"]
 

@@ -13,8 +13,8 @@ Every request is counted (:attr:`ScriptedServer.requests`), a request can be hel
 (:meth:`ScriptedServer.hold`), and :attr:`ScriptedServer.model_time` sums the scripted latency
 served. The servers bind 127.0.0.1 only.
 
-Each request's input tokens are estimated (:mod:`toren._estimate`: four UTF-8 bytes of text per
-token) and reported as its usage unless the step scripts usage. Given a ``window``, a server
+Each request's input tokens are estimated (:mod:`toren._agent.estimate`: four UTF-8 bytes of text
+per token) and reported as its usage unless the step scripts usage. Given a ``window``, a server
 refuses a request estimated over it with its provider's real error (the bodies are cited at each
 ``render_too_large``), so that what a run does on that failure is tested against the real thing.
 """
@@ -29,7 +29,7 @@ from typing import Any
 
 from aiohttp import web
 
-from toren._model import ModelRequest, StopReason, Text, ToolCall, Usage
+from toren._agent.model import ModelRequest, StopReason, Text, ToolCall, Usage
 from toren.testing._scripted import (
     Disconnect,
     Fail,

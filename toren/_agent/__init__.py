@@ -1,0 +1,1 @@
+"""The agent layer: agents and their tables, the model vocabulary, digests, estimates."""

@@ -1,0 +1,1 @@
+"""The command line and ``toren dev``: each command group in its module."""

@@ -1,0 +1,475 @@
+"""``toren run`` and ``toren jobs ...``: start, inspect, follow and steer agent runs."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+import anyio
+import click
+from rich.table import Table
+
+from toren._agent.model import ToolCall
+from toren._agent.principal import Principal
+from toren._cli.common import database_url, err, out, run_async, toren_command
+from toren._cli.run_ids import console_link, resolve
+from toren._cli.sandboxes import call_lines, described
+from toren._cli.timeline import describe, event_record, record
+from toren._core.client import Client
+from toren._core.config import Settings
+from toren._core.errors import ConfigError, TorenError, UnknownActor
+from toren._core.terminal import plain
+from toren.runs import (
+    DECISION_WAIT,
+    ENDED,
+    STATUSES,
+    AgentNotServed,
+    AmbiguousDecision,
+    RunState,
+    cancel,
+    check_served,
+    decide,
+    decision_target,
+    read_run,
+    receipt,
+    retry,
+    run_status,
+    say,
+    start_run,
+    waiting_below,
+    waiting_on,
+)
+from toren.runs.listing import list_runs
+from toren.sandbox.listing import approval_cwds, read_calls, sandbox_of
+
+
+def who() -> Principal:
+    """How a CLI user is recorded on what they do: the OS user of this process, by uid (never
+    from ``LOGNAME`` or ``USER``). The CLI needs no token: database access is the trust."""
+    return Principal.os_user("cli")
+
+
+async def _client(settings: Settings) -> Client:
+    return await Client.connect(database_url(settings), pool_size=2)
+
+
+async def _read(client: Client, run_id: str) -> RunState:
+    try:
+        return await read_run(client, run_id)
+    except UnknownActor:
+        raise ConfigError(f"no run {run_id!r}", hint="List runs with `toren jobs list`.") from None
+
+
+# Runs `jobs list` prints at most: a bound, so that -1 or 2**63 is a usage error.
+_LIST_MAX = 100_000
+EVENTS_PAGE = 1000  # events `jobs show` lists at once: a page of the API's GET /runs/{id}/events
+_SEQ_MAX = 2**63 - 2  # a page bound Postgres takes as a bigint (the limit is asked one more)
+
+
+def register(main: click.Group) -> None:
+    """Add ``run`` and ``jobs`` to the ``toren`` command group."""
+
+    @main.command("run")
+    @click.argument("agent")
+    @click.argument("text")
+    @click.option(
+        "--key", help="Idempotency key (per agent): the same agent, key and input start one run."
+    )
+    @click.option(
+        "--wait",
+        is_flag=True,
+        help="Wait until the run ends (completed, failed, cancelled) or parks.",
+    )
+    @click.pass_context
+    @run_async
+    async def run_cmd(
+        ctx: click.Context, agent: str, text: str, key: str | None, wait: bool
+    ) -> None:
+        """Start a run of AGENT on TEXT; prints its id."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            await _check_served(client, agent)
+            cap = ctx.obj["settings"].max_message_bytes
+            run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap, by=who())
+            out.print(plain(run_id))
+            link = console_link(ctx.obj["settings"], run_id)
+            if link:  # on stderr: `RUN=$(toren run ...)` gets the id alone
+                err.print(plain(f"console: {link}"))
+            if wait:
+                state = await _until_settled(client, run_id)
+                if state.status == "parked":
+                    for line in await _parked(client, run_id, state):
+                        out.print(plain(line))
+                else:
+                    out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
+        finally:
+            await client.close()
+
+    @main.group()
+    def jobs() -> None:
+        """Inspect and steer runs."""
+
+    @jobs.command("list")
+    @click.option("--status", type=click.Choice(STATUSES))
+    @click.option("--agent")
+    @click.option(
+        "--limit", type=click.IntRange(min=1, max=_LIST_MAX), default=50, show_default=True
+    )
+    @click.pass_context
+    @run_async
+    async def jobs_list(
+        ctx: click.Context, status: str | None, agent: str | None, limit: int
+    ) -> None:
+        """The newest runs with their status and cost."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            rows = await list_runs(client, status=status, agent=agent, limit=limit)
+        finally:
+            await client.close()
+        table = Table()
+        for col in ("run", "agent", "status", "calls", "paid $", "started"):
+            table.add_column(col)
+        for row in rows:
+            table.add_row(
+                plain(row.id),
+                plain(row.agent),
+                plain(row.status),
+                str(row.calls_made),
+                f"{Decimal(row.usd_paid):.6f}",
+                row.created_at.isoformat(timespec="seconds"),
+            )
+        out.print(table)
+
+    @jobs.command("show")
+    @click.argument("run_id")
+    @click.option("--json", "as_json", is_flag=True, help="Print the run and its events as JSON.")
+    @click.option(
+        "--after",
+        type=click.IntRange(min=0, max=_SEQ_MAX),
+        default=0,
+        help="Only the events after this sequence number (the next page: the last one shown).",
+    )
+    @click.option(
+        "--limit",
+        type=click.IntRange(min=1, max=_SEQ_MAX),
+        default=EVENTS_PAGE,
+        show_default=True,
+        help="At most this many events.",
+    )
+    @click.pass_context
+    @run_async
+    async def jobs_show(
+        ctx: click.Context, run_id: str, as_json: bool, after: int, limit: int
+    ) -> None:
+        """The run's timeline, its sandboxed calls and its receipt. Each sandboxed call shows
+        its command, where, how it ended and the first lines of its output (all of it with
+        --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
+        ones with --after, as the line that ends it says. With --json the events are
+        `events`, each with its timeline line, and `more_events` says whether more follow."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            run_id = await resolve(client, run_id)
+            state = await _read(client, run_id)
+            sandbox = await sandbox_of(client.pool, run_id)
+            over = state.status in ENDED
+            calls = await read_calls(client.pool, run_id, ended=over)
+            entries = await client.journal(run_id, after=after, limit=limit + 1)
+            more, entries = len(entries) > limit, entries[:limit]
+            if as_json:
+                shown = record(run_id, state) | {
+                    "sandbox": sandbox.to_json() if sandbox else None,
+                    "commands": [c.to_json() for c in calls],
+                    "events": [event_record(e) for e in entries],
+                    "more_events": more,
+                }
+                # ASCII escapes: any text a run holds prints, lone surrogates included.
+                click.echo(json.dumps(shown, indent=2, ensure_ascii=True))
+                return
+            for entry in entries:
+                out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
+            if more:
+                out.print(
+                    plain(
+                        f"   ...  more events: {toren_command()} jobs show {run_id} "
+                        f"--after {entries[-1].seq}"
+                    )
+                )
+            if sandbox is not None or calls:
+                out.print()
+            if sandbox is not None:
+                out.print(plain(described(sandbox)))
+            if calls:
+                out.print(plain("sandboxed calls:"))
+                for line in call_lines(calls, run_id):
+                    out.print(plain(line))
+            if state.parent:
+                out.print(plain(f"\nstarted by run {state.parent} (a cross-agent call)"))
+            for call_id, child in state.children.items():
+                ended = state.finished.get(child.run_id)
+                how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
+                out.print(plain(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})"))
+            r = receipt(state)
+            out.print(
+                plain(
+                    f"\nstatus {state.status}. receipt: {r.calls_made} calls made, "
+                    f"{r.calls_replayed} replayed; {r.input_tokens} in / {r.output_tokens} out "
+                    f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
+                    + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")
+                    + (
+                        f"; {r.calls_lost} lost in flight (about "
+                        f"${r.usd_lost_estimated} estimated, not in paid)"
+                        if r.calls_lost
+                        else ""
+                    )
+                    + (
+                        f"; compactions: {r.compactions_soft} soft, {r.compactions_hard} hard, "
+                        f"about {r.tokens_saved} input tokens saved"
+                        if r.compactions_soft or r.compactions_hard
+                        else ""
+                    )
+                    + (
+                        f"; child runs: {r.child_runs}, {r.child_calls_made} calls, "
+                        f"${r.child_usd_paid} (total ${r.usd_total})"
+                        + (
+                            f", {r.child_calls_lost} lost in flight (about "
+                            f"${r.child_usd_lost_estimated} estimated)"
+                            if r.child_calls_lost
+                            else ""
+                        )
+                        if r.child_runs
+                        else ""
+                    )
+                )
+            )
+            link = console_link(ctx.obj["settings"], run_id)
+            if link:
+                out.print(plain(f"console: {link}"))
+        finally:
+            await client.close()
+
+    @jobs.command("tail")
+    @click.argument("run_id")
+    @click.pass_context
+    @run_async
+    async def jobs_tail(ctx: click.Context, run_id: str) -> None:
+        """Follow a run's events until it completes or fails."""
+        client = await _client(ctx.obj["settings"])
+        try:
+            run_id = await resolve(client, run_id)
+            seen = 0
+            while True:
+                for entry in await client.journal(run_id, after=seen):
+                    out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
+                    seen = entry.seq
+                    if entry.type in ("run.completed", "run.failed", "toren.failed"):
+                        return
+                await anyio.sleep(0.5)
+        finally:
+            await client.close()
+
+    def steer(
+        name: str, help_text: str, action: Any, *, text: bool = False, reason: bool = False
+    ) -> None:
+        params: list[click.Parameter] = [click.Argument(["run_id"])]
+        if text:
+            params.append(click.Argument(["text"]))
+        if reason:
+            params.append(
+                click.Option(["--reason"], default="", help="Recorded with the decision.")
+            )
+
+        @click.pass_context
+        @run_async
+        async def command(ctx: click.Context, /, run_id: str, **kwargs: Any) -> None:
+            settings: Settings = ctx.obj["settings"]
+            client = await _client(settings)
+            try:
+                run_id = await resolve(client, run_id)
+                await action(client, run_id, settings=settings, **kwargs)
+                out.print(plain(f"{name}: sent to {run_id}"))
+            finally:
+                await client.close()
+
+        jobs.add_command(click.Command(name, callback=command, params=params, help=help_text))
+
+    async def send(c: Client, r: str, text: str, settings: Settings) -> None:
+        await say(c, r, text, by=who(), cap=settings.max_message_bytes)
+
+    async def stop(c: Client, r: str, reason: str, settings: Settings) -> None:
+        await cancel(c, r, by=who(), reason=reason)
+
+    async def again(c: Client, r: str, settings: Settings) -> None:
+        await retry(c, r, by=who())
+
+    steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
+    steer("cancel", "Cancel RUN.", stop, reason=True)
+    steer("retry", "Resume failed RUN from its last good step.", again)
+
+    def decision(name: str, help_text: str, approved: bool) -> None:
+        @jobs.command(name, help=help_text)
+        @click.argument("run_id")
+        @click.option("--call", "call_id", help="The waiting call to decide (its call id).")
+        @click.option(
+            "--run",
+            "run",
+            help="The run whose call it is (RUN or a child run of it), when the call id waits "
+            "in several.",
+        )
+        @click.option("--reason", default="", help="Recorded with the decision.")
+        @click.pass_context
+        @run_async
+        async def command(
+            ctx: click.Context, run_id: str, call_id: str | None, run: str | None, reason: str
+        ) -> None:
+            client = await _client(ctx.obj["settings"])
+            try:
+                await _decide(
+                    client,
+                    await resolve(client, run_id),
+                    call_id,
+                    approved=approved,
+                    reason=reason,
+                    run=await resolve(client, run) if run else None,
+                )
+            finally:
+                await client.close()
+
+    decision(
+        "approve",
+        "Approve the tool call RUN waits on. It is shown first; with several, name it with --call.",
+        True,
+    )
+    decision(
+        "deny",
+        "Deny the tool call RUN waits on. The model is told why; with several, name it with "
+        "--call.",
+        False,
+    )
+
+
+class DecisionNotApplied(TorenError):
+    """The run did not apply a decision (its call does not wait, or was decided otherwise)."""
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"not applied: {detail}")
+
+
+async def _decide(
+    client: Client,
+    run_id: str,
+    call_id: str | None,
+    *,
+    approved: bool,
+    reason: str,
+    run: str | None = None,
+) -> None:
+    """Show the call decided, decide it, and report what the run did (exit 1 if refused).
+    Calls the run's child runs wait on are listed and decided from the parent too."""
+    state = await _read(client, run_id)
+    waiting = await _waiting(client, run_id, state)
+    if call_id is None:
+        if not waiting:
+            raise DecisionNotApplied(
+                f"{run_id} is not waiting for a decision (it is {state.status})"
+            )
+        if len(waiting) > 1:
+            calls = ", ".join(f"{c.name} (--call {c.id})" for _, c in waiting)
+            raise ConfigError(
+                f"{run_id} waits for {len(waiting)} decisions: {calls}",
+                hint="Name the one you decide with --call.",
+            )
+        run, call_id = waiting[0][0], waiting[0][1].id
+    verb = "approving" if approved else "denying"
+    try:
+        target, _ = await decision_target(client, run_id, call_id, run)
+    except AmbiguousDecision as exc:
+        raise ConfigError(str(exc), hint="Name it with --run.") from exc
+    for where, call in waiting:
+        if call.id == call_id and where == target:
+            out.print(plain(f"{verb} {await _call_text(client, run_id, where, call)}"))
+    outcome = await decide(
+        client, target, call_id=call_id, approved=approved, by=who(), reason=reason
+    )
+    if outcome is None:
+        out.print(
+            plain(
+                f"pending: no worker answered within {DECISION_WAIT:g}s; the decision is queued "
+                f"and is applied only if call {call_id} still waits when the run handles it"
+            )
+        )
+    elif not outcome.accepted:
+        raise DecisionNotApplied(outcome.detail)
+    else:
+        out.print(plain(outcome.detail))
+
+
+async def _waiting(client: Client, run_id: str, state: RunState) -> list[tuple[str, ToolCall]]:
+    """The calls waiting for a decision in the run and in its child runs, with the run each
+    waits in."""
+    waiting = [(run_id, c) for c in waiting_on(state)]
+    for below, _, _ in await waiting_below(client, run_id):
+        waiting.extend((below, c) for c in waiting_on(await read_run(client, below)))
+    return waiting
+
+
+async def _call_text(client: Client, run_id: str, where: str, call: ToolCall) -> str:
+    """``TOOL ARGUMENTS [in CWD] (call ID [of child run RUN])``: a waiting call, as a person
+    deciding it needs to see it."""
+    arguments = json.dumps(call.arguments, ensure_ascii=True)
+    of = f" of child run {where}" if where != run_id else ""
+    cwd = (await approval_cwds(client.pool, where, [call.id])).get(call.id)
+    at = f" in {cwd}" if cwd else ""  # a sandboxed command: where it would run
+    return f"{call.name} {arguments}{at} (call {call.id}{of})"
+
+
+async def _parked(client: Client, run_id: str, state: RunState) -> list[str]:
+    """What ``toren run --wait`` prints for a parked run: what it waits on and the exact
+    commands that move it on."""
+    toren = toren_command()
+    waiting = await _waiting(client, run_id, state)
+    lines = []
+    for where, call in waiting:
+        named = f" --call {call.id}" if len(waiting) > 1 else ""
+        lines += [
+            f"parked: waiting for approval of {await _call_text(client, run_id, where, call)}",
+            f"  approve: {toren} jobs approve {run_id}{named}",
+            f"  deny:    {toren} jobs deny {run_id}{named} --reason WHY",
+        ]
+    if not waiting and state.running:
+        children = ", ".join(f"{c.run_id} ({c.agent})" for c in state.running.values())
+        lines.append(f"parked: waiting for child run(s) {children}")
+    if not lines:
+        lines.append("parked: waiting for a timer or a message")
+    lines.append(f"  its timeline: {toren} jobs show {run_id}")
+    return lines
+
+
+async def _check_served(client: Client, agent: str) -> None:
+    """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
+    try:
+        if not await check_served(client, agent):
+            err.print(
+                plain(
+                    f"note: no worker is running; the run starts when one with agent {agent!r} does"
+                )
+            )
+    except AgentNotServed as exc:
+        raise ConfigError(
+            f"no live worker runs agent {agent!r} "
+            f"(they run: {', '.join(sorted(exc.served)) or 'no agents'})",
+            hint="Start a worker with --app naming the module that defines it.",
+        ) from None
+
+
+async def _until_settled(client: Client, run_id: str) -> RunState:
+    """The run's state once it has ended (completed, failed, cancelled) or parked: its status is
+    polled from its row (nothing folded meanwhile), the state read once at the end."""
+    settled = (*ENDED, "parked")
+    while True:
+        if await run_status(client, run_id) in settled:
+            state = await read_run(client, run_id)
+            if state.status in settled:  # not gone on meanwhile
+                return state
+        await anyio.sleep(0.25)

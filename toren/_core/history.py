@@ -1,0 +1,310 @@
+"""History: a persistent sequence for the long, append-mostly parts of an actor's state.
+
+A run's calls and conversation only grow, and most of what they hold is never read again by the
+run itself (the next step reads the latest turns; the next model request reads the conversation
+once). A :class:`History` is an immutable sequence with two parts: a *stored prefix*, in chunks
+that a snapshot wrote (raw JSON, decoded the first time something reads into the chunk), and a
+*tail* of items added since (a persistent vector). Appending costs the same whatever the length;
+activating an actor from its snapshot costs the bytes of its chunks, not the objects in them.
+
+A snapshot (:mod:`toren._core.snapshots`) writes the tail as one new chunk and keeps the chunks it
+already wrote, so writing a snapshot costs what was added since the last one.
+
+Reading past the tail (an index into a stored chunk) decodes that chunk once; changing an item of
+a stored chunk (``set``) or cutting into one (a slice) moves the chunk's items into the tail, so
+the chunk is written again by the next snapshot. Both are rare for a run (its last turn is
+changed, which is in the tail or the last chunk; invalidation cuts).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar, overload
+
+from pyrsistent import PMap, PVector, pmap, pvector
+
+T = TypeVar("T")
+
+
+class Chunk(Generic[T]):
+    """Items a snapshot stored under ``key``: ``count`` of them, decoded on first use.
+
+    Immutable in meaning: the decoded items are cached (and the stored bytes then let go), and
+    decoding twice (two threads at once) gives equal items. ``checksum`` is what the snapshot
+    that names the chunk recorded for its bytes.
+    """
+
+    __slots__ = ("_decode", "_items", "_lock", "checksum", "count", "key", "raw")
+
+    def __init__(
+        self,
+        key: str,
+        count: int,
+        raw: bytes,
+        decode: Callable[[bytes], Sequence[T]],
+        *,
+        checksum: str = "",
+        items: tuple[T, ...] | None = None,
+    ) -> None:
+        self.key = key
+        self.count = count
+        self.raw = raw if items is None else b""
+        self.checksum = checksum
+        self._decode = decode
+        self._items = items
+        self._lock = threading.Lock()
+
+    @property
+    def decoded(self) -> bool:
+        return self._items is not None
+
+    def items(self) -> tuple[T, ...]:
+        """The chunk's items.
+
+        Raises:
+            ValueError: the stored chunk does not hold ``count`` items (a damaged snapshot).
+        """
+        items = self._items
+        if items is None:
+            with self._lock:
+                items = self._items
+                if items is None:
+                    try:
+                        items = tuple(self._decode(self.raw))
+                    except Exception as exc:
+                        raise ValueError(
+                            f"snapshot chunk {self.key!r} cannot be read: {exc}"
+                        ) from exc
+                    if len(items) != self.count:
+                        raise ValueError(
+                            f"snapshot chunk {self.key!r} holds {len(items)} items, "
+                            f"not {self.count}"
+                        )
+                    self._items = items
+                    self.raw = b""
+        return items
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.key!r}, count={self.count}, decoded={self.decoded})"
+
+
+class History(Sequence[T]):
+    """An immutable sequence: stored chunks, then a persistent tail."""
+
+    __slots__ = ("_chunks", "_starts", "_stored", "_tail")
+
+    def __init__(
+        self, items: Iterable[T] = (), *, chunks: Sequence[Chunk[T]] = (), tail: Any = None
+    ) -> None:
+        self._chunks: tuple[Chunk[T], ...] = tuple(chunks)
+        starts, total = [], 0
+        for chunk in self._chunks:
+            starts.append(total)
+            total += chunk.count
+        self._starts: tuple[int, ...] = tuple(starts)
+        self._stored = total
+        if tail is not None:
+            self._tail: PVector[T] = tail
+        else:
+            self._tail = pvector(items)
+
+    def _with_tail(self, tail: PVector[T]) -> History[T]:
+        """The same stored chunks with ``tail``: what every append makes, so nothing about the
+        chunks is worked out again."""
+        made: History[T] = History.__new__(History)
+        made._chunks, made._starts, made._stored = self._chunks, self._starts, self._stored
+        made._tail = tail
+        return made
+
+    # What snapshots need.
+
+    @property
+    def chunks(self) -> tuple[Chunk[T], ...]:
+        """The stored chunks, in order."""
+        return self._chunks
+
+    @property
+    def tail(self) -> PVector[T]:
+        """The items added since the stored chunks."""
+        return self._tail
+
+    def stored(self, chunk: Chunk[T], keep: int = 0) -> History[T]:
+        """This sequence with its tail but the last ``keep`` items stored as ``chunk`` (which
+        holds those items)."""
+        kept = self._tail[len(self._tail) - keep :] if keep else pvector()
+        return History(chunks=(*self._chunks, chunk), tail=pvector(kept))
+
+    # Sequence.
+
+    def __len__(self) -> int:
+        return self._stored + len(self._tail)
+
+    @overload
+    def __getitem__(self, index: int) -> T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> History[T]: ...
+
+    def __getitem__(self, index: int | slice) -> T | History[T]:
+        if isinstance(index, slice):
+            return self._slice(index)
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("History index out of range")
+        if i >= self._stored:
+            return self._tail[i - self._stored]
+        c = bisect.bisect_right(self._starts, i) - 1
+        return self._chunks[c].items()[i - self._starts[c]]
+
+    def __iter__(self) -> Iterator[T]:
+        for chunk in self._chunks:
+            yield from chunk.items()
+        yield from self._tail
+
+    def __reversed__(self) -> Iterator[T]:
+        yield from reversed(self._tail)
+        for chunk in reversed(self._chunks):
+            yield from reversed(chunk.items())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, History):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        if isinstance(other, PVector | list | tuple):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"History({len(self)} items, {len(self._chunks)} stored chunks)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled and copied (``copy.deepcopy``) by its items, as a tuple is: a stored chunk's
+        # decoder and lock stay behind.
+        return (History, (tuple(self),))
+
+    # Persistent updates: each returns a new History; this one is unchanged.
+
+    def append(self, item: T) -> History[T]:
+        return self._with_tail(self._tail.append(item))
+
+    def extend(self, items: Iterable[T]) -> History[T]:
+        return self._with_tail(self._tail.extend(items))
+
+    def set(self, index: int, item: T) -> History[T]:
+        n = len(self)
+        i = index + n if index < 0 else index
+        if not 0 <= i < n:
+            raise IndexError("History index out of range")
+        if i >= self._stored:
+            return self._with_tail(self._tail.set(i - self._stored, item))
+        # Into a stored chunk: that chunk and the ones after it become tail again.
+        c = bisect.bisect_right(self._starts, i) - 1
+        return self._opened(c).set(i, item)
+
+    def _opened(self, c: int) -> History[T]:
+        """The same items with chunks ``c`` on moved into the tail."""
+        moved = [x for chunk in self._chunks[c:] for x in chunk.items()]
+        return History(chunks=self._chunks[:c], tail=pvector(moved).extend(self._tail))
+
+    def _slice(self, s: slice) -> History[T]:
+        start, stop, step = s.indices(len(self))
+        if step != 1:
+            return History(list(self)[s])
+        if start == 0:
+            # A prefix (what a run keeps when it voids later steps): whole chunks kept as they are.
+            c = bisect.bisect_right(self._starts, stop) - 1 if self._chunks else -1
+            while c >= 0 and self._starts[c] + self._chunks[c].count > stop:
+                c -= 1
+            kept = self._chunks[: c + 1]
+            done = sum(chunk.count for chunk in kept)
+            rest = History(chunks=self._chunks[c + 1 :], tail=self._tail)
+            return History(chunks=kept, tail=pvector(rest._items(0, stop - done)))
+        return History(self._items(start, stop))
+
+    def _items(self, start: int, stop: int) -> list[T]:
+        """Items ``start`` to ``stop`` (in range), reading only the chunks that hold them."""
+        if stop <= start:
+            return []
+        if start >= self._stored:
+            return list(self._tail[start - self._stored : stop - self._stored])
+        c = bisect.bisect_right(self._starts, start) - 1
+        items = itertools.chain(
+            (x for chunk in self._chunks[c:] for x in chunk.items()), self._tail
+        )
+        return list(itertools.islice(items, start - self._starts[c], stop - self._starts[c]))
+
+
+class Ledger(Mapping[str, T]):
+    """An immutable map whose values are kept in a :class:`History`, found through an index of
+    positions: a snapshot stores the values in chunks like any History (read when looked up),
+    and only the index (keys and positions) in its row. For the large maps of a state whose
+    values are only ever added (a run's tool intents and results by call id).
+
+    A value replaced or dropped stays in the History, out of the index (both are rare for the
+    maps it is made for)."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(
+        self,
+        items: Mapping[str, T] | Iterable[tuple[str, T]] = (),
+        *,
+        index: PMap[str, int] | None = None,
+        values: History[T] | None = None,
+    ) -> None:
+        if index is not None and values is not None:
+            self._index, self._values = index, values
+            return
+        pairs = list(items.items() if isinstance(items, Mapping) else items)
+        self._values = History([v for _, v in pairs])
+        self._index = pmap({k: i for i, (k, _) in enumerate(pairs)})
+
+    @property
+    def index(self) -> PMap[str, int]:
+        """Each key's position in :attr:`values`."""
+        return self._index
+
+    @property
+    def values_kept(self) -> History[T]:
+        """Every value added, those replaced or dropped included."""
+        return self._values
+
+    def with_values(self, values: History[T]) -> Ledger[T]:
+        """The same map over ``values`` (which holds the same items, stored otherwise)."""
+        return Ledger(index=self._index, values=values)
+
+    def __getitem__(self, key: str) -> T:
+        return self._values[self._index[key]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"Ledger({len(self)} keys)"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Ledger, (dict(self.items()),))
+
+    def set(self, key: str, value: T) -> Ledger[T]:
+        return Ledger(
+            index=self._index.set(key, len(self._values)), values=self._values.append(value)
+        )
+
+    def without(self, keys: Iterable[str]) -> Ledger[T]:
+        drop = self._index.evolver()
+        for key in set(keys):
+            if key in self._index:
+                del drop[key]
+        return Ledger(index=drop.persistent(), values=self._values)

@@ -1,0 +1,105 @@
+"""``/metrics`` (Prometheus, through ``prometheus_client``) and ``/healthz``."""
+
+from __future__ import annotations
+
+import anyio
+import asyncpg
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from toren._core.leases import live_worker_count, live_workers
+from toren._surfaces.http.common import ACCESS, CLIENT, json
+from toren._surfaces.http.models import Health, WorkerInfo
+from toren.runs.events import STATUSES
+
+REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+_REQUESTS: web.AppKey[Counter] = web.AppKey("requests", Counter)
+_LATENCY: web.AppKey[Histogram] = web.AppKey("latency", Histogram)
+_RUNS: web.AppKey[Gauge] = web.AppKey("runs", Gauge)
+_WORKERS: web.AppKey[Gauge] = web.AppKey("workers", Gauge)
+
+
+def install(app: web.Application) -> None:
+    registry = CollectorRegistry()
+    app[REGISTRY] = registry
+    app[_REQUESTS] = Counter(
+        "toren_http_requests",
+        "HTTP requests answered, by method, route and status.",
+        ["method", "route", "status"],
+        registry=registry,
+    )
+    app[_LATENCY] = Histogram(
+        "toren_http_request_seconds",
+        "Time to answer an HTTP request (streams: until they end).",
+        ["route"],
+        registry=registry,
+    )
+    app[_RUNS] = Gauge("toren_runs", "Runs by status.", ["status"], registry=registry)
+    app[_WORKERS] = Gauge("toren_workers_live", "Live workers.", registry=registry)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/healthz", healthz)
+
+
+def observe(app: web.Application, method: str, route: str, status: int, seconds: float) -> None:
+    app[_REQUESTS].labels(method, route, str(status)).inc()
+    app[_LATENCY].labels(route).observe(seconds)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    app = request.app
+    pool = app[CLIENT].pool
+    # Counts kept as runs change status (migration 0006): a few rows, however many runs.
+    rows = await pool.fetch("SELECT status, n FROM toren.run_status_counts")
+    counts = {r["status"]: r["n"] for r in rows}
+    for status in STATUSES:
+        app[_RUNS].labels(status).set(counts.get(status, 0))
+    app[_WORKERS].set(await live_worker_count(pool))
+    return web.Response(
+        body=generate_latest(app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST}
+    )
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Whether the database answers and how many workers are live; to an authenticated caller
+    also which workers, their versions, and version skew."""
+    pool = request.app[CLIENT].pool
+    try:
+        with anyio.fail_after(3):
+            rows = await live_workers(pool)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        health = Health(
+            status="degraded",
+            database=False,
+            workers_live=0,
+            workers=None,
+            versions=None,
+            version_skew=False,
+        )
+        return json(health, status=503)
+    workers = [
+        WorkerInfo(
+            worker_id=str(r["worker_id"]),
+            name=r["name"],
+            version=r["version"],
+            heartbeat_at=r["heartbeat_at"].isoformat(),
+        )
+        for r in rows
+    ]
+    versions = sorted({w.version for w in workers})
+    shown = ACCESS in request  # authenticated: the middleware passed optional credentials
+    health = Health(
+        status="ok",
+        database=True,
+        workers_live=len(workers),
+        workers=workers if shown else None,
+        versions=versions if shown else None,
+        version_skew=len(versions) > 1,
+    )
+    return json(health)

@@ -1,0 +1,76 @@
+"""Run states for the API: each run folded once, then brought up to date with the events
+committed since, in one statement per read.
+
+A journal only grows, so a state folded up to ``seq`` plus the events after ``seq`` is the
+state folded from the start; the first read of a run starts from its snapshot. States are kept
+for the most recently read runs (an LRU of ``size``); a run that is gone is forgotten.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from datetime import datetime
+
+import asyncpg
+from aiohttp import web
+
+from toren._core.codec import decode
+from toren._core.journal import replay
+from toren._surfaces.http.common import ProblemError
+from toren.runs import RUN_KIND, SNAPSHOT_VERSION, RunState, fold
+
+SNAPSHOTS = (RunState, SNAPSHOT_VERSION)
+
+_READ = """
+SELECT a.kind, a.created_at, j.seq, j.type, j.data
+FROM toren.actors a
+LEFT JOIN toren.journal j ON j.actor_id = a.actor_id AND j.seq > $2
+WHERE a.actor_id = $1
+ORDER BY j.seq
+"""
+
+
+STATES: web.AppKey[RunStates] = web.AppKey("run_states")
+
+
+class RunStates:
+    """Folded run states, kept for the ``size`` runs read last."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self._states: OrderedDict[str, tuple[int, RunState]] = OrderedDict()
+
+    async def read(self, pool: asyncpg.Pool, rid: str) -> tuple[RunState, datetime]:
+        """Run ``rid``'s state and creation time.
+
+        Raises:
+            ProblemError: 404, no such run.
+        """
+        held = self._states.get(rid)
+        if held is None:
+            # First read: from the run's snapshot, if it keeps one, then the events since.
+            kind = await pool.fetchval("SELECT kind FROM toren.actors WHERE actor_id = $1", rid)
+            if kind != RUN_KIND:
+                raise ProblemError(404, "Not found", f"no run {rid}")
+            rebuilt = await replay(pool, rid, RunState(), fold, snapshots=SNAPSHOTS)
+            held = (rebuilt.seq, rebuilt.state)
+        seq, state = held
+        rows = await pool.fetch(_READ, rid, seq)
+        if not rows or rows[0]["kind"] != RUN_KIND:
+            self._states.pop(rid, None)
+            raise ProblemError(404, "Not found", f"no run {rid}")
+        if seq and rows[0]["seq"] is not None and rows[0]["seq"] != seq + 1:
+            # Not the events after ours: the run was replaced under the same id. Start over.
+            self._states.pop(rid, None)
+            return await self.read(pool, rid)
+        for row in rows:
+            if row["seq"] is not None:
+                state = fold(state, decode(row["type"], row["data"]))
+                seq = row["seq"]
+        held = self._states.get(rid)
+        if held is None or held[0] <= seq:  # a concurrent read may have gone further
+            self._states[rid] = (seq, state)
+        self._states.move_to_end(rid)
+        while len(self._states) > self.size:
+            self._states.popitem(last=False)
+        return state, rows[0]["created_at"]
