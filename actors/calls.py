@@ -35,7 +35,8 @@ import attrs
 
 from toren import Agent, Context, Principal
 from toren.actors.bounds import cut_result, shown
-from toren.kernel import kill_point, published
+from toren.directory import published
+from toren.kernel import kill_point
 from toren.runs import (
     ENDED,
     MESSAGE_CAP,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from toren import ChildFailed, Context
-from toren.kernel import route_served
+from toren.directory import route_served
 from toren.runs import (
     ENDED,
     Agent,

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from tests.conftest import ROOT, wait_for
-from toren.kernel import recorded_dev_url
+from toren import recorded_dev_url
 
 pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 

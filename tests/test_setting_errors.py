@@ -10,9 +10,9 @@ import pytest
 
 from tests.test_cli import toren
 from toren._agent.app import load_app
-from toren._core.config import Settings
 from toren._core.errors import ConfigError
 from toren._core.secret_files import read_secret_files
+from toren._settings import Settings
 from toren.channels import Telegram
 from toren.providers import RetryPolicy
 from toren.sandbox.store import store_from_url

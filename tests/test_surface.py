@@ -28,7 +28,7 @@ def test_public_api_is_pinned() -> None:
         "Principal", "RestartStore",
         "Settings", "SupervisorEscalation", "Tool", "ToolContext", "TorenError", "UnknownActor",
         "UnknownActorKind", "UnknownMessageType", "__version__", "durable_sleep", "event",
-        "message", "tool",
+        "message", "recorded_dev_url", "tool",
     ]  # fmt: skip
     # (the order within __all__ is ruff's RUF022: constants, classes, functions)
     for name in toren.__all__ + toren.kernel.__all__:

@@ -6,6 +6,7 @@ payload types, :class:`Client` to spawn, send and ask, :class:`Settings`, and th
 
 from toren._agent.agents import Agent, Tool, ToolContext, durable_sleep, tool
 from toren._agent.principal import Principal
+from toren._cli.dev_state import recorded_dev_url
 from toren._core.actor import (
     Actor,
     ActorFailed,
@@ -17,7 +18,6 @@ from toren._core.actor import (
 )
 from toren._core.client import AskError, Client, DeadLetter
 from toren._core.codec import event, message
-from toren._core.config import Settings
 from toren._core.errors import (
     ActorAlreadyExists,
     ActorNotLive,
@@ -39,6 +39,7 @@ from toren._core.errors import (
 from toren._core.history import History, Ledger
 from toren._core.journal import JournalEntry
 from toren._core.restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
+from toren._settings import Settings
 from toren._version import __version__
 
 __all__ = [
@@ -83,5 +84,6 @@ __all__ = [
     "durable_sleep",
     "event",
     "message",
+    "recorded_dev_url",
     "tool",
 ]

@@ -31,21 +31,29 @@ from toren._agent.tables import (
     unloaded_tables,
 )
 from toren._cli.channels import register as register_channel_commands
-from toren._cli.common import Unshown, database_url, out, print_error, run_async, run_reporting
+from toren._cli.common import (
+    Unshown,
+    channel_variables,
+    database_url,
+    out,
+    print_error,
+    run_async,
+    run_reporting,
+)
 from toren._cli.init import register as register_init_command
 from toren._cli.runs import register as register_run_commands
 from toren._cli.sandboxes import register as register_sandbox_commands
 from toren._cli.serve import register as register_serve_commands
 from toren._cli.up import register as register_up_command
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.logs import LEVELS, configure, show_info_from
 from toren._core.migrate import migrate as apply_migrations
-from toren._core.secret_files import channel_variables, read_secret_files
+from toren._core.secret_files import read_secret_files
 from toren._core.terminal import plain
+from toren._settings import Settings
 
 
 def _settings(ctx: click.Context) -> Settings:

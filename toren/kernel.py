@@ -5,9 +5,6 @@ and the worker. The lease keeper, the dispatcher and the worker tree use what is
 and only this, so that the kernel's internals can change without touching them.
 """
 
-from toren._agent.directory import Card, local_cards, published, route_served
-from toren._agent.directory import attach as attach_directory
-from toren._cli.dev_state import recorded_dev_url
 from toren._core.actor import actor_kinds
 from toren._core.codec import decode
 from toren._core.db import (
@@ -42,14 +39,12 @@ from toren._core.terminal import printable
 __all__ = [
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
-    "Card",
     "Claim",
     "EmbeddedPostgres",
     "LeaseClock",
     "MessageDeadLettered",
     "WorkerSession",
     "actor_kinds",
-    "attach_directory",
     "claim",
     "code_version",
     "connect",
@@ -59,17 +54,13 @@ __all__ = [
     "json_text",
     "kill_point",
     "live_workers",
-    "local_cards",
     "mark_failed",
     "migrate",
     "open_death_watch",
     "printable",
-    "published",
-    "recorded_dev_url",
     "release",
     "release_claim",
     "renew",
-    "route_served",
     "safe_text",
     "schema_status",
     "utf8_size",

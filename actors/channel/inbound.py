@@ -45,7 +45,8 @@ from toren.channels import (
     redact,
     telegram_principal,
 )
-from toren.kernel import TRANSIENT_DB_ERRORS, printable, route_served, utf8_size
+from toren.directory import route_served
+from toren.kernel import TRANSIENT_DB_ERRORS, printable, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 

@@ -16,11 +16,11 @@ import anyio
 import asyncpg
 
 from toren import Settings
+from toren.directory import attach as attach_directory
 from toren.kernel import (
     ActorHost,
     Claim,
     LeaseClock,
-    attach_directory,
     mark_failed,
     release_claim,
 )

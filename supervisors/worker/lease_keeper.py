@@ -24,7 +24,8 @@ import asyncpg
 import psutil
 
 from toren import Settings, TorenError
-from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, local_cards, renew
+from toren.directory import local_cards
+from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
 from toren.runs import served_routes
 from toren.supervisors.worker.hosts import HostRegistry
 

@@ -9,11 +9,11 @@ from pathlib import Path
 from types import ModuleType
 
 from toren._agent.agents import Agent, agent_named, agents_in, register_agents
-from toren._core.config import Settings
+from toren._agent.settings import AgentSettings
 from toren._core.errors import ConfigError
 
 
-def load_app(spec: str, settings: Settings | None = None) -> ModuleType:
+def load_app(spec: str, settings: AgentSettings | None = None) -> ModuleType:
     """Import ``MODULE[:ATTR]`` so that its actor classes and payload types register, and
     register its agents, each merged with its ``[agents.NAME]`` table in ``settings``.
 

@@ -26,8 +26,8 @@ from toren._cli.common import database_url, out, run_async
 from toren._cli.run_ids import resolve
 from toren._cli.runs import who
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.terminal import plain, printable
+from toren._settings import Settings
 from toren.channels import client as api
 
 TEXT_WIDTH = 80

@@ -28,12 +28,12 @@ from toren._cli.dev_state import (
     write_record,
 )
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.db import EmbeddedPostgres, connect
 from toren._core.errors import InternalError
 from toren._core.killpoints import kill_point
 from toren._core.migrate import migrate
 from toren._core.terminal import plain
+from toren._settings import Settings
 from toren._surfaces.http import ServerOptions
 from toren._surfaces.serve import DEFAULT_PORT, serving
 from toren.runs import RunState, read_run, start_run

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from toren._cli.dev_state import read_record
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.errors import ConfigError
+from toren._settings import Settings
 from toren.runs.ids import AmbiguousRun, NotARunId, RunNotFound, find_run
 
 

@@ -17,9 +17,9 @@ from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
 from toren._cli.timeline import describe, event_record, record
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
+from toren._settings import Settings
 from toren.runs import (
     DECISION_WAIT,
     ENDED,

@@ -20,9 +20,9 @@ from rich.table import Table
 from toren._cli.common import database_url, err, out, run_async
 from toren._cli.run_ids import resolve
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.errors import ConfigError
 from toren._core.terminal import plain, printable
+from toren._settings import Settings
 from toren.sandbox import WORKSPACE, Reap
 from toren.sandbox.listing import (
     SandboxedCall,

@@ -7,11 +7,11 @@ from rich.table import Table
 
 from toren._agent.agents import parse_duration
 from toren._cli.common import Unshown, database_url, err, out, run_async
-from toren._core.config import Settings
 from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.terminal import plain
+from toren._settings import Settings
 from toren._surfaces.http import ServerOptions
 from toren._surfaces.serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
 from toren._surfaces.tokens import SCOPES, create_token, list_tokens, revoke_token

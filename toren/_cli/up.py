@@ -14,15 +14,15 @@ from typing import Any
 
 import click
 
-from toren._cli.common import err, run_async
+from toren._cli.common import channel_variables, err, run_async
 from toren._cli.serve import host_option, port_option
-from toren._core.config import Settings
 from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.migrate import migrate
-from toren._core.secret_files import channel_variables, read_secret_files
+from toren._core.secret_files import read_secret_files
 from toren._core.terminal import plain
+from toren._settings import Settings
 from toren._surfaces.http import ServerOptions
 from toren._surfaces.serve import serving
 

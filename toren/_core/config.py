@@ -1,11 +1,13 @@
-"""Settings: what is not code. Read from ``toren.toml`` (or ``TOREN_CONFIG``) and ``TOREN_*``.
+"""The kernel's settings, and how every layer's settings are read.
 
+Settings are what is not code, read from ``toren.toml`` (or ``TOREN_CONFIG``) and ``TOREN_*``.
 Precedence, lowest first: defaults, the TOML file, environment variables, explicit overrides
 (command-line options). Invalid values raise :class:`~toren.ConfigError` naming the setting.
 
-Per-agent settings come from the file only (``[agents.NAME]`` tables, no environment variables):
-they replace values given in ``Agent(...)`` key by key, when the app's agents are registered
-(see :mod:`toren._agent.tables`).
+:class:`WorkerSettings` holds what the kernel reads: the database, leases and the worker. Each
+layer above adds its own fields in a class of its own, with the variables it reads (``ENV``) and
+the tables it parses (``TABLES``, :meth:`WorkerSettings.parse_tables`); ``toren.Settings``
+(:mod:`toren._settings`) is composed from them all. This module knows none of their fields.
 """
 
 from __future__ import annotations
@@ -15,21 +17,21 @@ import math
 import os
 import socket
 import tomllib
-import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Self
 from urllib.parse import urlsplit
 
 import attrs
 
-from toren._agent.tables import Tables, read_agent_tables
 from toren._core.errors import ConfigError
 from toren._core.secret_files import SUFFIX
 
 # Setting name -> (environment variable, type). The TOML file uses the setting names as keys,
-# at top level or under [worker].
-_ENV: dict[str, tuple[str, type]] = {
+# at top level or under [worker]; each layer's class names its own in ``ENV``.
+Env = Mapping[str, tuple[str, type]]
+
+_KERNEL_ENV: Env = {
     "database_url": ("TOREN_DATABASE_URL", str),
     "home": ("TOREN_HOME", Path),
     "lease_seconds": ("TOREN_LEASE_SECONDS", float),
@@ -43,22 +45,9 @@ _ENV: dict[str, tuple[str, type]] = {
     "actor_restart_intensity": ("TOREN_ACTOR_RESTART_INTENSITY", int),
     "actor_restart_period": ("TOREN_ACTOR_RESTART_PERIOD", float),
     "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
-    "max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int),
-    "secure_cookies": ("TOREN_SECURE_COOKIES", bool),
-    "trusted_proxies": ("TOREN_TRUSTED_PROXIES", tuple),
-    "streams_max": ("TOREN_STREAMS_MAX", int),
-    "streams_per_token": ("TOREN_STREAMS_PER_TOKEN", int),
-    "stream_idle_seconds": ("TOREN_STREAM_IDLE_SECONDS", float),
     "snapshot_every": ("TOREN_SNAPSHOT_EVERY", int),
-    "failed_auth_per_minute": ("TOREN_FAILED_AUTH_PER_MINUTE", int),
-    "sandboxes": ("TOREN_SANDBOXES", bool),
-    "workspace_store": ("TOREN_WORKSPACE_STORE", str),
-    "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
-    "telegram_api_url": ("TOREN_TELEGRAM_API_URL", str),
-    "console_url": ("TOREN_CONSOLE_URL", str),
 }
 
-_TABLES = {"worker"}  # and [agents.NAME], read by toren._agent.tables
 
 # What a value of each type must look like. An error says this instead of showing the value: a
 # value that does not parse may be a secret given in the wrong variable or file.
@@ -73,12 +62,12 @@ _EXPECTED: dict[type, str] = {
 _NOT_SHOWN = "The value is not shown, in case it is a secret given in the wrong place."
 
 
-def _positive(inst: Settings, attribute: attrs.Attribute[Any], value: float) -> None:
+def positive(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
     if not (value > 0 and math.isfinite(value)):  # NaN compares false both ways
         raise ConfigError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
-def _http_url(inst: Settings, attribute: attrs.Attribute[Any], value: str | None) -> None:
+def http_url(inst: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
     # Printed to a terminal beside a run: a space or a line break would print a line, or a
     # link, that is not the console's.
     if value is None:
@@ -97,7 +86,7 @@ def _http_url(inst: Settings, attribute: attrs.Attribute[Any], value: str | None
         )
 
 
-def _networks(value: Any, where: str = "trusted_proxies") -> tuple[str, ...]:
+def networks(value: Any, where: str = "trusted_proxies") -> tuple[str, ...]:
     """Addresses or networks, from a list or a comma-separated string.
 
     Raises:
@@ -120,15 +109,9 @@ def _networks(value: Any, where: str = "trusted_proxies") -> tuple[str, ...]:
     return tuple(found)
 
 
-def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
-    return types.MappingProxyType(
-        {name: types.MappingProxyType(dict(table)) for name, table in value.items()}
-    )
-
-
 @attrs.frozen(kw_only=True)
-class Settings:
-    """Runtime settings of a worker or a client.
+class WorkerSettings:
+    """The kernel's settings: the database, leases and the worker.
 
     Attributes:
         database_url: Postgres URL; ``None`` means the embedded server under ``home``.
@@ -147,71 +130,33 @@ class Settings:
         actor_restart_period: The window for ``actor_restart_intensity``, in seconds.
         dedupe_retention_seconds: How long a used dedupe key is remembered (7 days by default);
             a repeated send within that window is a no-op.
-        max_message_bytes: The largest human message or run input (UTF-8 bytes) the API, the
-            CLI and the MCP server accept (64 KiB by default); a longer one is refused, never
-            truncated.
-        secure_cookies: Whether the console's session cookie is ``Secure``; unset, it is when
-            the request came over TLS (set it true behind a proxy that terminates TLS).
-        trusted_proxies: Addresses (or networks) of reverse proxies whose
-            ``X-Forwarded-For`` names the client (for the failed-sign-in limit and the access
-            log); from anyone else the header is ignored.
-        streams_max: Event streams one API server process keeps open at once (429 past it).
-        streams_per_token: Event streams one token (or session) may hold open per process.
-        stream_idle_seconds: An event stream with no new event for this long is closed (the
-            client reconnects with ``Last-Event-ID``).
-        failed_auth_per_minute: Failed sign-ins (bad bearer tokens, console sign-ins) one
-            client address may make per minute before it gets 429s.
         snapshot_every: Events between two snapshots of an actor that keeps them (a run: its
             state, so activating it reads that and the events since); unset, each kind's own
             (runs: 1,000).
-        sandboxes: Whether this worker runs sandboxes when Docker answers (default true);
-            false keeps it from serving them even where Docker is.
-        workspace_store: Where sandbox workspaces are checkpointed: a directory (or
-            ``file:///path``), or ``s3://bucket/prefix`` (endpoint from
-            ``TOREN_S3_ENDPOINT_URL`` for MinIO, R2 and the like). Unset: ``HOME/workspaces``,
-            which only workers on this machine can read: use S3 across machines.
-        sandbox_reap_seconds: How often a worker with Docker looks for sandbox containers
-            whose run has ended, and removes them.
-        telegram_api_url: The Bot API's address (default ``https://api.telegram.org``): a
-            self-hosted Bot API server, or a local test server.
-        console_url: The console's address as people open it (``https://toren.example.com``),
-            for the links the CLI prints beside a run; unset, the CLI links to the console of
-            the running ``toren dev`` whose database it uses, if any.
-        agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
-            those given in ``Agent(...)`` when the app's agents are registered (read-only).
         config_file: The TOML file these settings were read from, if any.
     """
 
+    # The variables this class reads (setting -> variable, type); a subclass or mixin names only
+    # its own, and :meth:`env` gathers them over the classes it is composed of.
+    ENV: ClassVar[Env] = _KERNEL_ENV
+    # The TOML tables this class parses (name -> how the "unknown table" hint shows it).
+    TABLES: ClassVar[Mapping[str, str]] = {"worker": "[worker]"}
+
     database_url: str | None = None
     home: Path = attrs.field(factory=lambda: Path.home() / ".toren")
-    lease_seconds: float = attrs.field(default=15.0, validator=_positive)
-    renew_seconds: float = attrs.field(default=5.0, validator=_positive)
-    poll_seconds: float = attrs.field(default=1.0, validator=_positive)
-    grace_seconds: float = attrs.field(default=30.0, validator=_positive)
-    max_actors: int = attrs.field(default=1000, validator=_positive)
-    pool_size: int = attrs.field(default=10, validator=_positive)
+    lease_seconds: float = attrs.field(default=15.0, validator=positive)
+    renew_seconds: float = attrs.field(default=5.0, validator=positive)
+    poll_seconds: float = attrs.field(default=1.0, validator=positive)
+    grace_seconds: float = attrs.field(default=30.0, validator=positive)
+    max_actors: int = attrs.field(default=1000, validator=positive)
+    pool_size: int = attrs.field(default=10, validator=positive)
     worker_name: str = attrs.field(factory=socket.gethostname)
     deploy_label: str | None = None
-    actor_restart_intensity: int = attrs.field(default=5, validator=_positive)
-    actor_restart_period: float = attrs.field(default=60.0, validator=_positive)
-    dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=_positive)
-    max_message_bytes: int = attrs.field(default=64 * 1024, validator=_positive)
-    secure_cookies: bool | None = None
-    trusted_proxies: tuple[str, ...] = attrs.field(default=(), converter=_networks)
-    streams_max: int = attrs.field(default=100, validator=_positive)
-    streams_per_token: int = attrs.field(default=10, validator=_positive)
-    stream_idle_seconds: float = attrs.field(default=300.0, validator=_positive)
-    failed_auth_per_minute: int = attrs.field(default=20, validator=_positive)
+    actor_restart_intensity: int = attrs.field(default=5, validator=positive)
+    actor_restart_period: float = attrs.field(default=60.0, validator=positive)
+    dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=positive)
     snapshot_every: int | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_positive)
-    )
-    sandboxes: bool = True
-    workspace_store: str | None = None
-    sandbox_reap_seconds: float = attrs.field(default=30.0, validator=_positive)
-    telegram_api_url: str | None = None
-    console_url: str | None = attrs.field(default=None, validator=_http_url)
-    agents: Tables = attrs.field(
-        factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
+        default=None, validator=attrs.validators.optional(positive)
     )
     config_file: Path | None = None
 
@@ -224,9 +169,32 @@ class Settings:
             )
 
     @classmethod
+    def env(cls) -> dict[str, tuple[str, type]]:
+        """Every setting this class reads from a variable or a flat key, with its layers'."""
+        found: dict[str, tuple[str, type]] = {}
+        for klass in reversed(cls.__mro__):
+            found.update(vars(klass).get("ENV", {}))
+        return found
+
+    @classmethod
+    def tables(cls) -> dict[str, str]:
+        """Every table this class parses, with its layers'."""
+        found: dict[str, str] = {}
+        for klass in reversed(cls.__mro__):
+            found.update(vars(klass).get("TABLES", {}))
+        return found
+
+    @classmethod
+    def parse_tables(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
+        """Take this layer's tables out of ``data`` (a TOML file's, read from ``source``) and
+        return the settings they give. A layer with tables of its own overrides this and calls
+        ``super()``; ``[worker]`` is read with the flat keys."""
+        return {}
+
+    @classmethod
     def load(
         cls, *, config_file: Path | None = None, env: dict[str, str] | None = None, **overrides: Any
-    ) -> Settings:
+    ) -> Self:
         """Build settings from the TOML file, the environment and ``overrides``.
 
         Raises:
@@ -238,9 +206,9 @@ class Settings:
         if path is None and Path("toren.toml").is_file():
             path = Path("toren.toml")
         if path is not None:
-            values.update(_read_toml(path))
+            values.update(cls._read_toml(path))
             values["config_file"] = path
-        for name, (var, typ) in _ENV.items():
+        for name, (var, typ) in cls.env().items():
             if env.get(var):
                 values[name] = _convert(name, _origin(var, env), typ, env[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -249,31 +217,32 @@ class Settings:
         except TypeError as exc:
             raise ConfigError(f"invalid settings: {exc}") from None
 
-
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    agents = read_agent_tables(data.pop("agents"), str(path)) if "agents" in data else None
-    tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in _TABLES)
-    if tables:
-        raise ConfigError(
-            f"unknown table(s) in {path}: {', '.join(f'[{t}]' for t in tables)}",
-            hint="Known tables: [worker] and [agents.NAME] (one per agent).",
-        )
-    flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
-    flat.update(data.get("worker", {}))
-    unknown = sorted(set(flat) - set(_ENV))
-    if unknown:
-        raise ConfigError(
-            f"unknown setting(s) in {path}: {', '.join(unknown)}",
-            hint=f"Known settings: {', '.join(sorted(_ENV))}.",
-        )
-    values = {name: _convert(name, str(path), _ENV[name][1], v) for name, v in flat.items()}
-    if agents is not None:
-        values["agents"] = agents
-    return values
+    @classmethod
+    def _read_toml(cls, path: Path) -> dict[str, Any]:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from None
+        tabled = cls.parse_tables(data, str(path))
+        known = cls.tables()
+        tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in known)
+        if tables:
+            raise ConfigError(
+                f"unknown table(s) in {path}: {', '.join(f'[{t}]' for t in tables)}",
+                hint=f"Known tables: {' and '.join(known.values())}.",
+            )
+        flat = {k: v for k, v in data.items() if not isinstance(v, dict)}
+        flat.update(data.get("worker", {}))
+        spec = cls.env()
+        unknown = sorted(set(flat) - set(spec))
+        if unknown:
+            raise ConfigError(
+                f"unknown setting(s) in {path}: {', '.join(unknown)}",
+                hint=f"Known settings: {', '.join(sorted(spec))}.",
+            )
+        values = {name: _convert(name, str(path), spec[name][1], v) for name, v in flat.items()}
+        values.update(tabled)
+        return values
 
 
 def _origin(var: str, env: Mapping[str, str]) -> str:
@@ -298,7 +267,7 @@ def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
             return str(raw).lower() in ("1", "true", "yes", "on")
     elif typ is tuple:
         listed = raw if isinstance(raw, list | tuple) else str(raw)
-        return _networks(listed, f"{name} from {source}")
+        return networks(listed, f"{name} from {source}")
     else:
         try:
             return typ(raw)

@@ -24,7 +24,7 @@ import attrs
 
 from toren._core.actor import ActorFailed, ChildFailed
 from toren._core.codec import encode
-from toren._core.config import Settings
+from toren._core.config import WorkerSettings
 from toren._core.db import TRANSIENT_DB_ERRORS, connect
 from toren._core.errors import FencedOut, LeaseExpired
 from toren._core.json_text import safe_text
@@ -97,7 +97,7 @@ class LeaseClock:
             raise LeaseExpired(self.actor_id, self.margin - left)
 
 
-def code_version(settings: Settings) -> str:
+def code_version(settings: WorkerSettings) -> str:
     """The version a worker reports: the package version plus the optional deploy label."""
     return f"{__version__}+{settings.deploy_label}" if settings.deploy_label else __version__
 
@@ -129,7 +129,7 @@ class WorkerSession:
         conn.add_termination_listener(self._on_termination)
 
     @classmethod
-    async def open(cls, url: str, settings: Settings) -> WorkerSession:
+    async def open(cls, url: str, settings: WorkerSettings) -> WorkerSession:
         """Connect, take a fresh advisory lock and register this worker incarnation.
 
         Raises:

@@ -24,7 +24,6 @@ import select
 import stat
 import time
 from collections.abc import Iterable, MutableMapping
-from types import ModuleType
 
 from toren._core.errors import ConfigError
 
@@ -151,15 +150,3 @@ def _read_bytes(path: str) -> bytes:
         return raw
     finally:
         os.close(fd)
-
-
-def channel_variables(module: ModuleType) -> list[str]:
-    """The variables the app's agents' channels read (``token_env``, ``webhook_secret_env``),
-    as :func:`toren.load_app` registered them (settings-file tables applied)."""
-    from toren._agent.app import loaded_agents
-
-    found: set[str] = set()
-    for agent in loaded_agents(module):
-        if agent.telegram is not None:
-            found.update((agent.telegram.token_env, agent.telegram.webhook_secret_env))
-    return sorted(n for n in found if n)

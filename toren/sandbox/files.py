@@ -15,13 +15,16 @@ import base64
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.errors import ConfigError, TorenError
 from toren.sandbox._vocabulary import WriteFiles, sandbox_address
 from toren.sandbox.checkpoints import list_files, read_file
 from toren.sandbox.store import WorkspaceStore, store_from_url
+
+if TYPE_CHECKING:
+    from toren._settings import Settings  # composed above the kinds; only its fields are read
 
 WRITE_MAX = 32 * 1024 * 1024
 """The most bytes one :func:`write_files` call may carry (they travel in one message)."""

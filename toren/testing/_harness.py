@@ -42,10 +42,10 @@ from toren._agent.agents import agents_in
 from toren._agent.app import load_app
 from toren._agent.model import ToolCall
 from toren._core.client import Client
-from toren._core.config import Settings
 from toren._core.db import EmbeddedPostgres, with_database
 from toren._core.errors import ConfigError
 from toren._core.migrate import migrate
+from toren._settings import Settings
 from toren.runs import (
     ENDED,
     DecisionOutcome,

@@ -35,7 +35,7 @@ import anyio
 
 from toren._agent.model import Message, ModelRequest, Text, ToolResult
 from toren._core.errors import ConfigError
-from toren.testing._scripted import Disconnect, Fail, Reply, Step
+from toren.testing._steps import Disconnect, Fail, Reply, Step
 
 __all__ = [
     "ModelScript",

@@ -16,7 +16,7 @@ from pydantic_core import PydanticSerializationError
 
 from toren._agent.principal import Principal
 from toren._core.client import Client
-from toren._core.config import Settings
+from toren._settings import Settings
 from toren._surfaces.http.models import FieldError, Problem
 from toren._surfaces.tokens import Access
 

@@ -1,0 +1,317 @@
+"""The floors of the code, read from its imports (every import, top-level and inside functions;
+imports under ``if TYPE_CHECKING:`` aside, they run only for the type checker).
+
+Floors, bottom up: the kernel (``toren._core``, the ``toren.kernel`` facade), the agent layer
+(``toren._agent``, ``toren.providers``), the kinds (their vocabulary in ``toren.runs``,
+``toren.channels``, ``toren.sandbox``; their behaviour in ``actors/``; the worker's tree in
+``supervisors/``), and the surfaces (CLI and dev, HTTP, MCP, ``toren.testing``, the composed
+settings). Each imports only from its own floor and those below. ``toren`` itself is the public
+facade: it re-exports from every floor, and actors import it by design.
+
+What is not yet as it should be is named here, in lists that may only shrink: a change that adds
+to one is visible in review. docs/architecture.md draws the floors.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import toren.kernel
+
+ROOT = Path(__file__).resolve().parent.parent
+
+KERNEL, AGENT, KINDS, SURFACES = range(4)
+FLOOR_NAMES = ("kernel", "agent layer", "kinds", "surfaces")
+
+# Upward imports still made (module -> module above it). Each is the agent layer asking a kind for
+# what the kind should bring through its seam: an Agent's `sandbox=` and `telegram=` fields and
+# their [agents.NAME.sandbox] / [agents.NAME.telegram] tables. Issue 29's kind descriptor is
+# to remove them; until then they may not grow.
+UPWARD_NOT_YET_REMOVED = {
+    ("toren._agent.agents", "toren.channels"),
+    ("toren._agent.agents", "toren.sandbox"),
+    ("toren._agent.tables", "toren.channels"),
+    ("toren._agent.tables", "toren.sandbox"),
+}
+
+# Import cycles still there, each as the set of modules it spans. The first is the one above (the
+# kinds import the agent layer's Tool and parse_duration, as they should); the second is the
+# CLI's entry point and toren dev / toren up importing each other inside functions.
+CYCLES_NOT_YET_BROKEN = [
+    {
+        "toren._agent.agents",
+        "toren._agent.tables",
+        "toren.channels",
+        "toren.channels._settings",
+        "toren.sandbox",
+        "toren.sandbox._settings",
+        "toren.sandbox._tools",
+    },
+    {"toren.cli", "toren._cli.dev", "toren._cli.up"},
+]
+
+# Module-level names that code changes after import (a `global` statement, item assignment, or
+# a mutating method called on them): process state two workers in one process would share.
+MUTABLE_GLOBALS = {
+    # registries filled at import by decorators, keyed by names that are the same in every worker
+    "toren/_core/actor.py:_kinds": "actor kinds by name, filled by @actor class decorators",
+    "toren/_core/codec.py:_by_name": "payload types by wire name, filled by @message/@event",
+    "toren/_core/codec.py:_by_type": "the same, by type",
+    # test and process hooks
+    "toren/_core/killpoints.py:_armed": "the chaos matrix's kill point, armed from the env",
+    "toren/_core/logs.py:_chosen": "the log format chosen once per process",
+    "toren/_core/collector.py:_open": "the garbage collector paused around a burst",
+    "toren/_core/collector.py:_restore": "the same",
+    "toren/testing/_harness.py:_embedded": "one embedded Postgres per test process",
+    # Not yet per worker or per app (issue 29: fields of per-worker and per-app objects):
+    "toren/_agent/agents.py:_declared": "agents declared in code, by name",
+    "toren/_agent/agents.py:_registry": "agents as registered (settings applied), by name",
+    "toren/_agent/agents.py:_capabilities": "the routes this process serves",
+    "toren/_agent/directory.py:_pool": "the worker's pool, for the agent directory",
+    "actors/channel/actor.py:_UNSENT": "messages dropped unsent, for a test",
+    "actors/channel/runtime.py:_pool": "the channel runtime's pool",
+    "actors/channel/runtime.py:_settings": "the channel runtime's settings",
+    "actors/channel/runtime.py:_store": "the channel runtime's file store",
+    "actors/channel/runtime.py:_bots": "the channel runtime's bots by name",
+    "actors/run.py:_providers": "model providers by name",
+    "actors/sandbox/runtime.py:_docker": "the sandbox runtime's Docker client",
+    "actors/sandbox/runtime.py:_store": "the sandbox runtime's workspace store",
+    "actors/sandbox/runtime.py:_why": "why this worker runs no sandboxes",
+    "actors/sandbox/runtime.py:_scope": "the sandbox runtime's cancel scope",
+}
+
+_MUTATORS = {
+    "add",
+    "append",
+    "appendleft",
+    "clear",
+    "discard",
+    "extend",
+    "insert",
+    "pop",
+    "popitem",
+    "remove",
+    "setdefault",
+    "update",
+}
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (``actors/`` as ``toren.actors``)."""
+    found: dict[str, Path] = {}
+    for base, prefix in (
+        (ROOT / "toren", "toren"),
+        (ROOT / "actors", "toren.actors"),
+        (ROOT / "supervisors", "toren.supervisors"),
+    ):
+        for path in base.rglob("*.py"):
+            parts = [p for p in path.relative_to(base).with_suffix("").parts if p != "__init__"]
+            if prefix == "toren" and parts and parts[0] in ("actors", "supervisors"):
+                continue  # the links: read once, from the folders they point to
+            found[".".join([prefix, *parts])] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _floor(module: str) -> int | None:
+    """The floor ``module`` is on (``None`` for the ``toren`` facade)."""
+    if module == "toren":
+        return None
+    if module.startswith("toren._core") or module in ("toren.kernel", "toren._version"):
+        return KERNEL
+    if module.startswith(("toren._agent", "toren.providers")):
+        return AGENT
+    kinds = ("toren.runs", "toren.channels", "toren.sandbox", "toren.actors", "toren.supervisors")
+    if module.startswith(kinds) or module == "toren.directory":
+        return KINDS
+    return SURFACES
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    return skipped
+
+
+def _resolve(name: str) -> str | None:
+    """The module of ours that ``name`` (a module, or a name in one) is in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def _edges(module: str) -> Iterator[tuple[str, int]]:
+    """The modules of ours that ``module`` imports, with the line of each import."""
+    tree = ast.parse(MODULES[module].read_text())
+    skipped = _type_checking_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = _resolve(name) if name.startswith("toren") else None
+            if target and target != module and not module.startswith(target + "."):
+                yield target, node.lineno
+
+
+GRAPH = {m: {t for t, _ in _edges(m)} for m in MODULES}
+
+
+def _cycles() -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(MODULES):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_modules_are_read() -> None:
+    assert {"toren._core.mailbox", "toren.actors.channel.actor", "toren.cli"} <= set(MODULES)
+    # an import inside a function counts: the CLI's entry point imports the worker in one
+    assert "toren.supervisors.worker" in GRAPH["toren.cli"]
+
+
+def test_the_kernel_imports_nothing_above_it() -> None:
+    for module in MODULES:
+        if _floor(module) != KERNEL:
+            continue
+        for target, line in _edges(module):
+            assert _floor(target) == KERNEL, f"{module}:{line} imports {target}"
+
+
+def test_no_floor_imports_from_a_floor_above_but_those_not_yet_removed() -> None:
+    upward = set()
+    for module in MODULES:
+        below = _floor(module)
+        for target, line in _edges(module):
+            above = _floor(target)
+            if below is not None and above is not None and above > below:
+                upward.add((module, target))
+                assert (module, target) in UPWARD_NOT_YET_REMOVED, (
+                    f"{module}:{line} ({FLOOR_NAMES[below]}) imports {target} "
+                    f"({FLOOR_NAMES[above]})"
+                )
+    assert upward == UPWARD_NOT_YET_REMOVED, "one was removed: take it off the list"
+
+
+def test_no_import_cycles_but_those_not_yet_broken() -> None:
+    cycles = _cycles()
+    for cycle in cycles:
+        assert cycle in CYCLES_NOT_YET_BROKEN, f"an import cycle: {sorted(cycle)}"
+    for known in CYCLES_NOT_YET_BROKEN:
+        assert known in cycles, f"broken (or changed): take it off the list: {sorted(known)}"
+
+
+def _mutated_globals(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    top: set[str] = set()
+    for node in tree.body:
+        targets = (
+            node.targets
+            if isinstance(node, ast.Assign)
+            else [node.target]
+            if isinstance(node, ast.AnnAssign)
+            else []
+        )
+        top.update(t.id for t in targets if isinstance(t, ast.Name))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found.update(node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in _MUTATORS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in top
+        ):
+            found.add(node.func.value.id)
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            found.update(
+                t.value.id
+                for t in targets
+                if isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Name)
+                and t.value.id in top
+            )
+    return found
+
+
+def test_module_level_state_is_only_what_is_listed() -> None:
+    found = set()
+    for path in MODULES.values():
+        rel = path.relative_to(ROOT).as_posix()
+        found.update(f"{rel}:{name}" for name in _mutated_globals(path))
+    assert found - set(MUTABLE_GLOBALS) == set(), "new module-level state: make it an object's"
+    assert set(MUTABLE_GLOBALS) - found == set(), "gone: take it off the list"
+
+
+def test_no_module_is_over_600_lines_but_those_not_yet_split() -> None:
+    not_yet_split = {  # issue 29: each to be split along its seams
+        "toren.actors.run",
+        "toren.actors.compaction",
+        "toren.channels._vocabulary",
+        "toren.runs.state",
+        "toren._core.leases",
+        "toren.actors.channel.inbound",
+        "toren.actors.sandbox.docker",
+    }
+    over = {
+        module
+        for module, path in MODULES.items()
+        if not module.startswith("toren.testing") and len(path.read_text().splitlines()) > 600
+    }
+    assert over - not_yet_split == set(), "split it"
+    assert not_yet_split - over == set(), "split: take it off the list"
+
+
+def test_the_kernel_facade_carries_kernel_names_only() -> None:
+    for name in toren.kernel.__all__:
+        value = getattr(toren.kernel, name)
+        where = getattr(value, "__module__", None) or ""
+        if where.startswith("toren"):
+            assert _floor(where) == KERNEL, f"toren.kernel.{name} is from {where}"
+    assert sorted(toren.kernel.__all__) == [
+        "ActorHost", "Claim", "EmbeddedPostgres", "LeaseClock", "MessageDeadLettered",
+        "TRANSIENT_DB_ERRORS", "WorkerSession", "actor_kinds", "claim", "code_version",
+        "connect", "create_pool", "decode", "housekeep", "json_text", "kill_point",
+        "live_workers", "mark_failed", "migrate", "open_death_watch", "printable", "release",
+        "release_claim", "renew", "safe_text", "schema_status", "utf8_size", "waiting",
+        "watch_successor",
+    ]  # fmt: skip

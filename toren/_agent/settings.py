@@ -1,0 +1,47 @@
+"""The agent layer's settings: the ``[agents.NAME]`` tables and the cap on a message's size."""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import attrs
+
+from toren._agent.tables import Tables, read_agent_tables
+from toren._core.config import Env, WorkerSettings, positive
+
+
+def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
+    return types.MappingProxyType(
+        {name: types.MappingProxyType(dict(table)) for name, table in value.items()}
+    )
+
+
+@attrs.frozen(kw_only=True)
+class AgentSettings(WorkerSettings):
+    """The kernel's settings and the agent layer's.
+
+    Attributes:
+        max_message_bytes: The largest human message or run input (UTF-8 bytes) the API, the
+            CLI, the MCP server and chat channels accept (64 KiB by default); a longer one is
+            refused, never truncated.
+        agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
+            those given in ``Agent(...)`` when the app's agents are registered (read-only).
+            They come from the file only, never from variables (:mod:`toren._agent.tables`).
+    """
+
+    ENV: ClassVar[Env] = {"max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int)}
+    TABLES: ClassVar[Mapping[str, str]] = {"agents": "[agents.NAME] (one per agent)"}
+
+    max_message_bytes: int = attrs.field(default=64 * 1024, validator=positive)
+    agents: Tables = attrs.field(
+        factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
+    )
+
+    @classmethod
+    def parse_tables(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
+        values = super().parse_tables(data, source)
+        if "agents" in data:
+            values["agents"] = read_agent_tables(data.pop("agents"), source)
+        return values

@@ -1,0 +1,37 @@
+"""``toren.Settings``: every layer's settings in one value, as a worker or a client reads them.
+
+Each layer declares its own fields, the variables it reads and the tables it parses; this module
+only composes them. The kernel's are :class:`~toren._core.config.WorkerSettings` (the database,
+leases, the worker), the agent layer's :class:`~toren._agent.settings.AgentSettings`
+(``[agents.NAME]``
+tables, the message cap), the kinds' :class:`~toren.sandbox._settings.SandboxWorkerSettings` and
+:class:`~toren.channels._settings.TelegramWorkerSettings`, the HTTP surface's
+:class:`~toren._surfaces.http_settings.HttpSettings`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from toren._agent.settings import AgentSettings
+from toren._surfaces.http_settings import HttpSettings
+from toren.channels._settings import TelegramWorkerSettings
+from toren.sandbox._settings import SandboxWorkerSettings
+
+
+@attrs.frozen(kw_only=True)
+class Settings(AgentSettings, HttpSettings, SandboxWorkerSettings, TelegramWorkerSettings):
+    """Runtime settings of a worker or a client.
+
+    Read with :meth:`Settings.load` from the TOML file (``toren.toml`` or ``TOREN_CONFIG``), the
+    ``TOREN_*`` variables and explicit overrides, in that order of precedence. The fields are
+    documented where each layer declares them: the kernel's
+    (:class:`~toren._core.config.WorkerSettings`: ``database_url``, ``home``, leases, polling,
+    ``max_actors``, ``pool_size``, ``worker_name``, ``deploy_label``, restart limits, dedupe
+    retention, ``snapshot_every``, ``config_file``), the agent layer's
+    (:class:`~toren._agent.settings.AgentSettings`: ``max_message_bytes``, ``agents``), the
+    HTTP surface's (:class:`~toren._surfaces.http_settings.HttpSettings`: cookies, trusted
+    proxies, streams, failed sign-ins, ``console_url``), sandboxes'
+    (:class:`~toren.sandbox._settings.SandboxWorkerSettings`) and Telegram's
+    (:class:`~toren.channels._settings.TelegramWorkerSettings`).
+    """
