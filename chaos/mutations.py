@@ -3,7 +3,8 @@
 A mutation is how the matrix shows that it detects the bugs it exists for: with one protection
 gone, some cells must turn red. They are loaded by :mod:`chaos.app` when ``CHAOS_MUTATION``
 names one, so they live only in worker processes the harness starts; Toren's own code has no
-switch for them.
+switch for them. A mutation of the kernel's statements replaces their fragments by name
+(:mod:`toren._core.step_sql`), never their text.
 
 - ``no-fencing``: the step commit and the message claim no longer check ``owner`` and
   ``epoch``, so a zombie worker's stale write is accepted.
@@ -53,23 +54,32 @@ MUTATIONS = (
     "early-message-dropped",
 )
 
-_FENCE = "WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'"
-_NO_FENCE = (
-    "WHERE actor_id = $1 AND $2::uuid IS NOT NULL AND $3::bigint IS NOT NULL AND status = 'live'"
+# The fence without its check of owner and epoch (still typed by them: a parameter the statement
+# does not name has no type).
+_UNFENCED = (
+    "WHERE actor_id = {actor_id} AND {owner}::uuid IS NOT NULL AND {epoch}::bigint IS NOT NULL"
+    " AND status = 'live'"
 )
-
-
-def _replace(text: str, old: str, new: str) -> str:
-    if old not in text:
-        raise RuntimeError(f"mutation no longer applies: {old!r} not found")
-    return text.replace(old, new)
 
 
 def _no_fencing() -> None:
     from toren._core import mailbox as _mailbox
+    from toren._core import step_sql
 
-    _mailbox._COMMIT = _replace(_mailbox._COMMIT, _FENCE, _NO_FENCE)
-    _mailbox._CLAIM_NEXT = _replace(_mailbox._CLAIM_NEXT, _FENCE, _NO_FENCE)
+    step_fence = f"""fence AS (
+    SELECT actor_id, watched_until FROM toren.actors
+    {_UNFENCED}
+    FOR SHARE
+)"""
+    claim_fence = f"""fence AS (
+    SELECT 1 FROM toren.actors
+    {_UNFENCED}
+    FOR SHARE
+)"""
+    _mailbox._COMMIT = step_sql.step_statement({**step_sql.STEP_FRAGMENTS, "fence": step_fence})
+    _mailbox._CLAIM_NEXT = step_sql.claim_statement(
+        {**step_sql.CLAIM_FRAGMENTS, "fence": claim_fence}
+    )
 
 
 def _effect_before_intent() -> None:
@@ -89,27 +99,47 @@ def _effect_before_intent() -> None:
 
 def _consume_on_claim() -> None:
     from toren._core import mailbox as _mailbox
+    from toren._core import step_sql
 
-    _mailbox._CLAIM_NEXT = _replace(
-        _mailbox._CLAIM_NEXT,
-        "UPDATE toren.mailbox m SET deliveries = m.deliveries + 1\n"
-        "    FROM next WHERE m.id = next.id",
-        "DELETE FROM toren.mailbox m USING next WHERE m.id = next.id",
-    )
-    _mailbox._CLAIM_NEXT = _replace(
-        _mailbox._CLAIM_NEXT,
-        "m.reply_to, m.deliveries,",
-        "m.reply_to, m.deliveries + 1 AS deliveries,",
-    )
-    # Claims happen only in claim_next (mutated above), never in a step's commit.
-    _mailbox._COMMIT = _replace(_mailbox._COMMIT, "WHERE $23 AND", "WHERE $23 AND false AND")
-    _mailbox._COMMIT = _replace(
-        _mailbox._COMMIT,
-        """DELETE FROM toren.mailbox m USING fence
-    WHERE m.id = $4 AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
-    RETURNING m.id""",
-        "SELECT $4::bigint AS id FROM fence WHERE NOT EXISTS (SELECT 1 FROM clash)",
-    )
+    # The claim deletes the message (and says it delivered it once more, as the update did).
+    claim = """next AS (
+    SELECT id FROM toren.mailbox
+    WHERE actor_id = {actor_id} AND visible_at <= now() AND EXISTS (SELECT 1 FROM fence)
+    ORDER BY lane, id LIMIT 1
+), claimed AS (
+    DELETE FROM toren.mailbox m USING next WHERE m.id = next.id
+    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries + 1 AS deliveries,
+              m.attempts, m.timer_name IS NOT NULL AS is_timer
+)"""
+    _mailbox._CLAIM_NEXT = step_sql.claim_statement({**step_sql.CLAIM_FRAGMENTS, "claim": claim})
+    # Claims happen only in claim_next (mutated above), never in a step's commit, which consumes
+    # nothing (the claim did).
+    step = {
+        **step_sql.STEP_FRAGMENTS,
+        "consume": """consumed AS (
+    SELECT {message_id}::bigint AS id FROM fence WHERE NOT EXISTS (SELECT 1 FROM clash)
+)""",
+        "claim": """nxt AS (
+    SELECT m.id FROM toren.mailbox m
+    WHERE {claim} AND false AND m.actor_id = {actor_id} AND m.visible_at <= now()
+      AND m.id <> {message_id}
+      AND (m.timer_name IS NULL OR m.timer_name <> ALL({replaced_timers}::text[]))
+      AND EXISTS (SELECT 1 FROM consumed)
+    ORDER BY m.lane, m.id LIMIT 1
+), claimed AS (
+    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
+    FROM nxt WHERE m.id = nxt.id
+    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
+              m.timer_name IS NOT NULL AS is_timer
+)""",
+        "claim_own": """own AS (
+    SELECT o.ord FROM o
+    WHERE {claim} AND false AND o.recipient = {actor_id} AND o.delay <= 0
+      AND o.dedupe_key IS NULL AND NOT EXISTS (SELECT 1 FROM nxt)
+    ORDER BY o.lane, o.ord LIMIT 1
+)""",
+    }
+    _mailbox._COMMIT = step_sql.step_statement(step)
 
 
 def _unbound_decisions() -> None:

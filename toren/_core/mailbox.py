@@ -5,7 +5,8 @@ actor's row in the same statement, and the step commit takes a share lock on tha
 concurrent claim (which raises the epoch) either waits for the step or fences it out. A step is
 one statement, hence one transaction and one round trip: consume the message, append the events,
 spawn children, insert the outgoing messages and timers, store the reply, notify recipients (and
-followers of the journal, if the actor has any), and claim the actor's next message.
+followers of the journal, if the actor has any), and claim the actor's next message. That
+statement and the claim are composed from named fragments in :mod:`toren._core.step_sql`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from toren._core.errors import (
     UnknownActor,
 )
 from toren._core.json_text import dumps, safe_text
+from toren._core.step_sql import CLAIM, STEP, ClaimInputs, StepInputs, arguments
 
 _SEND = """
 WITH target AS (
@@ -104,24 +106,7 @@ async def send(
     return msg_id
 
 
-_CLAIM_NEXT = """
-WITH fence AS (
-    SELECT 1 FROM toren.actors
-    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
-    FOR SHARE
-), next AS (
-    SELECT id FROM toren.mailbox
-    WHERE actor_id = $1 AND visible_at <= now() AND EXISTS (SELECT 1 FROM fence)
-    ORDER BY lane, id LIMIT 1
-), claimed AS (
-    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
-    FROM next WHERE m.id = next.id
-    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
-              m.timer_name IS NOT NULL AS is_timer
-)
-SELECT (SELECT count(*) FROM fence) AS owned, c.*
-FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true
-"""
+_CLAIM_NEXT = CLAIM  # the statement; a chaos mutation may replace it (chaos/mutations.py)
 
 
 async def claim_next(
@@ -135,7 +120,8 @@ async def claim_next(
     Raises:
         FencedOut: the actor is no longer ours.
     """
-    row = await pool.fetchrow(_CLAIM_NEXT, actor_id, owner, epoch)
+    inputs = ClaimInputs(actor_id=actor_id, owner=owner, epoch=epoch)
+    row = await pool.fetchrow(_CLAIM_NEXT, *arguments(inputs))
     if row is None or not row["owned"]:
         raise FencedOut(actor_id, epoch)
     if row["id"] is None:
@@ -143,114 +129,7 @@ async def claim_next(
     return _envelope(row)
 
 
-_COMMIT = """
-WITH fence AS (
-    -- The row locked is its latest version: a watch set while this statement waited for the
-    -- lock is seen here (see toren._core.client.JournalWatch).
-    SELECT actor_id, watched_until FROM toren.actors
-    WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND status = 'live'
-    FOR SHARE
-), clash AS (
-    -- A spawn of an id that another kind holds fails the whole step.
-    SELECT s.id, s.kind, a.kind AS existing
-    FROM unnest($8::text[], $9::text[]) AS s(id, kind)
-    JOIN toren.actors a ON a.actor_id = s.id AND a.kind <> s.kind
-), consumed AS (
-    DELETE FROM toren.mailbox m USING fence
-    WHERE m.id = $4 AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
-    RETURNING m.id
-), nxt AS (
-    -- With $23, the step claims the actor's next message in the same statement (the host then
-    -- needs no claim of its own): the first visible one already queued (system lane first), not
-    -- a timer this step replaces; else the first due message the step sends itself (in sent).
-    SELECT m.id FROM toren.mailbox m
-    WHERE $23 AND m.actor_id = $1 AND m.visible_at <= now() AND m.id <> $4
-      AND (m.timer_name IS NULL OR m.timer_name <> ALL($11::text[]))
-      AND EXISTS (SELECT 1 FROM consumed)
-    ORDER BY m.lane, m.id LIMIT 1
-), claimed AS (
-    UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
-    FROM nxt WHERE m.id = nxt.id
-    RETURNING m.id, m.lane, m.sender, m.kind, m.body, m.reply_to, m.deliveries, m.attempts,
-              m.timer_name IS NOT NULL AS is_timer
-), ev AS (
-    INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
-    SELECT $1, e.seq, $3, e.type, e.data::jsonb
-    FROM unnest($5::bigint[], $6::text[], $7::text[]) AS e(seq, type, data), consumed
-    RETURNING 1
-), sp AS (
-    INSERT INTO toren.actors (actor_id, kind, args, parent, route)
-    SELECT s.id, s.kind, s.args, $1, s.route
-    FROM unnest($8::text[], $9::text[], $10::jsonb[], $24::text[]) AS s(id, kind, args, route),
-         consumed
-    ON CONFLICT (actor_id) DO NOTHING
-    RETURNING 1
-), cancelled AS (
-    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
-    -- being retried), except the message this step consumes.
-    DELETE FROM toren.mailbox m USING consumed
-    WHERE m.actor_id = $1 AND m.timer_name = ANY($11::text[]) AND m.id <> $4
-    RETURNING 1
-), o AS (
-    SELECT * FROM unnest($12::text[], $13::int[], $14::text[], $15::text[], $16::text[],
-                         $17::text[], $18::float8[]) WITH ORDINALITY
-        AS o(recipient, lane, kind, body, dedupe_key, timer_key, delay, ord)
-    WHERE EXISTS (SELECT 1 FROM consumed)
-), own AS (
-    -- Nothing queued to claim: the first due message sent to itself is inserted claimed.
-    SELECT o.ord FROM o
-    WHERE $23 AND o.recipient = $1 AND o.delay <= 0 AND o.dedupe_key IS NULL
-      AND NOT EXISTS (SELECT 1 FROM nxt)
-    ORDER BY o.lane, o.ord LIMIT 1
-), dd AS (
-    INSERT INTO toren.dedupe (actor_id, key)
-    SELECT o.recipient, o.dedupe_key FROM o WHERE o.dedupe_key IS NOT NULL
-    ON CONFLICT DO NOTHING
-    RETURNING actor_id, key
-), sent AS (
-    INSERT INTO toren.mailbox
-        (actor_id, lane, sender, kind, body, dedupe_key, timer_name, visible_at, deliveries)
-    SELECT o.recipient, o.lane, $1, o.kind, o.body::jsonb, o.dedupe_key, o.timer_key,
-           now() + make_interval(secs => o.delay),
-           CASE WHEN o.ord = (SELECT ord FROM own) THEN 1 ELSE 0 END
-    FROM o
-    WHERE o.dedupe_key IS NULL
-       OR EXISTS (SELECT 1 FROM dd WHERE dd.actor_id = o.recipient AND dd.key = o.dedupe_key)
-    RETURNING actor_id, visible_at <= now() AS due, id, lane, sender, kind, body, reply_to,
-              deliveries, attempts, timer_name IS NOT NULL AS is_timer
-), rep AS (
-    INSERT INTO toren.replies (correlation_id, kind, body)
-    SELECT $19, $20, $21::text::jsonb FROM consumed WHERE $19::uuid IS NOT NULL
-    ON CONFLICT DO NOTHING
-    RETURNING correlation_id
-), summed AS (
-    UPDATE toren.actors a SET summary = $22::jsonb
-    FROM consumed WHERE a.actor_id = $1 AND $22::jsonb IS NOT NULL
-    RETURNING 1
-), woken AS (
-    SELECT pg_notify('toren_mail', r.actor_id)
-    FROM (SELECT DISTINCT actor_id FROM sent WHERE due AND actor_id <> $1) AS r
-    UNION ALL
-    SELECT pg_notify('toren_reply', r.correlation_id::text) FROM rep AS r
-    UNION ALL
-    -- Only an actor someone follows is notified of: a commit that notifies is serialized
-    -- with every other one that does, WAL flush included.
-    SELECT pg_notify('toren_journal', $1) FROM fence
-    WHERE fence.watched_until > now() AND EXISTS (SELECT 1 FROM ev)
-), next AS (
-    SELECT * FROM claimed
-    UNION ALL
-    SELECT id, lane, sender, kind, body, reply_to, deliveries, attempts, is_timer
-    FROM sent WHERE deliveries = 1
-)
-SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS consumed,
-       (SELECT array[id, kind, existing] FROM clash LIMIT 1) AS clash,
-       (SELECT count(*) FROM ev) AS events,
-       (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
-       (SELECT count(*) FROM sent) AS sent_count, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM summed) AS summed, n.*
-FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true
-"""
+_COMMIT = STEP  # the statement; a chaos mutation may replace it (chaos/mutations.py)
 
 
 async def commit_step(
@@ -281,34 +160,35 @@ async def commit_step(
     events = ctx.events
     out = ctx.outgoing
     reply = ctx.reply_body if envelope.reply_to is not None else None
+    inputs = StepInputs(
+        actor_id=ctx.actor_id,
+        owner=owner,
+        epoch=ctx.epoch,
+        message_id=envelope.id,
+        event_seqs=[e[0] for e in events],
+        event_types=[e[1] for e in events],
+        event_data=[e[2] for e in events],
+        spawn_ids=[s.actor_id for s in ctx.spawns],
+        spawn_kinds=[s.kind for s in ctx.spawns],
+        spawn_args=[dict(s.args) for s in ctx.spawns],
+        replaced_timers=ctx.cancelled_timers
+        + [o.timer_key for o in out if o.timer_key is not None],
+        out_recipients=[o.to for o in out],
+        out_lanes=[o.lane for o in out],
+        out_kinds=[o.kind for o in out],
+        out_bodies=[o.body for o in out],
+        out_dedupe_keys=[o.dedupe_key for o in out],
+        out_timer_keys=[o.timer_key for o in out],
+        out_delays=[o.delay for o in out],
+        reply_to=envelope.reply_to if reply else None,
+        reply_kind=reply[0] if reply else None,
+        reply_body=reply[1] if reply else None,
+        summary=dict(summary) if summary is not None else None,
+        claim=claim,
+        spawn_routes=[s.route for s in ctx.spawns],
+    )
     try:
-        row = await pool.fetchrow(
-            _COMMIT,
-            ctx.actor_id,
-            owner,
-            ctx.epoch,
-            envelope.id,
-            [e[0] for e in events],
-            [e[1] for e in events],
-            [e[2] for e in events],
-            [s.actor_id for s in ctx.spawns],
-            [s.kind for s in ctx.spawns],
-            [dict(s.args) for s in ctx.spawns],
-            ctx.cancelled_timers + [o.timer_key for o in out if o.timer_key is not None],
-            [o.to for o in out],
-            [o.lane for o in out],
-            [o.kind for o in out],
-            [o.body for o in out],
-            [o.dedupe_key for o in out],
-            [o.timer_key for o in out],
-            [o.delay for o in out],
-            envelope.reply_to if reply else None,
-            reply[0] if reply else None,
-            reply[1] if reply else None,
-            dict(summary) if summary is not None else None,
-            claim,
-            [s.route for s in ctx.spawns],
-        )
+        row = await pool.fetchrow(_COMMIT, *arguments(inputs))
     except asyncpg.UniqueViolationError as exc:
         # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.
         raise FencedOut(ctx.actor_id, ctx.epoch) from exc
