@@ -64,7 +64,7 @@ def nul_handling() -> Iterator[None]:
             "toren.runs.client",
             "toren.kernel",
             "toren.actors.bounds",
-            "toren.runs.state",
+            "toren.runs._fold",
             "toren._core.snapshots",
         )
     }
@@ -78,7 +78,7 @@ def nul_handling() -> Iterator[None]:
         (modules["toren.runs.client"], "dumps", _plain_dumps),
         (modules["toren.kernel"], "json_text", _plain_dumps),
         (modules["toren.actors.bounds"], "json_text", _plain_dumps),
-        (modules["toren.runs.state"], "dumps", _plain_dumps),  # canonical arguments
+        (modules["toren.runs._fold"], "dumps", _plain_dumps),  # canonical arguments
         (modules["toren._core.snapshots"], "dumps", _plain_dumps),
         (modules["toren._core.snapshots"], "loads", _plain_loads),
     ]
