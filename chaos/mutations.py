@@ -116,7 +116,7 @@ def _unbound_decisions() -> None:
     import attrs
 
     import toren.runs
-    from toren.actors import deciding
+    from toren.actors.run import deciding
     from toren.runs import DecisionOutcome, state, waiting_on
 
     bound = state.judge_decision
@@ -148,7 +148,7 @@ def _child_end_after_commit() -> None:
     from toren._core import host as _host
     from toren._core import mailbox as _mailbox
     from toren._core.codec import decode, type_name
-    from toren.actors import calls
+    from toren.actors.run import calls
     from toren.runs import ChildEnded
 
     ended = type_name(ChildEnded(call_id="", run_id="", agent="", status=""))
@@ -222,7 +222,7 @@ def _telegram_send_unrecorded() -> None:
 
 
 def _calls_unannounced() -> None:
-    from toren.actors import inflight
+    from toren.actors.run import inflight
 
     def announce_nothing(ctx: Any, agent: Any, build: Any) -> None:
         """Announces nothing: a call lost in flight leaves no trace."""
@@ -231,7 +231,7 @@ def _calls_unannounced() -> None:
 
 
 def _turn_ends_later() -> None:
-    from toren.actors import run
+    from toren.actors.run import actor as run
     from toren.runs import Continue
 
     def end_turn(ctx: Any, agent: Any) -> None:
@@ -241,7 +241,7 @@ def _turn_ends_later() -> None:
 
 
 def _early_message_dropped() -> None:
-    from toren.actors import run
+    from toren.actors.run import actor as run
     from toren.runs import MessageReceived, author
 
     def recorded_at_once(ctx: Any, msg: Any) -> None:

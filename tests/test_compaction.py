@@ -18,9 +18,8 @@ from tests.conftest import WorkerFactory, person, running_worker, wait_for
 from toren import Client
 from toren._agent.app import load_app
 from toren._core.codec import decode
-from toren.actors import compaction
-from toren.actors.compaction import ELIDED, SUMMARISER, SUMMARY_MARK
-from toren.actors.run import build_request
+from toren.actors.run import build_request, compaction
+from toren.actors.run.compaction import ELIDED, SUMMARISER, SUMMARY_MARK
 from toren.providers.anthropic import to_wire
 from toren.runs import (
     ENDED,
@@ -235,7 +234,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
     rendering of page ``page``'s result changes the requests from step ``page + 1`` on (until
     it is summarised): that step is invalidated, not an earlier one, and the compactions made
     after it go; the run goes on and every recorded digest then checks under the new code."""
-    import toren.actors.run
+    import toren.actors.run.actor
 
     load_app("tests.compaction_app")
     script = pages(8, 12000)
@@ -249,7 +248,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
         assert made
         assert made[0] < 6  # the first compaction comes before page 5's result
         shout = _shout_page(page)
-        monkeypatch.setattr(toren.actors.run, "build_request", shout)
+        monkeypatch.setattr(toren.actors.run.actor, "build_request", shout)
         async with running_worker(db_url):
             await say(client, run_id, "And once more, please.", by=person("ada"))
 

@@ -16,8 +16,8 @@ made again (once), a tool intent without its result runs again under the same ke
 calls are never sent again: they are in the state, folded from the journal.
 
 Nothing a run receives makes a step run again: model responses and tool results are recorded in
-a bounded, recordable form (:mod:`toren.actors.bounds`); a decision is applied only to the call it
-names; before a model call or a tool run the worker checks that its lease still holds; and a
+a bounded, recordable form (:mod:`toren.actors.run.bounds`); a decision is applied only to the
+call it names; before a model call or a tool run the worker checks that its lease still holds; and a
 message the run cannot handle (an exception in Toren's code or in an approval predicate, past
 its retries) fails the run with class ``internal`` as it is dead-lettered.
 """
@@ -46,8 +46,8 @@ from toren import (
     __version__,
     durable_sleep,
 )
-from toren.actors import calls, compaction, deciding, inflight, sandboxing
-from toren.actors.bounds import as_text, bounded_response, cut_result, error_text, shown
+from toren.actors.run import calls, compaction, deciding, inflight, sandboxing
+from toren.actors.run.bounds import as_text, bounded_response, cut_result, error_text, shown
 from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
@@ -729,7 +729,7 @@ def verify(
     def build(agent: Agent, messages: Iterable[Message]) -> ModelRequest:
         return build_request(agent, messages, state.callees)
 
-    # The chain restarts at each compaction (see toren.actors.compaction).
+    # The chain restarts at each compaction (see toren.actors.run.compaction).
     for call, digest in compaction.recomputed(state, agent, build, first=first):
         if digest != call.digest:
             log.warning(

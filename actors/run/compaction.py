@@ -40,7 +40,7 @@ from decimal import Decimal
 import attrs
 
 from toren import ConfigError, Context
-from toren.actors.bounds import bounded_response
+from toren.actors.run.bounds import bounded_response
 from toren.kernel import kill_point
 from toren.providers import (
     ModelProvider,
