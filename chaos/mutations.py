@@ -231,24 +231,24 @@ def _calls_unannounced() -> None:
 
 
 def _turn_ends_later() -> None:
-    from toren.actors.run import actor as run
+    from toren.actors.run import steps
     from toren.runs import Continue
 
     def end_turn(ctx: Any, agent: Any) -> None:
         ctx.send(ctx.actor_id, Continue())  # the next step completes the run (if nothing came)
 
-    run._end_turn = end_turn
+    steps.end_turn = end_turn
 
 
 def _early_message_dropped() -> None:
-    from toren.actors.run import actor as run
+    from toren.actors.run import steps
     from toren.runs import MessageReceived, author
 
     def recorded_at_once(ctx: Any, msg: Any) -> None:
         who, via = author(msg)
         ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))
 
-    run._after_the_start = recorded_at_once
+    steps.after_the_start = recorded_at_once
 
 
 def load(name: str) -> None:
