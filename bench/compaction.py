@@ -25,7 +25,7 @@ from aiohttp import web
 from bench._common import Bench
 from bench.agent import Finishes
 from toren import Agent, Client, Context, ToolContext, tool
-from toren.actors.compaction import SUMMARISER
+from toren.actors.run.summarising import SUMMARISER
 from toren.testing import AnthropicServer, Reply, Text, ToolCall
 
 WINDOW = 16384

@@ -146,7 +146,7 @@ def _unbound_decisions() -> None:
     import attrs
 
     import toren.runs
-    from toren.actors import deciding
+    from toren.actors.run import deciding
     from toren.runs import DecisionOutcome, state, waiting_on
 
     bound = state.judge_decision
@@ -178,7 +178,7 @@ def _child_end_after_commit() -> None:
     from toren._core import host as _host
     from toren._core import mailbox as _mailbox
     from toren._core.codec import decode, type_name
-    from toren.actors import calls
+    from toren.actors.run import calls
     from toren.runs import ChildEnded
 
     ended = type_name(ChildEnded(call_id="", run_id="", agent="", status=""))
@@ -252,7 +252,7 @@ def _telegram_send_unrecorded() -> None:
 
 
 def _calls_unannounced() -> None:
-    from toren.actors import inflight
+    from toren.actors.run import inflight
 
     def announce_nothing(ctx: Any, agent: Any, build: Any) -> None:
         """Announces nothing: a call lost in flight leaves no trace."""
@@ -261,24 +261,24 @@ def _calls_unannounced() -> None:
 
 
 def _turn_ends_later() -> None:
-    from toren.actors import run
+    from toren.actors.run import steps
     from toren.runs import Continue
 
     def end_turn(ctx: Any, agent: Any) -> None:
         ctx.send(ctx.actor_id, Continue())  # the next step completes the run (if nothing came)
 
-    run._end_turn = end_turn
+    steps.end_turn = end_turn
 
 
 def _early_message_dropped() -> None:
-    from toren.actors import run
+    from toren.actors.run import steps
     from toren.runs import MessageReceived, author
 
     def recorded_at_once(ctx: Any, msg: Any) -> None:
         who, via = author(msg)
         ctx.emit(MessageReceived(text=msg.text, who=who, channel=via, by=msg.by))
 
-    run._after_the_start = recorded_at_once
+    steps.after_the_start = recorded_at_once
 
 
 def load(name: str) -> None:

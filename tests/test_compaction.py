@@ -18,9 +18,10 @@ from tests.conftest import WorkerFactory, person, running_worker, wait_for
 from toren import Client
 from toren._agent.app import load_app
 from toren._core.codec import decode
-from toren.actors import compaction
-from toren.actors.compaction import ELIDED, SUMMARISER, SUMMARY_MARK
 from toren.actors.run import build_request
+from toren.actors.run.compaction import ELIDED
+from toren.actors.run.request import recomputed
+from toren.actors.run.summarising import SUMMARISER, SUMMARY_MARK
 from toren.providers.anthropic import to_wire
 from toren.runs import (
     ENDED,
@@ -160,7 +161,7 @@ async def test_replaying_a_compacted_run_applies_recorded_compactions_and_calls_
     # Every recorded call's digest is what this code computes for it, the chain restarting at
     # each compaction (the check an activation makes).
     agent = compaction_app.reader
-    checked = list(compaction.recomputed(folded, agent, build_request))
+    checked = list(recomputed(folded, agent, build_request))
     assert len(checked) == len(folded.calls) == 11
     assert all(call.digest == digest for call, digest in checked)
     if request.config.getoption("--record-journals", default=False):
@@ -235,7 +236,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
     rendering of page ``page``'s result changes the requests from step ``page + 1`` on (until
     it is summarised): that step is invalidated, not an earlier one, and the compactions made
     after it go; the run goes on and every recorded digest then checks under the new code."""
-    import toren.actors.run
+    import toren.actors.run.request
 
     load_app("tests.compaction_app")
     script = pages(8, 12000)
@@ -249,7 +250,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
         assert made
         assert made[0] < 6  # the first compaction comes before page 5's result
         shout = _shout_page(page)
-        monkeypatch.setattr(toren.actors.run, "build_request", shout)
+        monkeypatch.setattr(toren.actors.run.request, "build_request", shout)
         async with running_worker(db_url):
             await say(client, run_id, "And once more, please.", by=person("ada"))
 
@@ -268,7 +269,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
     assert all(c.after_calls > page for c in list(after.compactions)[len(kept) :])
     # Exact under the new code: every call, before and after each compaction, checks.
     agent = compaction_app.reader
-    checked = list(compaction.recomputed(after, agent, shout))
+    checked = list(recomputed(after, agent, shout))
     assert all(call.digest == digest for call, digest in checked)
     r = receipt(after)
     assert r.calls_made == served  # nothing paid that the receipt does not show

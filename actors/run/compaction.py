@@ -12,7 +12,7 @@ provider's count of the last request compared with the estimate of it. Against t
 - past ``compact_hard``, or when the soft tier cannot take the request well back under
   ``compact_soft`` (three quarters of it, :data:`SOFT_ROOM`), the **hard** tier summarises
   everything before the last two assistant turns with one model call through the agent's own
-  provider, recorded and priced like any call.
+  provider, recorded and priced like any call (:mod:`~toren.actors.run.summarising`).
 
 Pinned, never elided or summarised: the system prompt (it is not part of the conversation), the
 task, and every human message (each is carried verbatim into the new prefix a hard compaction
@@ -24,8 +24,11 @@ Each compaction is a :class:`~toren.runs.ContextCompacted` event holding the new
 the conversation the run keeps (``RunState.messages``) is never rewritten, the next request is
 ``prefix + messages[base:]`` (:func:`~toren.runs.context_messages`), and a replay applies the
 recorded prefix without compacting or calling the model again. The digest chain restarts at the
-first call after a compaction (:func:`request_digest`, :func:`recomputed`), so checking a journal
-stays linear and an invalidation stays exact on both sides of it.
+first call after a compaction (:mod:`~toren.actors.run.request`), so checking a journal stays
+linear and an invalidation stays exact on both sides of it.
+
+Requests are measured as this code builds them (:func:`~toren.actors.run.request.builder`, looked
+up at each step: a changed build is the one used).
 """
 
 from __future__ import annotations
@@ -33,40 +36,34 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
-from decimal import Decimal
+from collections.abc import Sequence
 
 import attrs
 
-from toren import ConfigError, Context
-from toren.actors.bounds import bounded_response
-from toren.kernel import kill_point
-from toren.providers import (
-    ModelProvider,
-    ProviderError,
-    context_window,
-    parse_model,
+from toren import Context
+from toren.actors.run import request
+from toren.actors.run.request import Build
+from toren.actors.run.summarising import (
+    SUMMARY_MARK,
+    SUMMARY_MAX_TOKENS,
+    Summary,
+    pinned,
+    summarise,
+    summary_request,
+    tool_names,
 )
+from toren.providers import ProviderError, context_window, parse_model
 from toren.runs import (
-    GENESIS,
     Agent,
     ContextCompacted,
     Continue,
     Message,
-    ModelCalled,
-    ModelRequest,
-    ModelResponse,
-    ModelUnreadable,
     RunFailed,
     RunState,
     Text,
     ToolCall,
     ToolResult,
-    canonical,
-    chain,
     estimate_tokens,
-    final_text,
 )
 from toren.runs.events import CompactionReason, CompactionTier
 
@@ -74,8 +71,6 @@ log = logging.getLogger("toren.compaction")
 
 KEEP_TURNS = 2  # assistant turns (with their results) a compaction leaves as they are
 STUB_PREVIEW = 100  # characters of an elided tool result its stub keeps
-RENDER_CUT = 400  # characters of a tool result (or call's arguments) the summariser is shown
-SUMMARY_MAX_TOKENS = 1024
 # A soft compaction is made only if it takes the request under this fraction of the soft
 # threshold; one that saves less gives way to the hard tier.
 SOFT_ROOM = 0.75
@@ -87,17 +82,6 @@ GAIN = 0.1
 # Reported input tokens are believed within this factor of the estimate (either way).
 MAX_RATIO = 4.0
 ELIDED = "elided by Toren to save context"
-SUMMARY_MARK = "[Summary of the earlier conversation, written by Toren's compaction]\n"
-SUMMARISER = (
-    "You compact the conversation of an AI agent so that it can go on within its context "
-    "window. Summarise the conversation you are given for the agent itself: the task and how "
-    "far it got, what it decided and why, the facts and figures from tool results it still "
-    "needs, what failed, and what remains to do. Keep identifiers, numbers, names, paths and "
-    "quoted values exactly. The human messages and the task are kept verbatim elsewhere: do "
-    "not repeat them. Write only the summary, as plain text."
-)
-
-Build = Callable[[Agent, Iterable[Message]], ModelRequest]
 
 
 @attrs.define
@@ -114,21 +98,6 @@ class LastSent:
 
     def holds(self, digest: str, agent: Agent, inputs: object) -> bool:
         return self.digest == digest and self.agent is agent and self.inputs is inputs
-
-
-@attrs.frozen(kw_only=True)
-class Hooks:
-    """What compaction borrows from the run actor: how it builds a request (the code's, so that a
-    changed build is the one used), its providers, prices and handling of a failed call."""
-
-    build: Build
-    provider: Callable[[str], Awaitable[ModelProvider]]
-    price: Callable[[str, str, ModelResponse], Decimal | None]
-    failed_attempt: Callable[[Context[RunState], Agent, ProviderError], None]
-    last_sent: LastSent = attrs.field(factory=LastSent)
-    # What the build depends on besides the agent and the messages (the run's callees): the
-    # estimate of the last request is kept only while it is the same.
-    build_inputs: object = None
 
 
 @attrs.frozen
@@ -185,54 +154,6 @@ def _since_last_call(state: RunState) -> list[ContextCompacted]:
     return found
 
 
-# -- digests ------------------------------------------------------------------------------------
-
-
-def request_digest(state: RunState, request: ModelRequest) -> str:
-    """The chained digest of ``request``, the next call's (built from
-    :func:`~toren.runs.context_messages`): over the whole request for the first call and the
-    first after a compaction, else chained from the last call's over the messages added since."""
-    previous = state.calls[-1] if state.calls else None
-    if previous is None:
-        return chain(GENESIS, request)
-    latest = state.compactions[-1] if state.compactions else None
-    if latest is None:
-        return chain(previous.digest, request, since=previous.messages_len)
-    if latest.after_calls == len(state.calls):
-        return chain(GENESIS, request)
-    since = len(latest.prefix) + previous.messages_len - latest.base
-    return chain(previous.digest, request, since=since)
-
-
-def recomputed(
-    state: RunState, agent: Agent, build: Build, *, first: int = 0
-) -> Iterator[tuple[ModelCalled, str]]:
-    """Each recorded call from index ``first`` on, with the digest this code's ``build`` gives
-    its request: one pass over calls and compactions together, the chain restarting at each
-    compaction (from ``GENESIS``, over the compaction's prefix and the messages after its base)."""
-    calls, messages, compactions = state.calls, state.messages, state.compactions
-    digest, since = GENESIS, 0
-    if first:
-        digest, since = calls[first - 1].digest, calls[first - 1].messages_len
-    j = len(compactions)
-    while j and compactions[j - 1].after_calls >= first:
-        j -= 1
-    for i in range(first, len(calls)):
-        call = calls[i]
-        restart = None
-        while j < len(compactions) and compactions[j].after_calls <= i:
-            restart, j = compactions[j], j + 1
-        if restart is not None:
-            view = (*restart.prefix, *messages[restart.base : call.messages_len])
-            digest = chain(GENESIS, build(agent, view))
-        else:
-            # Only the messages added since the previous call: the chain covers the rest.
-            added = (messages[k] for k in range(since, call.messages_len))
-            digest = chain(digest, build(agent, added))
-        yield call, digest
-        since = call.messages_len
-
-
 # -- what the next request will hold ------------------------------------------------------------
 
 
@@ -242,17 +163,18 @@ class Projection:
     ratio: float  # the provider's count of the last request over its estimate
 
 
-def project(state: RunState, agent: Agent, hooks: Hooks) -> Projection:
+def project(state: RunState, agent: Agent, last_sent: LastSent) -> Projection:
     """The projected input tokens of the next request: the last call's reported input and
-    output tokens, and the estimate of what was added since, calibrated by the last call."""
-    build = hooks.build
+    output tokens, and the estimate of what was added since, calibrated by the last call.
+    ``last_sent`` is the run actor's estimate of its last request, kept between steps."""
+    build = request.builder(state.callees)
     view = _current(state).all(state.messages)
     if not state.calls:
         return Projection(estimate_tokens(build(agent, view)), 1.0)
     last = state.calls[-1]
     usage = last.response.usage
-    memo = hooks.last_sent
-    if memo.holds(last.digest, agent, hooks.build_inputs):
+    memo = last_sent
+    if memo.holds(last.digest, agent, state.callees):
         estimated = memo.tokens
     else:
         then = _in_effect(state, len(state.calls) - 1)
@@ -262,7 +184,7 @@ def project(state: RunState, agent: Agent, hooks: Hooks) -> Projection:
             else state.messages[: last.messages_len]
         )
         estimated = estimate_tokens(build(agent, sent))
-        memo.digest, memo.agent, memo.inputs = last.digest, agent, hooks.build_inputs
+        memo.digest, memo.agent, memo.inputs = last.digest, agent, state.callees
         memo.tokens = estimated
     if usage.input_tokens <= 0 or estimated <= 0:  # no usage reported: the estimate alone
         return Projection(estimate_tokens(build(agent, view)), 1.0)
@@ -297,16 +219,6 @@ def _turns_back(messages: Sequence[Message], start: int, keep: int) -> int | Non
 # -- the soft tier ------------------------------------------------------------------------------
 
 
-def _tool_names(messages: Iterable[Message]) -> dict[str, str]:
-    return {
-        b.id: b.name
-        for m in messages
-        if m.role == "assistant"
-        for b in m.content
-        if isinstance(b, ToolCall)
-    }
-
-
 def is_stub(block: ToolResult) -> bool:
     return block.content.startswith(f"[{ELIDED}:")
 
@@ -326,7 +238,7 @@ def stub(block: ToolResult, name: str) -> ToolResult:
 
 def _elided(messages: Sequence[Message]) -> tuple[list[Message], int]:
     """``messages`` with every tool result not yet elided made a stub, and how many were."""
-    names = _tool_names(messages)
+    names = tool_names(messages)
     out: list[Message] = []
     count = 0
     for message in messages:
@@ -358,137 +270,10 @@ def _soft(state: RunState, view: View, keep: int) -> tuple[View, int] | None:
     return View(tuple(head), cut), count
 
 
-# -- the hard tier ------------------------------------------------------------------------------
-
-
-def pinned(state: RunState, head: Sequence[Message]) -> list[Text]:
-    """The human messages in ``head`` (text blocks of user turns that are neither the task nor a
-    summary), in order: a hard compaction carries them verbatim."""
-    found: list[Text] = []
-    for i, message in enumerate(head):
-        if message.role != "user":
-            continue
-        for k, block in enumerate(message.content):
-            if not isinstance(block, Text) or block.text.startswith(SUMMARY_MARK):
-                continue
-            if i == 0 and k == 0 and block.text == state.input:
-                continue  # the task, which leads every prefix
-            found.append(block)
-    return found
-
-
-def render(head: Sequence[Message], budget: int) -> str:
-    """The turns of ``head`` as text for the summariser, tool output cut to a few hundred
-    characters, at most ``budget`` characters (the middle left out past it)."""
-    names = _tool_names(head)
-    lines: list[str] = []
-    for message in head:
-        for block in message.content:
-            if isinstance(block, Text):
-                if message.role == "assistant":
-                    lines.append(f"Assistant: {block.text}")
-                elif block.text.startswith(SUMMARY_MARK):
-                    lines.append(f"Summary of what came before: {block.text[len(SUMMARY_MARK) :]}")
-                else:
-                    lines.append(f"User: {block.text}")
-            elif isinstance(block, ToolCall):
-                arguments = (
-                    canonical(block.arguments)
-                    if block.arguments is not None
-                    else repr(block.raw_arguments)
-                )
-                lines.append(
-                    f"Assistant called {block.name} (call {block.id}) with {_cut(arguments)}"
-                )
-            else:
-                name = names.get(block.tool_call_id, "a tool")
-                error = " (an error)" if block.is_error else ""
-                lines.append(
-                    f"Result of {name} (call {block.tool_call_id}){error}: {_cut(block.content)}"
-                )
-    text = "\n\n".join(lines)
-    if len(text) <= budget:
-        return text
-    # The beginning (the task, the first steps) and as much of the latest as fits.
-    left = len(text) - budget + 80
-    start = budget // 4
-    note = f"\n\n[... {left} characters of the conversation left out here ...]\n\n"
-    return text[:start] + note + text[start + left :]
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= RENDER_CUT else text[:RENDER_CUT] + f"... ({len(text)} chars)"
-
-
-def summary_request(agent: Agent, head: Sequence[Message], budget: int) -> ModelRequest:
-    """The request that summarises ``head``: the summariser's own system prompt, one user turn,
-    no tools, at most :data:`SUMMARY_MAX_TOKENS` output tokens."""
-    _, model_id = parse_model(agent.model)
-    text = (
-        "Summarise this earlier part of the conversation (the agent keeps its latest turns "
-        "as they are):\n\n" + render(head, budget)
-    )
-    return ModelRequest(
-        model=model_id,
-        system=SUMMARISER,
-        messages=(Message(role="user", content=(Text(text=text),)),),
-        max_tokens=min(agent.max_tokens, SUMMARY_MAX_TOKENS),
-    )
-
-
-@attrs.frozen
-class _Summary:
-    text: str
-    response: ModelResponse
-    cost: Decimal | None
-    latency_ms: int
-
-
-async def _summarise(
-    ctx: Context[RunState], agent: Agent, hooks: Hooks, request: ModelRequest
-) -> _Summary | None:
-    """Make the summary call; ``None`` when it failed (the failure is handled: recorded, the
-    run failed, or the step to be tried again)."""
-    provider_name, model_id = parse_model(agent.model)
-    state = ctx.state
-    started = time.monotonic()
-    try:
-        provider = await hooks.provider(agent.model)
-        started = time.monotonic()
-        kill_point("compaction.summarising")
-        response = await provider.call(request, before_attempt=ctx.ensure_lease)
-        kill_point("compaction.summarised")
-    except ProviderError as exc:
-        latency = int((time.monotonic() - started) * 1000)
-        if exc.answered:  # paid for and unreadable: counted, never asked again by itself
-            ctx.emit(
-                ModelUnreadable(
-                    step=len(state.calls) + 1,
-                    digest=chain(GENESIS, request),
-                    model=agent.model,
-                    error=exc.message,
-                    latency_ms=latency,
-                )
-            )
-            ctx.emit(RunFailed(error_class="provider", message=f"compaction: {exc}"))
-            return None
-        hooks.failed_attempt(ctx, agent, exc)
-        return None
-    except ConfigError as exc:
-        ctx.emit(RunFailed(error_class="config", message=str(exc)))
-        return None
-    latency = int((time.monotonic() - started) * 1000)
-    response = bounded_response(
-        response, cap=agent.max_response_bytes, step=len(state.calls) + 1, earlier_ids=()
-    )
-    text = final_text(response).strip() or "(the summariser wrote nothing)"
-    return _Summary(text, response, hooks.price(provider_name, model_id, response), latency)
-
-
 # -- the step -----------------------------------------------------------------------------------
 
 
-async def compact_if_needed(ctx: Context[RunState], agent: Agent, hooks: Hooks) -> bool:
+async def compact_if_needed(ctx: Context[RunState], agent: Agent, last_sent: LastSent) -> bool:
     """Before a model call: compact if the next request is projected past a threshold of the
     window. True when this step did something else instead of the call (a compaction was
     recorded and the next step makes the call; or the run failed or waits to retry)."""
@@ -500,17 +285,17 @@ async def compact_if_needed(ctx: Context[RunState], agent: Agent, hooks: Hooks) 
     window = window_of(agent)
     if window is None:
         return False
-    projection = project(state, agent, hooks)
+    projection = project(state, agent, last_sent)
     if projection.tokens <= agent.compact_soft * window:
         return False
     latest = state.compactions[-1] if state.compactions else None
     if latest is not None and projection.tokens - latest.tokens_after < GAIN * window:
         return False  # the last compaction could do no better; a refusal still compacts
-    return await _compact(ctx, agent, hooks, projection, window, reason="threshold")
+    return await _compact(ctx, agent, projection, window, reason="threshold")
 
 
 async def after_refusal(
-    ctx: Context[RunState], agent: Agent, hooks: Hooks, exc: ProviderError
+    ctx: Context[RunState], agent: Agent, last_sent: LastSent, exc: ProviderError
 ) -> None:
     """The provider refused the request as over the window: compact with the strongest tier
     and try once more; refused again after that, the run fails (class ``provider``)."""
@@ -525,13 +310,13 @@ async def after_refusal(
         )
         return
     window = window_of(agent)
-    projection = project(state, agent, hooks)
+    projection = project(state, agent, last_sent)
     log.warning(
         "%s: the provider refused the request as over the window; compacting: %s",
         ctx.actor_id,
         exc.message,
     )
-    if not await _compact(ctx, agent, hooks, projection, window, reason="refused"):
+    if not await _compact(ctx, agent, projection, window, reason="refused"):
         ctx.emit(
             RunFailed(
                 error_class="provider",
@@ -544,7 +329,6 @@ async def after_refusal(
 async def _compact(
     ctx: Context[RunState],
     agent: Agent,
-    hooks: Hooks,
     projection: Projection,
     window: int | None,
     *,
@@ -552,7 +336,7 @@ async def _compact(
 ) -> bool:
     """Compact the run's context (soft, else hard); True when the step did something."""
     state = ctx.state
-    messages, build, ratio = state.messages, hooks.build, projection.ratio
+    messages, build, ratio = state.messages, request.builder(state.callees), projection.ratio
     refused = reason == "refused"
     keep = 1 if refused else KEEP_TURNS
     current = _current(state)
@@ -597,7 +381,7 @@ async def _compact(
             _record(ctx, agent, reason, "soft", view, projection.tokens, after, elided=elided)
             return True
     budget = int((window or 4 * SUMMARY_MAX_TOKENS) * agent.compact_soft * 4 / ratio)
-    summary = await _summarise(ctx, agent, hooks, summary_request(agent, head, budget))
+    summary = await summarise(ctx, agent, summary_request(agent, head, budget))
     if summary is None:
         return True
     prefix = Message(
@@ -636,7 +420,7 @@ def _record(
     *,
     elided: int = 0,
     summarised: int = 0,
-    summary: _Summary | None = None,
+    summary: Summary | None = None,
 ) -> None:
     """Record the compaction and go on: the model call is the next step (which checks the
     budget first, the summary call's cost included)."""

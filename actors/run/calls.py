@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 from toren import Agent, Context, Principal
-from toren.actors.bounds import cut_result, shown
+from toren.actors.run.bounds import cut_result, shown
 from toren.directory import published
 from toren.kernel import kill_point
 from toren.runs import (

@@ -1,0 +1,84 @@
+"""A run's model providers, what a call costs, and what a failed call does to the run.
+
+Shared by the run's own model step and compaction's summary call: both ask through the same
+provider, price alike and fail alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from decimal import Decimal
+
+import anyio
+
+from toren import Context
+from toren.providers import ModelProvider, ProviderError, RetryPolicy, provider_for
+from toren.providers import price as library_price
+from toren.runs import Agent, Continue, ModelResponse, RunFailed, RunRetrying, RunState
+
+log = logging.getLogger("toren.run")
+
+_STEP_RETRY_BASE = 1.0
+_STEP_RETRY_CAP = 300.0
+
+_providers: dict[str, ModelProvider] = {}
+
+
+async def provider(model: str) -> ModelProvider:
+    """One provider per model for the life of the worker process (they pool connections).
+
+    Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
+    ``TOREN_MODEL_RETRY_BASE_SECONDS`` (default 0.5); past those the run's own step retry
+    (a durable timer, up to the agent's ``max_attempts``) takes over.
+    """
+    found = _providers.get(model)
+    if found is None:
+        policy = RetryPolicy.from_env(os.environ)
+        # In a thread: the first use imports the provider's SDK, which takes seconds and must
+        # not stall the worker's event loop (its lease renewals run there).
+        created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
+        # Runs that started together may each have made one meanwhile: keep the first, close
+        # the others (an unclosed one would leak its connections).
+        found = _providers.setdefault(model, created)
+        if found is not created:
+            await created.aclose()
+    return found
+
+
+async def close_providers() -> None:
+    """Close every provider this process opened (their connection pools)."""
+    providers = list(_providers.values())
+    _providers.clear()
+    for open_provider in providers:
+        await open_provider.aclose()
+
+
+def price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:
+    """The call's price; unpriced (``None``) if the price library cannot tell, whatever the
+    usage the provider reported."""
+    try:
+        return library_price(provider, model_id, response.usage)
+    except Exception:
+        log.warning("could not price a call to %s/%s", provider, model_id, exc_info=True)
+        return None
+
+
+def failed_attempt(ctx: Context[RunState], agent: Agent, exc: ProviderError) -> None:
+    """A model call failed after the provider's own retries: fail the run, or try the step
+    again later (a durable timer) until the agent's attempts cap."""
+    if not exc.retryable:
+        ctx.emit(RunFailed(error_class="provider", message=str(exc)))
+        return
+    attempt = ctx.state.failed_attempts + 1
+    if attempt >= agent.max_attempts:
+        ctx.emit(
+            RunFailed(
+                error_class="attempts",
+                message=f"{attempt} failed attempts at step {len(ctx.state.calls) + 1}: {exc}",
+            )
+        )
+        return
+    delay = min(_STEP_RETRY_CAP, _STEP_RETRY_BASE * 2 ** (attempt - 1))
+    ctx.emit(RunRetrying(attempt=attempt, error=str(exc), delay=delay))
+    ctx.set_timer("retry", delay, Continue())
