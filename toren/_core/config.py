@@ -18,14 +18,16 @@ import tomllib
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
 
-from toren._agent.tables import Tables, read_agent_tables
 from toren._core.errors import ConfigError
 from toren._core.secret_files import SUFFIX
+
+if TYPE_CHECKING:
+    from toren._agent.tables import Tables
 
 # Setting name -> (environment variable, type). The TOML file uses the setting names as keys,
 # at top level or under [worker].
@@ -255,7 +257,13 @@ def _read_toml(path: Path) -> dict[str, Any]:
         data = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
-    agents = read_agent_tables(data.pop("agents"), str(path)) if "agents" in data else None
+    agents = None
+    if "agents" in data:
+        # Here, not at the top: checking the tables needs the agent layer (and pydantic), which
+        # a settings file without them (and every CLI command reading one) does without.
+        from toren._agent.tables import read_agent_tables
+
+        agents = read_agent_tables(data.pop("agents"), str(path))
     tables = sorted(k for k, v in data.items() if isinstance(v, dict) and k not in _TABLES)
     if tables:
         raise ConfigError(

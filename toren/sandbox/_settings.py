@@ -26,9 +26,6 @@ from toren._core.errors import ConfigError
 DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image built locally by ``scripts/sandbox-image`` (bash, coreutils, python3, git)."""
 
-WORKSPACE = "/workspace"
-"""The workspace in every sandbox, and every command's working directory."""
-
 _CONTROL = (";", "&", "|", "\n", "\r", "`", "$", "<", ">", "(", ")", "\0")
 
 _BYTES = pydantic.TypeAdapter(pydantic.ByteSize)
