@@ -1,12 +1,12 @@
 """``python -m bench``: Toren's benchmark suite, every figure measured in one run on one database.
 
 One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serves every
-section in turn: the floor (raw asyncpg commits), the kernel step, DBOS Transact as a peer, agent
-steps through the real Anthropic SDK, takeover after SIGKILL, replay of a 1,000-step run, 10,000
-parked runs, the HTTP API under ``wrk``, and sandboxes on real Docker (skipped, saying why,
-without a daemon or the sandbox image). Prints a table and writes ``bench/results.json``.
-``--smoke`` runs every section with tiny counts: it checks the suite works and measures
-nothing (CI runs it).
+section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, DBOS
+Transact as a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of
+a 1,000-step run, 10,000 parked runs, the HTTP API under ``wrk``, and sandboxes on real Docker
+(skipped, saying why, without a daemon or the sandbox image). Prints a table and writes
+``bench/results.json``. ``--smoke`` runs every section with tiny counts: it checks the suite
+works and measures nothing (CI runs it).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from bench import (
     agent,
     api,
     claim,
+    cli,
     compaction,
     dbos_peer,
     floor,
@@ -50,6 +51,7 @@ from toren.kernel import EmbeddedPostgres, connect, migrate
 # In this order: ratios need their baselines (the floor before the kernel, DBOS before agents).
 SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "floor": floor.run,
+    "cli": cli.run,
     "kernel": kernel.run,
     "dbos": dbos_peer.run,
     "agent": agent.run,

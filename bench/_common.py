@@ -71,17 +71,22 @@ class Bench:
         """A ``toren worker --app bench.app`` process on the suite's database."""
         return self.start_toren(["worker", "--app", "bench.app"], env)
 
+    def environ(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment of a ``toren`` process on the suite's database: this one's, without
+        its ``TOREN_`` variables, with ``env`` added."""
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+        environ.update({"TOREN_DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)})
+        environ.update(env or {})
+        return environ
+
     def start_toren(
         self, args: list[str], env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         """A ``toren ARGS`` process on the suite's database (stopped by :meth:`stop_workers`)."""
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
-        environ.update({"TOREN_DATABASE_URL": self.url, "PYTHONPATH": str(ROOT)})
-        environ.update(env or {})
         with (self.tmp / "workers.log").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "toren", *args],
-                env=environ,
+                env=self.environ(env),
                 cwd=ROOT,
                 stdout=out,
                 stderr=subprocess.STDOUT,

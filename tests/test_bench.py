@@ -19,6 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 KEYS = {
     "floor_commit_median_ms",
+    "cli_python_pass_ms",
+    "cli_help_ms",
+    "cli_help_vs_python",
+    "cli_jobs_list_help_ms",
+    "cli_jobs_list_help_vs_python",
+    "cli_jobs_list_ms",
+    "cli_jobs_list_vs_python",
+    "cli_jobs_show_ms",
+    "cli_jobs_show_vs_python",
     "step_overhead_median_ms",
     "step_overhead_vs_floor",
     "kernel_steps_per_s_conc50",

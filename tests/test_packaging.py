@@ -47,7 +47,7 @@ import json, sys
 
 import toren
 from toren._agent.agents import served_routes
-from toren.cli import load_app  # the loader `toren worker --app` uses
+from toren._agent.app import load_app  # the loader `toren worker --app` uses
 
 
 def internals():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import attrs
@@ -94,6 +96,23 @@ def test_no_bare_asyncio_tasks_in_library_code() -> None:
             text = path.read_text()
             for call in ("create_task(", "ensure_future(", "asyncio.gather(", "asyncio.wait_for("):
                 assert call not in text, f"{path.relative_to(ROOT)} uses {call}"
+
+
+def test_the_cli_describes_its_commands_without_the_server_the_agent_layer_or_asyncpg() -> None:
+    # `toren --help` imports toren.cli and every module its commands are defined in; each command
+    # imports what it uses in its body, so that the CLI starts in well under half a second.
+    heavy = ("aiohttp", "pydantic", "asyncpg", "toren._agent.agents", "toren.runs.state")
+    probe = f"import sys, toren.cli; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr
+
+
+def test_no_cli_module_imports_the_cli_entry_point() -> None:
+    # toren.cli imports them; what they share with it at boot is in toren._cli.boot.
+    for path in (ROOT / "toren" / "_cli").glob("*.py"):
+        assert "toren.cli" not in _imports(path), f"{path.name} imports toren.cli"
 
 
 @message("test.payload")

@@ -520,7 +520,7 @@ def test_the_log_level_is_read_from_its_file_too(tmp_path: Path) -> None:
 
 def test_the_variables_an_apps_channels_read_are_the_ones_read_from_files() -> None:
     from tests import telegram_app
-    from toren._cli.common import channel_variables
+    from toren._cli.boot import channel_variables
 
     names = channel_variables(telegram_app)
     assert {telegram_app.TOKEN_ENV, telegram_app.BRIEF_TOKEN_ENV} <= set(names)

@@ -11,49 +11,33 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import os
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
-from toren._agent.agents import Agent, agents_in, check
-from toren._agent.app import load_app, loaded_agents
-from toren._agent.tables import (
-    ConsentFinding,
-    consent_findings,
-    log_agent_findings,
-    unloaded_tables,
-)
 from toren._cli.channels import register as register_channel_commands
-from toren._cli.common import (
-    Unshown,
-    channel_variables,
-    database_url,
-    out,
-    print_error,
-    run_async,
-    run_reporting,
-)
+from toren._cli.common import Unshown, database_url, out, print_error, run_async, run_reporting
 from toren._cli.init import register as register_init_command
 from toren._cli.runs import register as register_run_commands
 from toren._cli.sandboxes import register as register_sandbox_commands
 from toren._cli.serve import register as register_serve_commands
 from toren._cli.up import register as register_up_command
-from toren._core.client import Client
-from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
-from toren._core.logs import LEVELS, configure, show_info_from
-from toren._core.migrate import migrate as apply_migrations
+from toren._core.logs import LEVELS, configure
 from toren._core.secret_files import read_secret_files
 from toren._core.terminal import plain
 from toren._settings import Settings
+
+if TYPE_CHECKING:
+    from toren._agent.tables import ConsentFinding
+
+# Each command imports what it uses in its body, not here: every command (`--help` too) imports
+# this module and those its commands are defined in, and should not pay for the others' needs.
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -99,6 +83,9 @@ def _level_from_file(level: str) -> str:
 @run_async
 async def migrate(ctx: click.Context) -> None:
     """Bring the database schema up to date. Safe to run from several processes at once."""
+    from toren._core.db import connect
+    from toren._core.migrate import migrate as apply_migrations
+
     url = database_url(_settings(ctx))
     conn = await connect(url)
     try:
@@ -121,6 +108,7 @@ async def migrate(ctx: click.Context) -> None:
 @run_async
 async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overrides: Any) -> None:
     """Run a worker until SIGTERM. It claims actors with mail and runs them."""
+    from toren._cli.boot import boot_app
     from toren.supervisors.worker import run_worker  # the entry point that boots a worker
 
     try:
@@ -130,91 +118,8 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
     settings = Settings.load(
         config_file=ctx.parent.params.get("config") if ctx.parent else None, **overrides
     )
-    if app:
-        module = load_app(app, settings)
-        read_secret_files(names=channel_variables(module))
-        log_boot_checks(module, settings)
-        preload_providers(module)
-    else:
-        log_boot_checks(None, settings)
+    boot_app(app, settings)
     await run_worker(settings, database_url(settings), migrate=migrate)
-
-
-def preload_providers(module: ModuleType) -> None:
-    """Import the SDKs the app's agents use now, before the worker serves leases: an SDK import
-    takes seconds, which the first run must not spend inside the worker's event loop."""
-    import importlib
-
-    from toren.providers import parse_model
-
-    for agent in agents_in(module).values():
-        provider, _ = parse_model(agent.model)
-        importlib.import_module(f"toren.providers.{provider}")
-
-
-def log_boot_checks(module: ModuleType | None, settings: Settings) -> None:
-    """At boot (``toren worker``, ``toren dev --app``, ``toren up``), what ``toren agents
-    check`` reports: flagged tools, one-sided cross-agent consent (warnings) and
-    ``[agents.NAME]`` tables for agents not loaded here (info); and a warning per agent whose
-    provider key is not set. The app's own package logs from INFO from here on, as Toren does.
-    Without an app (``module`` is ``None``), a warning that this worker runs no agents.
-
-    Call it once the environment is final (secret files read, an offline model's variables
-    set): the key check reads it.
-    """
-    log = logging.getLogger("toren.worker")
-    if module is None:
-        log.warning(
-            "no --app: this worker runs no agents (only Toren's own actors). Give it the module "
-            "that defines them: `toren worker --app MODULE` or TOREN_APP=MODULE "
-            "(`--app toren.demo` runs the demo agent)."
-        )
-        return
-    show_info_from(module.__name__.partition(".")[0])
-    log_tool_flags(module)
-    source = str(settings.config_file or "the settings file")
-    agents = loaded_agents(module)
-    log_agent_findings(agents, settings.agents, source, log)
-    log_missing_keys(agents)
-
-
-# The variable each provider cannot call without (Bedrock also finds credentials in profiles
-# and instance roles, so nothing is certain to be missing there).
-PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-
-
-def log_missing_keys(agents: list[Agent], environ: Mapping[str, str] = os.environ) -> None:
-    """Warn, once per agent, about a provider key that is not set: its runs would fail at
-    their first model call. A local model server (an offline model, a gateway) is given a key
-    too (any value), so it is not warned about."""
-    from toren.providers import parse_model
-
-    for agent in agents:
-        provider, _ = parse_model(agent.model)
-        name = PROVIDER_KEYS.get(provider)
-        if name is not None and not environ.get(name):
-            logging.getLogger("toren.worker").warning(
-                "agent %s uses %s, but %s is not set: its runs will fail at their first model "
-                "call. Set %s in this process's environment (any value for a local gateway "
-                "that needs none).",
-                agent.name,
-                agent.model,
-                name,
-                name,
-            )
-
-
-def log_tool_flags(module: ModuleType) -> None:
-    """At boot, say loudly which tools can repeat a real-world effect with nobody asked."""
-    for finding in check(agents_in(module).values()):
-        if finding.flagged:
-            logging.getLogger("toren.worker").warning(
-                "agent %s: tool %s is external, unkeyed and needs no approval: a crash between "
-                "its effect and its record repeats the effect (at-least-once). Make it keyed "
-                "(pass ctx.idempotency_key on) or ask for approval.",
-                finding.agent,
-                finding.tool,
-            )
 
 
 @main.command()
@@ -223,6 +128,7 @@ def log_tool_flags(module: ModuleType) -> None:
 @run_async
 async def workers(ctx: click.Context, as_json: bool) -> None:
     """List live workers with their versions and statistics."""
+    from toren._core.db import connect
     from toren._core.leases import live_workers
 
     conn = await connect(database_url(_settings(ctx)))
@@ -283,6 +189,8 @@ def deadletters(ctx: click.Context, actor: str | None, limit: int, as_json: bool
 async def _list_deadletters(
     ctx: click.Context, actor: str | None, limit: int, as_json: bool
 ) -> None:
+    from toren._core.client import Client
+
     async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
         items = await client.deadletters(actor_id=actor, limit=limit)
     if as_json:
@@ -330,6 +238,8 @@ async def _list_deadletters(
 @run_async
 async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
     """Put dead letters back in their mailboxes. Each goes at the end, with fresh counts."""
+    from toren._core.client import Client
+
     async with await Client.connect(database_url(_settings(ctx)), pool_size=1) as client:
         new_ids = await client.requeue(list(ids))
     missing = len(ids) - len(new_ids)
@@ -366,6 +276,10 @@ def agents_check(ctx: click.Context, app: str, strict: bool) -> None:
 
     Exit 0; 1 for a self-call, and with --strict for any finding; 2 for a configuration error.
     """
+    from toren._agent.agents import check
+    from toren._agent.app import load_app, loaded_agents
+    from toren._agent.tables import consent_findings, unloaded_tables
+
     settings = _settings(ctx)
     try:
         module = load_app(app, settings)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from toren._agent.tables import Tables, read_agent_tables
 from toren._core.config import Env, WorkerSettings, positive
+
+if TYPE_CHECKING:
+    from toren._agent.tables import Tables
 
 
 def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
@@ -43,5 +45,9 @@ class AgentSettings(WorkerSettings):
     def parse_tables(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
         values = super().parse_tables(data, source)
         if "agents" in data:
+            # Here, not at the top: checking the tables needs Agent (and pydantic), which a
+            # settings file without them (and every CLI command reading one) does without.
+            from toren._agent.tables import read_agent_tables
+
             values["agents"] = read_agent_tables(data.pop("agents"), source)
         return values

@@ -16,7 +16,7 @@ import json
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
@@ -25,10 +25,11 @@ from rich.text import Text
 from toren._cli.common import database_url, out, run_async
 from toren._cli.run_ids import resolve
 from toren._cli.runs import who
-from toren._core.client import Client
 from toren._core.terminal import plain, printable
-from toren._settings import Settings
-from toren.channels import client as api
+
+if TYPE_CHECKING:
+    from toren._core.client import Client
+    from toren._settings import Settings
 
 TEXT_WIDTH = 80
 """Characters of a message's text ``toren channels messages`` prints (``--json``: 300)."""
@@ -77,6 +78,8 @@ def register(main: click.Group) -> None:
         """Every channel and its paired chats. Each channel with its bot, agent, @username,
         status, paired chats and messages pending, sent and failed; one that Telegram does not
         answer is shown failing, with since when and why."""
+        from toren.channels import client as api
+
         async with await _client(ctx) as client:
             rows = await api.channels(client)
         if as_json:
@@ -122,6 +125,8 @@ def register(main: click.Group) -> None:
     async def pair_cmd(ctx: click.Context, agent: str) -> None:
         """Print a code that pairs a Telegram chat with AGENT's bot. Single-use: send `/pair
         CODE` to the bot from that chat before it expires."""
+        from toren.channels import client as api
+
         async with await _client(ctx) as client:
             code, expires = await api.pair(client, agent, by=who(), telegram=_table(ctx, agent))
             username = await _username(client, agent)
@@ -147,6 +152,8 @@ def register(main: click.Group) -> None:
     async def unpair_cmd(ctx: click.Context, agent: str, chat_id: int) -> None:
         """Unpair chat CHAT_ID from AGENT's bot. It no longer reaches the agent (the chat is
         told; its conversation run is left as it is)."""
+        from toren.channels import client as api
+
         async with await _client(ctx) as client:
             detail = await api.unpair(client, agent, chat_id, by=who())
         out.print(plain(detail))
@@ -180,6 +187,8 @@ def register(main: click.Group) -> None:
         AGENT names whose bot sends; OBSERVED may be another agent. --stop ends it."""
         if (run_id is None) == (observed is None):
             raise click.UsageError("give exactly one of --run RUN and --agent AGENT")
+        from toren.channels import client as api
+
         async with await _client(ctx) as client:
             detail = await api.observe(
                 client,
@@ -205,6 +214,8 @@ def register(main: click.Group) -> None:
         queued, sending, sent, lost (at-most-once: the worker stopped during its send), blocked (the
         user blocked the bot), refused (Telegram refused it). Pending ones and the last 200
         delivered or failed."""
+        from toren.channels import client as api
+
         async with await _client(ctx) as client:
             found = await api.messages(client, agent, chat_id)
         if as_json:
@@ -252,6 +263,8 @@ def _failing(row: dict[str, Any]) -> str:
 
 
 async def _client(ctx: click.Context) -> Client:
+    from toren._core.client import Client
+
     settings: Settings = ctx.find_root().obj["settings"]
     return await Client.connect(database_url(settings), pool_size=2)
 
@@ -264,6 +277,8 @@ def _table(ctx: click.Context, agent: str) -> Mapping[str, Any] | None:
 
 
 async def _username(client: Client, agent: str) -> str:
+    from toren.channels import client as api
+
     for row in await api.channels(client):
         if row.get("agent") == agent:
             return str(row.get("username") or "")

@@ -9,14 +9,12 @@ import shutil
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import click
 from rich.console import Console
 
-from toren._agent.app import loaded_agents
 from toren._cli.dev_state import RECORD_FILE, read_record
 from toren._core.errors import ConfigError, TorenError
 from toren._core.terminal import plain
@@ -168,13 +166,3 @@ def _toren_error(exc: BaseException) -> TorenError | None:
             if found is not None:
                 return found
     return None
-
-
-def channel_variables(module: ModuleType) -> list[str]:
-    """The variables the app's agents' channels read (``token_env``, ``webhook_secret_env``),
-    as :func:`toren.load_app` registered them (settings-file tables applied)."""
-    found: set[str] = set()
-    for agent in loaded_agents(module):
-        if agent.telegram is not None:
-            found.update((agent.telegram.token_env, agent.telegram.webhook_secret_env))
-    return sorted(n for n in found if n)

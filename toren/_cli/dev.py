@@ -19,6 +19,7 @@ from rich.text import Text
 
 from toren._agent.agents import agents_in
 from toren._agent.app import load_app, loaded_agents
+from toren._cli.boot import log_boot_checks, preload_providers
 from toren._cli.common import path_hint, toren_command
 from toren._cli.dev_state import (
     DevRecord,
@@ -34,8 +35,9 @@ from toren._core.killpoints import kill_point
 from toren._core.migrate import migrate
 from toren._core.terminal import plain
 from toren._settings import Settings
+from toren._surfaces import DEFAULT_PORT
 from toren._surfaces.http import ServerOptions
-from toren._surfaces.serve import DEFAULT_PORT, serving
+from toren._surfaces.serve import serving
 from toren.runs import RunState, read_run, start_run
 from toren.testing import AnthropicServer, ScriptedModel, load_script
 from toren.testing._harness import SERVERS, providers_of
@@ -123,8 +125,6 @@ async def _serve(
         if module is None:
             banner = await _start_demo(stack, url, settings)
         else:
-            from toren.cli import log_boot_checks, preload_providers
-
             banner = _app_banner(module)
             if scripted is not None:  # before the boot checks: they look for provider keys
                 banner = await _start_offline(stack, module, scripted)
@@ -280,7 +280,6 @@ async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Sett
     banner that says where the run is (it may have ended on an earlier start) and what to do
     with it."""
     from toren import demo
-    from toren.cli import preload_providers
 
     preload_providers(load_app("toren.demo", settings))
     if os.environ.get("ANTHROPIC_API_KEY"):

@@ -4,11 +4,14 @@ run when the console's address is known."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from toren._cli.dev_state import read_record
-from toren._core.client import Client
 from toren._core.errors import ConfigError
-from toren._settings import Settings
-from toren.runs.ids import AmbiguousRun, NotARunId, RunNotFound, find_run
+
+if TYPE_CHECKING:
+    from toren._core.client import Client
+    from toren._settings import Settings
 
 
 async def resolve(client: Client, text: str) -> str:
@@ -17,6 +20,8 @@ async def resolve(client: Client, text: str) -> str:
     Raises:
         ConfigError: it names no run, or several (they are listed); the hint says what to do.
     """
+    from toren.runs.ids import AmbiguousRun, NotARunId, RunNotFound, find_run
+
     try:
         return await find_run(client.pool, text)
     except (NotARunId, RunNotFound) as exc:

@@ -4,44 +4,30 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import click
 from rich.table import Table
 
-from toren._agent.model import ToolCall
 from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
-from toren._cli.timeline import describe, event_record, record
-from toren._core.client import Client
 from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
 from toren._settings import Settings
-from toren.runs import (
-    DECISION_WAIT,
-    ENDED,
-    STATUSES,
-    AgentNotServed,
-    AmbiguousDecision,
-    RunState,
-    cancel,
-    check_served,
-    decide,
-    decision_target,
-    read_run,
-    receipt,
-    retry,
-    run_status,
-    say,
-    start_run,
-    waiting_below,
-    waiting_on,
-)
-from toren.runs.listing import list_runs
-from toren.sandbox.listing import approval_cwds, read_calls, sandbox_of
+from toren.runs.events import ENDED, STATUSES
+from toren.runs.receipt import receipt
+
+if TYPE_CHECKING:
+    from toren._agent.model import ToolCall
+    from toren._core.client import Client
+    from toren.runs import RunState
+
+# What the commands below read and write runs with (the client, the runs' API, the timeline,
+# sandboxes) is imported in their bodies: `toren --help` and every other command import this
+# module to describe its commands, and do without asyncpg and the runs' fold.
 
 
 def who() -> Principal:
@@ -51,10 +37,14 @@ def who() -> Principal:
 
 
 async def _client(settings: Settings) -> Client:
+    from toren._core.client import Client
+
     return await Client.connect(database_url(settings), pool_size=2)
 
 
 async def _read(client: Client, run_id: str) -> RunState:
+    from toren.runs import read_run
+
     try:
         return await read_run(client, run_id)
     except UnknownActor:
@@ -87,6 +77,8 @@ def register(main: click.Group) -> None:
         ctx: click.Context, agent: str, text: str, key: str | None, wait: bool
     ) -> None:
         """Start a run of AGENT on TEXT; prints its id."""
+        from toren.runs import start_run
+
         client = await _client(ctx.obj["settings"])
         try:
             await _check_served(client, agent)
@@ -122,6 +114,8 @@ def register(main: click.Group) -> None:
         ctx: click.Context, status: str | None, agent: str | None, limit: int
     ) -> None:
         """The newest runs with their status and cost."""
+        from toren.runs.listing import list_runs
+
         client = await _client(ctx.obj["settings"])
         try:
             rows = await list_runs(client, status=status, agent=agent, limit=limit)
@@ -167,6 +161,9 @@ def register(main: click.Group) -> None:
         --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
         ones with --after, as the line that ends it says. With --json the events are
         `events`, each with its timeline line, and `more_events` says whether more follow."""
+        from toren._cli.timeline import describe, event_record, record
+        from toren.sandbox.listing import read_calls, sandbox_of
+
         client = await _client(ctx.obj["settings"])
         try:
             run_id = await resolve(client, run_id)
@@ -254,6 +251,8 @@ def register(main: click.Group) -> None:
     @run_async
     async def jobs_tail(ctx: click.Context, run_id: str) -> None:
         """Follow a run's events until it completes or fails."""
+        from toren._cli.timeline import describe
+
         client = await _client(ctx.obj["settings"])
         try:
             run_id = await resolve(client, run_id)
@@ -294,12 +293,18 @@ def register(main: click.Group) -> None:
         jobs.add_command(click.Command(name, callback=command, params=params, help=help_text))
 
     async def send(c: Client, r: str, text: str, settings: Settings) -> None:
+        from toren.runs import say
+
         await say(c, r, text, by=who(), cap=settings.max_message_bytes)
 
     async def stop(c: Client, r: str, reason: str, settings: Settings) -> None:
+        from toren.runs import cancel
+
         await cancel(c, r, by=who(), reason=reason)
 
     async def again(c: Client, r: str, settings: Settings) -> None:
+        from toren.runs import retry
+
         await retry(c, r, by=who())
 
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
@@ -367,6 +372,8 @@ async def _decide(
 ) -> None:
     """Show the call decided, decide it, and report what the run did (exit 1 if refused).
     Calls the run's child runs wait on are listed and decided from the parent too."""
+    from toren.runs import DECISION_WAIT, AmbiguousDecision, decide, decision_target
+
     state = await _read(client, run_id)
     waiting = await _waiting(client, run_id, state)
     if call_id is None:
@@ -408,6 +415,8 @@ async def _decide(
 async def _waiting(client: Client, run_id: str, state: RunState) -> list[tuple[str, ToolCall]]:
     """The calls waiting for a decision in the run and in its child runs, with the run each
     waits in."""
+    from toren.runs import read_run, waiting_below, waiting_on
+
     waiting = [(run_id, c) for c in waiting_on(state)]
     for below, _, _ in await waiting_below(client, run_id):
         waiting.extend((below, c) for c in waiting_on(await read_run(client, below)))
@@ -417,6 +426,8 @@ async def _waiting(client: Client, run_id: str, state: RunState) -> list[tuple[s
 async def _call_text(client: Client, run_id: str, where: str, call: ToolCall) -> str:
     """``TOOL ARGUMENTS [in CWD] (call ID [of child run RUN])``: a waiting call, as a person
     deciding it needs to see it."""
+    from toren.sandbox.listing import approval_cwds
+
     arguments = json.dumps(call.arguments, ensure_ascii=True)
     of = f" of child run {where}" if where != run_id else ""
     cwd = (await approval_cwds(client.pool, where, [call.id])).get(call.id)
@@ -448,6 +459,8 @@ async def _parked(client: Client, run_id: str, state: RunState) -> list[str]:
 
 async def _check_served(client: Client, agent: str) -> None:
     """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
+    from toren.runs import AgentNotServed, check_served
+
     try:
         if not await check_served(client, agent):
             err.print(
@@ -466,6 +479,8 @@ async def _check_served(client: Client, agent: str) -> None:
 async def _until_settled(client: Client, run_id: str) -> RunState:
     """The run's state once it has ended (completed, failed, cancelled) or parked: its status is
     polled from its row (nothing folded meanwhile), the state read once at the end."""
+    from toren.runs import read_run, run_status
+
     settled = (*ENDED, "parked")
     while True:
         if await run_status(client, run_id) in settled:

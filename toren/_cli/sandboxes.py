@@ -13,24 +13,20 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
 from toren._cli.common import database_url, err, out, run_async
 from toren._cli.run_ids import resolve
-from toren._core.client import Client
 from toren._core.errors import ConfigError
 from toren._core.terminal import plain, printable
-from toren._settings import Settings
-from toren.sandbox import WORKSPACE, Reap
-from toren.sandbox.listing import (
-    SandboxedCall,
-    SandboxRow,
-    list_sandboxes,
-    reapable,
-    sandbox_of,
-)
+
+if TYPE_CHECKING:
+    from toren._core.client import Client
+    from toren._settings import Settings
+    from toren.sandbox.listing import SandboxedCall, SandboxRow
 
 OUTPUT_LINES = 5
 """Lines of a call's output ``toren jobs show`` prints (``--json`` has all of it)."""
@@ -109,6 +105,8 @@ def register(main: click.Group) -> None:
     @run_async
     async def list_cmd(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> None:
         """Sandboxes, newest first. By default those whose container may exist (not reaped)."""
+        from toren.sandbox.listing import list_sandboxes
+
         async with await _client(ctx.obj["settings"]) as client:
             rows = await list_sandboxes(client.pool, reaped=everything, limit=limit)
         if as_json:
@@ -146,6 +144,9 @@ def register(main: click.Group) -> None:
 
         Exit 0 when sent (or nothing to send); 1 if a RUN has no sandbox, or its sandbox takes
         no message (nothing is sent then)."""
+        from toren.sandbox import Reap
+        from toren.sandbox.listing import reapable
+
         async with await _client(ctx.obj["settings"]) as client:
             if runs:
                 targets = await _named(client, runs)
@@ -171,6 +172,8 @@ def register(main: click.Group) -> None:
 
 
 async def _client(settings: Settings) -> Client:
+    from toren._core.client import Client
+
     return await Client.connect(database_url(settings), pool_size=2)
 
 
@@ -197,6 +200,9 @@ async def _named(client: Client, names: Sequence[str]) -> list[tuple[SandboxRow,
     with what to say of it. Every run is checked before anything is sent: one not found, one
     without a sandbox (or whose sandbox takes no message) is an error naming it, and nothing
     is sent (exit 1)."""
+    from toren.sandbox import WORKSPACE
+    from toren.sandbox.listing import sandbox_of
+
     targets, errors = [], []
     found = []
     for text in names:

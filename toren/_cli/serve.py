@@ -5,17 +5,12 @@ from __future__ import annotations
 import click
 from rich.table import Table
 
-from toren._agent.agents import parse_duration
 from toren._cli.common import Unshown, database_url, err, out, run_async
-from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.terminal import plain
 from toren._settings import Settings
-from toren._surfaces.http import ServerOptions
-from toren._surfaces.serve import DEFAULT_HOST, DEFAULT_PORT, serve_forever
-from toren._surfaces.tokens import SCOPES, create_token, list_tokens, revoke_token
-from toren.runs import AGENT_NAME
+from toren._surfaces import DEFAULT_HOST, DEFAULT_PORT
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -95,6 +90,9 @@ async def mcp(
 @run_async
 async def serve(ctx: click.Context, host: str, port: int) -> None:
     """Serve the HTTP API and the web console. Every route but /healthz needs a token."""
+    from toren._surfaces.http import ServerOptions
+    from toren._surfaces.serve import serve_forever
+
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(  # the host as text: TOREN_HOST may hold anything, [/x] too
             plain(f"listening on {host}:", style="yellow"),
@@ -146,6 +144,11 @@ async def create(
 ) -> None:
     """Create a token named NAME. Unique among live tokens (events record its id), it is
     printed once, here; only its hash is stored."""
+    from toren._agent.agents import parse_duration
+    from toren._core.db import connect
+    from toren._surfaces.tokens import SCOPES, create_token
+    from toren.runs import AGENT_NAME
+
     scopes = tuple(s.strip() for arg in scope_args for s in arg.split(",") if s.strip())
     unknown = sorted(set(scopes) - set(SCOPES))
     if unknown:
@@ -198,6 +201,9 @@ async def create(
 @run_async
 async def list_(ctx: click.Context) -> None:
     """List tokens (never their secrets)."""
+    from toren._core.db import connect
+    from toren._surfaces.tokens import list_tokens
+
     conn = await connect(database_url(_settings(ctx)))
     try:
         rows = await list_tokens(conn)
@@ -227,6 +233,9 @@ async def list_(ctx: click.Context) -> None:
 async def revoke(ctx: click.Context, token_id: str) -> None:
     """Revoke the token TOKEN_ID and end its console sessions. TOKEN_ID as `tokens list`
     shows it."""
+    from toren._core.db import connect
+    from toren._surfaces.tokens import revoke_token
+
     conn = await connect(database_url(_settings(ctx)))
     try:
         done = await revoke_token(conn, token_id)

@@ -14,17 +14,12 @@ from typing import Any
 
 import click
 
-from toren._cli.common import channel_variables, err, run_async
+from toren._cli.common import err, run_async
 from toren._cli.serve import host_option, port_option
-from toren._core.db import connect
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
-from toren._core.migrate import migrate
-from toren._core.secret_files import read_secret_files
 from toren._core.terminal import plain
 from toren._settings import Settings
-from toren._surfaces.http import ServerOptions
-from toren._surfaces.serve import serving
 
 log = logging.getLogger("toren.up")
 
@@ -52,7 +47,13 @@ async def up(
     and this process's worker is registered, 503 with a reason otherwise (also while draining).
     Exit 2 without a database URL or with a bad configuration.
     """
-    from toren.cli import log_boot_checks, preload_providers
+    # Here, not at the top: the worker, the HTTP API and the agent layer are what `toren up`
+    # runs, and what every other command (each imports this module) does without.
+    from toren._cli.boot import boot_app
+    from toren._core.db import connect
+    from toren._core.migrate import migrate
+    from toren._surfaces.http import ServerOptions
+    from toren._surfaces.serve import serving
     from toren.supervisors.worker import Worker, run_worker  # the entry point of a worker
 
     root = ctx.find_root()
@@ -69,15 +70,7 @@ async def up(
         arm_kill_points()
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    if app:
-        from toren._agent.app import load_app
-
-        module = load_app(app, settings)
-        read_secret_files(names=channel_variables(module))
-        log_boot_checks(module, settings)
-        preload_providers(module)
-    else:
-        log_boot_checks(None, settings)  # warns that this worker runs no agents
+    boot_app(app, settings)  # without an app, it warns that this worker runs no agents
     conn = await connect(url)
     try:
         applied = await migrate(conn)

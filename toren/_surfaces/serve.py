@@ -12,13 +12,11 @@ from aiohttp import web
 
 from toren._core.client import Client
 from toren._core.errors import ConfigError
+from toren._surfaces import DEFAULT_HOST, DEFAULT_PORT
 from toren._surfaces.http import ServerOptions, create_app
 from toren._surfaces.http.readiness import WorkerProbe
 
 log = logging.getLogger("toren.http")
-
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 8420
 
 
 @asynccontextmanager

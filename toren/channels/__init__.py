@@ -9,63 +9,69 @@ settings, the actor's messages, events and state, and the client API the CLI and
 use; the actor is in :mod:`toren.actors.channel`. See ``docs/channels.md``.
 """
 
-from toren.channels._health import ChannelFailing, ChannelRecovered
-from toren.channels._settings import (
-    DEFAULT_API_URL,
-    SETTABLE,
-    TEXT_LIMIT,
-    Telegram,
-    configured,
-    redact,
-)
-from toren.channels._vocabulary import (
-    CHANNEL_KIND,
-    SNAPSHOT_VERSION,
-    Answer,
-    ChannelStarted,
-    ChannelState,
-    Chat,
-    ChatBlocked,
-    ChatMigrated,
-    ChatPaired,
-    ChatUnblocked,
-    ChatUnpaired,
-    CodeIssued,
-    ConversationEnded,
-    ConversationStarted,
-    DecisionSent,
-    Failed,
-    Flush,
-    Inbound,
-    IssueCode,
-    Observe,
-    ObservedRun,
-    ObserverChanged,
-    Outgoing,
-    PairFailed,
-    Prompt,
-    PromptClosed,
-    PromptOpened,
-    Queued,
-    RunRead,
-    Send,
-    Sending,
-    Sent,
-    Tick,
-    Unpair,
-    UpdateHandled,
-    Watch,
-    approvers_of,
-    channel_address,
-    channel_route,
-    chat_key,
-    fold,
-    pending_codes,
-    summary,
-    telegram_principal,
-    telegram_user,
-)
-from toren.channels.pairing import PairingKey, issued_code, pairing_key
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
+    from toren.channels._health import ChannelFailing, ChannelRecovered
+    from toren.channels._settings import (
+        DEFAULT_API_URL,
+        SETTABLE,
+        TEXT_LIMIT,
+        Telegram,
+        configured,
+        redact,
+    )
+    from toren.channels._vocabulary import (
+        CHANNEL_KIND,
+        SNAPSHOT_VERSION,
+        Answer,
+        ChannelStarted,
+        ChannelState,
+        Chat,
+        ChatBlocked,
+        ChatMigrated,
+        ChatPaired,
+        ChatUnblocked,
+        ChatUnpaired,
+        CodeIssued,
+        ConversationEnded,
+        ConversationStarted,
+        DecisionSent,
+        Failed,
+        Flush,
+        Inbound,
+        IssueCode,
+        Observe,
+        ObservedRun,
+        ObserverChanged,
+        Outgoing,
+        PairFailed,
+        Prompt,
+        PromptClosed,
+        PromptOpened,
+        Queued,
+        RunRead,
+        Send,
+        Sending,
+        Sent,
+        Tick,
+        Unpair,
+        UpdateHandled,
+        Watch,
+        approvers_of,
+        channel_address,
+        channel_route,
+        chat_key,
+        fold,
+        pending_codes,
+        summary,
+        telegram_principal,
+        telegram_user,
+    )
+    from toren.channels.pairing import PairingKey, issued_code, pairing_key
 
 __all__ = [
     "CHANNEL_KIND",
@@ -125,3 +131,88 @@ __all__ = [
     "telegram_principal",
     "telegram_user",
 ]
+
+# Each public name's module, imported on first use by ``__getattr__``: a worker's settings
+# (read by every CLI command) need none of the vocabulary.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "toren.channels._health": (
+        "ChannelFailing",
+        "ChannelRecovered",
+    ),
+    "toren.channels._settings": (
+        "DEFAULT_API_URL",
+        "SETTABLE",
+        "TEXT_LIMIT",
+        "Telegram",
+        "configured",
+        "redact",
+    ),
+    "toren.channels._vocabulary": (
+        "CHANNEL_KIND",
+        "SNAPSHOT_VERSION",
+        "Answer",
+        "ChannelStarted",
+        "ChannelState",
+        "Chat",
+        "ChatBlocked",
+        "ChatMigrated",
+        "ChatPaired",
+        "ChatUnblocked",
+        "ChatUnpaired",
+        "CodeIssued",
+        "ConversationEnded",
+        "ConversationStarted",
+        "DecisionSent",
+        "Failed",
+        "Flush",
+        "Inbound",
+        "IssueCode",
+        "Observe",
+        "ObservedRun",
+        "ObserverChanged",
+        "Outgoing",
+        "PairFailed",
+        "Prompt",
+        "PromptClosed",
+        "PromptOpened",
+        "Queued",
+        "RunRead",
+        "Send",
+        "Sending",
+        "Sent",
+        "Tick",
+        "Unpair",
+        "UpdateHandled",
+        "Watch",
+        "approvers_of",
+        "channel_address",
+        "channel_route",
+        "chat_key",
+        "fold",
+        "pending_codes",
+        "summary",
+        "telegram_principal",
+        "telegram_user",
+    ),
+    "toren.channels.pairing": (
+        "PairingKey",
+        "issued_code",
+        "pairing_key",
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use (PEP 562).
+
+    Raises:
+        AttributeError: no such name.
+    """
+    for home, names in _HOMES.items():
+        if name in names:
+            return getattr(importlib.import_module(home), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

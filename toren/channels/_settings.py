@@ -20,12 +20,11 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import attrs
 
 from toren._agent.agents import parse_duration
-from toren._core.config import Env
 from toren._core.errors import ConfigError
 from toren._core.logs import redact as redact
 
@@ -253,18 +252,3 @@ def configured(current: Telegram | None, table: Mapping[str, Any], where: str) -
         raise ConfigError(f"{where}: {exc.what}", hint=exc.hint) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-@attrs.frozen(kw_only=True, slots=False)  # one of several bases of toren.Settings
-class TelegramWorkerSettings:
-    """A worker's settings for Telegram channels (an agent's own are :class:`Telegram`).
-
-    Attributes:
-        telegram_api_url: The Bot API's address (default ``https://api.telegram.org``): a
-            self-hosted Bot API server, or a local test server.
-    """
-
-    ENV: ClassVar[Env] = {"telegram_api_url": ("TOREN_TELEGRAM_API_URL", str)}
-    TABLES: ClassVar[Mapping[str, str]] = {}
-
-    telegram_api_url: str | None = None

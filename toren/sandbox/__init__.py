@@ -7,42 +7,48 @@ the sandbox actor's messages, events and state, and the workspace-file API; the 
 the Docker layer are in :mod:`toren.actors.sandbox`.
 """
 
-from toren.sandbox._settings import (
-    DEFAULT_IMAGE,
-    SETTABLE,
-    WORKSPACE,
-    Sandbox,
-    allowed,
-    configured,
-    parse_size,
-)
-from toren.sandbox._tools import SEND_MAX, is_sandbox_tool, sandbox_tools
-from toren.sandbox._vocabulary import (
-    CHANGES_WORKSPACE,
-    SANDBOX_KIND,
-    SANDBOX_ROUTE,
-    TOOLS,
-    Checkpointed,
-    Command,
-    CommandFinished,
-    CommandIntended,
-    Exec,
-    Go,
-    Idle,
-    Reap,
-    SandboxCreated,
-    SandboxDone,
-    SandboxNotice,
-    SandboxReaped,
-    SandboxRestored,
-    SandboxState,
-    SandboxStopped,
-    WriteFiles,
-    fold,
-    run_of,
-    sandbox_address,
-    summary,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
+    from toren.sandbox._settings import (
+        DEFAULT_IMAGE,
+        SETTABLE,
+        Sandbox,
+        allowed,
+        configured,
+        parse_size,
+    )
+    from toren.sandbox._tools import SEND_MAX, is_sandbox_tool, sandbox_tools
+    from toren.sandbox._vocabulary import (
+        CHANGES_WORKSPACE,
+        SANDBOX_KIND,
+        SANDBOX_ROUTE,
+        TOOLS,
+        WORKSPACE,
+        Checkpointed,
+        Command,
+        CommandFinished,
+        CommandIntended,
+        Exec,
+        Go,
+        Idle,
+        Reap,
+        SandboxCreated,
+        SandboxDone,
+        SandboxNotice,
+        SandboxReaped,
+        SandboxRestored,
+        SandboxState,
+        SandboxStopped,
+        WriteFiles,
+        fold,
+        run_of,
+        sandbox_address,
+        summary,
+    )
 
 __all__ = [
     "CHANGES_WORKSPACE",
@@ -80,3 +86,64 @@ __all__ = [
     "sandbox_tools",
     "summary",
 ]
+
+# Each public name's module, imported on first use by ``__getattr__``: the settings and the
+# tools' declarations bring pydantic, which listing sandboxes (``toren jobs show``) does without.
+_HOMES: dict[str, tuple[str, ...]] = {
+    "toren.sandbox._settings": (
+        "DEFAULT_IMAGE",
+        "SETTABLE",
+        "Sandbox",
+        "allowed",
+        "configured",
+        "parse_size",
+    ),
+    "toren.sandbox._tools": (
+        "SEND_MAX",
+        "is_sandbox_tool",
+        "sandbox_tools",
+    ),
+    "toren.sandbox._vocabulary": (
+        "CHANGES_WORKSPACE",
+        "SANDBOX_KIND",
+        "SANDBOX_ROUTE",
+        "TOOLS",
+        "WORKSPACE",
+        "Checkpointed",
+        "Command",
+        "CommandFinished",
+        "CommandIntended",
+        "Exec",
+        "Go",
+        "Idle",
+        "Reap",
+        "SandboxCreated",
+        "SandboxDone",
+        "SandboxNotice",
+        "SandboxReaped",
+        "SandboxRestored",
+        "SandboxState",
+        "SandboxStopped",
+        "WriteFiles",
+        "fold",
+        "run_of",
+        "sandbox_address",
+        "summary",
+    ),
+}
+
+
+def __getattr__(name: str) -> object:
+    """A public name, imported from its module on first use (PEP 562).
+
+    Raises:
+        AttributeError: no such name.
+    """
+    for home, names in _HOMES.items():
+        if name in names:
+            return getattr(importlib.import_module(home), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

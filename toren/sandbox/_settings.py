@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import attrs
 import pydantic
 
 from toren._agent.agents import parse_duration
-from toren._core.config import Env, positive
 from toren._core.errors import ConfigError
 
 DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image built locally by ``scripts/sandbox-image`` (bash, coreutils, python3, git)."""
-
-WORKSPACE = "/workspace"
-"""The workspace in every sandbox, and every command's working directory."""
 
 _CONTROL = (";", "&", "|", "\n", "\r", "`", "$", "<", ">", "(", ")", "\0")
 
@@ -218,30 +214,3 @@ def configured(sandbox: Sandbox, table: Mapping[str, Any], where: str) -> Sandbo
         raise ConfigError(f"{where}: {exc.what}", hint=exc.hint) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
-
-
-@attrs.frozen(kw_only=True, slots=False)  # one of several bases of toren.Settings
-class SandboxWorkerSettings:
-    """A worker's settings for sandboxes (an agent's own are :class:`Sandbox`).
-
-    Attributes:
-        sandboxes: Whether this worker runs sandboxes when Docker answers (default true);
-            false keeps it from serving them even where Docker is.
-        workspace_store: Where sandbox workspaces are checkpointed: a directory (or
-            ``file:///path``), or ``s3://bucket/prefix`` (endpoint from
-            ``TOREN_S3_ENDPOINT_URL`` for MinIO, R2 and the like). Unset: ``HOME/workspaces``,
-            which only workers on this machine can read: use S3 across machines.
-        sandbox_reap_seconds: How often a worker with Docker looks for sandbox containers
-            whose run has ended, and removes them.
-    """
-
-    ENV: ClassVar[Env] = {
-        "sandboxes": ("TOREN_SANDBOXES", bool),
-        "workspace_store": ("TOREN_WORKSPACE_STORE", str),
-        "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
-    }
-    TABLES: ClassVar[Mapping[str, str]] = {}
-
-    sandboxes: bool = True
-    workspace_store: str | None = None
-    sandbox_reap_seconds: float = attrs.field(default=30.0, validator=positive)

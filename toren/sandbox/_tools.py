@@ -11,7 +11,8 @@ import pydantic
 
 from toren._agent.agents import Tool, ToolContext, tool
 from toren._core.errors import ConfigError
-from toren.sandbox._settings import WORKSPACE, Sandbox
+from toren.sandbox._settings import Sandbox
+from toren.sandbox._vocabulary import WORKSPACE
 
 COMMAND_MAX = 64 * 1024
 CONTENT_MAX = 8 * 1024 * 1024

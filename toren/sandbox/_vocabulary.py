@@ -26,6 +26,8 @@ from toren._core.codec import message
 SANDBOX_KIND = "toren.sandbox"
 SANDBOX_ROUTE = "sandbox"
 """The route sandbox actors are claimed on: served only by workers that have Docker."""
+WORKSPACE = "/workspace"
+"""The workspace in every sandbox, and every command's working directory."""
 
 
 def sandbox_address(run_id: str) -> str:

@@ -21,8 +21,7 @@ import attrs
 
 from toren._core.codec import encode
 from toren.runs.events import ENDED
-from toren.sandbox._settings import WORKSPACE
-from toren.sandbox._vocabulary import SANDBOX_KIND, Reap, sandbox_address
+from toren.sandbox._vocabulary import SANDBOX_KIND, WORKSPACE, Reap, sandbox_address
 
 _SELECT = """
 SELECT s.actor_id, s.status AS actor_status, s.summary, s.created_at, x.run_id,
