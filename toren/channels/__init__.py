@@ -9,22 +9,8 @@ settings, the actor's messages, events and state, and the client API the CLI and
 use; the actor is in :mod:`toren.actors.channel`. See ``docs/channels.md``.
 """
 
-from toren.channels._health import ChannelFailing, ChannelRecovered
-from toren.channels._settings import (
-    DEFAULT_API_URL,
-    SETTABLE,
-    TEXT_LIMIT,
-    Telegram,
-    configured,
-    redact,
-)
-from toren.channels._vocabulary import (
-    CHANNEL_KIND,
-    SNAPSHOT_VERSION,
-    Answer,
+from toren.channels._events import (
     ChannelStarted,
-    ChannelState,
-    Chat,
     ChatBlocked,
     ChatMigrated,
     ChatPaired,
@@ -35,35 +21,53 @@ from toren.channels._vocabulary import (
     ConversationStarted,
     DecisionSent,
     Failed,
-    Flush,
-    Inbound,
-    IssueCode,
-    Observe,
     ObservedRun,
     ObserverChanged,
-    Outgoing,
     PairFailed,
-    Prompt,
     PromptClosed,
     PromptOpened,
     Queued,
     RunRead,
-    Send,
     Sending,
     Sent,
+    UpdateHandled,
+)
+from toren.channels._health import ChannelFailing, ChannelRecovered
+from toren.channels._messages import (
+    CHANNEL_KIND,
+    Answer,
+    Flush,
+    Inbound,
+    IssueCode,
+    Observe,
+    Send,
     Tick,
     Unpair,
-    UpdateHandled,
-    Watch,
     approvers_of,
     channel_address,
     channel_route,
     chat_key,
+    telegram_principal,
+    telegram_user,
+)
+from toren.channels._settings import (
+    DEFAULT_API_URL,
+    SETTABLE,
+    TEXT_LIMIT,
+    Telegram,
+    configured,
+    redact,
+)
+from toren.channels._state import (
+    SNAPSHOT_VERSION,
+    ChannelState,
+    Chat,
+    Outgoing,
+    Prompt,
+    Watch,
     fold,
     pending_codes,
     summary,
-    telegram_principal,
-    telegram_user,
 )
 from toren.channels.pairing import PairingKey, issued_code, pairing_key
 
