@@ -223,7 +223,7 @@ def log_tool_flags(module: ModuleType) -> None:
 @run_async
 async def workers(ctx: click.Context, as_json: bool) -> None:
     """List live workers with their versions and statistics."""
-    from toren._core.leases import live_workers
+    from toren._core.workers import live_workers
 
     conn = await connect(database_url(_settings(ctx)))
     try:

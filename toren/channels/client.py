@@ -80,7 +80,7 @@ async def channel_of(
     Raises:
         ChannelError: no worker has run a bot for ``agent``.
     """
-    from toren._core.leases import route_served
+    from toren._core.workers import route_served
 
     found = [c for c in await channels(client) if c["agent"] == agent and c["status"] == "live"]
     if len(found) > 1:  # the agent's bot was renamed: the old channel's row stays
