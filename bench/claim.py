@@ -15,7 +15,8 @@ import uuid
 
 from bench._common import Bench
 from toren import Client, Settings
-from toren._core.leases import WorkerSession, claim
+from toren._core.leases import claim
+from toren._core.session import WorkerSession
 from toren.kernel import connect
 from toren.runs import RUN_KIND
 

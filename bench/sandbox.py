@@ -47,9 +47,9 @@ from toren.actors.sandbox.docker import (
     LABEL_SANDBOX,
     LABEL_SCOPE,
     Docker,
-    Limits,
     Unavailable,
 )
+from toren.actors.sandbox.hardening import Limits
 from toren.sandbox.checkpoints import Manifest, checkpoint
 from toren.sandbox.store import LocalStore, WorkspaceStore
 

@@ -55,7 +55,8 @@ from aiodocker.exceptions import DockerError
 from chaos.oracle import Row, Takeover, Verdict, duplicate_usd, journal_problems, run_problems
 from chaos.servers import SANDBOX_CALLS, STEP_PY, case, position
 from toren import Client
-from toren.actors.sandbox.docker import Docker, ExecFailed, Unavailable
+from toren.actors.sandbox.docker import Docker, Unavailable
+from toren.actors.sandbox.outcomes import ExecFailed
 from toren.runs import RunState, read_run
 from toren.sandbox import DEFAULT_IMAGE, sandbox_address
 from toren.sandbox.checkpoints import WorkspacePathError, read_file

@@ -31,9 +31,9 @@ from toren.actors.sandbox.docker import (
     LABEL_RUN,
     LABEL_SANDBOX,
     Docker,
-    Limits,
     Unavailable,
 )
+from toren.actors.sandbox.hardening import Limits
 
 PREFIX = "toren-test-"
 

@@ -329,7 +329,7 @@ async def test_a_callee_served_by_another_worker_process(
         workers("tests.calls_remote")
 
         async def published() -> bool:
-            from toren._core.leases import published_cards
+            from toren._core.workers import published_cards
 
             return bool(await published_cards(client.pool, "remote_helper"))
 

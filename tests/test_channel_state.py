@@ -29,7 +29,7 @@ from toren.channels import (
     fold,
     telegram_principal,
 )
-from toren.channels._vocabulary import RECENT
+from toren.channels._state import RECENT
 
 pytestmark = pytest.mark.anyio
 WHO = telegram_principal(7, "ann")

@@ -12,7 +12,8 @@ import pytest
 from tests import app
 from tests.conftest import wait_for
 from toren import Client, Settings
-from toren._core.leases import WorkerSession, claim
+from toren._core.leases import claim
+from toren._core.session import WorkerSession
 
 pytestmark = pytest.mark.anyio
 

@@ -10,9 +10,11 @@ import pytest
 from tests import app
 from toren import Client, FencedOut, Settings
 from toren._core.actor import Context
-from toren._core.leases import WorkerSession, claim, live_workers, release, renew
+from toren._core.leases import claim, release, renew
 from toren._core.mailbox import claim_next, commit_step, open_envelope
 from toren._core.migrate import available, migrate
+from toren._core.session import WorkerSession
+from toren._core.workers import live_workers
 
 pytestmark = pytest.mark.anyio
 
@@ -199,7 +201,7 @@ async def test_a_commit_retried_after_its_answer_was_lost_is_recognised(
 async def test_a_watchers_shared_lock_does_not_keep_a_dead_worker_alive(
     client: Client, db_url: str
 ) -> None:
-    from toren._core.leases import LOCK_NAMESPACE
+    from toren._core.session import LOCK_NAMESPACE
 
     dead = await _session(db_url)
     await dead.conn.close()  # dies without deregistering

@@ -212,7 +212,7 @@ async def test_a_dedicated_connection_cancelled_while_it_is_set_up_is_closed(
     connection is closed then, never left to the garbage collector (a ResourceWarning that
     failed whichever test ran next, on a loaded machine)."""
     import toren._core.db
-    from toren._core.leases import open_death_watch
+    from toren._core.workers import open_death_watch
 
     opened = []
     setup = toren._core.db.init_connection

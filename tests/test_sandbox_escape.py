@@ -40,16 +40,12 @@ from toren.actors.sandbox.docker import (
     DEFAULT_IMAGE,
     LABEL_MANAGED,
     LABEL_RUN,
-    WORKSPACE,
     Docker,
-    ExecFailed,
-    Limits,
-    MarkerUsed,
-    Outcome,
-    PathRefused,
     Unavailable,
     UnsafeImage,
 )
+from toren.actors.sandbox.hardening import WORKSPACE, Limits
+from toren.actors.sandbox.outcomes import ExecFailed, MarkerUsed, Outcome, PathRefused
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from tests.telegram_support import (
 from toren import Client
 from toren.actors.channel import inbound
 from toren.channels import ChannelState, PairFailed, fold
-from toren.channels._vocabulary import FORGET_AFTER
+from toren.channels._state import FORGET_AFTER
 from toren.channels.client import ChannelError, pair
 from toren.runs import read_run
 from toren.testing.telegram_server import TelegramServer

@@ -129,7 +129,7 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
 async def workers(ctx: click.Context, as_json: bool) -> None:
     """List live workers with their versions and statistics."""
     from toren._core.db import connect
-    from toren._core.leases import live_workers
+    from toren._core.workers import live_workers
 
     conn = await connect(database_url(_settings(ctx)))
     try:

@@ -20,21 +20,17 @@ from toren._core.killpoints import kill_point
 from toren._core.leases import (
     Claim,
     LeaseClock,
-    WorkerSession,
     claim,
-    code_version,
-    housekeep,
-    live_workers,
     mark_failed,
-    open_death_watch,
     release,
     release_claim,
     renew,
     waiting,
-    watch_successor,
 )
 from toren._core.migrate import migrate, schema_status
+from toren._core.session import WorkerSession, code_version
 from toren._core.terminal import printable
+from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
 
 __all__ = [
     "TRANSIENT_DB_ERRORS",

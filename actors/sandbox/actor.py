@@ -30,14 +30,9 @@ import aiodocker
 
 from toren import Actor, ConfigError, Context
 from toren.actors.sandbox import runtime
-from toren.actors.sandbox.docker import (
-    Docker,
-    Limits,
-    Outcome,
-    PathRefused,
-    Unavailable,
-    WorkspaceTooLarge,
-)
+from toren.actors.sandbox.docker import Docker, Unavailable
+from toren.actors.sandbox.hardening import Limits
+from toren.actors.sandbox.outcomes import Outcome, PathRefused, WorkspaceTooLarge
 from toren.kernel import kill_point
 from toren.sandbox import (
     CHANGES_WORKSPACE,

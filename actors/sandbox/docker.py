@@ -1,15 +1,10 @@
 """The Docker layer of sandboxes: hardened containers, commands that can be found and killed,
 the workspace in and out as tar. The only module that talks to Docker (through ``aiodocker``).
 
-Every container runs the image's numeric non-root user with no capabilities, no new privileges,
-Docker's default seccomp profile, a read-only root, no network (``Limits.network``), a PID limit,
-a memory limit without swap, a CPU quota and two size-limited tmpfs: ``/tmp`` (noexec) and
-``/workspace``. The workspace is a tmpfs because its size cap must work on any Docker storage
-driver (Debian's docker.io runs overlay2 without quotas); it lives only as long as the container,
-and the sandbox actor makes it durable with checkpoints (``export``/``import_``). tmpfs pages are
-charged to the container's memory cgroup: files in /workspace and /tmp count against
-``memory_bytes``. Nothing of the worker's is inside: no environment but ``HOME=/tmp``, no host
-path, no Docker socket.
+Every container is created hardened (:mod:`toren.actors.sandbox.hardening` says how: a numeric
+non-root user, no capabilities, no network, a read-only root, size-limited tmpfs for /tmp and
+/workspace, memory, CPU and PID limits); what the helper script's execs come back with is read
+in :mod:`toren.actors.sandbox.outcomes`.
 
 Docker's API cannot kill an exec, so each command runs under a helper script
 (:mod:`toren.actors.sandbox._script`) in its own process group under ``timeout -k``, with
@@ -24,7 +19,8 @@ A user's own image needs bash 4.4 or later, GNU coreutils and GNU tar on its PAT
 non-root ``USER uid:gid`` (checked before create: a name could be root). Its entrypoint and
 command are replaced by ``sleep infinity``.
 
-Errors::
+Errors (those a helper script's exit status means are defined in
+:mod:`toren.actors.sandbox.outcomes`)::
 
     Exception
     ├── Unavailable          no daemon answers, or the image is missing: the message says what to do
@@ -42,11 +38,10 @@ Errors::
 from __future__ import annotations
 
 import builtins
-import errno
 import json
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import aiodocker
 import aiohttp
@@ -55,14 +50,23 @@ import attrs
 from aiodocker.stream import Stream
 
 from toren.actors.sandbox._script import SCRIPT
+from toren.actors.sandbox.hardening import WORKSPACE, Limits, hardened_config
+from toren.actors.sandbox.outcomes import (
+    MARKER_ENV,
+    ExecFailed,
+    MarkerUsed,
+    Outcome,
+    PathRefused,
+    ScriptDone,
+    WorkspaceTooLarge,
+    check_marker,
+    raise_for_path,
+    read_listing,
+    read_outcome,
+)
 
 DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image ``scripts/sandbox-image`` builds from ``docker/sandbox/Dockerfile``."""
-
-WORKSPACE = "/workspace"
-RECORDS = "/run/toren"
-"""Where commands' records live: a tmpfs of its own, so a full /tmp costs no command its record."""
-"""Where the workspace is mounted in every sandbox, and every command's working directory."""
 
 LABEL_RUN = "toren.run"
 LABEL_SANDBOX = "toren.sandbox"
@@ -71,49 +75,15 @@ LABEL_SCOPE = "toren.scope"
 LABEL_MANAGED = "toren.managed"
 """Set to ``1`` on every container Toren creates: what ``list`` (and the orphan reaper) finds."""
 
-MARKER_ENV = "TOREN_COMMAND"
-"""The environment variable that tags every process of a command with its marker."""
-
 BUILD_HINT = "scripts/sandbox-image"
 STOP_SECONDS = 2
 _CONNECT_SECONDS = 10.0
 _EXIT_CODE_SECONDS = 5.0
-_MARKER = re.compile(r"[A-Za-z0-9_-]{1,128}")  # no dot: a record's files are <marker>.<part>
 _HOW_TO_GET_DOCKER = (
     "Sandboxes need a Docker daemon: install it (Debian: apt-get install docker.io), start it "
     "(systemctl start docker, or dockerd in the background), and let this user reach its socket "
     "(the docker group), or point DOCKER_HOST at a daemon."
 )
-
-
-@attrs.frozen(kw_only=True)
-class Limits:
-    """What one sandbox may use. Defaults are the hardened ones."""
-
-    memory_bytes: int = 512 * 1024 * 1024  # no swap; the tmpfs contents count against it
-    cpus: float = 1.0
-    pids: int = 256
-    workspace_bytes: int = 256 * 1024 * 1024
-    tmp_bytes: int = 64 * 1024 * 1024
-    # the commands' records (their capped output) live apart from /tmp, which commands fill
-    records_bytes: int = 16 * 1024 * 1024
-    network: str = "none"  # Docker NetworkMode; anything else lets commands reach networks
-
-
-@attrs.frozen(kw_only=True)
-class Outcome:
-    """What is known about one command."""
-
-    state: Literal["finished", "interrupted", "not_started"]
-    exit_code: int | None  # None: unknown. 124 or 137 when killed at the time limit
-    output: str  # stdout and stderr merged, at most the cap (UTF-8, invalid bytes replaced)
-    output_bytes: int  # everything the command wrote, counted
-    timed_out: bool = False
-    oom_killed: bool = False
-
-    @property
-    def truncated(self) -> bool:
-        return self.output_bytes > len(self.output.encode())
 
 
 @attrs.frozen(kw_only=True)
@@ -144,50 +114,6 @@ class UnsafeImage(Unavailable):
             "only as a numeric non-root user. Set USER uid:gid (for example USER 1000:1000) in "
             f"its Dockerfile, as docker/sandbox/Dockerfile does, and rebuild it."
         )
-
-
-class ExecFailed(Exception):
-    """A helper script failed inside the container; ``stderr`` says why."""
-
-    def __init__(self, action: str, exit_code: int, stderr: str) -> None:
-        self.action = action
-        self.exit_code = exit_code
-        self.stderr = stderr
-        hint = (
-            " (does the image have bash, GNU coreutils and tar?)" if exit_code in (126, 127) else ""
-        )
-        super().__init__(f"{action} in the sandbox failed, exit {exit_code}{hint}: {stderr}")
-
-
-class PathRefused(ValueError):
-    """A workspace path that is not allowed; ``reason`` says why."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"path {path!r} refused: {reason}")
-
-
-class WorkspaceTooLarge(Exception):
-    """The workspace holds more than it may be exported as (sparse files, or a cap raised)."""
-
-
-class MarkerUsed(ValueError):
-    """A command with this marker already ran (or started) in the container."""
-
-    def __init__(self, marker: str) -> None:
-        self.marker = marker
-        super().__init__(
-            f"a command with marker {marker!r} already ran in this sandbox: a marker runs at most "
-            "once (recover() says what became of it)"
-        )
-
-
-@attrs.frozen
-class _Done:
-    exit_code: int
-    stdout: bytes
-    stderr: str
 
 
 class Docker:
@@ -245,8 +171,8 @@ class Docker:
     ) -> str:
         """Create (not start) a hardened container; returns its id.
 
-        ``overrides`` is for tests and their control runs only: its keys replace those of the
-        container's config, except ``HostConfig``, whose keys replace the hardened ones one by one.
+        ``overrides`` is for tests and their control runs only (see
+        :func:`~toren.actors.sandbox.hardening.hardened_config`).
 
         Raises:
             Unavailable: the image is missing (the message names ``scripts/sandbox-image``).
@@ -254,48 +180,14 @@ class Docker:
             aiodocker.DockerError: 409 if the name is taken; 400 if Docker refuses a limit.
         """
         uid, gid = await self._image_user(image)
-        memory = limits.memory_bytes
-        config: dict[str, Any] = {
-            "Image": image,
-            "User": f"{uid}:{gid}",
-            # The image's environment stays (PATH, LANG); none of the worker's is added.
-            "Env": ["HOME=/tmp"],
-            "Entrypoint": ["sleep"],
-            "Cmd": ["infinity"],
-            "WorkingDir": WORKSPACE,
-            "Labels": {**labels, LABEL_MANAGED: "1"},
-            "HostConfig": {
-                "NetworkMode": limits.network,
-                "CapDrop": ["ALL"],
-                "SecurityOpt": ["no-new-privileges"],  # and Docker's default seccomp profile
-                "Privileged": False,
-                "ReadonlyRootfs": True,
-                "Tmpfs": {  # the container's own /tmp, not the host's
-                    "/tmp": f"rw,noexec,nosuid,nodev,size={limits.tmp_bytes}",  # noqa: S108
-                    RECORDS: (
-                        f"rw,noexec,nosuid,nodev,size={limits.records_bytes},"
-                        f"uid={uid},gid={gid},mode=1777"
-                    ),
-                    WORKSPACE: (
-                        f"rw,exec,nosuid,nodev,size={limits.workspace_bytes},"
-                        f"uid={uid},gid={gid},mode=0755"
-                    ),
-                },
-                "Binds": [],
-                "Mounts": [],
-                "PidsLimit": limits.pids,
-                "Memory": memory,
-                "MemorySwap": memory,
-                "NanoCpus": round(limits.cpus * 1e9),
-                "IpcMode": "private",
-                "Init": True,
-                "AutoRemove": False,
-                "RestartPolicy": {"Name": "no"},
-                "Ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
-            },
-        }
-        for key, value in (overrides or {}).items():
-            config[key] = {**config[key], **value} if key == "HostConfig" else value
+        config = hardened_config(
+            image=image,
+            uid=uid,
+            gid=gid,
+            limits=limits,
+            labels={**labels, LABEL_MANAGED: "1"},
+            overrides=overrides,
+        )
         container = await self._client.containers.create(config, name=name)
         return container.id
 
@@ -344,7 +236,7 @@ class Docker:
             ExecFailed: the record could not be made (a full /tmp, an image without coreutils).
             aiodocker.DockerError: 409 if the container is not running, 404 if it is gone.
         """
-        _check_marker(marker)
+        check_marker(marker)
         if not timeout > 0 or not kill_grace > 0 or output_cap < 0:
             raise ValueError("timeout and kill_grace must be positive, output_cap not negative")
         if "\0" in command:
@@ -353,7 +245,7 @@ class Docker:
         done = await self._exec(container_id, args, env={MARKER_ENV: marker})
         if done.exit_code == 97:
             raise MarkerUsed(marker)
-        return _outcome("run", done)
+        return read_outcome("run", done)
 
     async def recover(self, container_id: str, marker: str) -> Outcome:
         """What became of a command started before a crash; kills it if it is still running.
@@ -362,8 +254,8 @@ class Docker:
         output stored until it was killed) if it started and did not finish; ``not_started`` if
         the container has no trace of it.
         """
-        _check_marker(marker)
-        return _outcome("recover", await self._exec(container_id, ["recover", marker]))
+        check_marker(marker)
+        return read_outcome("recover", await self._exec(container_id, ["recover", marker]))
 
     async def kill_all(self, container_id: str) -> int:
         """Kill every command running in the container; returns how many processes were killed.
@@ -377,7 +269,7 @@ class Docker:
 
     async def forget(self, container_id: str, marker: str) -> None:
         """Delete a command's record (its stored output) once its result is safely journaled."""
-        _check_marker(marker)
+        check_marker(marker)
         await self._checked("forget", container_id, ["forget", marker])
 
     async def export(self, container_id: str, cap: int = 1 << 30) -> bytes:
@@ -445,15 +337,7 @@ class Docker:
         done = await self._path_exec(
             "list", container_id, path, ["1" if recursive else "0", str(max(limit, 0))]
         )
-        fields = done.stdout.split(b"\0")[:-1]
-        entries = []
-        for index in range(0, len(fields) - 2, 3):
-            kind = fields[index].decode()
-            name = fields[index + 2].decode("utf-8", errors="surrogateescape")
-            entries.append(
-                (name.removeprefix(WORKSPACE).lstrip("/"), _kind(kind), int(fields[index + 1]))
-            )
-        return entries
+        return read_listing(done.stdout)
 
     async def _path_exec(
         self,
@@ -463,26 +347,16 @@ class Docker:
         args: Sequence[str],
         *,
         stdin: bytes | None = None,
-    ) -> _Done:
+    ) -> ScriptDone:
         if "\0" in path:
             raise PathRefused(path, "it contains a NUL byte")
         done = await self._exec(container_id, [action, path, *args], stdin=stdin)
-        reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""
-        if done.exit_code == 3:
-            raise PathRefused(path, reason)
-        if done.exit_code == 4:
-            raise FileNotFoundError(errno.ENOENT, reason, path)
-        if done.exit_code == 5:
-            raise IsADirectoryError(errno.EISDIR, reason, path)
-        if done.exit_code == 6:
-            raise NotADirectoryError(errno.ENOTDIR, reason, path)
-        if done.exit_code != 0:
-            raise ExecFailed(f"{action} {path!r}", done.exit_code, done.stderr.strip())
+        raise_for_path(action, path, done)
         return done
 
     async def _checked(
         self, action: str, container_id: str, args: Sequence[str], *, stdin: bytes | None = None
-    ) -> _Done:
+    ) -> ScriptDone:
         done = await self._exec(container_id, args, stdin=stdin)
         if done.exit_code != 0:
             raise ExecFailed(action, done.exit_code, done.stderr.strip())
@@ -496,7 +370,7 @@ class Docker:
         env: Mapping[str, str] | None = None,
         stdin: bytes | None = None,
         limit: int | None = None,
-    ) -> _Done:
+    ) -> ScriptDone:
         """The helper script with ``args``, as the container's user in /workspace; at most
         ``limit`` bytes of its stdout are read (past it: :class:`WorkspaceTooLarge`)."""
         container = self._client.containers.container(container_id)
@@ -520,7 +394,7 @@ class Docker:
         with anyio.fail_after(_EXIT_CODE_SECONDS):
             while (state := await execution.inspect())["Running"]:  # noqa: ASYNC110  # no event
                 await anyio.sleep(0.005)
-        return _Done(state["ExitCode"], bytes(stdout), stderr.decode(errors="replace"))
+        return ScriptDone(state["ExitCode"], bytes(stdout), stderr.decode(errors="replace"))
 
     async def _image_config(self, image: str) -> dict[str, Any]:
         try:
@@ -565,35 +439,6 @@ def _info(data: Mapping[str, Any]) -> Info:
         state=data.get("State", ""),
         created=float(data.get("Created", 0)),
         scope=labels.get(LABEL_SCOPE, ""),
-    )
-
-
-def _check_marker(marker: str) -> None:
-    if not _MARKER.fullmatch(marker):
-        raise ValueError(f"a marker is 1 to 128 of A-Z, a-z, 0-9, _ and -, not {marker!r}")
-
-
-def _kind(stat_type: str) -> str:
-    if stat_type in ("regular file", "regular empty file"):
-        return "file"
-    return {"directory": "dir", "symbolic link": "link"}.get(stat_type, "other")
-
-
-def _outcome(action: str, done: _Done) -> Outcome:
-    """Parses ``report``: ``toren STATE EXIT TIMED OOM REST`` on stderr, the output on stdout."""
-    status = [line.split() for line in done.stderr.splitlines() if line.startswith("toren ")]
-    if done.exit_code != 0 or not status or len(status[-1]) != 6:
-        raise ExecFailed(action, done.exit_code, done.stderr.strip())
-    _, state, exit_code, timed, oom, rest = status[-1]
-    if state not in ("finished", "interrupted", "not_started"):
-        raise ExecFailed(action, done.exit_code, f"unexpected report {done.stderr.strip()!r}")
-    return Outcome(
-        state=state,  # type: ignore[arg-type]  # checked against the Literal just above
-        exit_code=None if exit_code == "-" else int(exit_code),
-        output=done.stdout.decode("utf-8", errors="replace"),
-        output_bytes=len(done.stdout) + int(rest),
-        timed_out=timed == "1",
-        oom_killed=oom == "1",
     )
 
 

@@ -77,7 +77,7 @@ def attach(pool: asyncpg.Pool) -> None:
 async def published(name: str) -> list[Card]:
     """The cards live workers publish for agent ``name`` (this process's own included, also
     before its first renewal); empty if no live worker runs it."""
-    from toren._core.leases import published_cards
+    from toren._core.workers import published_cards
 
     cards: list[Card] = []
     local = agent_named(name)
@@ -93,7 +93,7 @@ async def published(name: str) -> list[Card]:
 
 async def route_served(route: str) -> bool:
     """Whether this process or a live worker serves ``route`` (``sandbox``: it has Docker)."""
-    from toren._core.leases import route_served as published_route
+    from toren._core.workers import route_served as published_route
 
     if route in served_routes():
         return True

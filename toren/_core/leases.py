@@ -1,39 +1,28 @@
-"""Leases and fencing: who runs which actor, and how a dead worker's actors move on at once.
+"""Leases and fencing: who runs which actor, claimed, renewed and given up.
 
 Ownership of an actor is its row: ``owner`` (a worker incarnation id), ``epoch`` (raised by every
 claim) and ``lease_expires_at``. A worker may claim an actor that has visible mail and is either
-unowned, past its lease, or owned by a worker that is not alive. A worker is alive while it holds
-its session advisory lock on a dedicated connection: when its process dies, Postgres drops the
-session and the lock with it, so its actors are claimable at the next poll instead of after the
-lease. Lease expiry still bounds the case of a host that vanished with its sockets open.
+unowned, past its lease, or owned by a worker that is not alive (it no longer holds its
+session's advisory lock, :mod:`toren._core.session`): a dead worker's actors move on at once.
+Lease expiry still bounds the case of a host that vanished with its sockets open.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import asyncpg
 import attrs
 
 from toren._core.actor import ActorFailed, ChildFailed
 from toren._core.codec import encode
-from toren._core.config import WorkerSettings
-from toren._core.db import TRANSIENT_DB_ERRORS, connect
 from toren._core.errors import FencedOut, LeaseExpired
 from toren._core.json_text import safe_text
 from toren._core.killpoints import kill_point
-from toren._version import __version__
-
-log = logging.getLogger("toren.leases")
-
-LOCK_NAMESPACE = 0x746F7265  # "tore": classid of every worker's advisory lock in pg_locks
+from toren._core.session import LIVE_WORKERS
 
 
 @attrs.frozen(kw_only=True)
@@ -97,131 +86,6 @@ class LeaseClock:
             raise LeaseExpired(self.actor_id, self.margin - left)
 
 
-def code_version(settings: WorkerSettings) -> str:
-    """The version a worker reports: the package version plus the optional deploy label."""
-    return f"{__version__}+{settings.deploy_label}" if settings.deploy_label else __version__
-
-
-# Any of these on the lock connection means the lock may be gone: the incarnation ends.
-_LOCK_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
-    *TRANSIENT_DB_ERRORS,
-    asyncpg.PostgresError,
-)
-
-
-class WorkerSession:
-    """A worker incarnation: its registry row and its advisory lock on a dedicated connection.
-
-    The same connection carries the worker's LISTEN registrations. When the connection dies,
-    :attr:`lost` is set: the lock is gone, other workers may already own this incarnation's
-    actors, and the caller must stop them all and open a new session (a new incarnation).
-    """
-
-    def __init__(self, conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int) -> None:
-        self.conn = conn
-        self.worker_id = worker_id
-        self.lock_key = lock_key
-        self.lost = anyio.Event()
-        self._closing = False
-        # Called synchronously the moment the connection drops, before any other task runs:
-        # the worker stops its actors here, as early as it can know its lock is gone.
-        self.on_lost: Callable[[], object] = lambda: None
-        conn.add_termination_listener(self._on_termination)
-
-    @classmethod
-    async def open(cls, url: str, settings: WorkerSettings) -> WorkerSession:
-        """Connect, take a fresh advisory lock and register this worker incarnation.
-
-        Raises:
-            DatabaseUnavailable: Postgres cannot be reached.
-        """
-        conn = await connect(url, name="toren-worker-lock")
-        try:
-            lock_key: int = await conn.fetchval("SELECT nextval('toren.worker_lock_keys')")
-            await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key)
-            worker_id = uuid.uuid4()
-            await conn.execute(
-                "INSERT INTO toren.workers (worker_id, lock_key, name, version, deploy_label, "
-                "host, pid) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                worker_id,
-                lock_key,
-                settings.worker_name,
-                code_version(settings),
-                settings.deploy_label,
-                socket.gethostname(),
-                os.getpid(),
-            )
-            session = cls(conn, worker_id, lock_key)
-        except BaseException:
-            await _close_quietly(conn)
-            raise
-        log.info("worker %s registered (lock key %d)", worker_id, lock_key)
-        return session
-
-    async def listen(self, on_mail: Callable[[str], None]) -> None:
-        """Call ``on_mail(actor_id)`` for every ``toren_mail`` notification."""
-        await self.conn.add_listener(
-            "toren_mail", lambda _c, _pid, _ch, payload: on_mail(str(payload))
-        )
-
-    def _on_termination(self, _conn: object) -> None:
-        if not self._closing:
-            self._mark_lost()
-
-    def _mark_lost(self) -> None:
-        if not self.lost.is_set():
-            self.lost.set()
-            log.error("worker %s lost its lock connection; stopping its actors", self.worker_id)
-            self.on_lost()
-
-    async def keepalive(self, interval: float) -> None:
-        """Ping the lock connection every ``interval`` seconds until it fails.
-
-        Returns when the connection is lost (a dead socket may only show up on use).
-        """
-        while not self.lost.is_set():
-            with anyio.move_on_after(interval):
-                await self.lost.wait()
-            if self.lost.is_set():
-                return
-            try:
-                with anyio.fail_after(interval):
-                    await self.conn.fetchval("SELECT 1")
-            except _LOCK_CONNECTION_ERRORS:
-                self._mark_lost()
-
-    async def close(self) -> None:
-        """Deregister and drop the lock (closing the connection releases it)."""
-        self._closing = True
-        if not self.lost.is_set():
-            with anyio.move_on_after(5, shield=True):
-                try:
-                    await self.conn.execute(
-                        "DELETE FROM toren.workers WHERE worker_id = $1", self.worker_id
-                    )
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-                    log.warning("could not deregister worker %s", self.worker_id)
-        await _close_quietly(self.conn)
-
-
-async def _close_quietly(conn: asyncpg.Connection) -> None:
-    with anyio.move_on_after(5, shield=True):
-        try:
-            await conn.close()
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            conn.terminate()
-
-
-# Advisory locks belong to one database, but pg_locks shows every database's: filter on ours,
-# or another Toren installation on the same server would make our dead workers look alive.
-_LIVE_WORKERS = f"""
-    SELECT w.worker_id FROM toren.workers w
-    JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
-        AND l.mode = 'ExclusiveLock'  -- not a watcher's shared lock, granted as the owner died
-        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.classid = {LOCK_NAMESPACE}::oid AND l.objid = w.lock_key::oid
-"""
-
 # Actors with mail are found in two ways, so that a sweep costs per actor that can run now, not
 # per actor with any mail nor per message:
 # - mail sent to be handled at once (``visible_at <= created_at``) by skipping through the
@@ -247,7 +111,7 @@ WITH RECURSIVE immediate(actor_id) AS (
     SELECT actor_id FROM toren.mailbox
     WHERE visible_at > created_at AND visible_at <= now()
       AND ($3::text[] IS NULL OR actor_id = ANY($3::text[]))
-), live AS ({_LIVE_WORKERS}
+), live AS ({LIVE_WORKERS}
 ), cand AS (
     -- An array, not a join: the planner then looks each actor up by its key, however many
     -- rows it guesses the mailbox scans will find.
@@ -507,130 +371,3 @@ async def mark_failed(
         _FAIL, actor_id, owner, epoch, error, name, body, event, data, failed.error_class
     )
     return bool(row and row["failed"])
-
-
-_SUCCESSOR = f"""
-SELECT w.lock_key FROM toren.workers w
-WHERE w.worker_id IN ({_LIVE_WORKERS}) AND w.worker_id <> $1
-ORDER BY w.lock_key <= $2, w.lock_key
-LIMIT 1
-"""
-
-
-async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
-    """A dedicated connection for :func:`watch_successor`.
-
-    Its lock waits give up after ``recheck`` seconds, so that the peer watched is re-chosen as
-    workers come and go.
-    """
-    conn = await connect(url, name="toren-worker-watch")
-    try:
-        await conn.execute(f"SET lock_timeout = '{int(recheck * 1000)}ms'")
-    except BaseException:
-        conn.terminate()  # cancelled (a worker stopping as it starts) or failed: not leaked
-        raise
-    return conn
-
-
-async def watch_successor(
-    conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int
-) -> bool | None:
-    """Wait until the next live worker in lock-key order (a ring) dies.
-
-    Workers watch each other in a ring, so that each one has a watcher: the wait is a shared
-    request on the peer's advisory lock, granted the instant Postgres drops the dead peer's
-    session. That turns a worker's death into an event instead of something the next poll finds.
-
-    Returns:
-        True if the watched worker died (or stopped); False if the wait timed out (call again at
-        once: the ring may have changed); None if there is no peer to watch.
-    """
-    peer: int | None = await conn.fetchval(_SUCCESSOR, worker_id, lock_key)
-    if peer is None:
-        return None
-    try:
-        await conn.execute("SELECT pg_advisory_lock_shared($1, $2)", LOCK_NAMESPACE, peer)
-    except asyncpg.LockNotAvailableError:
-        return False
-    await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", LOCK_NAMESPACE, peer)
-    log.info("watched worker (lock key %d) is gone; claiming its actors now", peer)
-    return True
-
-
-async def live_workers(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
-    """Registered workers whose advisory lock is held, with their statistics."""
-    rows: list[asyncpg.Record] = await conn.fetch(
-        f"""
-        SELECT w.*, (SELECT count(*) FROM toren.actors a WHERE a.owner = w.worker_id) AS leases
-        FROM toren.workers w WHERE w.worker_id IN ({_LIVE_WORKERS})
-        ORDER BY w.started_at
-        """
-    )
-    return rows
-
-
-async def live_worker_count(conn: asyncpg.Connection | asyncpg.Pool) -> int:
-    """How many registered workers hold their advisory lock (without :func:`live_workers`'s
-    count of each one's leases)."""
-    count: int = await conn.fetchval(f"SELECT count(*) FROM ({_LIVE_WORKERS}) AS live")
-    return count
-
-
-async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | None:
-    """The agents live workers run, from the routes they publish with each renewal; ``None``
-    while no live worker has published yet (none is up, or one has only just started)."""
-    published = [
-        w["stats"]["routes"] for w in await live_workers(conn) if "routes" in (w["stats"] or {})
-    ]
-    if not published:
-        return None
-    return {r.removeprefix("agent:") for routes in published for r in routes if r[:6] == "agent:"}
-
-
-async def route_served(conn: asyncpg.Connection | asyncpg.Pool, route: str) -> bool:
-    """Whether a live worker publishes ``route`` (``sandbox``: it has Docker)."""
-    return any(route in ((w["stats"] or {}).get("routes") or ()) for w in await live_workers(conn))
-
-
-async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> list[Any]:
-    """What each live worker publishes about agent ``name`` (see :mod:`toren._agent.directory`)."""
-    rows = await conn.fetch(
-        f"SELECT w.stats->'agents'->$1 AS card FROM toren.workers w "
-        f"WHERE w.worker_id IN ({_LIVE_WORKERS}) AND w.stats->'agents' ? $1",
-        name,
-    )
-    return [r["card"] for r in rows]
-
-
-_HOUSEKEEP = f"""
-WITH gone AS (
-    DELETE FROM toren.workers WHERE worker_id NOT IN ({_LIVE_WORKERS}) RETURNING 1
-), keys AS (
-    DELETE FROM toren.dedupe WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM toren.dedupe
-        WHERE created_at < now() - make_interval(secs => $1) LIMIT 10000))
-    RETURNING 1
-), replies AS (
-    DELETE FROM toren.replies WHERE created_at < now() - interval '1 hour' RETURNING 1
-), windows AS (
-    DELETE FROM toren.restart_windows
-    WHERE restarts[cardinality(restarts)] < now() - interval '1 day' RETURNING 1
-), sessions AS (
-    DELETE FROM toren.sessions WHERE expires_at < now() RETURNING 1
-)
-SELECT (SELECT count(*) FROM gone) AS workers, (SELECT count(*) FROM keys) AS keys,
-       (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows,
-       (SELECT count(*) FROM sessions) AS sessions
-"""
-
-
-async def housekeep(pool: asyncpg.Pool, *, dedupe_retention: float) -> dict[str, int]:
-    """Delete what nobody will read again: registry rows of dead workers, dedupe keys past their
-    retention (in batches), replies older than an hour (their ask() has long timed out),
-    restart windows whose last restart is a day old, expired console sessions.
-
-    Returns:
-        How many rows of each were deleted.
-    """
-    row = await pool.fetchrow(_HOUSEKEEP, float(dedupe_retention))
-    return dict(row) if row is not None else {}

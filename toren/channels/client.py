@@ -17,18 +17,16 @@ from typing import TYPE_CHECKING, Any
 from toren._agent.principal import Principal
 from toren._core.errors import AskTimeout, ConfigError, TorenError
 from toren._core.journal import replay
-from toren.channels._settings import configured
-from toren.channels._vocabulary import (
+from toren.channels._messages import (
     CHANNEL_KIND,
-    SNAPSHOT_VERSION,
     Answer,
-    ChannelState,
     IssueCode,
     Observe,
     Unpair,
     channel_route,
-    fold,
 )
+from toren.channels._settings import configured
+from toren.channels._state import SNAPSHOT_VERSION, ChannelState, fold
 from toren.channels.pairing import pairing_key
 
 if TYPE_CHECKING:
@@ -82,7 +80,7 @@ async def channel_of(
     Raises:
         ChannelError: no worker has run a bot for ``agent``.
     """
-    from toren._core.leases import route_served
+    from toren._core.workers import route_served
 
     found = [c for c in await channels(client) if c["agent"] == agent and c["status"] == "live"]
     if len(found) > 1:  # the agent's bot was renamed: the old channel's row stays

@@ -31,7 +31,8 @@ import asyncpg
 import attrs
 
 from toren._core.errors import ConfigError
-from toren.channels._vocabulary import ChannelState, CodeIssued
+from toren.channels._events import CodeIssued
+from toren.channels._state import ChannelState
 
 KEY_VAR = "TOREN_PAIRING_KEY"
 MIN_KEY_CHARS = 32

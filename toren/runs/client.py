@@ -80,7 +80,7 @@ async def check_served(client: Client, agent: str) -> bool:
     Raises:
         AgentNotServed: workers are live and none runs ``agent``.
     """
-    from toren._core.leases import served_agents
+    from toren._core.workers import served_agents
 
     served = await served_agents(client.pool)
     if served is None:

@@ -14,7 +14,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from toren._core.leases import live_worker_count, live_workers
+from toren._core.workers import live_worker_count, live_workers
 from toren._surfaces.http.common import ACCESS, CLIENT, json
 from toren._surfaces.http.models import Health, WorkerInfo
 from toren.runs.events import STATUSES

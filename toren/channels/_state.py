@@ -1,39 +1,39 @@
-"""A Telegram channel actor's vocabulary: its messages, the events it records, its state.
-
-One actor per bot (kind ``toren.channel``, address ``channel/telegram/<bot>``), claimed only by
-workers that run the bot's agent and hold its token (route ``telegram/<bot>``); its lease makes
-it the bot's only poller in the cluster. Its journal is the channel's whole story:
-
-- ``update.handled``: an update from Telegram and what it did (paired a chat, reached the
-  agent, decided a call, was refused...), committed with the messages it caused, so that the
-  offset it advances and its effects are one transaction;
-- ``code.issued`` / ``chat.paired`` / ``chat.unpaired``: pairing (codes kept as hashes only);
-- ``conversation.started``: a chat's durable conversation run;
-- ``outbox.queued`` / ``outbox.sending`` / ``outbox.sent`` / ``outbox.failed``: every outbound
-  message, in order per chat, with its delivery state;
-- ``run.read``: how far the channel has read a run's journal (its replies, its approvals), in
-  the commit that queued what it read;
-- ``prompt.opened`` / ``decision.sent``: approval prompts and the decisions taken from them;
-- ``channel.failing`` / ``channel.recovered``: Telegram stopped answering the bot (since when,
-  why) and answers again (:mod:`toren.channels._health`).
-"""
+"""A Telegram channel actor's state: the fold of its journal, and its summary for the surfaces."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 from pyrsistent import PMap, PVector, pmap, pvector
 
 import toren.runs.state  # noqa: F401  (teaches the converter persistent maps: for snapshots)
 from toren._agent.principal import Principal
-from toren._core.codec import message
+from toren.channels._events import (
+    ChannelStarted,
+    ChatBlocked,
+    ChatMigrated,
+    ChatPaired,
+    ChatUnblocked,
+    ChatUnpaired,
+    CodeIssued,
+    ConversationEnded,
+    ConversationStarted,
+    DecisionSent,
+    Failed,
+    ObservedRun,
+    ObserverChanged,
+    PairFailed,
+    PromptClosed,
+    PromptOpened,
+    Queued,
+    RunRead,
+    Sending,
+    Sent,
+    UpdateHandled,
+)
 from toren.channels._health import ChannelFailing, ChannelRecovered, failing_summary
 
-if TYPE_CHECKING:
-    from toren._agent.agents import Agent
-
-CHANNEL_KIND = "toren.channel"
 RECENT = 200
 """Delivered or failed outbound messages a channel's state keeps (for the surfaces)."""
 FORGET_AFTER = 86400.0
@@ -45,353 +45,6 @@ SNAPSHOT_VERSION = 2
 channel told its run and those the run heard); older snapshots are folded from the journal."""
 TOLD = frozenset(("started", "forwarded", "file"))
 """Outcomes of an update that sent its chat's conversation run a message (or its start)."""
-
-
-def channel_address(bot: str) -> str:
-    """The channel actor of bot ``bot``."""
-    return f"channel/telegram/{bot}"
-
-
-def channel_route(bot: str) -> str:
-    """The route the bot's channel actor is claimed on (workers that have its token)."""
-    return f"telegram/{bot}"
-
-
-def chat_key(chat_id: int, thread: int | None = None) -> str:
-    """A conversation's key: the chat, and the thread when conversations are per thread."""
-    return str(chat_id) if thread is None else f"{chat_id}/{thread}"
-
-
-def telegram_principal(user_id: int, name: str) -> Principal:
-    """Who did something from Telegram: its user id is the identity, its name for people."""
-    shown = (name or str(user_id))[:200]
-    return Principal(kind="channel", id=f"telegram:{user_id}", name=shown, via="telegram")
-
-
-def telegram_user(principal: Principal | None) -> int | None:
-    """The Telegram user id of a principal made by :func:`telegram_principal`, else None."""
-    if principal is None or principal.kind != "channel":
-        return None
-    prefix, _, user = principal.id.partition(":")
-    if prefix != "telegram":
-        return None
-    try:
-        return int(user)
-    except ValueError:
-        return None
-
-
-def approvers_of(agent: Agent | None) -> tuple[int, ...]:
-    """The Telegram users who may decide ``agent``'s calls: the approvers of its own bot
-    (none without a bot, or for an agent this process does not know), whichever chat shows
-    the call."""
-    settings = agent.telegram if agent is not None else None
-    return tuple(settings.approvers) if settings is not None else ()
-
-
-# --- messages -------------------------------------------------------------------------------
-
-
-@message("channel.tick")
-@attrs.frozen
-class Tick:
-    """Poll Telegram (or, in webhook mode, only read the runs), then arm the next tick."""
-
-
-@message("channel.flush")
-@attrs.frozen
-class Flush:
-    """Send the next outbound message due (one per step)."""
-
-
-@message("channel.send")
-@attrs.frozen(kw_only=True)
-class Send:
-    """At-most-once delivery, second step: send message ``n`` (marked sending before)."""
-
-    n: int
-
-
-@message("channel.update")
-@attrs.frozen(kw_only=True)
-class Inbound:
-    """An update Telegram posted to the webhook (enqueued with dedupe key its ``update_id``)."""
-
-    update: dict[str, Any]
-
-
-@message("channel.issue_code")
-@attrs.frozen(kw_only=True)
-class IssueCode:
-    """Record a pairing code (its keyed hash, :mod:`toren.channels.pairing`) for the agent:
-    answered with :class:`Answer`. Refused when ``key_id`` is not the id of the worker's key
-    (empty: a sender older than keyed hashes)."""
-
-    code_hash: str
-    by: Principal
-    until: float = 0.0  # the asker gives up then: a code recorded later would be one nobody saw
-    key_id: str = ""
-
-
-@message("channel.unpair")
-@attrs.frozen(kw_only=True)
-class Unpair:
-    chat_id: int
-    by: Principal
-
-
-@message("channel.observe")
-@attrs.frozen(kw_only=True)
-class Observe:
-    """Make a paired chat receive a run's (or every run of an agent's) events, read-only;
-    ``stop`` ends it."""
-
-    chat_id: int
-    run: str = ""
-    agent: str = ""
-    stop: bool = False
-    by: Principal
-
-
-@message("channel.answer")
-@attrs.frozen(kw_only=True)
-class Answer:
-    ok: bool
-    detail: str
-
-
-# --- events ---------------------------------------------------------------------------------
-
-
-@message("channel.started")
-@attrs.frozen(kw_only=True)
-class ChannelStarted:
-    agent: str
-    bot_id: int
-    username: str
-    mode: str
-    delivery: str
-    at: float = 0.0
-
-
-@message("update.handled")
-@attrs.frozen(kw_only=True)
-class UpdateHandled:
-    update_id: int
-    chat_id: int | None
-    user_id: int | None
-    kind: str  # message, callback, document, photo, other
-    outcome: str  # forwarded, started, paired, pair_failed, hinted, ignored, decided, refused...
-    detail: str = ""
-    run: str = ""  # the run it was sent to, if any
-    at: float = 0.0
-
-
-@message("code.issued")
-@attrs.frozen(kw_only=True)
-class CodeIssued:
-    code_hash: str
-    expires_at: float
-    by: Principal
-    at: float = 0.0
-    # A keyed hash (HMAC, toren.channels.pairing). False: recorded before keyed hashes, as plain
-    # SHA-256; such a code counts as expired (it never pairs, and is not pending).
-    keyed: bool = False
-
-
-@message("chat.paired")
-@attrs.frozen(kw_only=True)
-class ChatPaired:
-    chat_id: int
-    title: str
-    chat_type: str
-    code_hash: str
-    by: Principal
-    at: float = 0.0
-
-
-@message("pair.failed")
-@attrs.frozen(kw_only=True)
-class PairFailed:
-    """A wrong, expired or used pairing code from ``chat_id`` (counted for its rate limit)."""
-
-    chat_id: int
-    at: float = 0.0
-
-
-@message("chat.unpaired")
-@attrs.frozen(kw_only=True)
-class ChatUnpaired:
-    chat_id: int
-    by: Principal
-    at: float = 0.0
-
-
-@message("chat.blocked")
-@attrs.frozen(kw_only=True)
-class ChatBlocked:
-    chat_id: int
-    detail: str
-    at: float = 0.0
-
-
-@message("chat.unblocked")
-@attrs.frozen(kw_only=True)
-class ChatUnblocked:
-    """A blocked chat wrote again: messages to it are sent again."""
-
-    chat_id: int
-    at: float = 0.0
-
-
-@message("chat.migrated")
-@attrs.frozen(kw_only=True)
-class ChatMigrated:
-    chat_id: int
-    to: int
-    at: float = 0.0
-
-
-@message("conversation.started")
-@attrs.frozen(kw_only=True)
-class ConversationStarted:
-    key: str
-    chat_id: int
-    thread: int | None
-    run: str
-    at: float = 0.0
-
-
-@message("conversation.ended")
-@attrs.frozen(kw_only=True)
-class ConversationEnded:
-    """The run failed: the chat's next message starts a new conversation."""
-
-    key: str
-    run: str
-    at: float = 0.0
-
-
-@message("observer.changed")
-@attrs.frozen(kw_only=True)
-class ObserverChanged:
-    chat_id: int
-    run: str = ""
-    agent: str = ""
-    stop: bool = False
-    by: Principal
-    after: int = 0  # a run not read yet is read from its next event on
-    at: float = 0.0
-
-
-@message("observer.run")
-@attrs.frozen(kw_only=True)
-class ObservedRun:
-    """A run of an observed agent began: the chats observing the agent read it from now on."""
-
-    agent: str
-    run: str
-    created: float  # the run's creation time: later ones are looked for next
-
-
-@message("run.read")
-@attrs.frozen(kw_only=True)
-class RunRead:
-    """The channel read ``run``'s journal up to ``seq`` (what it says is queued in this step)."""
-
-    run: str
-    seq: int
-    done: bool = False  # the last of it that mattered ended the run's turn: read it less often
-    # the channel's messages the run took in what was read (its start, and what Telegram users
-    # said: message.received from Telegram); None in a record of an earlier version
-    heard: int | None = None
-
-
-@message("outbox.queued")
-@attrs.frozen(kw_only=True)
-class Queued:
-    n: int
-    chat_id: int
-    kind: str  # text, prompt, notice, file
-    text: str
-    thread: int | None = None
-    reply_to: int | None = None
-    decision: str | None = None  # a prompt's decision id (its buttons carry it)
-    file: dict[str, Any] | None = None  # {run, path, checkpoint, size}
-    source: str = ""  # the run (and seq) it came from, for the surfaces
-    at: float = 0.0
-
-
-@message("outbox.sending")
-@attrs.frozen(kw_only=True)
-class Sending:
-    """At-most-once: message ``n`` is about to be sent; after a crash it is not sent again."""
-
-    n: int
-    at: float = 0.0
-
-
-@message("outbox.sent")
-@attrs.frozen(kw_only=True)
-class Sent:
-    n: int
-    message_ids: tuple[int, ...]
-    at: float = 0.0
-
-
-@message("outbox.failed")
-@attrs.frozen(kw_only=True)
-class Failed:
-    """Message ``n`` was not delivered: ``lost`` (at-most-once, a crash during its send),
-    ``blocked`` (the user blocked the bot), ``refused`` (Telegram refused it for good)."""
-
-    n: int
-    reason: str
-    detail: str = ""
-    at: float = 0.0
-
-
-@message("prompt.opened")
-@attrs.frozen(kw_only=True)
-class PromptOpened:
-    """A prompt for a decision on call ``call_id`` of ``run`` was queued for ``chat_id``."""
-
-    decision: str
-    run: str
-    call_id: str
-    name: str  # the call as the prompt names it, escaped (printable)
-    chat_id: int
-    at: float = 0.0
-    # the agent whose call it is (a child run's for a call made below the conversation's run);
-    # "" in a record of an earlier version: the bot's own agent
-    agent: str = ""
-    # False: the call was too long to show whole in one message, so the prompt was sent
-    # without buttons and a reply to it decides nothing (it says where to decide instead).
-    decidable: bool = True
-
-
-@message("prompt.closed")
-@attrs.frozen(kw_only=True)
-class PromptClosed:
-    """The call was decided (here or elsewhere): its buttons answer that it no longer waits."""
-
-    decision: str
-    approved: bool
-    by: str
-    at: float = 0.0
-
-
-@message("decision.sent")
-@attrs.frozen(kw_only=True)
-class DecisionSent:
-    decision: str
-    approved: bool
-    by: Principal
-    reason: str = ""
-    at: float = 0.0
-
-
-# --- state ----------------------------------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)
