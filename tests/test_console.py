@@ -237,7 +237,11 @@ async def test_a_childs_approval_is_decided_on_its_parents_page(
                 await page.screenshot(path=str(ARTIFACTS / "console-child.png"), full_page=True)
                 await child.locator("a").first.click()
                 await page.wait_for_selector("#transcript .entry.input >> text=Input from")
-                assert await page.inner_text("#run-agent") == "editor"
+                # The child's page replaces the parent's as its state arrives: wait for it.
+                await page.wait_for_function(
+                    "document.querySelector('#run-agent')?.innerText === 'editor'",
+                    timeout=20_000,
+                )
                 # The transcript is drawn again as events arrive: wait for it, don't read it once.
                 await page.locator("#transcript >> text=a cross-agent call from").wait_for()
             finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -461,6 +462,9 @@ def at_port(kind: str, port: int) -> dict[str, str]:
 
 
 ONCE = RetryPolicy(attempts=1)
+# The SDK's own words for a connection that failed: "Connection error." (httpx, older SDKs) or
+# "Connection to HOST:PORT failed: ..." (anthropic 2.17 over aiohttp). Never a timeout.
+CONNECTION_FAILED = re.compile(r"Connection error|Connection to \S+ failed")
 
 
 @pytest.mark.parametrize("kind", ["anthropic", "openai"])
@@ -473,7 +477,7 @@ async def test_a_refused_connection_is_a_connection_error_not_a_timeout(kind: st
             await p.call(ask(kind))
     error = caught.value
     assert (error.status, error.retryable, error.answered) == (None, True, False)
-    assert "Connection error" in error.message, error.message
+    assert CONNECTION_FAILED.search(error.message), error.message
     assert "timed out" not in error.message
 
 
@@ -499,7 +503,7 @@ async def test_an_answer_that_is_not_http_is_a_connection_error_retried(
             await provider.call(ask(kind))
     error = caught.value
     assert (error.status, error.retryable, error.answered) == (None, True, False), error.message
-    assert "Connection error" in error.message, error.message
+    assert CONNECTION_FAILED.search(error.message), error.message
 
 
 # -- configuration -------------------------------------------------------------------------------

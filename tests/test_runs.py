@@ -576,8 +576,9 @@ async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
 
         async def worker_reports_none_in_memory() -> bool:
             stats = await client.pool.fetchval("SELECT stats FROM toren.workers")
-            return (
-                stats.get("actors_in_memory") == 0
+            return (  # None: no row (the worker is between incarnations on a loaded machine)
+                stats is not None
+                and stats.get("actors_in_memory") == 0
                 and stats.get("leases_held") == 0
                 and stats.get("rss_bytes", 0) > 0
             )

@@ -11,6 +11,7 @@ from typing import Any
 
 import anyio
 import pytest
+from aiodocker.exceptions import DockerError
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import WorkerFactory, decide_waiting, person, running_worker, wait_for
@@ -252,13 +253,21 @@ async def test_a_command_in_flight_when_its_worker_is_killed_is_killed_and_not_r
         # `;` is shell control syntax: asked about whatever the allow rules say.
         await wait_for(lambda: _waiting(client, run_id), timeout=60, what="the approval asked")
         await decide_waiting(client, run_id, approved=True, by=person("ana"))
-        container = await wait_for(lambda: docker.find(run_id), timeout=60)
 
         async def started() -> bool:
+            # Found again at each look: on a loaded machine the sandbox's first container may be
+            # removed and made again (a creation that timed out) before the command runs.
+            container = await docker.find(run_id)
+            if container is None:
+                return False
             try:
                 data, _ = await docker.read_file(container.container_id, "log.txt", 100)
             except FileNotFoundError:  # the command has not written it yet
                 return False
+            except DockerError as exc:
+                if exc.status != 404:
+                    raise
+                return False  # that container is gone: look for the run's container again
             return data == b"start\n"
 
         await wait_for(started, timeout=60, what="the long command started")

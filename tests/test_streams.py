@@ -519,25 +519,37 @@ async def _true(value: int) -> bool:
     return bool(value)
 
 
+class SummedCounter(app.Counter):
+    """A counter that keeps a summary on its row, as a run does: its steps write the row."""
+
+    kind = "test.summed_counter"
+
+    def summarize(self, state: app.CounterState) -> dict[str, Any]:
+        return {"status": "running", "total": state.total}
+
+
 async def test_only_the_steps_of_a_watched_actor_notify(client: Client, db_url: str) -> None:
     # A notification takes a lock at commit that serializes every notifying commit (WAL flush
-    # included): only the steps of an actor someone follows may pay it.
+    # included): only the steps of an actor someone follows may pay it, whether or not its steps
+    # write its row's summary (a run's do; every step of a run notified until issue 28).
     heard: list[str] = []
     listener = await connect(db_url, name="test-listener")
     try:
         await listener.add_listener("toren_journal", lambda *n: heard.append(str(n[3])))
         await client.spawn(app.Counter, "c/quiet")
+        await client.spawn(SummedCounter, "c/summed")
         await client.spawn(app.Counter, "c/watched")
         async with client.watch_journal("c/watched") as watch:
             await watch.arm()  # marks the row: its steps notify from now on
             for i in range(3):
                 await client.send("c/quiet", app.Add(n=1, tag=f"q{i}"))
+                await client.send("c/summed", app.Add(n=1, tag=f"s{i}"))
                 await client.send("c/watched", app.Add(n=1, tag=f"w{i}"))
             async with running_worker(db_url):
 
                 async def journaled() -> bool:
-                    quiet = await client.journal("c/quiet")
-                    return len(quiet) == 3 and len(await client.journal("c/watched")) == 3
+                    counts = [len(await client.journal(a)) for a in ("c/quiet", "c/summed")]
+                    return counts == [3, 3] and len(await client.journal("c/watched")) == 3
 
                 await wait_for(journaled, timeout=20, what="three steps of each")
         # Notifications arrive in commit order: any the steps sent come before this one.
@@ -546,6 +558,10 @@ async def test_only_the_steps_of_a_watched_actor_notify(client: Client, db_url: 
     finally:
         await listener.close()
     assert heard == ["c/watched"] * 3 + ["marker"]
+    summary = await client.pool.fetchval(
+        "SELECT summary FROM toren.actors WHERE actor_id = $1", "c/summed"
+    )
+    assert summary == {"status": "running", "total": 3}  # its steps did write its row
 
 
 async def test_a_watch_on_an_actor_marked_for_long_enough_writes_nothing(client: Client) -> None:

@@ -49,6 +49,7 @@ _WATCH = """
 UPDATE toren.actors
 SET watched_until = now() + make_interval(secs => $2)
 WHERE actor_id = $1
+  AND status = 'live'  -- a failed or stopped actor takes no step until it is live again
   AND (watched_until IS NULL OR watched_until < now() + make_interval(secs => $2 * 3 / 4))
 """
 
