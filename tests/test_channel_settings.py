@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 
 from toren import Agent, ConfigError
+from toren._agent.parts import PartTable
 from toren._agent.tables import configured, read_agent_tables
 from toren.actors.channel.runtime import configured_bots
 from toren.channels import Telegram
+from toren.channels._settings import TELEGRAM_PART
 
 MODEL = "anthropic/claude-sonnet-4-6"
+
+PARTS = {"telegram": TELEGRAM_PART}  # as toren.Settings hands them
 
 
 @pytest.mark.parametrize(
@@ -55,16 +59,21 @@ def test_the_settings_table_gives_or_changes_a_bot() -> None:
     tables = read_agent_tables(
         {"ann": {"telegram": {"bot": "annbot", "approvers": [7], "delivery": "at_most_once"}}},
         "toren.toml",
+        PARTS,
     )
     agent = configured(Agent(name="ann", model=MODEL), tables["ann"], "toren.toml")
     assert agent.telegram == Telegram(bot="annbot", approvers=(7,), delivery="at_most_once")
     coded = Agent(name="ann", model=MODEL, telegram=Telegram(bot="coded", chat_interval=2))
-    changed = configured(coded, {"telegram": {"chat_interval": 0}}, "toren.toml")
+    changed = configured(coded, {"telegram": PartTable(TELEGRAM_PART, {"chat_interval": 0})}, "t")
     assert changed.telegram == Telegram(bot="coded", chat_interval=0)
     with pytest.raises(ConfigError, match="unknown key"):
-        configured(coded, {"telegram": {"token": "123:abc"}}, "toren.toml")
+        configured(coded, {"telegram": PartTable(TELEGRAM_PART, {"token": "1:a"})}, "t")
     with pytest.raises(ConfigError, match='needs bot = "NAME"'):
-        configured(Agent(name="ann", model=MODEL), {"telegram": {"approvers": [1]}}, "t.toml")
+        configured(
+            Agent(name="ann", model=MODEL),
+            {"telegram": PartTable(TELEGRAM_PART, {"approvers": [1]})},
+            "t",
+        )
 
 
 def test_one_agent_per_bot() -> None:

@@ -8,8 +8,11 @@ import pytest
 from toren import Agent, ConfigError
 from toren._agent.tables import configured, read_agent_tables
 from toren.sandbox import Sandbox, allowed
+from toren.sandbox._settings import SANDBOX_PART
 
 MODEL = "anthropic/claude-sonnet-4-6"
+
+PARTS = {"sandbox": SANDBOX_PART}  # as toren.Settings hands them
 
 
 @pytest.mark.parametrize(
@@ -109,7 +112,7 @@ def test_a_sandbox_gives_the_model_four_tools_and_bash_is_at_most_once() -> None
 def test_a_sandbox_table_replaces_the_codes_values_key_by_key() -> None:
     agent = Agent(name="coder", model=MODEL, sandbox=Sandbox(memory="256MiB", allow=["ls"]))
     raw = {"coder": {"sandbox": {"memory": "1GiB", "network": "host"}}}
-    merged = configured(agent, read_agent_tables(raw, "t.toml")["coder"], "t.toml")
+    merged = configured(agent, read_agent_tables(raw, "t.toml", PARTS)["coder"], "t.toml")
     assert merged.sandbox is not None
     assert (merged.sandbox.memory, merged.sandbox.network) == (2**30, "host")
     assert merged.sandbox.allow == ("ls",)  # kept from the code
@@ -121,10 +124,12 @@ def test_a_sandbox_table_replaces_the_codes_values_key_by_key() -> None:
         ({"sandbox": {"allow": "ls"}}, "list of commands"),
     ):
         with pytest.raises(ConfigError, match=says):
-            configured(agent, read_agent_tables({"coder": table}, "t.toml")["coder"], "t.toml")
+            configured(
+                agent, read_agent_tables({"coder": table}, "t.toml", PARTS)["coder"], "t.toml"
+            )
     plain = Agent(name="coder", model=MODEL)
     with pytest.raises(ConfigError, match="has no sandbox in its code"):
-        configured(plain, read_agent_tables(raw, "t.toml")["coder"], "t.toml")
+        configured(plain, read_agent_tables(raw, "t.toml", PARTS)["coder"], "t.toml")
 
 
 def test_the_sandbox_state_goes_through_a_snapshot_unchanged() -> None:

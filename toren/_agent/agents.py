@@ -279,6 +279,10 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+# The kinds' values an Agent takes, as errors name them (their classes are not imported here).
+_PART_TYPES = {"sandbox": "toren.sandbox.Sandbox", "telegram": "toren.channels.Telegram"}
+
+
 @attrs.frozen(kw_only=True)
 class Agent:
     """An LLM agent: a model, a system prompt, tools, and the limits a run of it keeps.
@@ -338,20 +342,13 @@ class Agent:
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        for field, value in (("sandbox", self.sandbox), ("telegram", self.telegram)):
+            # A kind's value says which field it belongs in (toren._agent.parts): the agent
+            # layer imports no kind.
+            if value is not None and getattr(type(value), "agent_field", None) != field:
+                raise ConfigError(f"agent {self.name!r}: {field} must be a {_PART_TYPES[field]}")
         if self.sandbox is not None:
-            from toren.sandbox import Sandbox, sandbox_tools
-
-            if not isinstance(self.sandbox, Sandbox):
-                raise ConfigError(f"agent {self.name!r}: sandbox must be a toren.sandbox.Sandbox")
-            tools = sandbox_tools(self.sandbox, chat=self.telegram is not None)
-            object.__setattr__(self, "_sandbox_tools", tools)
-        if self.telegram is not None:
-            from toren.channels import Telegram
-
-            if not isinstance(self.telegram, Telegram):
-                raise ConfigError(
-                    f"agent {self.name!r}: telegram must be a toren.channels.Telegram"
-                )
+            object.__setattr__(self, "_sandbox_tools", self.sandbox.agent_tools(self))
         if "/" not in self.model:
             raise ConfigError(
                 f"agent {self.name!r}: model {self.model!r} needs a provider prefix",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -11,6 +11,7 @@ import attrs
 from toren._core.config import Env, WorkerSettings, positive
 
 if TYPE_CHECKING:
+    from toren._agent.parts import AgentPart
     from toren._agent.tables import Tables
 
 
@@ -35,11 +36,22 @@ class AgentSettings(WorkerSettings):
 
     ENV: ClassVar[Env] = {"max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int)}
     TABLES: ClassVar[Mapping[str, str]] = {"agents": "[agents.NAME] (one per agent)"}
+    # The kinds' parts of an agent, by field: each kind's settings name theirs (loaded when a
+    # file has agent tables), and toren.Settings, composed from them, reads them all.
+    AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {}
 
     max_message_bytes: int = attrs.field(default=64 * 1024, validator=positive)
     agents: Tables = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
     )
+
+    @classmethod
+    def agent_parts(cls) -> dict[str, Callable[[], AgentPart]]:
+        """Every kind's part of an agent this class composes, by field."""
+        found: dict[str, Callable[[], AgentPart]] = {}
+        for klass in reversed(cls.__mro__):
+            found.update(vars(klass).get("AGENT_PARTS", {}))
+        return found
 
     @classmethod
     def parse_tables(cls, data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -49,5 +61,6 @@ class AgentSettings(WorkerSettings):
             # settings file without them (and every CLI command reading one) does without.
             from toren._agent.tables import read_agent_tables
 
-            values["agents"] = read_agent_tables(data.pop("agents"), source)
+            parts = {field: load() for field, load in cls.agent_parts().items()}
+            values["agents"] = read_agent_tables(data.pop("agents"), source, parts)
         return values

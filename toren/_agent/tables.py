@@ -34,6 +34,7 @@ from typing import Any, Literal
 import attrs
 
 from toren._agent.agents import Agent, parse_duration
+from toren._agent.parts import AgentPart, PartTable
 from toren._core.errors import ConfigError
 
 SETTABLE = (
@@ -59,13 +60,17 @@ the tools are code: changing them changes what the model is sent. ``sandbox`` is
 ``telegram`` (``[agents.NAME.telegram]``), which may also give an agent a bot its code has not."""
 
 _CODE_ONLY = ("name", "model", "system", "tools")
+_PART_FIELDS = ("sandbox", "telegram")  # Agent fields whose values are a kind's
 
 Tables = Mapping[str, Mapping[str, Any]]
 
 
-def read_agent_tables(raw: Any, source: str) -> Tables:
+def read_agent_tables(
+    raw: Any, source: str, parts: Mapping[str, AgentPart] = types.MappingProxyType({})
+) -> Tables:
     """The ``[agents.NAME]`` tables of a settings file, each value checked against the type of
-    the ``Agent`` field it sets (``wall_clock`` also as ``"30m"``), frozen.
+    the ``Agent`` field it sets (``wall_clock`` also as ``"30m"``), frozen. A kind's table
+    (``[agents.NAME.sandbox]``) is checked by its part in ``parts`` (by field), and kept with it.
 
     Raises:
         ConfigError: ``[agents]`` holds something other than tables, a key is unknown (or is
@@ -92,29 +97,27 @@ def read_agent_tables(raw: Any, source: str) -> Tables:
                 hint = f"The name, model, system prompt and tools are code, in Agent(...). {hint}"
             raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}", hint=hint)
         tables[name] = types.MappingProxyType(
-            {key: _checked(key, value, where) for key, value in table.items()}
+            {key: _checked(key, value, where, parts) for key, value in table.items()}
         )
     return types.MappingProxyType(tables)
 
 
-def _checked(key: str, value: Any, where: str) -> Any:
-    """``value`` for the ``Agent`` field ``key``, by that field's declared type."""
-    if key == "sandbox":
-        from toren.sandbox import SETTABLE as SANDBOX_KEYS
-
+def _checked(key: str, value: Any, where: str, parts: Mapping[str, AgentPart]) -> Any:
+    """``value`` for the ``Agent`` field ``key``, by that field's declared type (a kind's field:
+    by its part)."""
+    if key in _PART_FIELDS:
+        part = parts.get(key)
+        if part is None:  # settings read without the kinds (only toren.Settings has them)
+            raise ConfigError(f"{key} in {where}: this process reads no {key} tables")
         if not isinstance(value, dict):
-            raise ConfigError(f"sandbox in {where} must be a table ([agents.NAME.sandbox])")
-        unknown = sorted(set(value) - set(SANDBOX_KEYS))
+            raise ConfigError(f"{key} in {where} must be a table ([agents.NAME.{key}])")
+        unknown = sorted(set(value) - set(part.settable or value))
         if unknown:
             raise ConfigError(
-                f"unknown key(s) in the sandbox table of {where}: {', '.join(unknown)}",
-                hint=f"Known keys: {', '.join(SANDBOX_KEYS)}.",
+                f"unknown key(s) in the {key} table of {where}: {', '.join(unknown)}",
+                hint=f"Known keys: {', '.join(part.settable or ())}.",
             )
-        return types.MappingProxyType(dict(value))
-    if key == "telegram":
-        if not isinstance(value, dict):
-            raise ConfigError(f"telegram in {where} must be a table ([agents.NAME.telegram])")
-        return types.MappingProxyType(dict(value))
+        return PartTable(part, types.MappingProxyType(dict(value)))
     converter: object = attrs.fields_dict(Agent)[key].converter
     if converter is parse_duration:
         try:
@@ -144,10 +147,8 @@ def _checked(key: str, value: Any, where: str) -> Any:
 
 @functools.cache
 def _field_types() -> dict[str, Any]:
-    from toren.channels import Telegram  # named by Agent's annotations; they import this module
-    from toren.sandbox import Sandbox
-
-    return typing.get_type_hints(Agent, localns={"Sandbox": Sandbox, "Telegram": Telegram})
+    # The kinds' fields are checked by their parts: their types are not needed (nor imported).
+    return typing.get_type_hints(Agent, localns={"Sandbox": object, "Telegram": object})
 
 
 def _describe(typ: Any) -> str:
@@ -165,23 +166,16 @@ def configured(agent: Agent, table: Mapping[str, Any] | None, source: str) -> Ag
     """
     if not table:
         return agent
-    if "sandbox" in table:
-        from toren.sandbox import configured as sandbox_configured
-
-        where = f"[agents.{agent.name}.sandbox] in {source}"
-        if agent.sandbox is None:
-            raise ConfigError(
-                f"{where}: agent {agent.name!r} has no sandbox in its code",
-                hint="Giving an agent a sandbox gives its model tools: that is code, "
-                "Agent(..., sandbox=Sandbox()). The table only changes its settings.",
-            )
-        sandbox = sandbox_configured(agent.sandbox, table["sandbox"], where)
-        table = {**table, "sandbox": sandbox}
-    if "telegram" in table:
-        from toren.channels import configured as telegram_configured
-
-        where = f"[agents.{agent.name}.telegram] in {source}"
-        table = {**table, "telegram": telegram_configured(agent.telegram, table["telegram"], where)}
+    for key, value in table.items():
+        if isinstance(value, PartTable):  # a kind's table: its part merges it
+            where = f"[agents.{agent.name}.{key}] in {source}"
+            current = getattr(agent, key)
+            if current is None and value.part.needs_code is not None:
+                raise ConfigError(
+                    f"{where}: agent {agent.name!r} has no {key} in its code",
+                    hint=value.part.needs_code,
+                )
+            table = {**table, key: value.part.configured(current, value, where)}
     try:
         return attrs.evolve(agent, **table)
     except ConfigError as exc:

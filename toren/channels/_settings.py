@@ -20,13 +20,17 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import attrs
 
 from toren._agent.agents import parse_duration
+from toren._agent.parts import AgentPart
 from toren._core.errors import ConfigError
 from toren._core.logs import redact as redact
+
+if TYPE_CHECKING:
+    from toren._agent.agents import Agent, Tool
 
 BOT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DEFAULT_API_URL = "https://api.telegram.org"
@@ -208,6 +212,13 @@ class Telegram:
         """What the channel actor is spawned with (JSON; no secret: only where to read it)."""
         return attrs.asdict(self, recurse=False) | {"approvers": list(self.approvers)}
 
+    agent_field: ClassVar[str] = "telegram"  # toren._agent.parts: Agent(telegram=...)
+
+    def agent_tools(self, agent: Agent) -> tuple[Tool, ...]:
+        """None: a bot gives the model no tools of its own (a sandbox's send_file is the
+        sandbox's)."""
+        return ()
+
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> Telegram:
         """The settings from :meth:`as_args` (unknown keys ignored: a newer version's)."""
@@ -252,3 +263,8 @@ def configured(current: Telegram | None, table: Mapping[str, Any], where: str) -
         raise ConfigError(f"{where}: {exc.what}", hint=exc.hint) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+TELEGRAM_PART = AgentPart(field="telegram", settable=None, configured=configured)
+"""How ``[agents.NAME.telegram]`` changes (or gives) an agent's bot: its keys are checked when
+merged."""

@@ -5,12 +5,23 @@ A module of its own, light to import: every CLI command reads settings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
 from toren._core.config import Env
+
+if TYPE_CHECKING:
+    from toren._agent.parts import AgentPart
+
+
+def _part() -> AgentPart:
+    """``[agents.NAME.telegram]``'s part, loaded when a file has agent tables (it brings the
+    channel's settings, heavier than a CLI command needs)."""
+    from toren.channels._settings import TELEGRAM_PART
+
+    return TELEGRAM_PART
 
 
 @attrs.frozen(kw_only=True, slots=False)  # one of several bases of toren.Settings
@@ -24,5 +35,6 @@ class TelegramWorkerSettings:
 
     ENV: ClassVar[Env] = {"telegram_api_url": ("TOREN_TELEGRAM_API_URL", str)}
     TABLES: ClassVar[Mapping[str, str]] = {}
+    AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {"telegram": _part}
 
     telegram_api_url: str | None = None

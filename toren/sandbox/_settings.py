@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import pydantic
 
 from toren._agent.agents import parse_duration
+from toren._agent.parts import AgentPart
 from toren._core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from toren._agent.agents import Agent, Tool
 
 DEFAULT_IMAGE = "toren/sandbox:latest"
 """The image built locally by ``scripts/sandbox-image`` (bash, coreutils, python3, git)."""
@@ -157,6 +161,14 @@ class Sandbox:
         """The settings a sandbox actor is spawned with (JSON)."""
         return attrs.asdict(self, recurse=False) | {"allow": list(self.allow)}
 
+    agent_field: ClassVar[str] = "sandbox"  # toren._agent.parts: Agent(sandbox=...)
+
+    def agent_tools(self, agent: Agent) -> tuple[Tool, ...]:
+        """The sandbox's tools, declared for these settings (and the agent's chat, if any)."""
+        from toren.sandbox._tools import sandbox_tools  # it builds on this module
+
+        return sandbox_tools(self, chat=agent.telegram is not None)
+
     @classmethod
     def from_args(cls, args: Mapping[str, Any]) -> Sandbox:
         """The settings from :meth:`as_args` (unknown keys ignored: a newer version's)."""
@@ -214,3 +226,13 @@ def configured(sandbox: Sandbox, table: Mapping[str, Any], where: str) -> Sandbo
         raise ConfigError(f"{where}: {exc.what}", hint=exc.hint) from None
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+SANDBOX_PART = AgentPart(
+    field="sandbox",
+    settable=SETTABLE,
+    configured=configured,
+    needs_code="Giving an agent a sandbox gives its model tools: that is code, "
+    "Agent(..., sandbox=Sandbox()). The table only changes its settings.",
+)
+"""How ``[agents.NAME.sandbox]`` changes an agent's sandbox (never gives it one)."""

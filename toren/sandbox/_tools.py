@@ -5,14 +5,16 @@ actor, which runs it in the container (see :mod:`toren.actors.sandbox`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import pydantic
 
 from toren._agent.agents import Tool, ToolContext, tool
 from toren._core.errors import ConfigError
-from toren.sandbox._settings import Sandbox
 from toren.sandbox._vocabulary import WORKSPACE
+
+if TYPE_CHECKING:
+    from toren.sandbox._settings import Sandbox
 
 COMMAND_MAX = 64 * 1024
 CONTENT_MAX = 8 * 1024 * 1024

@@ -5,12 +5,23 @@ A module of its own, light to import: every CLI command reads settings.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
 from toren._core.config import Env, positive
+
+if TYPE_CHECKING:
+    from toren._agent.parts import AgentPart
+
+
+def _part() -> AgentPart:
+    """``[agents.NAME.sandbox]``'s part, loaded when a file has agent tables (it brings the
+    sandbox's settings, heavier than a CLI command needs)."""
+    from toren.sandbox._settings import SANDBOX_PART
+
+    return SANDBOX_PART
 
 
 @attrs.frozen(kw_only=True, slots=False)  # one of several bases of toren.Settings
@@ -34,6 +45,7 @@ class SandboxWorkerSettings:
         "sandbox_reap_seconds": ("TOREN_SANDBOX_REAP_SECONDS", float),
     }
     TABLES: ClassVar[Mapping[str, str]] = {}
+    AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {"sandbox": _part}
 
     sandboxes: bool = True
     workspace_store: str | None = None
