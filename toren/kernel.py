@@ -34,6 +34,7 @@ from toren._core.leases import (
     watch_successor,
 )
 from toren._core.migrate import migrate, schema_status
+from toren._core.resources import MissingResource, Resources
 from toren._core.terminal import printable
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "EmbeddedPostgres",
     "LeaseClock",
     "MessageDeadLettered",
+    "MissingResource",
+    "Resources",
     "WorkerSession",
     "actor_kinds",
     "claim",

@@ -21,6 +21,7 @@ from toren.kernel import (
     ActorHost,
     Claim,
     LeaseClock,
+    Resources,
     mark_failed,
     release_claim,
 )
@@ -31,8 +32,15 @@ log = logging.getLogger("toren.worker")
 class HostRegistry:
     """The actors this worker incarnation hosts, by id."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: uuid.UUID, settings: Settings) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        worker_id: uuid.UUID,
+        settings: Settings,
+        resources: Resources | None = None,
+    ) -> None:
         self.pool = pool
+        self.resources = resources if resources is not None else Resources()
         self.worker_id = worker_id
         self.settings = settings
         attach_directory(pool)  # cross-agent calls check consent against live workers' cards
@@ -80,6 +88,7 @@ class HostRegistry:
                 poll_seconds=self.settings.poll_seconds,
                 lease=clock,
                 snapshot_every=self.settings.snapshot_every,
+                resources=self.resources,
             )
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host

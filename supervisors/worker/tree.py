@@ -40,6 +40,7 @@ from toren.actors.channel import runtime as channels
 from toren.actors.sandbox import reaper, runtime
 from toren.kernel import (
     Claim,
+    Resources,
     WorkerSession,
     connect,
     create_pool,
@@ -82,6 +83,8 @@ class Worker:
         self._lease_pool: asyncpg.Pool | None = None
         self._sandboxes = False
         self._draining = False
+        self.resources = Resources()
+        """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
 
     def state(self) -> tuple[uuid.UUID | None, WorkerState]:
         """The registered incarnation's id (``None`` while there is none) and what the worker
@@ -154,7 +157,7 @@ class Worker:
             raise ConfigError("worker pool is not open")
         settings = self.settings
         session = await WorkerSession.open(self.url, settings)
-        hosts = HostRegistry(pool, session.worker_id, settings)
+        hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all
         self.session, self.hosts = session, hosts
         actors = DynamicSupervisor(
