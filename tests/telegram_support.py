@@ -165,6 +165,20 @@ async def channel_row(client: Client, bot: str) -> dict[str, Any] | None:
 
 
 @pytest.fixture
+async def channel_worker(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[TelegramServer, Any, Any]]:
+    """The Bot API server, the model server and the worker running the test bots."""
+    load_app("tests.telegram_app")
+    async with (
+        telegram(monkeypatch) as server,
+        chat_model(monkeypatch) as model,
+        running_worker(db_url, telegram_api_url=server.url) as worker,
+    ):
+        yield server, model, worker
+
+
+@pytest.fixture
 async def bots(
     db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[TelegramServer, Any]]:

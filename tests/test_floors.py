@@ -71,15 +71,6 @@ MUTABLE_GLOBALS = {
     "toren/_agent/agents.py:_capabilities": "the routes this process serves",
     "toren/_agent/directory.py:_pool": "the worker's pool, for the agent directory",
     "actors/channel/actor.py:_UNSENT": "messages dropped unsent, for a test",
-    "actors/channel/runtime.py:_pool": "the channel runtime's pool",
-    "actors/channel/runtime.py:_settings": "the channel runtime's settings",
-    "actors/channel/runtime.py:_store": "the channel runtime's file store",
-    "actors/channel/runtime.py:_bots": "the channel runtime's bots by name",
-    "actors/run/models.py:_providers": "model providers by name",
-    "actors/sandbox/runtime.py:_docker": "the sandbox runtime's Docker client",
-    "actors/sandbox/runtime.py:_store": "the sandbox runtime's workspace store",
-    "actors/sandbox/runtime.py:_why": "why this worker runs no sandboxes",
-    "actors/sandbox/runtime.py:_scope": "the sandbox runtime's cancel scope",
 }
 
 _MUTATORS = {

@@ -417,10 +417,11 @@ async def test_a_worker_without_a_docker_daemon_says_so_and_serves_no_sandboxes(
     pool = await create_pool(db_url, size=1)
     try:
         settings = Settings(database_url=db_url, workspace_store=str(tmp_path / "ws"))
-        assert not await runtime.open_sandboxes(settings, pool)
+        sandboxes = await runtime.open_sandboxes(settings, pool)
+        assert not sandboxes.available
     finally:
         await pool.close()
     assert "sandbox" not in served_routes()
     assert "sandboxes unavailable on this worker" in caplog.text
     with pytest.raises(Unavailable, match="docker"):
-        runtime.current()
+        sandboxes.current()

@@ -380,7 +380,7 @@ class Inbound:
         who = telegram_principal(update.user_id or 0, update.user_name)
         run = ctx.state.conversations.get(key)
         if run is not None:
-            row = await runtime.pool().fetchrow(
+            row = await runtime.of(self.ctx).pool.fetchrow(
                 "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
                 "FROM toren.actors WHERE actor_id = $1",
                 run,
@@ -413,7 +413,7 @@ class Inbound:
         return run, True
 
     async def _forward(self, update: Update, text: str) -> tuple[str, str]:
-        cap = runtime.settings().max_message_bytes
+        cap = runtime.of(self.ctx).settings.max_message_bytes
         if utf8_size(text) > cap:
             self._say(update, f"That message is over {cap} bytes: send it in parts.")
             return "refused", f"{utf8_size(text)} bytes, over {cap}"
@@ -431,7 +431,7 @@ class Inbound:
         if agent.sandbox is None:
             self._say(update, f"{agent.name} has no workspace: it cannot take files.")
             return "refused", "no sandbox"
-        cap = runtime.settings().max_message_bytes
+        cap = runtime.of(self.ctx).settings.max_message_bytes
         if utf8_size(update.text) > cap:
             self._say(update, f"That caption is over {cap} bytes: send it in parts.")
             return "refused", f"a caption of {utf8_size(update.text)} bytes, over {cap}"
@@ -476,7 +476,7 @@ class Inbound:
         approvers of that agent's own bot (a child run's call needs the child's agent's)."""
         name = prompt.opened.agent
         if not name:  # a prompt opened by an earlier version: the agent of the run it names
-            name = await runtime.pool().fetchval(
+            name = await runtime.of(self.ctx).pool.fetchval(
                 "SELECT args->>'agent' FROM toren.actors WHERE actor_id = $1", prompt.opened.run
             )
             name = str(name or "")
@@ -534,7 +534,7 @@ class Inbound:
     async def _waits(self, prompt: Prompt) -> bool:
         """Whether the prompt's call still waits for a decision (by the run's row: a decision
         made elsewhere may not be read here yet). The run refuses a late one anyway."""
-        waiting = await runtime.pool().fetchval(
+        waiting = await runtime.of(self.ctx).pool.fetchval(
             "SELECT summary->'waiting_on' FROM toren.actors WHERE actor_id = $1",
             prompt.opened.run,
         )

@@ -418,7 +418,7 @@ class RunActor(Actor[RunState]):
         digest = request.request_digest(state, sent)
         started = time.monotonic()
         try:
-            provider = await models.provider(agent.model)
+            provider = await models.provider(ctx, agent.model)
             started = time.monotonic()
             kill_point("model.sending")
             # Before every attempt (retries included): a worker paused past its lease pays for

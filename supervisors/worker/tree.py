@@ -37,6 +37,7 @@ import toren.actors.run  # registers the run actor kind with this worker
 import toren.actors.sandbox.actor  # noqa: F401  (registers the sandbox kind)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.actors.channel import runtime as channels
+from toren.actors.run.models import Providers
 from toren.actors.sandbox import reaper, runtime
 from toren.kernel import (
     Claim,
@@ -108,6 +109,7 @@ class Worker:
         """
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
+        providers = self.resources.put(Providers())
         try:
             # Lease renewals have connections of their own: a burst of activations (each folding
             # a journal) or slow steps holding the main pool can never delay a renewal past the
@@ -115,10 +117,13 @@ class Worker:
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
             if self._with_sandboxes:
-                self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
+                sandboxes = await runtime.open_sandboxes(self.settings, pool)
             else:
                 log.debug("no agent here has a sandbox: Docker is not asked")
-            await channels.open_channels(self.settings, pool)
+                sandboxes = runtime.Sandboxes(why="no agent of this worker has a sandbox")
+            self.resources.put(sandboxes)
+            self._sandboxes = sandboxes.available
+            self.resources.put(await channels.open_channels(self.settings, pool))
             self._tree = Supervisor(
                 "worker",
                 [
@@ -139,8 +144,13 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
-                await runtime.close_sandboxes()
-                await channels.close_channels()
+                opened_sandboxes = self.resources.find(runtime.Sandboxes)
+                if opened_sandboxes is not None:
+                    await opened_sandboxes.close()
+                opened = self.resources.find(channels.Channels)
+                if opened is not None:
+                    await opened.close()
+                await providers.aclose()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()
@@ -221,11 +231,12 @@ class Worker:
 
         extra = []
         if self._sandboxes:
-            docker, _ = runtime.current()
+            sandboxes = self.resources.get(runtime.Sandboxes)
+            docker, _ = sandboxes.current()
 
             async def run_reaper(c: ChildContext) -> None:
                 every = settings.sandbox_reap_seconds
-                await reaper.run_reaper(pool, docker, runtime.scope(), every, c.started)
+                await reaper.run_reaper(pool, docker, sandboxes.scope, every, c.started)
 
             extra.append(ChildSpec(id="reaper", run=run_reaper))
         incarnation = Supervisor(
