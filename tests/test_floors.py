@@ -65,13 +65,16 @@ MUTABLE_GLOBALS = {
     "toren/_core/collector.py:_open": "the garbage collector paused around a burst",
     "toren/_core/collector.py:_restore": "the same",
     "toren/testing/_harness.py:_embedded": "one embedded Postgres per test process",
-    # Not yet per worker or per app (issue 29: fields of per-worker and per-app objects):
-    "toren/_agent/agents.py:_declared": "agents declared in code, by name",
-    "toren/_agent/agents.py:_registry": "agents as registered (settings applied), by name",
-    "toren/_agent/agents.py:_capabilities": "the routes this process serves",
-    "toren/_agent/directory.py:_pool": "the worker's pool, for the agent directory",
+    # the process's agents: what load_app and register_agents fill and a worker runs unless it
+    # is given its own Agents (two workers in one process each may have theirs)
+    "toren/_agent/agents.py:PROCESS_AGENTS": "the process's agents, for the single-app case",
+    # Not yet per worker (issue 29: fields of per-worker objects):
     "actors/channel/actor.py:_UNSENT": "messages dropped unsent, for a test",
 }
+
+# Per-worker and per-app containers (their methods change them): one made at module level is
+# state two workers in one process would share.
+_CONTAINERS = {"Agents", "Channels", "Directory", "Providers", "Resources", "Sandboxes"}
 
 _MUTATORS = {
     "add",
@@ -241,6 +244,15 @@ def _mutated_globals(path: Path) -> set[str]:
         )
         top.update(t.id for t in targets if isinstance(t, ast.Name))
     found: set[str] = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in _CONTAINERS
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[union-attr]
+            found.update(t.id for t in targets if isinstance(t, ast.Name))
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             found.update(node.names)

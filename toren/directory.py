@@ -5,6 +5,6 @@ Not part of the kernel: the cards carry agents' consent lists. ``toren.kernel`` 
 names until issue 29; they are here now.
 """
 
-from toren._agent.directory import Card, attach, local_cards, published, route_served
+from toren._agent.directory import Card, Directory, directory_of
 
-__all__ = ["Card", "attach", "local_cards", "published", "route_served"]
+__all__ = ["Card", "Directory", "directory_of"]

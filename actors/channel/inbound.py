@@ -45,9 +45,9 @@ from toren.channels import (
     redact,
     telegram_principal,
 )
-from toren.directory import route_served
+from toren.directory import directory_of
 from toren.kernel import TRANSIENT_DB_ERRORS, printable, utf8_size
-from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
+from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route, agents_of
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
 log = logging.getLogger("toren.channel")
@@ -439,7 +439,7 @@ class Inbound:
         if size is not None and size > settings.max_file_bytes:
             self._say(update, f"That file is {size} bytes; at most {settings.max_file_bytes}.")
             return "refused", f"{size} bytes"
-        if not await route_served(SANDBOX_ROUTE):
+        if not await directory_of(self.ctx).route_served(SANDBOX_ROUTE):
             self._say(update, "No worker can open a workspace now (none has Docker): try later.")
             return "refused", "no sandbox worker"
         try:
@@ -482,7 +482,7 @@ class Inbound:
             name = str(name or "")
         if name == self.bot.agent.name:
             return name, self.bot.settings.approvers
-        return name, approvers_of(agent_named(name))
+        return name, approvers_of(agents_of(self.ctx).named(name))
 
     def _decide(self, update: Update, decision: str, approved: bool, reason: str) -> str:
         """Send a decision to the run; returns what to tell the user. The chat is told who

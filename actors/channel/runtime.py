@@ -26,7 +26,7 @@ from toren.channels import (
     channel_route,
     pairing_key,
 )
-from toren.runs import registered_agents, serve_route
+from toren.runs import Agents
 from toren.sandbox.files import open_store
 from toren.sandbox.store import WorkspaceStore
 
@@ -81,9 +81,10 @@ class Channels:
     channel actors find it in their worker's resources (``ctx.resources.get(Channels)``).
     """
 
-    def __init__(self, settings: Settings, pool: asyncpg.Pool) -> None:
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, agents: Agents) -> None:
         self.settings = settings
         self.pool = pool
+        self.agents = agents
         self.bots: dict[str, Bot] = {}
         self._store: WorkspaceStore | None = None
 
@@ -108,21 +109,22 @@ class Channels:
         """Stop serving the bots and close their clients and the store."""
         bots, self.bots = self.bots, {}
         for name, bot in bots.items():
-            serve_route(channel_route(name), serve=False)
+            self.agents.serve_route(channel_route(name), serve=False)
             await bot.api.close()
         store, self._store = self._store, None
         if store is not None:
             await store.close()
 
 
-async def open_channels(settings: Settings, pool: asyncpg.Pool) -> Channels:
-    """Open the bots this worker can run and wake their channel actors.
+async def open_channels(settings: Settings, pool: asyncpg.Pool, agents: Agents) -> Channels:
+    """Open the bots of ``agents`` this worker can run (serving their routes) and wake their
+    channel actors.
 
     Raises:
         ConfigError: two agents name the same bot, or ``TOREN_PAIRING_KEY`` is too short.
     """
-    channels = Channels(settings, pool)
-    bots = configured_bots(registered_agents())
+    channels = Channels(settings, pool, agents)
+    bots = configured_bots(agents.registered())
     if not bots:
         return channels
     key = await pairing_key(pool)
@@ -139,7 +141,7 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> Channels:
             continue
         api = BotApi(token, api_url(settings))
         channels.bots[name] = Bot(agent=agent, settings=telegram, api=api, pairing=key)
-        serve_route(channel_route(name))
+        agents.serve_route(channel_route(name))
         client = Client(pool, "")
         address = channel_address(name)
         # What the surfaces need without the app: the agent, where the webhook's secret is.

@@ -15,7 +15,7 @@ import asyncpg
 
 from toren import ConfigError, Context, Settings
 from toren.actors.sandbox.docker import Docker, Unavailable
-from toren.runs import serve_route
+from toren.runs import Agents
 from toren.sandbox import DEFAULT_IMAGE, SANDBOX_ROUTE
 from toren.sandbox.files import open_store
 from toren.sandbox.store import WorkspaceStore
@@ -48,9 +48,11 @@ class Sandboxes:
         docker: Docker | None = None,
         store: WorkspaceStore | None = None,
         *,
+        agents: Agents | None = None,
         why: str = "sandboxes are not set up in this process",
         scope: str = "",
     ) -> None:
+        self._agents = agents  # whose routes serve ``sandbox`` while this runtime is open
         self._docker = docker
         self._store = store
         self.why = why
@@ -74,7 +76,8 @@ class Sandboxes:
 
     async def close(self) -> None:
         """Stop serving sandboxes and close the client and the store."""
-        serve_route(SANDBOX_ROUTE, serve=False)
+        if self._agents is not None:
+            self._agents.serve_route(SANDBOX_ROUTE, serve=False)
         docker, store = self._docker, self._store
         self._docker = self._store = None
         self.why = "this worker's sandboxes are closed"
@@ -90,10 +93,10 @@ def of(ctx: Context[Any]) -> Sandboxes:
     return ctx.resources.find(Sandboxes) or Sandboxes()
 
 
-async def open_sandboxes(settings: Settings, pool: asyncpg.Pool) -> Sandboxes:
-    """Connect to Docker and open the workspace store; serve the ``sandbox`` route if both
-    work. Logs the outcome either way. The runtime returned says whether sandboxes are
-    available here (:attr:`Sandboxes.available`) and why not."""
+async def open_sandboxes(settings: Settings, pool: asyncpg.Pool, agents: Agents) -> Sandboxes:
+    """Connect to Docker and open the workspace store; serve the ``sandbox`` route (among
+    ``agents``' routes) if both work. Logs the outcome either way. The runtime returned says
+    whether sandboxes are available here (:attr:`Sandboxes.available`) and why not."""
     if not settings.sandboxes:
         why = "sandboxes are turned off on this worker (sandboxes = false)"
         log.info("%s", why)
@@ -115,8 +118,9 @@ async def open_sandboxes(settings: Settings, pool: asyncpg.Pool) -> Sandboxes:
         why = f"the workspace store cannot be opened: {exc}"
         log.error("sandboxes unavailable on this worker: %s", why)  # noqa: TRY400
         return Sandboxes(why=why)
-    opened = Sandboxes(docker, store, why="", scope=await database_scope(pool))
-    serve_route(SANDBOX_ROUTE)
+    scope = await database_scope(pool)
+    opened = Sandboxes(docker, store, agents=agents, why="", scope=scope)
+    agents.serve_route(SANDBOX_ROUTE)
     log.info(
         "sandboxes available on this worker (Docker answers; %s; workspaces in %r)", image, store
     )

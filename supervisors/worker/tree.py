@@ -39,6 +39,7 @@ from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.actors.channel import runtime as channels
 from toren.actors.run.models import Providers
 from toren.actors.sandbox import reaper, runtime
+from toren.directory import Directory
 from toren.kernel import (
     Claim,
     Resources,
@@ -50,6 +51,7 @@ from toren.kernel import (
     schema_status,
 )
 from toren.kernel import migrate as _migrate
+from toren.runs import PROCESS_AGENTS, Agents
 from toren.supervisors._backoff import Backoff
 from toren.supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
 from toren.supervisors._supervisor import (
@@ -73,8 +75,12 @@ WorkerState = Literal["starting", "running", "reconnecting", "draining"]
 class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
 
-    def __init__(self, settings: Settings, url: str, *, sandboxes: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, url: str, *, sandboxes: bool = True, agents: Agents | None = None
+    ) -> None:
         self.settings = settings
+        self.agents = agents if agents is not None else PROCESS_AGENTS
+        """The agents this worker runs (the process's, unless given its own)."""
         self.url = url
         self._with_sandboxes = sandboxes  # False: Docker is not even asked (see run_worker)
         self.hosts: HostRegistry | None = None
@@ -110,6 +116,8 @@ class Worker:
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
         providers = self.resources.put(Providers())
+        self.resources.put(self.agents, as_type=Agents)
+        self.resources.put(Directory(self.agents, pool))
         try:
             # Lease renewals have connections of their own: a burst of activations (each folding
             # a journal) or slow steps holding the main pool can never delay a renewal past the
@@ -117,13 +125,13 @@ class Worker:
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
             if self._with_sandboxes:
-                sandboxes = await runtime.open_sandboxes(self.settings, pool)
+                sandboxes = await runtime.open_sandboxes(self.settings, pool, self.agents)
             else:
                 log.debug("no agent here has a sandbox: Docker is not asked")
                 sandboxes = runtime.Sandboxes(why="no agent of this worker has a sandbox")
             self.resources.put(sandboxes)
             self._sandboxes = sandboxes.available
-            self.resources.put(await channels.open_channels(self.settings, pool))
+            self.resources.put(await channels.open_channels(self.settings, pool, self.agents))
             self._tree = Supervisor(
                 "worker",
                 [
