@@ -7,23 +7,19 @@ send their own prompt, and closing one worker's runtimes leaves the other's serv
 
 from __future__ import annotations
 
-import contextlib
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 import pytest
 
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
-from tests.conftest import wait_for
-from toren import Agent, Client, Settings
+from tests.conftest import running_worker, wait_for
+from toren import Agent, Client
 from toren.actors.channel.runtime import Channels
 from toren.actors.run.models import Providers
 from toren.actors.sandbox.runtime import Sandboxes
 from toren.directory import Directory
 from toren.runs import PROCESS_AGENTS, Agents, read_run, start_run
-from toren.supervisors.worker import Worker
 from toren.testing import AnthropicServer, Reply
 
 pytestmark = pytest.mark.anyio
@@ -38,26 +34,6 @@ def twin(system: str) -> Agents:
     agents = Agents()
     agents.register([Agent(name="twin", model=MODEL, system=system)])
     return agents
-
-
-@contextlib.asynccontextmanager
-async def worker(db_url: str, agents: Agents) -> AsyncIterator[Worker]:
-    settings = Settings(
-        database_url=db_url,
-        lease_seconds=3.0,
-        renew_seconds=1.0,
-        poll_seconds=0.2,
-        grace_seconds=5.0,
-        sandboxes=False,
-    )
-    started = Worker(settings, db_url, agents=agents)
-    async with anyio.create_task_group() as tg:
-        await tg.start(started.run)
-        try:
-            yield started
-        finally:
-            with anyio.fail_after(15, shield=True):
-                await started.stop()
 
 
 async def completed(client: Client, text: str) -> str:
@@ -84,11 +60,11 @@ async def test_two_workers_run_their_own_agents_and_one_closing_leaves_the_other
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        async with worker(db_url, a_agents) as a:
+        async with running_worker(db_url, a_agents) as a:
             # A alone serves agent twin: its run is A's.
             first = await completed(client, "first")
             assert [prompt(r.body) for r in server.received] == ["A"]
-            async with worker(db_url, b_agents) as b:
+            async with running_worker(db_url, b_agents) as b:
                 for kind in (Agents, Directory, Providers, Channels, Sandboxes):
                     assert a.resources.get(kind) is not b.resources.get(kind), kind
                 assert a.resources.get(Agents) is a_agents
