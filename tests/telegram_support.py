@@ -97,15 +97,10 @@ def answer(body: dict[str, Any], n: int) -> Reply:
 
 @contextlib.asynccontextmanager
 async def chat_model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(answer) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 @contextlib.asynccontextmanager

@@ -33,15 +33,10 @@ pytestmark = pytest.mark.anyio
 async def anthropic(
     script: list[Reply], monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 async def _status(client: Client, run_id: str, status: str) -> bool:

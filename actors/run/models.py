@@ -72,11 +72,6 @@ async def provider(ctx: Context[RunState], model: str) -> ModelProvider:
     return await found.get(model)
 
 
-async def close_providers() -> None:
-    """Nothing left to close: each worker closes its own providers when it stops. Kept for
-    callers from before providers were the worker's."""
-
-
 def price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:
     """The call's price; unpriced (``None``) if the price library cannot tell, whatever the
     usage the provider reported."""
