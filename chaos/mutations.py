@@ -239,16 +239,16 @@ def _telegram_send_unrecorded() -> None:
 
     from toren.actors.channel import runtime
 
-    bot = runtime.bot
+    bot = runtime.Channels.bot
 
-    def sends_at_least_once(name: str) -> runtime.Bot:
-        found = bot(name)
+    def sends_at_least_once(self: runtime.Channels, name: str) -> runtime.Bot:
+        found = bot(self, name)
         if found.settings.delivery != "at_most_once":
             return found
         settings = attrs.evolve(found.settings, delivery="at_least_once")
         return attrs.evolve(found, settings=settings)
 
-    runtime.bot = sends_at_least_once
+    runtime.Channels.bot = sends_at_least_once  # type: ignore[method-assign]
 
 
 def _calls_unannounced() -> None:

@@ -217,8 +217,9 @@ async def worker_registered(client: Client, pid: int) -> bool:
 
 
 @contextlib.asynccontextmanager
-async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
-    """A worker tree inside the test's own process (for weak references and fast tests)."""
+async def running_worker(db_url: str, agents: Any = None, **overrides: Any) -> AsyncIterator[Any]:
+    """A worker tree inside the test's own process (for weak references and fast tests),
+    running ``agents`` (a ``toren.runs.Agents``; the process's by default)."""
     import anyio
 
     from toren import Settings
@@ -233,7 +234,7 @@ async def running_worker(db_url: str, **overrides: Any) -> AsyncIterator[Any]:
         "sandboxes": False,  # only where a test asks (sandboxes=True, workspace_store=...)
     }
     values.update(overrides)
-    worker = Worker(Settings(**values), db_url)
+    worker = Worker(Settings(**values), db_url, agents=agents)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         try:

@@ -57,15 +57,10 @@ def tool(name: str, call_id: str, **arguments: Any) -> ToolCall:
 async def model(
     steps: Sequence[Step], monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(script(steps)) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 async def settled(client: Client, run_id: str) -> str | None:

@@ -97,15 +97,10 @@ def answer(body: dict[str, Any], n: int) -> Reply:
 
 @contextlib.asynccontextmanager
 async def chat_model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(answer) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 @contextlib.asynccontextmanager
@@ -162,6 +157,20 @@ async def channel_row(client: Client, bot: str) -> dict[str, Any] | None:
         "SELECT summary FROM toren.actors WHERE actor_id = $1", f"channel/telegram/{bot}"
     )
     return row["summary"] if row and isinstance(row["summary"], dict) else None
+
+
+@pytest.fixture
+async def channel_worker(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[TelegramServer, Any, Any]]:
+    """The Bot API server, the model server and the worker running the test bots."""
+    load_app("tests.telegram_app")
+    async with (
+        telegram(monkeypatch) as server,
+        chat_model(monkeypatch) as model,
+        running_worker(db_url, telegram_api_url=server.url) as worker,
+    ):
+        yield server, model, worker
 
 
 @pytest.fixture

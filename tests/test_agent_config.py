@@ -43,8 +43,8 @@ def load(tmp_path: Path, text: str) -> Settings:
 @pytest.fixture
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Agents registered by a test stay out of the process's registry."""
-    monkeypatch.setattr(registry, "_registry", {})
-    monkeypatch.setattr(registry, "_declared", {})
+    monkeypatch.setattr(registry.PROCESS_AGENTS, "_registry", {})
+    monkeypatch.setattr(registry.PROCESS_AGENTS, "_declared", {})
 
 
 def test_agent_tables_are_read_checked_and_frozen(tmp_path: Path) -> None:

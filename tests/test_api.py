@@ -54,7 +54,6 @@ async def refund_agent(
 ) -> AsyncIterator[None]:
     """A worker running `support`, whose model opens a refund that needs approval, then ends.
     ``first``, if given, answers each request first; where it returns None, the refund goes on."""
-    from toren.actors.run import close_providers
 
     load_app("tests.run_app")
     run_app.applied.clear()
@@ -73,11 +72,8 @@ async def refund_agent(
     async with AnthropicServer(respond) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            async with running_worker(db_url):
-                yield
-        finally:
-            await close_providers()
+        async with running_worker(db_url):
+            yield
 
 
 async def test_every_route_but_healthz_needs_a_valid_token(client: Client, db_url: str) -> None:

@@ -74,15 +74,10 @@ def scripted(plan: Plan) -> Callable[[dict[str, Any], int], Reply]:
 
 @contextlib.asynccontextmanager
 async def model(plan: Plan, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(scripted(plan)) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 def by_agent(server: AnthropicServer, name: str) -> list[dict[str, Any]]:

@@ -520,7 +520,7 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
     reach the channel, and a repeated post is handled once."""
     from toren._agent import agents as _agents
 
-    monkeypatch.setattr(_agents, "_registry", {})
+    monkeypatch.setattr(_agents.PROCESS_AGENTS, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
     async with api(db_url) as base, telegram(monkeypatch) as server:
         _agents.register_agents([webhook_agent("hooked", base)])
@@ -579,7 +579,7 @@ async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles
     it once."""
     from toren._agent import agents as _agents
 
-    monkeypatch.setattr(_agents, "_registry", {})
+    monkeypatch.setattr(_agents.PROCESS_AGENTS, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

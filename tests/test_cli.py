@@ -368,7 +368,6 @@ async def test_show_json_carries_the_timeline_a_page_at_a_time(
     from datetime import datetime
 
     from toren._agent.app import load_app
-    from toren.actors.run import close_providers
     from toren.runs import read_run, start_run
     from toren.testing import AnthropicServer, Reply
 
@@ -376,16 +375,13 @@ async def test_show_json_carries_the_timeline_a_page_at_a_time(
     async with AnthropicServer([Reply("Done.")]) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            async with running_worker(db_url):
-                run_id = await start_run(client, "support", "hello\nthere")
+        async with running_worker(db_url):
+            run_id = await start_run(client, "support", "hello\nthere")
 
-                async def completed() -> bool:
-                    return (await read_run(client, run_id)).status == "completed"
+            async def completed() -> bool:
+                return (await read_run(client, run_id)).status == "completed"
 
-                await wait_for(completed, what="the run completed")
-        finally:
-            await close_providers()  # they point at this server, on this test's loop
+            await wait_for(completed, what="the run completed")
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return toren("jobs", "show", run_id, *args, db_url=db_url)

@@ -197,23 +197,17 @@ async def test_piped_output_keeps_each_line_whole(
 
     load_app("tests.run_app")
     text = "please " + "refund " * 60 + "order A-17"  # far wider than any terminal
-    from toren.actors.run import close_providers
 
     async with AnthropicServer([Reply("Done.")]) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            async with running_worker(db_url):
-                run_id = await start_run(client, "support", text)
+        async with running_worker(db_url):
+            run_id = await start_run(client, "support", text)
 
-                async def completed() -> bool:
-                    return (await read_run(client, run_id)).status == "completed"
+            async def completed() -> bool:
+                return (await read_run(client, run_id)).status == "completed"
 
-                await wait_for(completed, what="the run completed")
-        finally:
-            # The worker's providers point at this server, on this test's event loop: a
-            # later test's worker in this process must not reuse them.
-            await close_providers()
+            await wait_for(completed, what="the run completed")
     shown = await anyio.to_thread.run_sync(lambda: toren("jobs", "show", run_id, db_url=db_url))
     assert shown.returncode == 0, shown.stderr
     first, second = shown.stdout.splitlines()[:2]

@@ -46,16 +46,10 @@ HUMAN = "Keep a note of anything about the lighthouse keeper, please."
 async def server(
     script: Any, monkeypatch: pytest.MonkeyPatch, window: int = WINDOW
 ) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
-    await close_providers()  # none left by an earlier test (its server, its event loop)
     async with AnthropicServer(script, window=window) as s:
         for name, value in s.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield s
-        finally:
-            await close_providers()
+        yield s
 
 
 async def _ended(client: Client, run_id: str) -> RunState | None:

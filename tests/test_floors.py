@@ -47,22 +47,16 @@ MUTABLE_GLOBALS = {
     "toren/_core/collector.py:_open": "the garbage collector paused around a burst",
     "toren/_core/collector.py:_restore": "the same",
     "toren/testing/_harness.py:_embedded": "one embedded Postgres per test process",
-    # Not yet per worker or per app (issue 29: fields of per-worker and per-app objects):
-    "toren/_agent/agents.py:_declared": "agents declared in code, by name",
-    "toren/_agent/agents.py:_registry": "agents as registered (settings applied), by name",
-    "toren/_agent/agents.py:_capabilities": "the routes this process serves",
-    "toren/_agent/directory.py:_pool": "the worker's pool, for the agent directory",
+    # the process's agents: what load_app and register_agents fill and a worker runs unless it
+    # is given its own Agents (two workers in one process each may have theirs)
+    "toren/_agent/agents.py:PROCESS_AGENTS": "the process's agents, for the single-app case",
+    # Not yet per worker (issue 29: fields of per-worker objects):
     "actors/channel/actor.py:_UNSENT": "messages dropped unsent, for a test",
-    "actors/channel/runtime.py:_pool": "the channel runtime's pool",
-    "actors/channel/runtime.py:_settings": "the channel runtime's settings",
-    "actors/channel/runtime.py:_store": "the channel runtime's file store",
-    "actors/channel/runtime.py:_bots": "the channel runtime's bots by name",
-    "actors/run/models.py:_providers": "model providers by name",
-    "actors/sandbox/runtime.py:_docker": "the sandbox runtime's Docker client",
-    "actors/sandbox/runtime.py:_store": "the sandbox runtime's workspace store",
-    "actors/sandbox/runtime.py:_why": "why this worker runs no sandboxes",
-    "actors/sandbox/runtime.py:_scope": "the sandbox runtime's cancel scope",
 }
+
+# Per-worker and per-app containers (their methods change them): one made at module level is
+# state two workers in one process would share.
+_CONTAINERS = {"Agents", "Channels", "Directory", "Providers", "Resources", "Sandboxes"}
 
 _MUTATORS = {
     "add",
@@ -250,6 +244,15 @@ def _mutated_globals(path: Path) -> set[str]:
         )
         top.update(t.id for t in targets if isinstance(t, ast.Name))
     found: set[str] = set()
+    for node in tree.body:
+        value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+        if (
+            isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Name)
+            and value.func.id in _CONTAINERS
+        ):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]  # type: ignore[union-attr]
+            found.update(t.id for t in targets if isinstance(t, ast.Name))
     for node in ast.walk(tree):
         if isinstance(node, ast.Global):
             found.update(node.names)
@@ -303,8 +306,9 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
             assert _floor(where) == KERNEL, f"toren.kernel.{name} is from {where}"
     assert sorted(toren.kernel.__all__) == [
         "ActorHost", "Claim", "EmbeddedPostgres", "LeaseClock", "MessageDeadLettered",
-        "TRANSIENT_DB_ERRORS", "WorkerSession", "actor_kinds", "claim", "code_version",
-        "connect", "create_pool", "decode", "housekeep", "json_text", "kill_point",
+        "MissingResource", "Resources", "TRANSIENT_DB_ERRORS", "WorkerSession", "actor_kinds",
+        "claim", "code_version", "connect", "create_pool", "decode", "housekeep", "json_text",
+        "kill_point",
         "live_workers", "mark_failed", "migrate", "open_death_watch", "printable", "release",
         "release_claim", "renew", "safe_text", "schema_status", "utf8_size", "waiting",
         "watch_successor",

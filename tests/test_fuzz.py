@@ -760,8 +760,6 @@ def _reached(
 @contextlib.asynccontextmanager
 async def harness(server_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Harness]:
     """A fresh database, a model server and an in-process worker for one pass."""
-    from toren.actors.run import close_providers
-
     load_app("tests.fuzz_app")
     name = f"fuzz_{uuid.uuid4().hex[:12]}"
     admin = await asyncpg.connect(server_url)
@@ -784,7 +782,6 @@ async def harness(server_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIter
                     yield Harness(client, server)
             finally:
                 await client.close()
-                await close_providers()
     finally:
         admin = await asyncpg.connect(server_url)
         try:

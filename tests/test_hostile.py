@@ -45,17 +45,12 @@ pytestmark = pytest.mark.anyio
 
 @contextlib.asynccontextmanager
 async def model(script: Any, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     load_app("tests.hostile_app")
     hostile_app.ledger.clear()
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 def by_position(*steps: Reply) -> Any:
@@ -604,28 +599,21 @@ async def test_an_answer_the_sdk_cannot_read_is_counted_once_and_not_asked_again
             )
             return web.Response(body=body, content_type="application/json")
 
-    from toren.actors.run import close_providers
-
     load_app("tests.hostile_app")
     hostile_app.ledger.clear()
     async with Garbling(by_position(Reply("Fine now."))) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            async with running_worker(db_url):
-                run_id = await start_run(client, "payer", "pay")
-                state = await wait_for(lambda: settled(client, run_id, "failed"), what="failed")
-                assert len(server.requests) == 1  # not asked again by itself
-                assert state.error_class == "provider"
-                r = receipt(state)
-                assert (r.calls_made, r.unpriced_calls) == (1, 1)
-                await retry(client, run_id, by=person("ops"))  # a person decides to pay for a try
-                state = await wait_for(
-                    lambda: settled(client, run_id, "completed"), what="completed"
-                )
-                assert len(server.requests) == 2
-        finally:
-            await close_providers()
+        async with running_worker(db_url):
+            run_id = await start_run(client, "payer", "pay")
+            state = await wait_for(lambda: settled(client, run_id, "failed"), what="failed")
+            assert len(server.requests) == 1  # not asked again by itself
+            assert state.error_class == "provider"
+            r = receipt(state)
+            assert (r.calls_made, r.unpriced_calls) == (1, 1)
+            await retry(client, run_id, by=person("ops"))  # a person decides to pay for a try
+            state = await wait_for(lambda: settled(client, run_id, "completed"), what="completed")
+            assert len(server.requests) == 2
     assert receipt(state).calls_made == 2
     assert state.output == "Fine now."
 

@@ -197,15 +197,10 @@ async def test_a_call_lost_when_the_workers_sessions_are_terminated_is_counted(
 async def test_a_run_without_a_crash_announces_each_call_and_loses_none(
     client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toren.actors.run import close_providers
-
     load_app("tests.run_app")
     async with _server(monkeypatch, tmp_path) as server, running_worker(db_url):
-        try:
-            run_id = await start_run(client, "support", "Open three tickets.")
-            await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
-        finally:
-            await close_providers()
+        run_id = await start_run(client, "support", "Open three tickets.")
+        await wait_for(lambda: _status(client, run_id, "completed"), what="completed")
     state = await read_run(client, run_id)
     r = receipt(state)
     assert (r.calls_made, r.calls_lost, r.usd_lost_estimated) == (STEPS, 0, Decimal(0))

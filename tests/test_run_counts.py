@@ -85,16 +85,11 @@ async def set_status(db: asyncpg.Pool | asyncpg.Connection, run_id: str, status:
 
 @contextlib.asynccontextmanager
 async def model(script: list[Reply], monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
-    from toren.actors.run import close_providers
-
     load_app("tests.run_app")
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield
-        finally:
-            await close_providers()
+        yield
 
 
 async def reaches(client: Client, run_id: str, status: str, output: str | None = None) -> bool:

@@ -33,15 +33,10 @@ pytestmark = pytest.mark.anyio
 async def anthropic(
     script: list[Reply], monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[AnthropicServer]:
-    from toren.actors.run import close_providers
-
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            yield server
-        finally:
-            await close_providers()
+        yield server
 
 
 async def _status(client: Client, run_id: str, status: str) -> bool:
@@ -492,7 +487,7 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
         support = toren._agent.agents.agent_named("support")
         assert support is not None
         changed = attrs.evolve(support, system="You are terse.")
-        monkeypatch.setitem(toren._agent.agents._registry, "support", changed)
+        monkeypatch.setitem(toren._agent.agents.PROCESS_AGENTS._registry, "support", changed)
         async with running_worker(db_url):  # the new prompt
             await say(client, run_id, "third", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Fresh."), what="third answer")
@@ -771,8 +766,9 @@ async def _tool_commits(client: Client, run_id: str) -> dict[str, int]:
 async def test_only_workers_that_define_an_agent_claim_its_runs(
     client: Client, db_url: str
 ) -> None:
-    from toren._agent.agents import _registry
+    from toren._agent.agents import PROCESS_AGENTS
 
+    _registry = PROCESS_AGENTS._registry
     load_app("tests.run_app")
     saved = dict(_registry)
     _registry.clear()  # this worker's app defines no agent at all

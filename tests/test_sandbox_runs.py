@@ -419,17 +419,19 @@ async def test_a_worker_without_a_docker_daemon_says_so_and_serves_no_sandboxes(
     from toren import Settings
     from toren.actors.sandbox import runtime
     from toren.kernel import create_pool
-    from toren.runs import served_routes
+    from toren.runs import Agents
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     caplog.set_level("INFO", logger="toren.sandbox")
     pool = await create_pool(db_url, size=1)
     try:
         settings = Settings(database_url=db_url, workspace_store=str(tmp_path / "ws"))
-        assert not await runtime.open_sandboxes(settings, pool)
+        agents = Agents()
+        sandboxes = await runtime.open_sandboxes(settings, pool, agents)
+        assert not sandboxes.available
     finally:
         await pool.close()
-    assert "sandbox" not in served_routes()
+    assert "sandbox" not in agents.served_routes()
     assert "sandboxes unavailable on this worker" in caplog.text
     with pytest.raises(Unavailable, match="docker"):
-        runtime.current()
+        sandboxes.current()

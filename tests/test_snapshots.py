@@ -19,7 +19,6 @@ from toren._agent.app import load_app
 from toren._agent.model import Text, ToolCall
 from toren._core.journal import replay
 from toren._core.snapshots import encode, read, write
-from toren.actors.run import close_providers
 from toren.runs import SNAPSHOT_VERSION, RunState, fold, read_run, start_run
 from toren.testing import AnthropicServer, Reply
 
@@ -42,17 +41,14 @@ async def long_run(
     async with AnthropicServer(script) as server:
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
-        try:
-            async with running_worker(db_url, snapshot_every=4):
-                run_id = await start_run(client, "support", "many tickets")
+        async with running_worker(db_url, snapshot_every=4):
+            run_id = await start_run(client, "support", "many tickets")
 
-                async def completed() -> bool:
-                    return (await read_run(client, run_id)).status == "completed"
+            async def completed() -> bool:
+                return (await read_run(client, run_id)).status == "completed"
 
-                await wait_for(completed, timeout=60, what="the long run")
-            yield run_id
-        finally:
-            await close_providers()
+            await wait_for(completed, timeout=60, what="the long run")
+        yield run_id
 
 
 async def _whole(client: Client, run_id: str) -> RunState:

@@ -18,6 +18,7 @@ from tests.telegram_support import (
     FRONT,
     bots,
     channel_row,
+    channel_worker,
     paired,
     received,
 )
@@ -28,7 +29,7 @@ from toren.runs import decide, read_run, waiting_on
 from toren.testing.telegram_server import TelegramServer
 
 pytestmark = pytest.mark.anyio
-__all__ = ["bots"]  # the fixture
+__all__ = ["bots", "channel_worker"]  # the fixtures
 
 STRANGER = 777
 
@@ -158,9 +159,9 @@ async def test_an_observer_sees_a_run_and_cannot_decide(
 
 
 async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_childs_approvers(
-    client: Client, bots: tuple[TelegramServer, Any]
+    client: Client, channel_worker: tuple[TelegramServer, Any, Any]
 ) -> None:
-    server, _ = bots
+    server, _, worker = channel_worker
     code, _ = await pair(client, "front", by=person("op"))
     server.push_message(100, f"/pair {code}", user_id=FRONT_APPROVER, token=FRONT)
     await received(server, 100, lambda t: t.startswith("Paired with front"), token=FRONT)
@@ -194,12 +195,17 @@ async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_ch
     assert decision["by"]["id"] == f"telegram:{PAY_APPROVER}"
 
     # A prompt an earlier version opened names no agent: the agent of its run decides who may.
+    from toren import Context
     from toren.actors.channel import runtime
+    from toren.actors.channel.actor import ChannelActor
     from toren.actors.channel.inbound import Inbound
     from toren.channels import Prompt, PromptOpened
 
     earlier = PromptOpened(decision="d", run=child, call_id="c", name="transfer", chat_id=100)
-    inbound = Inbound(None, runtime.bot("front"), "channel/telegram/front")  # type: ignore[arg-type]
+    front = "channel/telegram/front"
+    actor = ChannelActor(front, {"bot": "front"})
+    ctx = Context(actor, None, 0, 1, None, resources=worker.resources)
+    inbound = Inbound(ctx, runtime.of(ctx).bot("front"), front)  # type: ignore[arg-type]
     assert await inbound._approvers(Prompt(opened=earlier)) == ("pay", (PAY_APPROVER,))
 
 

@@ -509,7 +509,7 @@ async def test_a_poll_timeout_under_a_second_still_long_polls(
     with pytest.raises(ConfigError, match="at least 1 second"):
         Telegram(bot="spin", poll_timeout=0.5)
 
-    monkeypatch.setattr(_agents, "_registry", {})
+    monkeypatch.setattr(_agents.PROCESS_AGENTS, "_registry", {})
     _agents.register_agents([siege.siegespin])
     monkeypatch.setenv(siege.SPIN_TOKEN_ENV, SPIN_TOKEN)
     async with (

@@ -28,6 +28,7 @@ from toren._core.leases import (
     waiting,
 )
 from toren._core.migrate import migrate, schema_status
+from toren._core.resources import MissingResource, Resources
 from toren._core.session import WorkerSession, code_version
 from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
@@ -39,6 +40,8 @@ __all__ = [
     "EmbeddedPostgres",
     "LeaseClock",
     "MessageDeadLettered",
+    "MissingResource",
+    "Resources",
     "WorkerSession",
     "actor_kinds",
     "claim",

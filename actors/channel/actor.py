@@ -149,7 +149,7 @@ class ChannelActor(Actor[ChannelState]):
     # -- inbound ---------------------------------------------------------------------------
 
     async def _tick(self, ctx: Context[ChannelState]) -> None:
-        bot = runtime.bot(self.bot_name)
+        bot = runtime.of(ctx).bot(self.bot_name)
         settings = bot.settings
         polling = settings.mode == "polling"
         try:
@@ -209,8 +209,8 @@ class ChannelActor(Actor[ChannelState]):
     def _failing(self, ctx: Context[ChannelState], exc: TelegramError | SendError) -> None:
         """Record that Telegram does not answer (or refuses) the bot, and why: once per
         outage, again only when the reason changes (the surfaces show it)."""
-        settings = runtime.bot(self.bot_name).settings
-        api = _where(runtime.api_url(runtime.settings()))
+        settings = runtime.of(ctx).bot(self.bot_name).settings
+        api = _where(runtime.api_url(runtime.of(ctx).settings))
         reason = failure_reason(exc, api, settings.token_file or settings.token_env)
         failing = ctx.state.failing
         if failing is None or failing.error != reason:
@@ -267,7 +267,7 @@ class ChannelActor(Actor[ChannelState]):
 
     async def _inbound(self, ctx: Context[ChannelState], msg: Inbound) -> None:
         """An update the webhook enqueued (dedupe key: its update id)."""
-        bot = runtime.bot(self.bot_name)
+        bot = runtime.of(ctx).bot(self.bot_name)
         if not ctx.state.username:
             ctx.ensure_lease()
             bot_id, username = await bot.api.get_me()
@@ -290,13 +290,13 @@ class ChannelActor(Actor[ChannelState]):
     # -- outbound --------------------------------------------------------------------------
 
     def _arm_flush(self, ctx: Context[ChannelState]) -> None:
-        settings = runtime.bot(self.bot_name).settings
+        settings = runtime.of(ctx).bot(self.bot_name).settings
         due, wait = outbound.next_due(ctx.state, time.time(), settings, self._limits)
         if due is not None or wait is not None:
             ctx.set_timer("flush", wait or 0.0, Flush())
 
     async def _flush(self, ctx: Context[ChannelState]) -> None:
-        bot = runtime.bot(self.bot_name)
+        bot = runtime.of(ctx).bot(self.bot_name)
         now = time.time()
         n, _ = outbound.next_due(ctx.state, now, bot.settings, self._limits)
         if n is None:
@@ -334,7 +334,7 @@ class ChannelActor(Actor[ChannelState]):
             detail = "the worker stopped during its send; at-most-once: not sent again"
             ctx.emit(Failed(n=msg.n, reason="lost", detail=detail, at=time.time()))
         else:
-            await self._deliver(ctx, runtime.bot(self.bot_name), msg.n)
+            await self._deliver(ctx, runtime.of(ctx).bot(self.bot_name), msg.n)
         self._arm_flush(ctx)
 
     async def _deliver(self, ctx: Context[ChannelState], bot: runtime.Bot, n: int) -> None:
@@ -347,7 +347,10 @@ class ChannelActor(Actor[ChannelState]):
         prompt = ctx.state.prompts.get(outgoing.queued.decision or "")
         try:
             ids = await outbound.deliver(
-                bot, outgoing, buttons=prompt is not None and prompt.opened.decidable
+                bot,
+                outgoing,
+                buttons=prompt is not None and prompt.opened.decidable,
+                store=runtime.of(ctx).store,
             )
         except SendError as exc:
             self._undelivered(ctx, bot, n, exc)
@@ -401,7 +404,7 @@ class ChannelActor(Actor[ChannelState]):
     # -- requests from the CLI and the API -------------------------------------------------
 
     def _issue(self, ctx: Context[ChannelState], msg: IssueCode) -> None:
-        bot = runtime.bot(self.bot_name)
+        bot = runtime.of(ctx).bot(self.bot_name)
         settings = bot.settings
         now = time.time()
         if msg.until and now > msg.until:  # the CLI gave up: nobody will ever see this code
@@ -446,7 +449,7 @@ class ChannelActor(Actor[ChannelState]):
         what = f"run {msg.run}" if msg.run else f"every new run of agent {msg.agent}"
         seq = 0
         if msg.run and not msg.stop:
-            seq = await runtime.pool().fetchval(
+            seq = await runtime.of(ctx).pool.fetchval(
                 "SELECT max(seq) FROM toren.journal WHERE actor_id = $1", msg.run
             )
             if seq is None:

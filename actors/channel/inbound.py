@@ -45,9 +45,9 @@ from toren.channels import (
     redact,
     telegram_principal,
 )
-from toren.directory import route_served
+from toren.directory import directory_of
 from toren.kernel import TRANSIENT_DB_ERRORS, printable, utf8_size
-from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_named, agent_route
+from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route, agents_of
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
 log = logging.getLogger("toren.channel")
@@ -380,7 +380,7 @@ class Inbound:
         who = telegram_principal(update.user_id or 0, update.user_name)
         run = ctx.state.conversations.get(key)
         if run is not None:
-            row = await runtime.pool().fetchrow(
+            row = await runtime.of(self.ctx).pool.fetchrow(
                 "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
                 "FROM toren.actors WHERE actor_id = $1",
                 run,
@@ -413,7 +413,7 @@ class Inbound:
         return run, True
 
     async def _forward(self, update: Update, text: str) -> tuple[str, str]:
-        cap = runtime.settings().max_message_bytes
+        cap = runtime.of(self.ctx).settings.max_message_bytes
         if utf8_size(text) > cap:
             self._say(update, f"That message is over {cap} bytes: send it in parts.")
             return "refused", f"{utf8_size(text)} bytes, over {cap}"
@@ -431,7 +431,7 @@ class Inbound:
         if agent.sandbox is None:
             self._say(update, f"{agent.name} has no workspace: it cannot take files.")
             return "refused", "no sandbox"
-        cap = runtime.settings().max_message_bytes
+        cap = runtime.of(self.ctx).settings.max_message_bytes
         if utf8_size(update.text) > cap:
             self._say(update, f"That caption is over {cap} bytes: send it in parts.")
             return "refused", f"a caption of {utf8_size(update.text)} bytes, over {cap}"
@@ -439,7 +439,7 @@ class Inbound:
         if size is not None and size > settings.max_file_bytes:
             self._say(update, f"That file is {size} bytes; at most {settings.max_file_bytes}.")
             return "refused", f"{size} bytes"
-        if not await route_served(SANDBOX_ROUTE):
+        if not await directory_of(self.ctx).route_served(SANDBOX_ROUTE):
             self._say(update, "No worker can open a workspace now (none has Docker): try later.")
             return "refused", "no sandbox worker"
         try:
@@ -476,13 +476,13 @@ class Inbound:
         approvers of that agent's own bot (a child run's call needs the child's agent's)."""
         name = prompt.opened.agent
         if not name:  # a prompt opened by an earlier version: the agent of the run it names
-            name = await runtime.pool().fetchval(
+            name = await runtime.of(self.ctx).pool.fetchval(
                 "SELECT args->>'agent' FROM toren.actors WHERE actor_id = $1", prompt.opened.run
             )
             name = str(name or "")
         if name == self.bot.agent.name:
             return name, self.bot.settings.approvers
-        return name, approvers_of(agent_named(name))
+        return name, approvers_of(agents_of(self.ctx).named(name))
 
     def _decide(self, update: Update, decision: str, approved: bool, reason: str) -> str:
         """Send a decision to the run; returns what to tell the user. The chat is told who
@@ -534,7 +534,7 @@ class Inbound:
     async def _waits(self, prompt: Prompt) -> bool:
         """Whether the prompt's call still waits for a decision (by the run's row: a decision
         made elsewhere may not be read here yet). The run refuses a late one anyway."""
-        waiting = await runtime.pool().fetchval(
+        waiting = await runtime.of(self.ctx).pool.fetchval(
             "SELECT summary->'waiting_on' FROM toren.actors WHERE actor_id = $1",
             prompt.opened.run,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
+from collections.abc import Callable
 from typing import Any
 
 from toren import Context, TorenError
@@ -19,7 +20,7 @@ from toren.actors.channel.telegram import SendError
 from toren.channels import TEXT_LIMIT, ChannelState, Outgoing, Queued, Telegram
 from toren.sandbox import SEND_MAX
 from toren.sandbox.checkpoints import read_file
-from toren.sandbox.store import StoreError
+from toren.sandbox.store import StoreError, WorkspaceStore
 
 APPROVE = "Approve"
 DENY = "Deny"
@@ -162,16 +163,23 @@ def next_due(
     return None, soonest
 
 
-async def deliver(bot: runtime.Bot, outgoing: Outgoing, *, buttons: bool) -> tuple[int, ...]:
+async def deliver(
+    bot: runtime.Bot,
+    outgoing: Outgoing,
+    *,
+    buttons: bool,
+    store: Callable[[], WorkspaceStore],
+) -> tuple[int, ...]:
     """Send one queued piece; its Telegram message ids. A prompt's piece that carries its
-    decision id gets Approve / Deny buttons if ``buttons`` (the prompt decides from the chat).
+    decision id gets Approve / Deny buttons if ``buttons`` (the prompt decides from the chat);
+    a file is read from ``store()``.
 
     Raises:
         SendError: not delivered (what to do is in its ``action``).
     """
     queued: Queued = outgoing.queued
     if queued.kind == "file" and queued.file is not None:
-        data, name = await _file(queued.file)
+        data, name = await _file(queued.file, store())
         mid = await bot.api.send_document(
             outgoing.chat_id, data, name, caption=queued.text, thread=queued.thread
         )
@@ -189,12 +197,12 @@ async def deliver(bot: runtime.Bot, outgoing: Outgoing, *, buttons: bool) -> tup
     return (mid,)
 
 
-async def _file(file: dict[str, Any]) -> tuple[bytes, str]:
+async def _file(file: dict[str, Any], store: WorkspaceStore) -> tuple[bytes, str]:
     path = str(file.get("path", ""))
     checkpoint = str(file.get("checkpoint", ""))
     name = path.rstrip("/").rsplit("/", 1)[-1] or "file"
     try:
-        data, size = await read_file(runtime.store(), checkpoint, path, SEND_MAX)
+        data, size = await read_file(store, checkpoint, path, SEND_MAX)
     except (TorenError, StoreError, OSError) as exc:
         raise SendError("refused", f"{path} could not be read from its checkpoint: {exc}") from None
     if size > len(data):

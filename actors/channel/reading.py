@@ -113,7 +113,7 @@ class Reader:
 
     def __init__(self, ctx: Context[ChannelState], *, sweep: bool = False) -> None:
         self.ctx = ctx
-        self.pool = runtime.pool()
+        self.pool = runtime.of(ctx).pool
         self.sweep = sweep
 
     async def read(self) -> None:

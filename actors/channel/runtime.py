@@ -9,11 +9,12 @@ missing is logged and left to workers that have it.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import asyncpg
 import attrs
 
-from toren import Agent, Client, ConfigError, Settings
+from toren import Agent, Client, ConfigError, Context, Settings
 from toren.actors.channel.telegram import BotApi
 from toren.channels import (
     CHANNEL_KIND,
@@ -25,7 +26,7 @@ from toren.channels import (
     channel_route,
     pairing_key,
 )
-from toren.runs import registered_agents, serve_route
+from toren.runs import Agents
 from toren.sandbox.files import open_store
 from toren.sandbox.store import WorkspaceStore
 
@@ -45,12 +46,6 @@ class Bot:
     settings: Telegram
     api: BotApi
     pairing: PairingKey
-
-
-_bots: dict[str, Bot] = {}
-_pool: asyncpg.Pool | None = None
-_settings: Settings | None = None
-_store: WorkspaceStore | None = None
 
 
 def api_url(settings: Settings) -> str:
@@ -79,19 +74,60 @@ def configured_bots(agents: list[Agent]) -> dict[str, Agent]:
     return bots
 
 
-async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
-    """Open the bots this worker can run and wake their channel actors; returns their names.
+class Channels:
+    """One worker's channel runtime: the bots it runs, its pool, its settings, its file store.
+
+    Opened at the worker's start (:func:`open_channels`), closed at its stop (:meth:`close`);
+    channel actors find it in their worker's resources (``ctx.resources.get(Channels)``).
+    """
+
+    def __init__(self, settings: Settings, pool: asyncpg.Pool, agents: Agents) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.agents = agents
+        self.bots: dict[str, Bot] = {}
+        self._store: WorkspaceStore | None = None
+
+    def bot(self, name: str) -> Bot:
+        """The bot ``name`` as this worker runs it.
+
+        Raises:
+            Unavailable: this worker does not run it.
+        """
+        found = self.bots.get(name)
+        if found is None:
+            raise Unavailable(f"telegram bot {name!r} is not run by this worker")
+        return found
+
+    def store(self) -> WorkspaceStore:
+        """The workspace store (files the agent sends are read from its checkpoints)."""
+        if self._store is None:
+            self._store = open_store(self.settings)
+        return self._store
+
+    async def close(self) -> None:
+        """Stop serving the bots and close their clients and the store."""
+        bots, self.bots = self.bots, {}
+        for name, bot in bots.items():
+            self.agents.serve_route(channel_route(name), serve=False)
+            await bot.api.close()
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+
+
+async def open_channels(settings: Settings, pool: asyncpg.Pool, agents: Agents) -> Channels:
+    """Open the bots of ``agents`` this worker can run (serving their routes) and wake their
+    channel actors.
 
     Raises:
         ConfigError: two agents name the same bot, or ``TOREN_PAIRING_KEY`` is too short.
     """
-    global _pool, _settings
-    _pool, _settings = pool, settings
-    bots = configured_bots(registered_agents())
+    channels = Channels(settings, pool, agents)
+    bots = configured_bots(agents.registered())
     if not bots:
-        return []
+        return channels
     key = await pairing_key(pool)
-    opened = []
     for name, agent in bots.items():
         telegram = agent.telegram
         if telegram is None:
@@ -104,8 +140,8 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
             log.error("telegram bot %r of agent %r not run here: %s", name, agent.name, exc)  # noqa: TRY400
             continue
         api = BotApi(token, api_url(settings))
-        _bots[name] = Bot(agent=agent, settings=telegram, api=api, pairing=key)
-        serve_route(channel_route(name))
+        channels.bots[name] = Bot(agent=agent, settings=telegram, api=api, pairing=key)
+        agents.serve_route(channel_route(name))
         client = Client(pool, "")
         address = channel_address(name)
         # What the surfaces need without the app: the agent, where the webhook's secret is.
@@ -117,7 +153,6 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
                 args,
             )
         await client.send(address, Tick(), system=True)
-        opened.append(name)
         log.info(
             "telegram bot %r runs agent %r here (%s, %s)",
             name,
@@ -125,48 +160,16 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool) -> list[str]:
             telegram.mode,
             telegram.delivery.replace("_", "-"),
         )
-    return opened
+    return channels
 
 
-async def close_channels() -> None:
-    """Stop serving the bots and close their clients."""
-    global _store
-    for name, bot in list(_bots.items()):
-        serve_route(channel_route(name), serve=False)
-        await bot.api.close()
-    _bots.clear()
-    if _store is not None:
-        await _store.close()
-        _store = None
-
-
-def bot(name: str) -> Bot:
-    """The bot ``name`` as this worker runs it.
+def of(ctx: Context[Any]) -> Channels:
+    """The channel runtime of the worker hosting ``ctx``'s actor.
 
     Raises:
-        Unavailable: this worker does not run it.
+        Unavailable: that worker opened none (it is not a worker's actor).
     """
-    found = _bots.get(name)
+    found = ctx.resources.find(Channels)
     if found is None:
-        raise Unavailable(f"telegram bot {name!r} is not run by this worker")
+        raise Unavailable("channels are not open in this worker")
     return found
-
-
-def pool() -> asyncpg.Pool:
-    if _pool is None:
-        raise Unavailable("channels are not open in this process")
-    return _pool
-
-
-def settings() -> Settings:
-    if _settings is None:
-        raise Unavailable("channels are not open in this process")
-    return _settings
-
-
-def store() -> WorkspaceStore:
-    """The workspace store (files the agent sends are read from its checkpoints)."""
-    global _store
-    if _store is None:
-        _store = open_store(settings())
-    return _store

@@ -11,7 +11,6 @@ the bounded, recordable form of what a run receives (:mod:`~toren.actors.run.bou
 """
 
 from toren.actors.run.actor import RunActor
-from toren.actors.run.models import close_providers
 from toren.actors.run.request import build_request, parameters, verify
 
-__all__ = ["RunActor", "build_request", "close_providers", "parameters", "verify"]
+__all__ = ["RunActor", "build_request", "parameters", "verify"]

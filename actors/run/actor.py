@@ -73,7 +73,7 @@ from toren.runs import (
     ToolIntended,
     ToolResulted,
     Wake,
-    agent_named,
+    agents_of,
     author,
     context_messages,
     final_text,
@@ -147,16 +147,18 @@ class RunActor(Actor[RunState]):
             # resumed, model call. The Continue that makes the call is already sent.
             self._check_resume(ctx, go_on=False)
         # The model call the next step makes is on record before it is made (with this commit).
-        inflight.announce(ctx, agent_named(ctx.state.agent), request.builder(ctx.state.callees))
+        inflight.announce(
+            ctx, agents_of(ctx).named(ctx.state.agent), request.builder(ctx.state.callees)
+        )
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
-        agent = agent_named(ctx.state.agent)
+        agent = agents_of(ctx).named(ctx.state.agent)
         return lambda call_id, content, is_error: self._result(
             ctx, agent, call_id, content, is_error=is_error
         )
 
     def _record_sandboxed(self, ctx: Context[RunState]) -> sandboxing.Result:
-        agent = agent_named(ctx.state.agent)
+        agent = agents_of(ctx).named(ctx.state.agent)
         return lambda call_id, content, is_error, checkpoint: self._result(
             ctx, agent, call_id, content, is_error=is_error, checkpoint=checkpoint
         )
@@ -164,7 +166,8 @@ class RunActor(Actor[RunState]):
     async def _handle(self, ctx: Context[RunState], msg: Any) -> None:
         state = ctx.state
         if isinstance(msg, ChildEnded):
-            calls.child_ended(ctx, agent_named(state.agent), msg, self._record_result(ctx))
+            agent = agents_of(ctx).named(state.agent)
+            calls.child_ended(ctx, agent, msg, self._record_result(ctx))
             return
         if isinstance(msg, SandboxDone):
             sandboxing.done(ctx, msg, self._record_sandboxed(ctx))
@@ -176,14 +179,16 @@ class RunActor(Actor[RunState]):
             if sandboxing.crashed(ctx, msg, self._record_sandboxed(ctx)):
                 return
             record = self._record_result(ctx)
-            calls.child_crashed(ctx, agent_named(state.agent), msg.actor_id, msg.error, record)
+            calls.child_crashed(
+                ctx, agents_of(ctx).named(state.agent), msg.actor_id, msg.error, record
+            )
             return
         if isinstance(msg, ChildAsked):
             calls.child_asked(ctx, msg)
             return
         if isinstance(msg, StartRun):
             if not state.agent:
-                refused = calls.refused_start(msg)
+                refused = calls.refused_start(agents_of(ctx), msg)
                 ctx.emit(
                     RunStarted(
                         agent=msg.agent,
@@ -261,7 +266,7 @@ class RunActor(Actor[RunState]):
         calls this activation serves from the journal."""
         if self._verified_seq is not None and ctx.seq >= self._verified_seq:
             return
-        agent = agent_named(ctx.state.agent)
+        agent = agents_of(ctx).named(ctx.state.agent)
         checked_as = ""
         if agent is not None:
             checked_as = request.parameters(agent, ctx.state.callees)
@@ -279,7 +284,7 @@ class RunActor(Actor[RunState]):
 
     async def _next(self, ctx: Context[RunState]) -> None:
         state = ctx.state
-        agent = agent_named(state.agent)
+        agent = agents_of(ctx).named(state.agent)
         if agent is None:
             ctx.emit(RunFailed(error_class="config", message=f"no agent named {state.agent!r}"))
             return
@@ -418,7 +423,7 @@ class RunActor(Actor[RunState]):
         digest = request.request_digest(state, sent)
         started = time.monotonic()
         try:
-            provider = await models.provider(agent.model)
+            provider = await models.provider(ctx, agent.model)
             started = time.monotonic()
             kill_point("model.sending")
             # Before every attempt (retries included): a worker paused past its lease pays for

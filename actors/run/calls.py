@@ -35,13 +35,14 @@ import attrs
 
 from toren import Agent, Context, Principal
 from toren.actors.run.bounds import cut_result, shown
-from toren.directory import published
+from toren.directory import Directory, directory_of
 from toren.kernel import kill_point
 from toren.runs import (
     ENDED,
     MESSAGE_CAP,
     RUN_KIND,
     TOOL_RESULT_CAP,
+    Agents,
     ApprovalRequested,
     CalleesDescribed,
     Cancel,
@@ -56,7 +57,6 @@ from toren.runs import (
     StartRun,
     ToolCall,
     ToolSpec,
-    agent_named,
     agent_route,
     call_tool_name,
     receipt,
@@ -106,7 +106,7 @@ async def describe(ctx: Context[RunState], agent: Agent) -> None:
         return
     found: dict[str, str] = {}
     for name in missing:
-        cards = await published(name)
+        cards = await directory_of(ctx).published(name)
         found[name] = next((c.description for c in cards if c.description), "") or (
             _undescribed(name)
         )
@@ -169,7 +169,7 @@ def depth_refusal(state: RunState, agent: Agent) -> str | None:
     )
 
 
-async def refusal(state: RunState, agent: Agent, callee: str) -> str | None:
+async def refusal(directory: Directory, state: RunState, agent: Agent, callee: str) -> str | None:
     """Why ``agent`` may not call ``callee`` now, or ``None``."""
     chain = (*state.chain, agent.name)
     if callee in chain:
@@ -178,7 +178,7 @@ async def refusal(state: RunState, agent: Agent, callee: str) -> str | None:
     too_deep = depth_refusal(state, agent)
     if too_deep is not None:
         return too_deep
-    cards = await published(callee)
+    cards = await directory.published(callee)
     if not cards:
         return f"refused: no live worker runs an agent named {callee!r}"
     for card in cards:
@@ -213,7 +213,7 @@ async def call_step(
     if len(text.encode("utf-8", "surrogatepass")) > MESSAGE_CAP:
         result(call.id, f"{call.name}: the input is over {MESSAGE_CAP} bytes", True)
         return
-    why = await refusal(state, agent, callee)
+    why = await refusal(directory_of(ctx), state, agent, callee)
     if why is not None:
         result(call.id, why, True)
         return
@@ -242,13 +242,13 @@ async def call_step(
     ctx.emit(ChildStarted(call_id=call.id, run_id=attempt_id, agent=callee, at=time.time()))
 
 
-def refused_start(msg: StartRun) -> str | None:
+def refused_start(agents: Agents, msg: StartRun) -> str | None:
     """Why the callee refuses a start from a caller it does not accept (consent is checked at
     call time against published cards; the callee checks again with its own definition), or
     ``None`` (not a child run, or accepted; an agent not loaded here fails the run later)."""
     if not msg.parent:
         return None
-    agent = agent_named(msg.agent)
+    agent = agents.named(msg.agent)
     caller = msg.chain[-1] if msg.chain else ""
     if agent is None or caller in agent.accepts:
         return None

@@ -28,7 +28,7 @@ from toren.runs import (
     DecisionRefused,
     DecisionsMuted,
     RunState,
-    agent_named,
+    agents_of,
     author,
     judge_decision,
 )
@@ -40,7 +40,7 @@ def decide(ctx: Context[RunState], msg: Decide) -> None:
     """Apply ``msg`` to the call it names, or refuse it; answer its sender either way."""
     outcome = judge_decision(ctx.state, msg)
     user = telegram_user(msg.by)
-    if user is not None and user not in approvers_of(agent_named(ctx.state.agent)):
+    if user is not None and user not in approvers_of(agents_of(ctx).named(ctx.state.agent)):
         # The surfaces check who may decide; the run checks it too, for the decisions that
         # come from a chat (a prompt for a child run's call shows in its parent's chat).
         detail = (

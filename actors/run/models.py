@@ -13,6 +13,7 @@ from decimal import Decimal
 import anyio
 
 from toren import Context
+from toren.kernel import MissingResource
 from toren.providers import ModelProvider, ProviderError, RetryPolicy, provider_for
 from toren.providers import price as library_price
 from toren.runs import Agent, Continue, ModelResponse, RunFailed, RunRetrying, RunState
@@ -22,36 +23,53 @@ log = logging.getLogger("toren.run")
 _STEP_RETRY_BASE = 1.0
 _STEP_RETRY_CAP = 300.0
 
-_providers: dict[str, ModelProvider] = {}
+
+class Providers:
+    """One worker's model providers, one per model for the worker's life (they pool
+    connections). The worker opens it at its start and closes it at its stop; runs find it in
+    their worker's resources (:func:`provider`)."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, ModelProvider] = {}
+
+    async def get(self, model: str) -> ModelProvider:
+        """The provider of ``model``, made at its first use.
+
+        Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
+        ``TOREN_MODEL_RETRY_BASE_SECONDS`` (default 0.5); past those the run's own step retry
+        (a durable timer, up to the agent's ``max_attempts``) takes over.
+        """
+        found = self._open.get(model)
+        if found is None:
+            policy = RetryPolicy.from_env(os.environ)
+            # In a thread: the first use imports the provider's SDK, which takes seconds and
+            # must not stall the worker's event loop (its lease renewals run there).
+            created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
+            # Runs that started together may each have made one meanwhile: keep the first,
+            # close the others (an unclosed one would leak its connections).
+            found = self._open.setdefault(model, created)
+            if found is not created:
+                await created.aclose()
+        return found
+
+    async def aclose(self) -> None:
+        """Close every provider opened (their connection pools)."""
+        providers = list(self._open.values())
+        self._open.clear()
+        for open_provider in providers:
+            await open_provider.aclose()
 
 
-async def provider(model: str) -> ModelProvider:
-    """One provider per model for the life of the worker process (they pool connections).
+async def provider(ctx: Context[RunState], model: str) -> ModelProvider:
+    """The provider of ``model`` of the worker running ``ctx``'s run (see :class:`Providers`).
 
-    Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
-    ``TOREN_MODEL_RETRY_BASE_SECONDS`` (default 0.5); past those the run's own step retry
-    (a durable timer, up to the agent's ``max_attempts``) takes over.
+    Raises:
+        toren.kernel.MissingResource: that worker opened no providers (not a worker's run).
     """
-    found = _providers.get(model)
+    found = ctx.resources.find(Providers)
     if found is None:
-        policy = RetryPolicy.from_env(os.environ)
-        # In a thread: the first use imports the provider's SDK, which takes seconds and must
-        # not stall the worker's event loop (its lease renewals run there).
-        created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
-        # Runs that started together may each have made one meanwhile: keep the first, close
-        # the others (an unclosed one would leak its connections).
-        found = _providers.setdefault(model, created)
-        if found is not created:
-            await created.aclose()
-    return found
-
-
-async def close_providers() -> None:
-    """Close every provider this process opened (their connection pools)."""
-    providers = list(_providers.values())
-    _providers.clear()
-    for open_provider in providers:
-        await open_provider.aclose()
+        raise MissingResource(Providers)
+    return await found.get(model)
 
 
 def price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 
 from toren import ChildFailed, Context
-from toren.directory import route_served
+from toren.directory import directory_of
 from toren.runs import (
     ENDED,
     Agent,
@@ -66,7 +66,7 @@ async def send(
         return
     address = sandbox_address(ctx.actor_id)
     if not state.sandbox:
-        if not await route_served(SANDBOX_ROUTE):
+        if not await directory_of(ctx).route_served(SANDBOX_ROUTE):
             ctx.emit(RunFailed(error_class="config", message=NO_DOCKER))
             return
         settings = agent.sandbox

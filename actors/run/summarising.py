@@ -150,7 +150,7 @@ async def summarise(ctx: Context[RunState], agent: Agent, request: ModelRequest)
     state = ctx.state
     started = time.monotonic()
     try:
-        provider = await models.provider(agent.model)
+        provider = await models.provider(ctx, agent.model)
         started = time.monotonic()
         kill_point("compaction.summarising")
         response = await provider.call(request, before_attempt=ctx.ensure_lease)

@@ -189,7 +189,7 @@ class SandboxActor(Actor[SandboxState]):
         self._finish(ctx, command, _refused(command, text[:4000]), fatal=fatal)
 
     async def _run(self, ctx: Context[SandboxState], command: Command) -> None:
-        docker, store = runtime.current()
+        docker, store = runtime.of(ctx).current()
         had_container = ctx.state.container_id is not None
         container, fresh = await self._ready(ctx, docker, store)
         envelope = ctx.envelope
@@ -330,7 +330,7 @@ class SandboxActor(Actor[SandboxState]):
             labels = {
                 _LABEL_RUN: self.run_id,
                 _LABEL_SANDBOX: self.actor_id,
-                runtime.SCOPE_LABEL: runtime.scope(),
+                runtime.SCOPE_LABEL: runtime.of(ctx).scope,
             }
             container = await docker.create(
                 name=container_name(self.actor_id),
@@ -443,7 +443,7 @@ class SandboxActor(Actor[SandboxState]):
         state = ctx.state
         if state.finished != msg.commands or state.status != "running" or state.open:
             return
-        docker, _ = runtime.current()
+        docker, _ = runtime.of(ctx).current()
         if state.container_id is not None:
             await docker.stop(state.container_id)
         ctx.emit(SandboxStopped(reason=f"idle for {self.settings.idle_stop:g}s", at=time.time()))
@@ -452,7 +452,7 @@ class SandboxActor(Actor[SandboxState]):
         """The run ended: remove the container (the checkpoints stay in the store)."""
         if ctx.state.status == "reaped":
             return
-        docker, _ = runtime.current()
+        docker, _ = runtime.of(ctx).current()
         found = await docker.find(self.run_id)
         if found is not None:
             await docker.remove(found.container_id)
@@ -461,7 +461,7 @@ class SandboxActor(Actor[SandboxState]):
 
     async def _write_files(self, ctx: Context[SandboxState], msg: WriteFiles) -> None:
         """Files written from outside the run (the workspace-file API), then checkpointed."""
-        docker, store = runtime.current()
+        docker, store = runtime.of(ctx).current()
         container, _ = await self._ready(ctx, docker, store)
         try:
             for path, content in msg.files.items():

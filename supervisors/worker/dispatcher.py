@@ -18,7 +18,6 @@ import asyncpg
 
 from toren import Settings
 from toren.kernel import TRANSIENT_DB_ERRORS, Claim, actor_kinds, claim, housekeep, waiting
-from toren.runs import served_routes
 from toren.supervisors.worker.hosts import HostRegistry
 
 log = logging.getLogger("toren.worker")
@@ -119,7 +118,7 @@ class Dispatcher:
                 kinds=actor_kinds(),
                 hosted=self.hosts.claimed_ids(),
                 only=only,
-                routes=served_routes(),
+                routes=self.hosts.agents.served_routes(),
             )
             if demand and self.hosts.evict_idle(demand):
                 log.debug(
@@ -134,7 +133,7 @@ class Dispatcher:
             kinds=actor_kinds(),
             hosted=self.hosts.claimed_ids(),
             only=only,
-            routes=served_routes(),
+            routes=self.hosts.agents.served_routes(),
         )
         self._failures = 0
         for c in claims:

@@ -16,14 +16,16 @@ import anyio
 import asyncpg
 
 from toren import Settings
-from toren.directory import attach as attach_directory
+from toren.directory import Directory
 from toren.kernel import (
     ActorHost,
     Claim,
     LeaseClock,
+    Resources,
     mark_failed,
     release_claim,
 )
+from toren.runs import PROCESS_AGENTS, Agents
 
 log = logging.getLogger("toren.worker")
 
@@ -31,11 +33,25 @@ log = logging.getLogger("toren.worker")
 class HostRegistry:
     """The actors this worker incarnation hosts, by id."""
 
-    def __init__(self, pool: asyncpg.Pool, worker_id: uuid.UUID, settings: Settings) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        worker_id: uuid.UUID,
+        settings: Settings,
+        resources: Resources | None = None,
+    ) -> None:
         self.pool = pool
+        self.resources = resources if resources is not None else Resources()
+        # A registry made alone (a test) runs the process's agents; a worker gives its own.
+        if Agents not in self.resources:
+            self.resources.put(PROCESS_AGENTS, as_type=Agents)
+        self.agents = self.resources.get(Agents)
+        if Directory not in self.resources:
+            # Cross-agent calls check consent against live workers' cards.
+            self.resources.put(Directory(self.agents, pool))
+        self.directory = self.resources.get(Directory)
         self.worker_id = worker_id
         self.settings = settings
-        attach_directory(pool)  # cross-agent calls check consent against live workers' cards
         self.hosts: dict[str, ActorHost] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._claims: dict[str, Claim] = {}
@@ -80,6 +96,7 @@ class HostRegistry:
                 poll_seconds=self.settings.poll_seconds,
                 lease=clock,
                 snapshot_every=self.settings.snapshot_every,
+                resources=self.resources,
             )
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host

@@ -24,9 +24,7 @@ import asyncpg
 import psutil
 
 from toren import Settings, TorenError
-from toren.directory import local_cards
 from toren.kernel import TRANSIENT_DB_ERRORS, kill_point, renew
-from toren.runs import served_routes
 from toren.supervisors.worker.hosts import HostRegistry
 
 log = logging.getLogger("toren.worker")
@@ -83,8 +81,8 @@ class LeaseKeeper:
             "actors_in_memory": len(self.hosts),
             "leases_held": leases,
             "rss_bytes": self._process.memory_info().rss,
-            "routes": served_routes(),
-            "agents": local_cards(),
+            "routes": self.hosts.agents.served_routes(),
+            "agents": self.hosts.directory.local_cards(),
         }
 
     async def renew_once(self) -> int:

@@ -37,9 +37,12 @@ import toren.actors.run  # registers the run actor kind with this worker
 import toren.actors.sandbox.actor  # noqa: F401  (registers the sandbox kind)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.actors.channel import runtime as channels
+from toren.actors.run.models import Providers
 from toren.actors.sandbox import reaper, runtime
+from toren.directory import Directory
 from toren.kernel import (
     Claim,
+    Resources,
     WorkerSession,
     connect,
     create_pool,
@@ -48,6 +51,7 @@ from toren.kernel import (
     schema_status,
 )
 from toren.kernel import migrate as _migrate
+from toren.runs import PROCESS_AGENTS, Agents
 from toren.supervisors._backoff import Backoff
 from toren.supervisors._dynamic import ChildAlreadyRunning, DynamicSupervisor
 from toren.supervisors._supervisor import (
@@ -71,8 +75,12 @@ WorkerState = Literal["starting", "running", "reconnecting", "draining"]
 class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
 
-    def __init__(self, settings: Settings, url: str, *, sandboxes: bool = True) -> None:
+    def __init__(
+        self, settings: Settings, url: str, *, sandboxes: bool = True, agents: Agents | None = None
+    ) -> None:
         self.settings = settings
+        self.agents = agents if agents is not None else PROCESS_AGENTS
+        """The agents this worker runs (the process's, unless given its own)."""
         self.url = url
         self._with_sandboxes = sandboxes  # False: Docker is not even asked (see run_worker)
         self.hosts: HostRegistry | None = None
@@ -82,6 +90,8 @@ class Worker:
         self._lease_pool: asyncpg.Pool | None = None
         self._sandboxes = False
         self._draining = False
+        self.resources = Resources()
+        """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
 
     def state(self) -> tuple[uuid.UUID | None, WorkerState]:
         """The registered incarnation's id (``None`` while there is none) and what the worker
@@ -105,6 +115,9 @@ class Worker:
         """
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
+        providers = self.resources.put(Providers())
+        self.resources.put(self.agents, as_type=Agents)
+        self.resources.put(Directory(self.agents, pool))
         try:
             # Lease renewals have connections of their own: a burst of activations (each folding
             # a journal) or slow steps holding the main pool can never delay a renewal past the
@@ -112,10 +125,13 @@ class Worker:
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
             if self._with_sandboxes:
-                self._sandboxes = await runtime.open_sandboxes(self.settings, pool)
+                sandboxes = await runtime.open_sandboxes(self.settings, pool, self.agents)
             else:
                 log.debug("no agent here has a sandbox: Docker is not asked")
-            await channels.open_channels(self.settings, pool)
+                sandboxes = runtime.Sandboxes(why="no agent of this worker has a sandbox")
+            self.resources.put(sandboxes)
+            self._sandboxes = sandboxes.available
+            self.resources.put(await channels.open_channels(self.settings, pool, self.agents))
             self._tree = Supervisor(
                 "worker",
                 [
@@ -136,8 +152,13 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
-                await runtime.close_sandboxes()
-                await channels.close_channels()
+                opened_sandboxes = self.resources.find(runtime.Sandboxes)
+                if opened_sandboxes is not None:
+                    await opened_sandboxes.close()
+                opened = self.resources.find(channels.Channels)
+                if opened is not None:
+                    await opened.close()
+                await providers.aclose()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()
@@ -154,7 +175,7 @@ class Worker:
             raise ConfigError("worker pool is not open")
         settings = self.settings
         session = await WorkerSession.open(self.url, settings)
-        hosts = HostRegistry(pool, session.worker_id, settings)
+        hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all
         self.session, self.hosts = session, hosts
         actors = DynamicSupervisor(
@@ -218,11 +239,12 @@ class Worker:
 
         extra = []
         if self._sandboxes:
-            docker, _ = runtime.current()
+            sandboxes = self.resources.get(runtime.Sandboxes)
+            docker, _ = sandboxes.current()
 
             async def run_reaper(c: ChildContext) -> None:
                 every = settings.sandbox_reap_seconds
-                await reaper.run_reaper(pool, docker, runtime.scope(), every, c.started)
+                await reaper.run_reaper(pool, docker, sandboxes.scope, every, c.started)
 
             extra.append(ChildSpec(id="reaper", run=run_reaper))
         incarnation = Supervisor(

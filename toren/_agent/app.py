@@ -8,14 +8,17 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from toren._agent.agents import Agent, agent_named, agents_in, register_agents
+from toren._agent.agents import Agent, Agents, agent_named, agents_in, register_agents
 from toren._agent.settings import AgentSettings
 from toren._core.errors import ConfigError
 
 
-def load_app(spec: str, settings: AgentSettings | None = None) -> ModuleType:
+def load_app(
+    spec: str, settings: AgentSettings | None = None, *, into: Agents | None = None
+) -> ModuleType:
     """Import ``MODULE[:ATTR]`` so that its actor classes and payload types register, and
-    register its agents, each merged with its ``[agents.NAME]`` table in ``settings``.
+    register its agents into ``into`` (the process's agents by default), each merged with its
+    ``[agents.NAME]`` table in ``settings``.
 
     The current directory is put on ``sys.path`` first, as ``python -m`` would.
 
@@ -64,10 +67,10 @@ def load_app(spec: str, settings: AgentSettings | None = None) -> ModuleType:
     if attr and not hasattr(module, attr):
         raise ConfigError(f"app module {module_name!r} has no attribute {attr!r}")
     if settings is None:
-        register_agents(agents_in(module).values())
+        register_agents(agents_in(module).values(), into=into)
     else:
         source = str(settings.config_file or "the settings file")
-        register_agents(agents_in(module).values(), settings.agents, source=source)
+        register_agents(agents_in(module).values(), settings.agents, source=source, into=into)
     return module
 
 

@@ -10,12 +10,15 @@ it is made, against the cards live workers publish.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import attrs
 
-from toren._agent.agents import Agent, agent_named, served_routes
+from toren._agent.agents import Agent, Agents, agent_route, agents_of
+
+if TYPE_CHECKING:
+    from toren._core.actor import Context
 
 
 @attrs.frozen(kw_only=True)
@@ -50,51 +53,57 @@ class Card:
             return None
 
 
-def local_cards() -> dict[str, dict[str, Any]]:
-    """The cards of the agents this process runs, as published with each renewal."""
-    cards: dict[str, dict[str, Any]] = {}
-    for route in served_routes():
-        agent = agent_named(route.removeprefix("agent:"))
-        if agent is not None:
-            card = Card.of(agent)
-            cards[card.name] = {
-                "description": card.description,
-                "calls": list(card.calls),
-                "accepts": list(card.accepts),
-            }
-    return cards
+class Directory:
+    """The agent directory as one worker sees it: its own agents, and the cards other live
+    workers publish (read through its pool; without one, only its own).
+
+    The worker makes one at its start and lends it to its actors (:func:`directory_of`).
+    """
+
+    def __init__(self, agents: Agents, pool: asyncpg.Pool | None = None) -> None:
+        self.agents = agents
+        self.pool = pool
+
+    def local_cards(self) -> dict[str, dict[str, Any]]:
+        """The cards of the agents this worker runs, as published with each renewal."""
+        cards: dict[str, dict[str, Any]] = {}
+        for route in self.agents.served_routes():
+            agent = self.agents.named(route.removeprefix("agent:"))
+            if agent is not None:
+                card = Card.of(agent)
+                cards[card.name] = {
+                    "description": card.description,
+                    "calls": list(card.calls),
+                    "accepts": list(card.accepts),
+                }
+        return cards
+
+    async def published(self, name: str) -> list[Card]:
+        """The cards live workers publish for agent ``name`` (this worker's own included, also
+        before its first renewal); empty if no live worker runs it."""
+        from toren._core.workers import published_cards
+
+        cards: list[Card] = []
+        local = self.agents.named(name)
+        if local is not None and agent_route(name) in self.agents.served_routes():
+            cards.append(Card.of(local))
+        if self.pool is not None:
+            for data in await published_cards(self.pool, name):
+                card = Card.read(name, data) if isinstance(data, Mapping) else None
+                if card is not None:
+                    cards.append(card)
+        return cards
+
+    async def route_served(self, route: str) -> bool:
+        """Whether this worker or a live one serves ``route`` (``sandbox``: it has Docker)."""
+        from toren._core.workers import route_served as published_route
+
+        if route in self.agents.served_routes():
+            return True
+        return self.pool is not None and await published_route(self.pool, route)
 
 
-_pool: asyncpg.Pool | None = None
-
-
-def attach(pool: asyncpg.Pool) -> None:
-    """Give the directory the worker's pool (done when the worker starts hosting actors)."""
-    global _pool
-    _pool = pool
-
-
-async def published(name: str) -> list[Card]:
-    """The cards live workers publish for agent ``name`` (this process's own included, also
-    before its first renewal); empty if no live worker runs it."""
-    from toren._core.workers import published_cards
-
-    cards: list[Card] = []
-    local = agent_named(name)
-    if local is not None and f"agent:{name}" in served_routes():
-        cards.append(Card.of(local))
-    if _pool is not None:
-        for data in await published_cards(_pool, name):
-            card = Card.read(name, data) if isinstance(data, Mapping) else None
-            if card is not None:
-                cards.append(card)
-    return cards
-
-
-async def route_served(route: str) -> bool:
-    """Whether this process or a live worker serves ``route`` (``sandbox``: it has Docker)."""
-    from toren._core.workers import route_served as published_route
-
-    if route in served_routes():
-        return True
-    return _pool is not None and await published_route(_pool, route)
+def directory_of(ctx: Context[Any]) -> Directory:
+    """The directory of the worker hosting ``ctx``'s actor (outside a worker: the process's
+    agents alone)."""
+    return ctx.resources.find(Directory) or Directory(agents_of(ctx))

@@ -19,6 +19,7 @@ import attrs
 from toren._core.codec import decode, encode, message
 from toren._core.errors import EffectOutsideHandler, InternalError
 from toren._core.json_text import dumps, loads
+from toren._core.resources import Resources
 
 if TYPE_CHECKING:
     from toren._core.leases import LeaseClock
@@ -189,8 +190,12 @@ class Context(Generic[S]):
         *,
         read_only: bool = False,
         lease: LeaseClock | None = None,
+        resources: Resources | None = None,
     ) -> None:
         self.actor_id = actor.actor_id
+        self.resources = resources if resources is not None else Resources()
+        """What the hosting worker lends its actors (its runtimes, providers, agents), by type:
+        ``ctx.resources.get(Channels)``. Empty outside a worker."""
         self._lease = lease
         self._read_only = read_only
         self.epoch = epoch

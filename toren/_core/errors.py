@@ -19,6 +19,7 @@ the error (``retryable``)::
     ├── SupervisorEscalation      a supervisor exceeded its restart intensity and gave up
     ├── EffectOutsideHandler      on_start() tried to emit or send
     └── InternalError             an invariant of Toren itself broke: a bug, please report it
+        └── MissingResource       a worker lacks what an actor asked of it (toren._core.resources)
 
 Actors are stopped by cancelling their scope (anyio), which derives from ``BaseException``, so an
 actor's ``except Exception`` cannot swallow a stop. :class:`LeaseExpired` is such a stop too: it

@@ -39,6 +39,7 @@ from toren._core.killpoints import kill_point, kill_points_for
 from toren._core.leases import Claim, LeaseClock, release_claim, release_if_idle
 from toren._core.logs import redact
 from toren._core.mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
+from toren._core.resources import Resources
 
 log = logging.getLogger("toren.host")
 
@@ -82,6 +83,7 @@ class ActorHost:
         sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
         lease: LeaseClock | None = None,
         snapshot_every: int | None = None,
+        resources: Resources | None = None,
     ) -> None:
         cls = actor_class(claim.kind)
         if cls is None:
@@ -98,6 +100,7 @@ class ActorHost:
         self._poll = poll_seconds
         self._sleep = sleep
         self._lease = lease
+        self.resources = resources if resources is not None else Resources()
         self._wake = anyio.Event()
         self._stop = anyio.Event()
         self.idle = False
@@ -189,7 +192,11 @@ class ActorHost:
         kill_point("actor.rebuilt")
         state, seq, snapshot_seq = rebuilt.state, rebuilt.seq, rebuilt.snapshot_seq
         try:
-            await actor.on_start(Context(actor, state, seq, self.epoch, None, read_only=True))
+            await actor.on_start(
+                Context(
+                    actor, state, seq, self.epoch, None, read_only=True, resources=self.resources
+                )
+            )
         except Exception as exc:
             # User code: whatever it raised (an OSError included) is a failed start, counted
             # against the actor's restart intensity, never mistaken for a database error.
@@ -272,7 +279,9 @@ class ActorHost:
             await self._dead_letter(actor, envelope, error, state, seq)
         try:
             opened = open_envelope(envelope)
-            ctx = Context(actor, state, seq, self.epoch, opened, lease=self._lease)
+            ctx = Context(
+                actor, state, seq, self.epoch, opened, lease=self._lease, resources=self.resources
+            )
             await actor.handle(ctx, opened.payload)
             summary = actor.summarize(ctx.state) if ctx.events else None
         # Whatever the handler raised is charged to the message, not to the worker.
@@ -396,7 +405,7 @@ class ActorHost:
             MessageDeadLettered: always (the supervisor counts one restart).
             FencedOut: the actor is no longer ours.
         """
-        ctx = Context(actor, state, seq, self.epoch, envelope)
+        ctx = Context(actor, state, seq, self.epoch, envelope, resources=self.resources)
         try:
             payload = decode(envelope.kind, envelope.body)
         except Exception:  # noqa: BLE001  (an undecodable message is what is being dead-lettered)
@@ -406,7 +415,7 @@ class ActorHost:
             summary = actor.summarize(ctx.state) if ctx.events else None
         except Exception:
             log.exception("%s: on_dead_letter raised; dead-lettering without it", self.actor_id)
-            ctx = Context(actor, state, seq, self.epoch, envelope)
+            ctx = Context(actor, state, seq, self.epoch, envelope, resources=self.resources)
             summary = None
         try:
             missing = await dead_letter(

@@ -23,12 +23,15 @@ from toren.runs.receipt import Receipt, receipt
 
 if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
     from toren._agent.agents import (
+        PROCESS_AGENTS,
         TOOL_RESULT_CAP,
         Agent,
+        Agents,
         Tool,
         ToolContext,
         agent_named,
         agent_route,
+        agents_of,
         call_tool_name,
         registered_agents,
         serve_route,
@@ -139,6 +142,7 @@ __all__ = [
     "FORMAT",
     "GENESIS",
     "MESSAGE_CAP",
+    "PROCESS_AGENTS",
     "REFUSALS_RECORDED",
     "REFUSAL_WINDOW",
     "RUN_KIND",
@@ -147,6 +151,7 @@ __all__ = [
     "TOOL_RESULT_CAP",
     "Agent",
     "AgentNotServed",
+    "Agents",
     "AmbiguousDecision",
     "ApprovalDecided",
     "ApprovalRequested",
@@ -204,6 +209,7 @@ __all__ = [
     "Wake",
     "agent_named",
     "agent_route",
+    "agents_of",
     "author",
     "call_tool_name",
     "cancel",
@@ -241,12 +247,15 @@ __all__ = [
 # needs neither the agent layer (pydantic) nor the client's asyncpg to describe its options.
 _HOMES: dict[str, tuple[str, ...]] = {
     "toren._agent.agents": (
+        "PROCESS_AGENTS",
         "TOOL_RESULT_CAP",
         "Agent",
+        "Agents",
         "Tool",
         "ToolContext",
         "agent_named",
         "agent_route",
+        "agents_of",
         "call_tool_name",
         "registered_agents",
         "serve_route",

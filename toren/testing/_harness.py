@@ -286,7 +286,6 @@ async def harness(
         ConfigError: the app cannot be loaded, its settings are invalid, or ``providers``
             names one with no scripted server.
     """
-    from toren.actors.run import close_providers  # the harness boots a worker: an entry point
     from toren.supervisors.worker import Worker
 
     scripted = model if isinstance(model, ScriptedModel) else ScriptedModel(model)
@@ -313,7 +312,6 @@ async def harness(
             servers[provider] = server
             values.update(server.env())
         stack.enter_context(_environment(values))
-        stack.push_async_callback(close_providers)  # their clients point at these servers
         worker = Worker(attrs.evolve(loaded, database_url=url), url)
         client = await stack.enter_async_context(await Client.connect(url, pool_size=2))
         try:
