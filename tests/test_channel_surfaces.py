@@ -518,7 +518,7 @@ async def test_a_webhook_bot_takes_its_updates_through_the_route(
 ) -> None:
     """End to end: the worker sets the webhook at the API's address; Telegram's posts there
     reach the channel, and a repeated post is handled once."""
-    from toren._agent import agents as _agents
+    from toren._agent import registry as _agents
 
     monkeypatch.setattr(_agents.PROCESS_AGENTS, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)
@@ -577,7 +577,7 @@ async def test_a_crash_between_the_enqueue_and_the_200_loses_nothing_and_doubles
     """``toren serve`` frozen right after it enqueued an update, before its 200, and killed:
     Telegram gets no answer and posts the update again to the next server; the channel handles
     it once."""
-    from toren._agent import agents as _agents
+    from toren._agent import registry as _agents
 
     monkeypatch.setattr(_agents.PROCESS_AGENTS, "_registry", {})
     monkeypatch.setenv("TELEGRAM_WEBHOOK_SECRET", SECRET)

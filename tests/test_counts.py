@@ -41,7 +41,7 @@ from tests.wire_counts import (
     rows_written,
 )
 from toren import Agent, Client, Context, ToolContext, tool
-from toren._agent.agents import register_agents
+from toren._agent.registry import register_agents
 from toren._core.mailbox import _COMMIT
 from toren._surfaces.serve import serving
 from toren._surfaces.tokens import SCOPES, TokenCache, create_token

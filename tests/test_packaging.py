@@ -46,7 +46,7 @@ PROBE = """
 import json, sys
 
 import toren
-from toren._agent.agents import served_routes
+from toren._agent.registry import served_routes
 from toren._agent.app import load_app  # the loader `toren worker --app` uses
 
 

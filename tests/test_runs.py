@@ -469,7 +469,7 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
     """An activation skips the calls already checked under the same request parameters; a
     changed system prompt changes the parameters, so every call is checked again (and, the
     prompt being in every request, invalidated from step 1)."""
-    import toren._agent.agents
+    import toren._agent.registry
 
     load_app("tests.run_app")
     script = [Reply("Hello."), Reply("Again."), Reply("Fresh."), Reply("Still fresh.")]
@@ -484,10 +484,10 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
         # Both calls count as checked under this code's parameters: the first by the check of
         # this activation, the second as made by it.
         assert (state.checked_calls, len(state.calls), bool(state.checked_as)) == (2, 2, True)
-        support = toren._agent.agents.agent_named("support")
+        support = toren._agent.registry.agent_named("support")
         assert support is not None
         changed = attrs.evolve(support, system="You are terse.")
-        monkeypatch.setitem(toren._agent.agents.PROCESS_AGENTS._registry, "support", changed)
+        monkeypatch.setitem(toren._agent.registry.PROCESS_AGENTS._registry, "support", changed)
         async with running_worker(db_url):  # the new prompt
             await say(client, run_id, "third", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Fresh."), what="third answer")
@@ -766,7 +766,7 @@ async def _tool_commits(client: Client, run_id: str) -> dict[str, int]:
 async def test_only_workers_that_define_an_agent_claim_its_runs(
     client: Client, db_url: str
 ) -> None:
-    from toren._agent.agents import PROCESS_AGENTS
+    from toren._agent.registry import PROCESS_AGENTS
 
     _registry = PROCESS_AGENTS._registry
     load_app("tests.run_app")

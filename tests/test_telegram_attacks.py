@@ -503,7 +503,7 @@ async def test_a_poll_timeout_under_a_second_still_long_polls(
     channel polls (and commits a step with a timer) back to back, hundreds of times a second,
     for as long as the bot runs. Fixed: ``poll_timeout`` under 1 is refused, and the wait sent
     is rounded up; the bot below polls at the least allowed, 1 s."""
-    from toren._agent import agents as _agents
+    from toren._agent import registry as _agents
     from toren.channels import Telegram
 
     with pytest.raises(ConfigError, match="at least 1 second"):

@@ -62,10 +62,6 @@ from toren.kernel import kill_point
 log = logging.getLogger("toren.channel")
 
 _BACKOFF_CAP = 60.0
-# Sends whose step stopped before sending (a lapsed lease, the database), in this process: a
-# step handled again may send them, even at most once. Kept across activations (a lapsed lease
-# ends the activation); another process does not know, and records such a message lost.
-_UNSENT: set[tuple[str, int]] = set()
 SWEEP = 20  # ticks between two reads of every watched run (about a minute while idle)
 _REASON_CHARS = 500  # of why Telegram does not answer, as recorded (channel.failing)
 
@@ -323,7 +319,7 @@ class ChannelActor(Actor[ChannelState]):
         again = envelope is not None and (envelope.deliveries > 1 or envelope.attempts > 0)
         # A step of this activation that failed before its send (a lapsed lease, the database)
         # left the message here: nothing was sent, so it may be.
-        if again and (ctx.actor_id, msg.n) not in _UNSENT:
+        if again and (ctx.actor_id, msg.n) not in runtime.of(ctx).unsent:
             log.warning(
                 "%s: message %d to chat %d may have been sent before a crash; at-most-once "
                 "delivery does not send it again",
@@ -339,10 +335,11 @@ class ChannelActor(Actor[ChannelState]):
 
     async def _deliver(self, ctx: Context[ChannelState], bot: runtime.Bot, n: int) -> None:
         outgoing = ctx.state.outbox[str(n)]
-        _UNSENT.add((ctx.actor_id, n))
+        unsent = runtime.of(ctx).unsent
+        unsent.add((ctx.actor_id, n))
         ctx.ensure_lease()
         kill_point("telegram.sending")
-        _UNSENT.discard((ctx.actor_id, n))  # from here on, Telegram may have it
+        unsent.discard((ctx.actor_id, n))  # from here on, Telegram may have it
         # A prompt that could not show its whole call goes without buttons (see reading).
         prompt = ctx.state.prompts.get(outgoing.queued.decision or "")
         try:

@@ -86,6 +86,11 @@ class Channels:
         self.pool = pool
         self.agents = agents
         self.bots: dict[str, Bot] = {}
+        # Sends whose step stopped before sending (a lapsed lease, the database), on this
+        # worker: a step handled again may send them, even at most once. Kept across
+        # activations (a lapsed lease ends one); another worker does not know, and records
+        # such a message lost.
+        self.unsent: set[tuple[str, int]] = set()
         self._store: WorkspaceStore | None = None
 
     def bot(self, name: str) -> Bot:

@@ -8,7 +8,8 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from toren._agent.agents import Agent, Agents, agent_named, agents_in, register_agents
+from toren._agent.agents import Agent, agents_in
+from toren._agent.registry import Agents, agent_named, register_agents
 from toren._agent.settings import AgentSettings
 from toren._core.errors import ConfigError
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import attrs
 
-from toren._agent.agents import Agent, Agents, agent_route, agents_of
+from toren._agent.agents import Agent, agent_route
+from toren._agent.registry import Agents, agents_of
 
 if TYPE_CHECKING:
     from toren._core.actor import Context

@@ -23,19 +23,12 @@ from toren.runs.receipt import Receipt, receipt
 
 if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
     from toren._agent.agents import (
-        PROCESS_AGENTS,
         TOOL_RESULT_CAP,
         Agent,
-        Agents,
         Tool,
         ToolContext,
-        agent_named,
         agent_route,
-        agents_of,
         call_tool_name,
-        registered_agents,
-        serve_route,
-        served_routes,
     )
     from toren._agent.digest import GENESIS, chain
     from toren._agent.estimate import estimate_tokens
@@ -48,6 +41,15 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         ToolResult,
         ToolSpec,
         Usage,
+    )
+    from toren._agent.registry import (
+        PROCESS_AGENTS,
+        Agents,
+        agent_named,
+        agents_of,
+        registered_agents,
+        serve_route,
+        served_routes,
     )
     from toren.runs.client import (
         AGENT_NAME,
@@ -247,16 +249,18 @@ __all__ = [
 # needs neither the agent layer (pydantic) nor the client's asyncpg to describe its options.
 _HOMES: dict[str, tuple[str, ...]] = {
     "toren._agent.agents": (
-        "PROCESS_AGENTS",
         "TOOL_RESULT_CAP",
         "Agent",
-        "Agents",
         "Tool",
         "ToolContext",
-        "agent_named",
         "agent_route",
-        "agents_of",
         "call_tool_name",
+    ),
+    "toren._agent.registry": (
+        "PROCESS_AGENTS",
+        "Agents",
+        "agent_named",
+        "agents_of",
         "registered_agents",
         "serve_route",
         "served_routes",
