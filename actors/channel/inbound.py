@@ -24,10 +24,20 @@ from typing import Any
 
 import attrs
 
-from toren import Context, InternalError
+from toren import Context
 from toren.actors.channel import outbound, runtime
 from toren.actors.channel.reading import ended, where_to_decide
 from toren.actors.channel.telegram import SendError
+from toren.actors.channel.updates import (
+    CALLBACK,
+    CALLBACK_TEXT,
+    NO,
+    YES,
+    Update,
+    addressed,
+    command_of,
+    parse,
+)
 from toren.channels import (
     ChannelState,
     ChatMigrated,
@@ -51,6 +61,7 @@ from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route, agents_of
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
 log = logging.getLogger("toren.channel")
+_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, OSError)  # tried again
 
 PAIR_TRIES = 5
 PAIR_WINDOW = 600.0
@@ -64,139 +75,6 @@ HINT = (
 # What a chat that is not paired did when these are its outcome: nothing (no row is recorded).
 _QUIET = frozenset({"ignored", "stale", "pair_refused"})
 _NAMESPACE = uuid.UUID("5d0f3c1e-8b7a-4e2f-9c61-2a4b8e7d9f30")
-_YES = {"approve", "approved", "yes", "y", "ok", "allow", "\u2705", "\U0001f44d"}
-_NO = {"deny", "denied", "no", "n", "reject", "refuse", "\u274c", "\U0001f44e"}
-_RETRIED: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, OSError)  # tried again
-_CALLBACK = re.compile(r"([ad]):([A-Za-z0-9_-]{1,40})")
-CALLBACK_TEXT = 200  # characters a button's answer shows (answerCallbackQuery's text)
-
-
-@attrs.frozen(kw_only=True)
-class Update:
-    """What the channel reads of an update (every field checked: updates are untrusted)."""
-
-    update_id: int
-    kind: str = "other"  # message, callback, document, photo, migrated, other
-    chat_id: int | None = None
-    chat_type: str = ""
-    chat_title: str = ""
-    user_id: int | None = None
-    user_name: str = ""
-    text: str = ""
-    message_id: int | None = None
-    reply_to: int | None = None
-    reply_to_bot: bool = False
-    thread: int | None = None
-    callback_id: str = ""
-    callback_data: str = ""
-    file_id: str = ""
-    file_name: str = ""
-    file_size: int | None = None
-    migrate_to: int | None = None
-
-    @property
-    def chat(self) -> int:
-        """The chat it came from (the caller checked that it has one)."""
-        if self.chat_id is None:
-            raise InternalError(f"update {self.update_id} has no chat")
-        return self.chat_id
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _str(value: Any, cap: int = 1 << 20) -> str:
-    return value[:cap] if isinstance(value, str) else ""
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def parse(raw: dict[str, Any], bot_id: int) -> Update | None:
-    """The update's fields the channel uses; ``None`` without an integer ``update_id``."""
-    update_id = _int(raw.get("update_id"))
-    if update_id is None:
-        return None
-    callback = _dict(raw.get("callback_query"))
-    # An edited message is not a new one: it is recorded and ignored (kind "other").
-    message = _dict(raw.get("message") or callback.get("message"))
-    chat = _dict(message.get("chat"))
-    user = _dict(callback.get("from") or message.get("from"))
-    reply = _dict(message.get("reply_to_message"))
-    fields: dict[str, Any] = {
-        "update_id": update_id,
-        "chat_id": _int(chat.get("id")),
-        "chat_type": _str(chat.get("type"), 40),
-        "chat_title": _str(
-            chat.get("title") or chat.get("username") or chat.get("first_name"), 200
-        ),
-        "user_id": _int(user.get("id")),
-        "user_name": _str(user.get("username") or user.get("first_name"), 200),
-        "message_id": _int(message.get("message_id")),
-        "reply_to": _int(reply.get("message_id")),
-        "reply_to_bot": _int(_dict(reply.get("from")).get("id")) == bot_id,
-        "thread": _int(message.get("message_thread_id"))
-        if message.get("is_topic_message")
-        else None,
-    }
-    if callback:
-        return Update(
-            kind="callback",
-            callback_id=_str(callback.get("id"), 200),
-            callback_data=_str(callback.get("data"), 200),
-            **fields,
-        )
-    if _int(message.get("migrate_to_chat_id")) is not None:
-        return Update(kind="migrated", migrate_to=_int(message.get("migrate_to_chat_id")), **fields)
-    text = _str(message.get("text") or message.get("caption"))
-    document = _dict(message.get("document"))
-    photos = message.get("photo")
-    if document:
-        return Update(
-            kind="document",
-            text=text,
-            file_id=_str(document.get("file_id"), 300),
-            file_name=_str(document.get("file_name"), 255),
-            file_size=_int(document.get("file_size")),
-            **fields,
-        )
-    if isinstance(photos, list) and photos and isinstance(photos[-1], dict):
-        photo = photos[-1]  # the largest size comes last
-        return Update(
-            kind="photo",
-            text=text,
-            file_id=_str(photo.get("file_id"), 300),
-            file_name=f"photo-{update_id}.jpg",
-            file_size=_int(photo.get("file_size")),
-            **fields,
-        )
-    if message:
-        return Update(kind="message", text=text, **fields)
-    return Update(**fields)
-
-
-def _addressed(update: Update, username: str) -> tuple[bool, str]:
-    """Whether a group message is for the bot, and its text without the bot's name."""
-    text = update.text
-    if not username:
-        return update.reply_to_bot, text
-    mention = re.compile(rf"@{re.escape(username)}\b", re.IGNORECASE)
-    if mention.search(text):
-        return True, mention.sub("", text, count=1).strip()
-    return update.reply_to_bot, text
-
-
-def _command(text: str, username: str) -> tuple[str, str]:
-    """``/cmd ARG`` (or ``/cmd@thisbot ARG``) as (``/cmd``, ``ARG``); ("", "") for text that is
-    not a command, or is one for another bot (``/cmd@otherbot``)."""
-    match = re.fullmatch(r"\s*(/[A-Za-z_]{1,32})(?:@(\w+))?(?:\s+(.*))?", text, re.DOTALL)
-    if match is None:
-        return "", ""
-    if match.group(2) and match.group(2).lower() != username.lower():
-        return "", ""
-    return match.group(1).lower(), (match.group(3) or "").strip()
 
 
 class Inbound:
@@ -273,12 +151,12 @@ class Inbound:
         paired = state.chats.get(str(chat_id))
         text = update.text
         if update.chat_type in ("group", "supergroup"):
-            addressed, text = _addressed(update, state.username)
-            command, _ = _command(text, state.username)
-            if not addressed and not command.startswith("/pair"):
+            to_bot, text = addressed(update, state.username)
+            command, _ = command_of(text, state.username)
+            if not to_bot and not command.startswith("/pair"):
                 return "ignored", "not addressed to the bot"
         update = attrs.evolve(update, text=text)
-        command, argument = _command(text, state.username)
+        command, argument = command_of(text, state.username)
         if paired is None:
             if command in ("/pair", "/start") and argument:
                 return self._pair(update, argument)
@@ -580,7 +458,7 @@ class Inbound:
     async def _callback(self, update: Update) -> tuple[str, str]:
         api = self.bot.api
         self.ctx.ensure_lease()  # answering is an effect, as a send is
-        match = _CALLBACK.fullmatch(update.callback_data)
+        match = CALLBACK.fullmatch(update.callback_data)
         if match is None:
             await api.answer_callback(update.callback_id, "This button is not one of mine.")
             return "ignored", "unknown button"
@@ -606,7 +484,7 @@ class Inbound:
         words = update.text.strip().split(maxsplit=1)
         first = words[0].lower().strip(".!,:;") if words else ""
         decidable = self.ctx.state.prompts[decision].opened.decidable
-        if first not in _YES | _NO and decidable:  # else: told where it is decided
+        if first not in YES | NO and decidable:  # else: told where it is decided
             self._say(update, "Reply with approve or deny (and a reason, if you like) to decide.")
             return "ignored", "a reply to a prompt that decides nothing"
         refused = await self._refusal(update, decision)
@@ -614,7 +492,7 @@ class Inbound:
             self._say(update, refused[2])
             return refused[0], refused[1]
         reason = words[1] if len(words) > 1 else "by a reply in Telegram"
-        self._decide(update, decision, first in _YES, reason)
+        self._decide(update, decision, first in YES, reason)
         return "decided", decision
 
 
