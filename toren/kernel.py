@@ -17,6 +17,7 @@ from toren._core.host import ActorHost, MessageDeadLettered
 from toren._core.json_text import dumps as json_text
 from toren._core.json_text import safe_text, utf8_size
 from toren._core.killpoints import kill_point
+from toren._core.kinds import Kind, Runtime, Service, WorkerEnv
 from toren._core.leases import (
     Claim,
     LeaseClock,
@@ -38,10 +39,14 @@ __all__ = [
     "ActorHost",
     "Claim",
     "EmbeddedPostgres",
+    "Kind",
     "LeaseClock",
     "MessageDeadLettered",
     "MissingResource",
     "Resources",
+    "Runtime",
+    "Service",
+    "WorkerEnv",
     "WorkerSession",
     "actor_kinds",
     "claim",

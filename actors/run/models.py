@@ -52,6 +52,10 @@ class Providers:
                 await created.aclose()
         return found
 
+    async def close(self) -> None:
+        """As :meth:`aclose` (a kind's runtime, :class:`toren.kernel.Runtime`)."""
+        await self.aclose()
+
     async def aclose(self) -> None:
         """Close every provider opened (their connection pools)."""
         providers = list(self._open.values())

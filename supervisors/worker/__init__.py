@@ -6,6 +6,7 @@ to them, :mod:`.lease_keeper` renews what this worker holds, :mod:`.death_watch`
 peer that died. None of the services is an actor kind.
 """
 
+from toren.supervisors.worker.kinds import KINDS
 from toren.supervisors.worker.tree import SessionLost, Worker, run_worker
 
-__all__ = ["SessionLost", "Worker", "run_worker"]
+__all__ = ["KINDS", "SessionLost", "Worker", "run_worker"]

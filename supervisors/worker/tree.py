@@ -25,24 +25,21 @@ from __future__ import annotations
 import logging
 import signal
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 
 import anyio
 import asyncpg
 from anyio.abc import TaskStatus
 
-import toren.actors.channel.actor
-import toren.actors.run  # registers the run actor kind with this worker
-import toren.actors.sandbox.actor  # noqa: F401  (registers the sandbox kind)
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
-from toren.actors.channel import runtime as channels
-from toren.actors.run.models import Providers
-from toren.actors.sandbox import reaper, runtime
 from toren.directory import Directory
 from toren.kernel import (
     Claim,
+    Kind,
     Resources,
+    Runtime,
+    WorkerEnv,
     WorkerSession,
     connect,
     create_pool,
@@ -65,6 +62,7 @@ from toren.supervisors._supervisor import (
 from toren.supervisors.worker.death_watch import DeathWatch
 from toren.supervisors.worker.dispatcher import Dispatcher
 from toren.supervisors.worker.hosts import HostRegistry
+from toren.supervisors.worker.kinds import KINDS
 from toren.supervisors.worker.lease_keeper import LeaseKeeper
 
 log = logging.getLogger("toren.worker")
@@ -76,9 +74,17 @@ class Worker:
     """One worker process's tree. ``run`` until ``stop`` (graceful) or cancellation."""
 
     def __init__(
-        self, settings: Settings, url: str, *, sandboxes: bool = True, agents: Agents | None = None
+        self,
+        settings: Settings,
+        url: str,
+        *,
+        sandboxes: bool = True,
+        agents: Agents | None = None,
+        kinds: Sequence[Kind] = KINDS,
     ) -> None:
         self.settings = settings
+        self.kinds = tuple(kinds)
+        """The kinds this worker runs (Toren's own, unless given others)."""
         self.agents = agents if agents is not None else PROCESS_AGENTS
         """The agents this worker runs (the process's, unless given its own)."""
         self.url = url
@@ -88,7 +94,7 @@ class Worker:
         self._tree: Supervisor | None = None
         self._pool: asyncpg.Pool | None = None
         self._lease_pool: asyncpg.Pool | None = None
-        self._sandboxes = False
+        self._runtimes: list[tuple[Kind, Runtime]] = []  # opened, in order
         self._draining = False
         self.resources = Resources()
         """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
@@ -115,7 +121,6 @@ class Worker:
         """
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
-        providers = self.resources.put(Providers())
         self.resources.put(self.agents, as_type=Agents)
         self.resources.put(Directory(self.agents, pool))
         try:
@@ -124,14 +129,11 @@ class Worker:
             # lease's deadline.
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
-            if self._with_sandboxes:
-                sandboxes = await runtime.open_sandboxes(self.settings, pool, self.agents)
-            else:
-                log.debug("no agent here has a sandbox: Docker is not asked")
-                sandboxes = runtime.Sandboxes(why="no agent of this worker has a sandbox")
-            self.resources.put(sandboxes)
-            self._sandboxes = sandboxes.available
-            self.resources.put(await channels.open_channels(self.settings, pool, self.agents))
+            for kind in self.kinds:  # each kind's runtime, lent to the actors, in order
+                if kind.open is not None:
+                    opened = await kind.open(self._env(kind))
+                    self.resources.put(opened)
+                    self._runtimes.append((kind, opened))
             self._tree = Supervisor(
                 "worker",
                 [
@@ -152,16 +154,18 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
-                opened_sandboxes = self.resources.find(runtime.Sandboxes)
-                if opened_sandboxes is not None:
-                    await opened_sandboxes.close()
-                opened = self.resources.find(channels.Channels)
-                if opened is not None:
+                for _, opened in reversed(self._runtimes):
                     await opened.close()
-                await providers.aclose()
+                self._runtimes.clear()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()
+
+    def _env(self, kind: Kind) -> WorkerEnv:
+        if self._pool is None:
+            raise ConfigError("worker pool is not open")
+        on = self._with_sandboxes or kind.name != "sandbox"
+        return WorkerEnv(settings=self.settings, pool=self._pool, resources=self.resources, on=on)
 
     async def stop(self) -> None:
         """Graceful stop: stop claiming, finish messages in hand, release leases, deregister."""
@@ -237,16 +241,12 @@ class Worker:
                 await actors.stop()
                 tg.cancel_scope.cancel()
 
-        extra = []
-        if self._sandboxes:
-            sandboxes = self.resources.get(runtime.Sandboxes)
-            docker, _ = sandboxes.current()
-
-            async def run_reaper(c: ChildContext) -> None:
-                every = settings.sandbox_reap_seconds
-                await reaper.run_reaper(pool, docker, sandboxes.scope, every, c.started)
-
-            extra.append(ChildSpec(id="reaper", run=run_reaper))
+        extra = [  # each kind's services, beside the actors
+            ChildSpec(id=service.id, run=_service(service.run))
+            for kind, opened in self._runtimes
+            if kind.services is not None
+            for service in kind.services(self._env(kind), opened)
+        ]
         incarnation = Supervisor(
             f"incarnation/{session.worker_id}",
             [
@@ -292,6 +292,15 @@ class Worker:
                     )
                 await session.close()
                 log.info("worker %s down", session.worker_id)
+
+
+def _service(
+    run: Callable[[Callable[[], None]], Awaitable[None]],
+) -> Callable[[ChildContext], Awaitable[None]]:
+    async def child(c: ChildContext) -> None:
+        await run(c.started)
+
+    return child
 
 
 class SessionLost(TorenError):
