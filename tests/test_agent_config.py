@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 from tests.test_cli import toren
 from toren import Agent, ConfigError, Settings
-from toren._agent import agents as registry
+from toren._agent import registry
 from toren._agent.registry import agent_named, register_agents
 from toren._agent.tables import ConsentFinding, configured, consent_findings, unloaded_tables
 
