@@ -91,3 +91,19 @@ def test_send_file_is_offered_only_with_a_sandbox_and_a_bot() -> None:
     assert "send_file" in [t.name for t in both.all_tools]
     sandbox_only = Agent(name="g", model=MODEL, sandbox=Sandbox())
     assert "send_file" not in [t.name for t in sandbox_only.all_tools]
+
+
+def test_a_lookalike_is_not_a_kinds_part_and_a_read_table_equals_its_items() -> None:
+    # The agent layer does not import the kinds: it still takes only their own classes.
+    class LooksLikeTelegram:
+        agent_field = "telegram"
+
+        def agent_tools(self, agent: Agent) -> tuple[()]:
+            return ()
+
+    with pytest.raises(ConfigError, match=r"telegram must be a toren.channels.Telegram"):
+        Agent(name="ann", model=MODEL, telegram=LooksLikeTelegram())  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"sandbox must be a toren.sandbox.Sandbox"):
+        Agent(name="ann", model=MODEL, sandbox=LooksLikeTelegram())  # type: ignore[arg-type]
+    tables = read_agent_tables({"ann": {"telegram": {"bot": "annbot"}}}, "toren.toml", PARTS)
+    assert tables["ann"]["telegram"] == {"bot": "annbot"}

@@ -154,8 +154,12 @@ class Worker:
                 task_status.started(self)
         finally:
             with anyio.CancelScope(shield=True):
-                for _, opened in reversed(self._runtimes):
-                    await opened.close()
+                for kind, opened in reversed(self._runtimes):
+                    self.resources.remove(type(opened))
+                    try:
+                        await opened.close()
+                    except Exception:  # one runtime's failure leaves the others to close
+                        log.exception("closing the %s kind's runtime failed", kind.name)
                 self._runtimes.clear()
                 if self._lease_pool is not None:
                     await self._lease_pool.close()

@@ -281,6 +281,16 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 # The kinds' values an Agent takes, as errors name them (their classes are not imported here).
 _PART_TYPES = {"sandbox": "toren.sandbox.Sandbox", "telegram": "toren.channels.Telegram"}
+_PART_CLASSES = {  # where each is defined: an instance of it (or of a subclass) is one
+    "toren.sandbox.Sandbox": "toren.sandbox._settings.Sandbox",
+    "toren.channels.Telegram": "toren.channels._settings.Telegram",
+}
+
+
+def _is_a(value: object, public: str) -> bool:
+    """``isinstance(value, <the class named public>)``, without importing the kind."""
+    wanted = _PART_CLASSES[public]
+    return any(f"{k.__module__}.{k.__qualname__}" == wanted for k in type(value).__mro__)
 
 
 @attrs.frozen(kw_only=True)
@@ -345,7 +355,7 @@ class Agent:
         for field, value in (("sandbox", self.sandbox), ("telegram", self.telegram)):
             # A kind's value says which field it belongs in (toren._agent.parts): the agent
             # layer imports no kind.
-            if value is not None and getattr(type(value), "agent_field", None) != field:
+            if value is not None and not _is_a(value, _PART_TYPES[field]):
                 raise ConfigError(f"agent {self.name!r}: {field} must be a {_PART_TYPES[field]}")
         if self.sandbox is not None:
             object.__setattr__(self, "_sandbox_tools", self.sandbox.agent_tools(self))

@@ -51,7 +51,7 @@ class AgentPart:
     needs_code: str | None = None
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)  # equal to any mapping of the same items, as the table it was read as
 class PartTable(Mapping[str, Any]):
     """An ``[agents.NAME.<field>]`` table as read, with the part that merges it."""
 

@@ -166,8 +166,9 @@ def configured(agent: Agent, table: Mapping[str, Any] | None, source: str) -> Ag
     """
     if not table:
         return agent
-    for key, value in table.items():
-        if isinstance(value, PartTable):  # a kind's table: its part merges it
+    for key in _PART_FIELDS:  # a kind's table: its part merges it (in a fixed order)
+        value = table.get(key)
+        if isinstance(value, PartTable):
             where = f"[agents.{agent.name}.{key}] in {source}"
             current = getattr(agent, key)
             if current is None and value.part.needs_code is not None:
