@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 import attrs
 
 from toren._core.codec import decode, encode, message
-from toren._core.errors import EffectOutsideHandler, InternalError
+from toren._core.errors import EffectOutsideHandler
 from toren._core.json_text import dumps, loads
+from toren._core.names import NAMES
 from toren._core.resources import Resources
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ S = TypeVar("S")
 SYSTEM_LANE = 0
 USER_LANE = 1
 
-_kinds: dict[str, type[Actor[Any]]] = {}
+# The process's actor kinds (toren._core.names), read for every actor a worker hosts.
+_class_of_kind = NAMES.kinds.get
 
 
 class Actor(Generic[S]):
@@ -70,10 +72,7 @@ class Actor(Generic[S]):
         kind = cls.__dict__.get("kind")
         if kind is None:
             return
-        other = _kinds.get(kind)
-        if other is not None and other.__qualname__ != cls.__qualname__:
-            raise InternalError(f"actor kind {kind!r} is taken by {other.__qualname__}")
-        _kinds[kind] = cls
+        NAMES.add_kind(kind, cls)
 
     def __init__(self, actor_id: str, args: Mapping[str, Any]) -> None:
         self.actor_id = actor_id
@@ -124,12 +123,12 @@ class Actor(Generic[S]):
 
 def actor_class(kind: str) -> type[Actor[Any]] | None:
     """The class registered for ``kind``, if a loaded module defines one."""
-    return _kinds.get(kind)
+    return _class_of_kind(kind)
 
 
 def actor_kinds() -> list[str]:
     """Every registered actor kind, sorted."""
-    return sorted(_kinds)
+    return sorted(NAMES.kinds)
 
 
 @attrs.frozen(kw_only=True)

@@ -17,6 +17,7 @@ from cattrs.preconf.json import make_converter
 
 from toren._core.errors import InternalError, UnknownMessageType
 from toren._core.history import History, Ledger
+from toren._core.names import NAMES
 
 converter = make_converter()
 
@@ -62,8 +63,9 @@ def _register_history() -> None:
 _register_history()
 
 JSON = "json"
-_by_name: dict[str, type] = {}
-_by_type: dict[type, str] = {}
+# The process's payload names (toren._core.names), read on every encode and decode.
+_class_named = NAMES.payloads.get
+_name_of = NAMES.payload_names.get
 
 T = TypeVar("T", bound=type)
 
@@ -79,11 +81,7 @@ def message(name: str) -> Callable[[T], T]:
         checked: type = cls  # attrs.has() narrows its argument; keep ``cls`` a T
         if not attrs.has(checked):
             raise InternalError(f"{cls.__qualname__} must be an attrs class to be a payload")
-        other = _by_name.get(name)
-        if other is not None and other.__qualname__ != cls.__qualname__:
-            raise InternalError(f"payload name {name!r} is taken by {other.__qualname__}")
-        _by_name[name] = cls
-        _by_type[cls] = name
+        NAMES.add_payload(name, cls)
         return cls
 
     return register
@@ -100,7 +98,7 @@ def type_name(payload: object) -> str:
     """
     if isinstance(payload, dict):
         return JSON
-    name = _by_type.get(type(payload))
+    name = _name_of(type(payload))
     if name is None:
         raise UnknownMessageType(type(payload).__qualname__)
     return name
@@ -122,7 +120,7 @@ def decode(name: str, body: Any) -> Any:
     """
     if name == JSON:
         return body
-    cls = _by_name.get(name)
+    cls = _class_named(name)
     if cls is None:
         raise UnknownMessageType(name)
     return converter.structure(body, cls)
@@ -130,4 +128,4 @@ def decode(name: str, body: Any) -> Any:
 
 def registered() -> dict[str, type]:
     """Every registered payload type by name (a copy)."""
-    return dict(_by_name)
+    return dict(NAMES.payloads)

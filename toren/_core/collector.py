@@ -17,21 +17,31 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-_open = 0
-_restore = False
+
+class _Pauses:
+    """The pauses open in this process (the collector is process-wide, so they are too), and
+    whether the collector was on before the first of them."""
+
+    __slots__ = ("open", "restore")
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.restore = False
+
+
+_PAUSES = _Pauses()
 
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
     """The cycle collector off for the ``with`` block (see the module's docstring)."""
-    global _open, _restore
-    if _open == 0:
-        _restore = gc.isenabled()
+    if _PAUSES.open == 0:
+        _PAUSES.restore = gc.isenabled()
         gc.disable()
-    _open += 1
+    _PAUSES.open += 1
     try:
         yield
     finally:
-        _open -= 1
-        if _open == 0 and _restore:
+        _PAUSES.open -= 1
+        if _PAUSES.open == 0 and _PAUSES.restore:
             gc.enable()

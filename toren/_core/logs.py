@@ -29,7 +29,13 @@ class _Redacting(logging.Formatter):
 
 class TorenHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """Toren's handler (:func:`configure`): a stream handler that also takes lines formatted
-    elsewhere in the same shape (the access log's, written in batches)."""
+    elsewhere in the same shape (the access log's, written in batches).
+
+    Attributes:
+        chosen: the level chosen for every logger (``--log-level``), if one was.
+    """
+
+    chosen: str | None = None
 
     def write(self, text: str) -> None:
         """Write ``text`` (whole lines, already formatted and redacted) as :meth:`emit` would."""
@@ -52,8 +58,6 @@ def line_prefix(at: float) -> str:
 OWN_LOGGERS = ("toren", "actors", "supervisors")
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
-_chosen: str | None = None
-
 
 def configure(level: str | None = None) -> None:
     """Send every log record to stderr, one line each, UTC timestamps, bot tokens redacted.
@@ -67,23 +71,27 @@ def configure(level: str | None = None) -> None:
     Raises:
         ValueError: ``level`` is not one of :data:`LEVELS`.
     """
-    global _chosen  # one process, one command line
     if level is not None and level.upper() not in LEVELS:
         raise ValueError(f"unknown log level {level!r}: use one of {', '.join(LEVELS)}")
-    _chosen = level.upper() if level else None
     handler = TorenHandler(sys.stderr)
+    handler.chosen = level.upper() if level else None
     formatter = _Redacting("%(asctime)s.%(msecs)03dZ %(levelname)s %(name)s: %(message)s")
     formatter.datefmt = _DATE
     formatter.converter = time.gmtime
     handler.setFormatter(formatter)
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(_chosen or logging.WARNING)
+    root.setLevel(handler.chosen or logging.WARNING)
     for name in OWN_LOGGERS:
         show_info_from(name)
 
 
 def show_info_from(name: str) -> None:
     """Let logger ``name`` (an app's package) log from INFO, as Toren's own do, unless a level
-    was chosen for all (then it follows that)."""
-    logging.getLogger(name).setLevel(logging.NOTSET if _chosen else logging.INFO)
+    was chosen for all (then it follows that).
+
+    The choice is read from the root logger's handler that :func:`configure` installed:
+    the logging configuration is the process's, and Toren keeps no copy of it.
+    """
+    chosen = any(isinstance(h, TorenHandler) and h.chosen for h in logging.getLogger().handlers)
+    logging.getLogger(name).setLevel(logging.NOTSET if chosen else logging.INFO)
