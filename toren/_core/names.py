@@ -14,6 +14,7 @@ true.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from toren._core.errors import InternalError
@@ -45,9 +46,7 @@ class Names:
         Raises:
             InternalError: ``kind`` is another class's.
         """
-        other = self.kinds.get(kind)
-        if other is not None and other.__qualname__ != cls.__qualname__:
-            raise InternalError(f"actor kind {kind!r} is taken by {other.__qualname__}")
+        _free(self.kinds, "actor kind", kind, cls)
         self.kinds[kind] = cls
 
     def add_payload(self, name: str, cls: type) -> None:
@@ -56,11 +55,16 @@ class Names:
         Raises:
             InternalError: ``name`` is another class's.
         """
-        other = self.payloads.get(name)
-        if other is not None and other.__qualname__ != cls.__qualname__:
-            raise InternalError(f"payload name {name!r} is taken by {other.__qualname__}")
+        _free(self.payloads, "payload name", name, cls)
         self.payloads[name] = cls
         self.payload_names[cls] = name
+
+
+def _free(table: Mapping[str, type], what: str, name: str, cls: type) -> None:
+    """Raise unless ``name`` in ``table`` is free or ``cls``'s (by its qualified name)."""
+    other = table.get(name)
+    if other is not None and other.__qualname__ != cls.__qualname__:
+        raise InternalError(f"{what} {name!r} is taken by {other.__qualname__}")
 
 
 NAMES = Names()
