@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,19 @@ def test_public_api_is_pinned() -> None:
     # (the order within __all__ is ruff's RUF022: constants, classes, functions)
     for name in toren.__all__ + toren.kernel.__all__:
         assert hasattr(toren, name) or hasattr(toren.kernel, name), name
+
+
+@pytest.mark.parametrize("package", ["toren", "toren.runs", "toren.sandbox", "toren.channels"])
+def test_a_packages_names_are_imported_on_first_use_and_listed(package: str) -> None:
+    module = importlib.import_module(package)
+    homes = vars(module)["_HOMES"]
+    for home, names in homes.items():
+        for name in names:
+            assert getattr(module, name) is getattr(importlib.import_module(home), name), name
+    assert set(module.__all__) <= set(dir(module))
+    assert dir(module) == sorted(dir(module))
+    with pytest.raises(AttributeError, match=f"^module '{package}' has no attribute 'nothing'$"):
+        module.nothing  # noqa: B018 (the access is the test)
 
 
 def _imports(path: Path) -> list[str]:

@@ -14,8 +14,9 @@ or fields with defaults; recorded journals of every earlier version are kept as 
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from toren._core.exports import lazy_exports
 
 # Eager, and first: the package's name ``receipt`` is the function, not its module (a lazy name
 # would lose to the submodule once something imports ``toren.runs.receipt``).
@@ -368,17 +369,4 @@ _HOMES: dict[str, tuple[str, ...]] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use (PEP 562).
-
-    Raises:
-        AttributeError: no such name.
-    """
-    for home, names in _HOMES.items():
-        if name in names:
-            return getattr(importlib.import_module(home), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -9,8 +9,9 @@ the Docker layer are in :mod:`toren.actors.sandbox`.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from toren._core.exports import lazy_exports
 
 if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
     from toren.sandbox._settings import (
@@ -133,17 +134,4 @@ _HOMES: dict[str, tuple[str, ...]] = {
 }
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module on first use (PEP 562).
-
-    Raises:
-        AttributeError: no such name.
-    """
-    for home, names in _HOMES.items():
-        if name in names:
-            return getattr(importlib.import_module(home), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
