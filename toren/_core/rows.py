@@ -108,7 +108,7 @@ def columns(fields: Iterable[str]) -> str:
 
 def row(r: asyncpg.Record) -> ActorRow:
     """The :class:`ActorRow` of a record selected by :func:`columns`."""
-    found = r.keys()
+    found = set(r.keys())
     return ActorRow(
         actor_id=r["actor_id"],
         kind=r["kind"],
@@ -212,9 +212,9 @@ async def actors_in_range(
     sql = (
         f"SELECT {columns(fields)} FROM toren.actors a "
         f"WHERE a.actor_id BETWEEN $1 AND $2 AND a.kind = {_kind(kind)} "
-        "AND starts_with(a.actor_id, $3) ORDER BY a.actor_id LIMIT $4"
+        f"AND starts_with(a.actor_id, $3) ORDER BY a.actor_id LIMIT {int(limit)}"
     )
-    return [row(r) for r in await db.fetch(sql, lowest, highest, prefix, limit)]
+    return [row(r) for r in await db.fetch(sql, lowest, highest, prefix)]
 
 
 async def descendants(
