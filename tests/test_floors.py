@@ -8,6 +8,9 @@ Floors, bottom up: the kernel (``toren._core``, the ``toren.kernel`` facade), th
 settings). Each imports only from its own floor and those below. ``toren`` itself is the public
 facade: it re-exports from every floor, and actors import it by design.
 
+Only the kernel holds SQL on the kernel's tables: the others read and write them through its
+queries (read from every string of every module).
+
 What is not yet as it should be is named here, in lists that may only shrink: a change that adds
 to one is visible in review. docs/architecture.md draws the floors.
 """
