@@ -261,16 +261,14 @@ class Inbound:
             row = await actor_row(
                 runtime.of(self.ctx).pool, run, fields=("summary.status", "summary.error_class")
             )
-            if row is None or row.summed.get("status") not in ("failed", "cancelled"):
+            if row is None or row.summary_dict.get("status") not in ("failed", "cancelled"):
                 self._sent_to = run
                 return run, False
             # It failed before the channel read its end: say so here, since the conversation
             # is not read any more.
             ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
-            self._say(
-                update,
-                f"{ended(str(row.summed.get('error_class')))}: this message starts a new one.",
-            )
+            error_class = str(row.summary_dict.get("error_class"))
+            self._say(update, f"{ended(error_class)}: this message starts a new one.")
         count = ctx.state.started.get(key, 0)
         name = f"{self.actor_id}\0{key}\0{count}"
         run = f"run/{uuid.uuid5(_NAMESPACE, name)}"
@@ -355,7 +353,7 @@ class Inbound:
             row = await actor_row(
                 runtime.of(self.ctx).pool, prompt.opened.run, fields=("args.agent",)
             )
-            name = str((row.arg.get("agent") if row is not None else None) or "")
+            name = str((row.args_dict.get("agent") if row is not None else None) or "")
         if name == self.bot.agent.name:
             return name, self.bot.settings.approvers
         return name, approvers_of(agents_of(self.ctx).named(name))
@@ -413,7 +411,7 @@ class Inbound:
         row = await actor_row(
             runtime.of(self.ctx).pool, prompt.opened.run, fields=("summary.waiting_on",)
         )
-        waiting = row.summed.get("waiting_on") if row is not None else None
+        waiting = row.summary_dict.get("waiting_on") if row is not None else None
         return isinstance(waiting, list) and prompt.opened.call_id in waiting
 
     async def _refusal(self, update: Update, decision: str) -> tuple[str, str, str] | None:

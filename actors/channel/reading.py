@@ -315,7 +315,7 @@ class Reader:
             )
         elif isinstance(event, RunCompleted):
             row = await actor_row(self.pool, run, fields=("summary.usd_paid", "summary.calls_made"))
-            summary = row.summed if row is not None else {}
+            summary = row.summary_dict if row is not None else {}
             cost = f"${summary.get('usd_paid', '0')} for {summary.get('calls_made', 0)} model calls"
             text = f"\u2705 {run} completed ({cost}):\n{outbound.cut(event.output, 1500)}"
         elif isinstance(event, RunFailed | ActorFailed):

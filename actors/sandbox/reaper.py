@@ -42,7 +42,7 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
     sandboxes = await actor_rows(
         pool, [i.sandbox_id for i in ended], fields=("summary.commands", "summary.finished")
     )
-    busy = {s.actor_id for s in sandboxes if s.status == "live" and _running(s.summed)}
+    busy = {s.actor_id for s in sandboxes if s.status == "live" and _running(s.summary_dict)}
     return [i for i in ended if i.sandbox_id not in busy]
 
 

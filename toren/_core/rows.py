@@ -52,12 +52,12 @@ class ActorRow:
     failure: str | None = None
 
     @property
-    def arg(self) -> Mapping[str, Any]:
+    def args_dict(self) -> Mapping[str, Any]:
         """``args`` as a mapping (empty when it is not one)."""
         return self.args if isinstance(self.args, dict) else {}
 
     @property
-    def summed(self) -> Mapping[str, Any]:
+    def summary_dict(self) -> Mapping[str, Any]:
         """``summary`` as a mapping (empty when it has none)."""
         return self.summary if isinstance(self.summary, dict) else {}
 

@@ -52,7 +52,7 @@ async def channels(client: Client) -> list[dict[str, Any]]:
     rows = await actors_of_kind(client.pool, CHANNEL_KIND, fields=("args", "summary"), order="id")
     found = []
     for row in rows:
-        summary, args = row.summed, row.arg
+        summary, args = row.summary_dict, row.args_dict
         found.append(
             {
                 "channel": row.actor_id,

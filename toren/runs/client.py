@@ -312,12 +312,12 @@ async def runs_below(client: Client, run_id: str) -> list[tuple[str, str, list[s
     rows = await descendants(
         client.pool, run_id, kind=RUN_KIND, fields=("args.agent", "summary.waiting_on")
     )
-    return [(r.actor_id, str(r.arg.get("agent") or ""), _waiting(r)) for r, _ in rows]
+    return [(r.actor_id, str(r.args_dict.get("agent") or ""), _waiting(r)) for r, _ in rows]
 
 
 def _waiting(row: ActorRow) -> list[str]:
     """The call ids that run ``row`` waits on a decision for, from its summary."""
-    waiting = row.summed.get("waiting_on")
+    waiting = row.summary_dict.get("waiting_on")
     return [str(c) for c in waiting] if isinstance(waiting, list) else []
 
 
@@ -358,7 +358,7 @@ async def decision_target(
     )
     if row is None:
         raise UnknownActor(run_id)
-    own = (run_id, str(row.arg.get("agent") or ""))
+    own = (run_id, str(row.args_dict.get("agent") or ""))
     if run == run_id:
         return own
     below = await runs_below(client, run_id)
@@ -430,7 +430,7 @@ async def run_agent(client: Client, run_id: str) -> str:
     row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.agent",))
     if row is None:
         raise UnknownActor(run_id)
-    return str(row.arg.get("agent") or "")
+    return str(row.args_dict.get("agent") or "")
 
 
 async def run_status(client: Client, run_id: str) -> str:
@@ -451,7 +451,7 @@ async def _not_an_ended_child(client: Client, run_id: str, what: str) -> None:
         RunNotInState: the run is such a child.
     """
     row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.parent",))
-    parent = row.arg.get("parent") if row is not None else None
+    parent = row.args_dict.get("parent") if row is not None else None
     if parent:
         raise RunNotInState(
             run_id,
@@ -471,7 +471,7 @@ async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
     )
     if row is None:
         raise UnknownActor(run_id)
-    return _text(row.summed.get("status")), _text(row.summed.get("error_class"))
+    return _text(row.summary_dict.get("status")), _text(row.summary_dict.get("error_class"))
 
 
 def _text(value: object) -> str | None:

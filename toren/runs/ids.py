@@ -126,7 +126,7 @@ async def find_run(conn: asyncpg.Pool | asyncpg.Connection, text: str) -> str:
         found = [
             Candidate(
                 id=r.actor_id,
-                agent=str(r.arg.get("agent") or ""),
+                agent=str(r.args_dict.get("agent") or ""),
                 status=r.run_status or "running",
                 created_at=r.created_at,
             )

@@ -59,7 +59,7 @@ async def list_runs(
     )
     out = []
     for r in rows:
-        s = r.summed
+        s = r.summary_dict
         out.append(
             RunRow(
                 id=r.actor_id,

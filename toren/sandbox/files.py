@@ -54,7 +54,7 @@ async def checkpoint_of(client: Client, run_id: str) -> str:
         NoWorkspace: the run has no sandbox, or nothing was checkpointed yet.
     """
     row = await actor_row(client.pool, sandbox_address(run_id), fields=("summary.checkpoint",))
-    checkpoint = row.summed.get("checkpoint") if row is not None else None
+    checkpoint = row.summary_dict.get("checkpoint") if row is not None else None
     if not checkpoint:
         raise NoWorkspace(f"{run_id} has no workspace checkpoint (no sandbox, or nothing written)")
     return str(checkpoint)

@@ -71,7 +71,7 @@ async def _rows(pool: asyncpg.Pool, sandboxes: list[ActorRow]) -> list[SandboxRo
 
 def _run_of(sandbox: ActorRow) -> str:
     """The run of ``sandbox``: its argument, or (a sandbox of an earlier version) its id's."""
-    run = sandbox.arg.get("run")
+    run = sandbox.args_dict.get("run")
     return str(run) if run is not None else "run/" + sandbox.actor_id[len("sandbox/") :]
 
 
@@ -79,7 +79,7 @@ def _agent(run: ActorRow | None) -> str:
     """The agent of ``run``: its summary's, or its arguments' ('' if gone)."""
     if run is None:
         return ""
-    for found in (run.summed.get("agent"), run.arg.get("agent")):
+    for found in (run.summary_dict.get("agent"), run.args_dict.get("agent")):
         if found is not None:
             return str(found)
     return ""
@@ -88,7 +88,7 @@ def _agent(run: ActorRow | None) -> str:
 def _row(
     sandbox: ActorRow, run_id: str, runs: Mapping[str, ActorRow], reaps: set[str]
 ) -> SandboxRow:
-    s = sandbox.summed
+    s = sandbox.summary_dict
     run = runs.get(run_id)
     return SandboxRow(
         id=sandbox.actor_id,

@@ -191,7 +191,7 @@ def delivery(state: ChannelState, chat: int | None = None) -> list[OutboundMessa
 async def _channel_args(pool: Any, address: str) -> dict[str, Any] | None:
     """The arguments of the channel actor at ``address`` (None: there is none)."""
     row = await actor_row(pool, address, kind=CHANNEL_KIND, fields=("args",))
-    return None if row is None else dict(row.arg)
+    return None if row is None else dict(row.args_dict)
 
 
 # --- the webhook ----------------------------------------------------------------------------
