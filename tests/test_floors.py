@@ -8,6 +8,9 @@ Floors, bottom up: the kernel (``toren._core``, the ``toren.kernel`` facade), th
 settings). Each imports only from its own floor and those below. ``toren`` itself is the public
 facade: it re-exports from every floor, and actors import it by design.
 
+Only the kernel holds SQL on the kernel's tables: the others read and write them through its
+queries (read from every string of every module).
+
 What is not yet as it should be is named here, in lists that may only shrink: a change that adds
 to one is visible in review. docs/architecture.md draws the floors.
 """
@@ -15,6 +18,7 @@ to one is visible in review. docs/architecture.md draws the floors.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -314,10 +318,81 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
         if where.startswith("toren"):
             assert _floor(where) == KERNEL, f"toren.kernel.{name} is from {where}"
     assert sorted(toren.kernel.__all__) == [
-        "ActorHost", "Claim", "EmbeddedPostgres", "Kind", "LeaseClock", "MessageDeadLettered",
-        "MissingResource", "Resources", "Runtime", "Service", "TRANSIENT_DB_ERRORS", "WorkerEnv",
-        "WorkerSession", "actor_kinds", "claim", "code_version", "connect", "create_pool",
-        "decode", "housekeep", "json_text", "kill_point", "live_workers", "mark_failed",
-        "migrate", "open_death_watch", "printable", "release", "release_claim", "renew",
-        "safe_text", "schema_status", "utf8_size", "waiting", "watch_successor",
+        "ActorHost", "ActorRow", "Claim", "EmbeddedPostgres", "Kind", "LeaseClock",
+        "MessageDeadLettered", "MissingResource", "Resources", "Runtime", "Service",
+        "TRANSIENT_DB_ERRORS", "WorkerEnv", "WorkerSession", "actor_kinds", "actor_row",
+        "actor_rows", "actors_of_kind", "claim", "code_version", "connect", "create_pool",
+        "decode", "events", "events_after", "housekeep", "json_text", "kill_point", "last_seq",
+        "live_workers", "mark_failed", "migrate", "open_death_watch", "printable", "release",
+        "release_claim", "renew", "safe_text", "schema_status", "set_args", "utf8_size",
+        "waiting", "watch_successor",
     ]  # fmt: skip
+
+
+# --- the kernel's tables, through the kernel's queries ------------------------------------------
+
+# Tables the kernel's migrations create for the floors above, each read and written by its own
+# module there: not the kernel's.
+NOT_KERNEL_TABLES = {
+    "tokens": "the HTTP API's tokens (toren/_surfaces/tokens.py)",
+    "sessions": "the console's sessions (toren/_surfaces/tokens.py)",
+    "pairing_key": "the channels' pairing key (toren/channels/pairing.py)",
+}
+_SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|JOIN)\b", re.IGNORECASE)
+
+
+def _kernel_tables() -> set[str]:
+    """The tables and views the kernel's migrations create, but those of ``NOT_KERNEL_TABLES``."""
+    created = re.compile(r"CREATE\s+(?:TABLE|VIEW)\s+toren\.(\w+)", re.IGNORECASE)
+    found = {
+        name
+        for path in (ROOT / "toren" / "_core" / "migrations").glob("*.sql")
+        for name in created.findall(path.read_text())
+    }
+    return found - set(NOT_KERNEL_TABLES)
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """Every string a module writes: constants, f-strings (their literal parts, each value as
+    ``{}``) and sums of those, whole (a statement split over ``+`` is read as one)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        text = _text(node)
+        if text is not None:
+            inside.update(id(n) for n in ast.walk(node))
+            yield node.lineno, text  # type: ignore[attr-defined]
+
+
+def _text(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(v) or "{}" for v in node.values)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        left, right = _text(node.left), _text(node.right)
+        if left is not None or right is not None:
+            return (left or "{}") + (right or "{}")
+    return None
+
+
+def test_only_the_kernel_holds_sql_on_its_tables() -> None:
+    """The kernel's tables are read and written through the kernel's own queries
+    (``toren/_core/rows.py``, ``journal_reads.py``, ...): no module above it holds a statement
+    that names one. ``toren/testing`` may (test-only SQL: the harness resets and inspects the
+    database)."""
+    tables = _kernel_tables()
+    assert {"actors", "journal", "mailbox", "workers", "run_status_counts"} <= tables
+    named = re.compile(rf"\btoren\.({'|'.join(sorted(tables))})\b(?!\.)")  # not a module
+    found = []
+    for module, path in MODULES.items():
+        if _floor(module) == KERNEL or module.startswith("toren.testing"):
+            continue
+        for line, text in _strings(ast.parse(path.read_text())):
+            table = named.search(text)
+            if table and _SQL.search(text):
+                found.append(f"{path.relative_to(ROOT)}:{line} ({table.group()})")
+    assert found == [], "SQL on the kernel's tables outside it; add a kernel query:\n" + "\n".join(
+        found
+    )

@@ -14,6 +14,7 @@ from toren._core.db import (
     create_pool,
 )
 from toren._core.host import ActorHost, MessageDeadLettered
+from toren._core.journal_reads import events, events_after, last_seq
 from toren._core.json_text import dumps as json_text
 from toren._core.json_text import safe_text, utf8_size
 from toren._core.killpoints import kill_point
@@ -30,6 +31,7 @@ from toren._core.leases import (
 )
 from toren._core.migrate import migrate, schema_status
 from toren._core.resources import MissingResource, Resources
+from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
 from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
@@ -37,6 +39,7 @@ from toren._core.workers import housekeep, live_workers, open_death_watch, watch
 __all__ = [
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
+    "ActorRow",
     "Claim",
     "EmbeddedPostgres",
     "Kind",
@@ -49,14 +52,20 @@ __all__ = [
     "WorkerEnv",
     "WorkerSession",
     "actor_kinds",
+    "actor_row",
+    "actor_rows",
+    "actors_of_kind",
     "claim",
     "code_version",
     "connect",
     "create_pool",
     "decode",
+    "events",
+    "events_after",
     "housekeep",
     "json_text",
     "kill_point",
+    "last_seq",
     "live_workers",
     "mark_failed",
     "migrate",
@@ -67,6 +76,7 @@ __all__ = [
     "renew",
     "safe_text",
     "schema_status",
+    "set_args",
     "utf8_size",
     "waiting",
     "watch_successor",

@@ -57,7 +57,7 @@ from toren.channels import (
     redact,
     summary,
 )
-from toren.kernel import kill_point
+from toren.kernel import kill_point, last_seq
 
 log = logging.getLogger("toren.channel")
 
@@ -446,12 +446,11 @@ class ChannelActor(Actor[ChannelState]):
         what = f"run {msg.run}" if msg.run else f"every new run of agent {msg.agent}"
         seq = 0
         if msg.run and not msg.stop:
-            seq = await runtime.of(ctx).pool.fetchval(
-                "SELECT max(seq) FROM toren.journal WHERE actor_id = $1", msg.run
-            )
-            if seq is None:
+            last = await last_seq(runtime.of(ctx).pool, msg.run)
+            if last is None:
                 ctx.reply(Answer(ok=False, detail=f"no run {msg.run} (or it has not started)"))
                 return
+            seq = last
         ctx.emit(
             ObserverChanged(
                 chat_id=msg.chat_id,

@@ -56,7 +56,7 @@ from toren.channels import (
     telegram_principal,
 )
 from toren.directory import directory_of
-from toren.kernel import TRANSIENT_DB_ERRORS, printable, utf8_size
+from toren.kernel import TRANSIENT_DB_ERRORS, actor_row, printable, utf8_size
 from toren.runs import RUN_KIND, Decide, Say, StartRun, agent_route, agents_of
 from toren.sandbox import SANDBOX_KIND, SANDBOX_ROUTE, WORKSPACE, WriteFiles, sandbox_address
 
@@ -258,21 +258,17 @@ class Inbound:
         who = telegram_principal(update.user_id or 0, update.user_name)
         run = ctx.state.conversations.get(key)
         if run is not None:
-            row = await runtime.of(self.ctx).pool.fetchrow(
-                "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
-                "FROM toren.actors WHERE actor_id = $1",
-                run,
+            row = await actor_row(
+                runtime.of(self.ctx).pool, run, fields=("summary.status", "summary.error_class")
             )
-            if row is None or row["status"] not in ("failed", "cancelled"):
+            if row is None or row.summary_dict.get("status") not in ("failed", "cancelled"):
                 self._sent_to = run
                 return run, False
             # It failed before the channel read its end: say so here, since the conversation
             # is not read any more.
             ctx.emit(ConversationEnded(key=key, run=run, at=time.time()))
-            self._say(
-                update,
-                f"{ended(row['error_class'])}: this message starts a new one.",
-            )
+            error_class = str(row.summary_dict.get("error_class"))
+            self._say(update, f"{ended(error_class)}: this message starts a new one.")
         count = ctx.state.started.get(key, 0)
         name = f"{self.actor_id}\0{key}\0{count}"
         run = f"run/{uuid.uuid5(_NAMESPACE, name)}"
@@ -354,10 +350,10 @@ class Inbound:
         approvers of that agent's own bot (a child run's call needs the child's agent's)."""
         name = prompt.opened.agent
         if not name:  # a prompt opened by an earlier version: the agent of the run it names
-            name = await runtime.of(self.ctx).pool.fetchval(
-                "SELECT args->>'agent' FROM toren.actors WHERE actor_id = $1", prompt.opened.run
+            row = await actor_row(
+                runtime.of(self.ctx).pool, prompt.opened.run, fields=("args.agent",)
             )
-            name = str(name or "")
+            name = str((row.args_dict.get("agent") if row is not None else None) or "")
         if name == self.bot.agent.name:
             return name, self.bot.settings.approvers
         return name, approvers_of(agents_of(self.ctx).named(name))
@@ -412,10 +408,10 @@ class Inbound:
     async def _waits(self, prompt: Prompt) -> bool:
         """Whether the prompt's call still waits for a decision (by the run's row: a decision
         made elsewhere may not be read here yet). The run refuses a late one anyway."""
-        waiting = await runtime.of(self.ctx).pool.fetchval(
-            "SELECT summary->'waiting_on' FROM toren.actors WHERE actor_id = $1",
-            prompt.opened.run,
+        row = await actor_row(
+            runtime.of(self.ctx).pool, prompt.opened.run, fields=("summary.waiting_on",)
         )
+        waiting = row.summary_dict.get("waiting_on") if row is not None else None
         return isinstance(waiting, list) and prompt.opened.call_id in waiting
 
     async def _refusal(self, update: Update, decision: str) -> tuple[str, str, str] | None:

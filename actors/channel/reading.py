@@ -13,6 +13,7 @@ import logging
 import secrets
 import shlex
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from toren import ActorFailed, Context
@@ -26,8 +27,9 @@ from toren.channels import (
     PromptOpened,
     RunRead,
 )
-from toren.kernel import decode, printable
+from toren.kernel import actor_row, actors_of_kind, decode, events, events_after, printable
 from toren.runs import (
+    RUN_KIND,
     ApprovalDecided,
     ApprovalRequested,
     ChildApprovalRequested,
@@ -40,21 +42,8 @@ from toren.runs import (
 log = logging.getLogger("toren.channel")
 
 BATCH = 500
-_NEW_EVENTS = """
-SELECT j.actor_id, j.seq, j.type, j.data
-FROM unnest($1::text[], $2::bigint[]) AS w(actor_id, after)
-CROSS JOIN LATERAL (
-    SELECT actor_id, seq, type, data FROM toren.journal
-    WHERE actor_id = w.actor_id AND seq > w.after ORDER BY seq LIMIT $3
-) AS j
-ORDER BY j.actor_id, j.seq
-"""
-_NEW_RUNS = """
-SELECT actor_id, extract(epoch FROM created_at)::float8 AS created
-FROM toren.actors
-WHERE kind = 'toren.run' AND args->>'agent' = $1 AND created_at > to_timestamp($2)
-ORDER BY created_at LIMIT 50
-"""
+NEW_RUNS = 50
+"""New runs of an observed agent read at most per step."""
 _TURN_ENDS = {"run.completed", "run.failed", "toren.failed"}
 _TURN_STARTS = {"run.started", "message.received", "run.retried"}
 _INTERESTING = {
@@ -122,21 +111,21 @@ class Reader:
         runs = sorted(r for r, w in watches.items() if w.active or self.sweep)
         if not runs:
             return
-        rows = await self.pool.fetch(_NEW_EVENTS, runs, [watches[r].seq for r in runs], BATCH)
+        rows = await events_after(self.pool, [(r, watches[r].seq) for r in runs], limit=BATCH)
         last: dict[str, int] = {}
         done: dict[str, bool] = {}
         heard: dict[str, int] = {}
-        for row in rows:
-            run, seq = row["actor_id"], row["seq"]
+        for run, entry in rows:
+            seq = entry.seq
             last[run] = seq
-            if row["type"] in _TURN_STARTS:
+            if entry.type in _TURN_STARTS:
                 done[run] = False
-                heard[run] = heard.get(run, 0) + _from_the_chat(row["type"], row["data"])
-            if row["type"] not in _INTERESTING:
+                heard[run] = heard.get(run, 0) + _from_the_chat(entry.type, entry.data)
+            if entry.type not in _INTERESTING:
                 continue
-            done[run] = row["type"] in _TURN_ENDS
+            done[run] = entry.type in _TURN_ENDS
             try:
-                event = decode(row["type"], row["data"])
+                event = decode(entry.type, entry.data)
             except Exception:  # noqa: BLE001  (a type this version cannot read: skipped, logged)
                 log.warning("%s: event %s of %s could not be read", self.ctx.actor_id, seq, run)
                 continue
@@ -151,9 +140,17 @@ class Reader:
         state = self.ctx.state
         for agent in state.agent_observers:
             since = state.agent_seen.get(agent, time.time())
-            for row in await self.pool.fetch(_NEW_RUNS, agent, since):
-                created = float(row["created"])
-                self.ctx.emit(ObservedRun(agent=agent, run=row["actor_id"], created=created))
+            new = await actors_of_kind(
+                self.pool,
+                RUN_KIND,
+                args={"agent": agent},
+                since=datetime.fromtimestamp(since, UTC),
+                order="oldest",
+                limit=NEW_RUNS,
+            )
+            for row in new:
+                created = row.created_at.timestamp()
+                self.ctx.emit(ObservedRun(agent=agent, run=row.actor_id, created=created))
 
     async def _event(self, run: str, seq: int, event: Any) -> None:
         watch = self.ctx.state.watches.get(run)
@@ -290,13 +287,10 @@ class Reader:
     ) -> None:
         if not event.content.endswith("will be sent to the chat"):
             return
-        row = await self.pool.fetchrow(
-            "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'tool.intent' "
-            "AND data->>'call_id' = $2",
-            run,
-            event.call_id,
+        found = await events(
+            self.pool, run, types=("tool.intent",), match={"call_id": [event.call_id]}, limit=1
         )
-        intent = decode("tool.intent", row["data"]) if row else None
+        intent = decode("tool.intent", found[0].data) if found else None
         if not isinstance(intent, ToolIntended) or intent.name != "send_file":
             return
         path = str(intent.arguments.get("path", ""))
@@ -320,10 +314,8 @@ class Reader:
                 "(observers cannot decide: use the console, or toren jobs approve)"
             )
         elif isinstance(event, RunCompleted):
-            row = await self.pool.fetchrow(
-                "SELECT summary FROM toren.actors WHERE actor_id = $1", run
-            )
-            summary = row["summary"] if row and isinstance(row["summary"], dict) else {}
+            row = await actor_row(self.pool, run, fields=("summary.usd_paid", "summary.calls_made"))
+            summary = row.summary_dict if row is not None else {}
             cost = f"${summary.get('usd_paid', '0')} for {summary.get('calls_made', 0)} model calls"
             text = f"\u2705 {run} completed ({cost}):\n{outbound.cut(event.output, 1500)}"
         elif isinstance(event, RunFailed | ActorFailed):

@@ -26,6 +26,7 @@ from toren.channels import (
     channel_route,
     pairing_key,
 )
+from toren.kernel import set_args
 from toren.runs import Agents
 from toren.sandbox.files import open_store
 from toren.sandbox.store import WorkspaceStore
@@ -152,11 +153,7 @@ async def open_channels(settings: Settings, pool: asyncpg.Pool, agents: Agents) 
         # What the surfaces need without the app: the agent, where the webhook's secret is.
         args = {"bot": name, "agent": agent.name, "webhook_secret_env": telegram.webhook_secret_env}
         if not await client.spawn(CHANNEL_KIND, address, args, route=channel_route(name)):
-            await pool.execute(
-                "UPDATE toren.actors SET args = $2 WHERE actor_id = $1 AND args <> $2",
-                address,
-                args,
-            )
+            await set_args(pool, address, args)
         await client.send(address, Tick(), system=True)
         log.info(
             "telegram bot %r runs agent %r here (%s, %s)",

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import anyio
 import asyncpg
@@ -22,6 +23,7 @@ from aiodocker.exceptions import DockerError
 
 from toren import Client, UnknownActor
 from toren.actors.sandbox.docker import Docker, Info
+from toren.kernel import actor_rows
 from toren.runs import ENDED
 from toren.sandbox import Reap
 
@@ -33,24 +35,21 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
     found = [i for i in await docker.list() if i.scope == scope]
     if not found:
         return []
-    rows = await pool.fetch(
-        "SELECT actor_id, run_status FROM toren.actors WHERE actor_id = ANY($1::text[])",
-        [i.run_id for i in found],
-    )
-    status = {r["actor_id"]: r["run_status"] for r in rows}
+    status = {r.actor_id: r.run_status for r in await actor_rows(pool, [i.run_id for i in found])}
     ended = [i for i in found if status.get(i.run_id, "gone") in (*ENDED, "gone")]
     # A command still running when its run ended (cancelled) runs to its end: its sandbox
     # reaps the container then, unless the kernel gave up on the sandbox.
-    busy = {
-        r["actor_id"]
-        for r in await pool.fetch(
-            "SELECT actor_id FROM toren.actors WHERE actor_id = ANY($1::text[]) "
-            "AND status = 'live' "
-            "AND (summary->>'commands')::int > (summary->>'finished')::int",
-            [i.sandbox_id for i in ended],
-        )
-    }
+    sandboxes = await actor_rows(
+        pool, [i.sandbox_id for i in ended], fields=("summary.commands", "summary.finished")
+    )
+    busy = {s.actor_id for s in sandboxes if s.status == "live" and _running(s.summary_dict)}
     return [i for i in ended if i.sandbox_id not in busy]
+
+
+def _running(summary: Mapping[str, Any]) -> bool:
+    """Whether a sandbox's summary counts more commands sent than finished."""
+    commands, finished = summary.get("commands"), summary.get("finished")
+    return commands is not None and finished is not None and int(commands) > int(finished)
 
 
 async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import asyncpg
 from tenacity import (
@@ -21,6 +21,9 @@ from tenacity import (
 )
 
 from toren._core.db import TRANSIENT_DB_ERRORS
+
+if TYPE_CHECKING:
+    from toren._core.rows import Db
 
 
 def _retrying() -> AsyncRetrying:
@@ -91,4 +94,9 @@ class PostgresRestartStore:
         return count
 
     async def reset(self, key: str) -> None:
-        await self._pool.execute("DELETE FROM toren.restart_windows WHERE key = $1", key)
+        await forget_restarts(self._pool, key)
+
+
+async def forget_restarts(db: Db, key: str) -> None:
+    """Forget the restarts counted in window ``key`` (the next restart opens a new one)."""
+    await db.execute("DELETE FROM toren.restart_windows WHERE key = $1", key)

@@ -84,6 +84,14 @@ async def live_worker_count(conn: asyncpg.Connection | asyncpg.Pool) -> int:
     return count
 
 
+async def worker_registered(conn: asyncpg.Connection | asyncpg.Pool, worker_id: uuid.UUID) -> bool:
+    """Whether worker ``worker_id`` is in the registry (live, or dead and not yet removed)."""
+    found: bool = await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM toren.workers WHERE worker_id = $1)", worker_id
+    )
+    return found
+
+
 async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | None:
     """The agents live workers run, from the routes they publish with each renewal; ``None``
     while no live worker has published yet (none is up, or one has only just started)."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from toren._agent.principal import Principal
 from toren._core.errors import AskTimeout, ConfigError, TorenError
 from toren._core.journal import replay
+from toren._core.rows import actors_of_kind
 from toren.channels._messages import (
     CHANNEL_KIND,
     Answer,
@@ -48,21 +49,16 @@ def new_code() -> str:
 
 async def channels(client: Client) -> list[dict[str, Any]]:
     """Every channel: its bot, agent, chats and delivery counts (from its row)."""
-    rows = await client.pool.fetch(
-        "SELECT actor_id, args, summary, status FROM toren.actors WHERE kind = $1 "
-        "ORDER BY actor_id",
-        CHANNEL_KIND,
-    )
+    rows = await actors_of_kind(client.pool, CHANNEL_KIND, fields=("args", "summary"), order="id")
     found = []
     for row in rows:
-        summary = row["summary"] if isinstance(row["summary"], dict) else {}
-        args = row["args"] if isinstance(row["args"], dict) else {}
+        summary, args = row.summary_dict, row.args_dict
         found.append(
             {
-                "channel": row["actor_id"],
-                "bot": args.get("bot", row["actor_id"].rsplit("/", 1)[-1]),
+                "channel": row.actor_id,
+                "bot": args.get("bot", row.actor_id.rsplit("/", 1)[-1]),
                 "agent": summary.get("agent") or args.get("agent", ""),
-                "status": row["status"],
+                "status": row.status,
                 **{k: v for k, v in summary.items() if k not in ("agent", "bot")},
             }
         )

@@ -12,7 +12,10 @@ from toren._agent.principal import Principal
 from toren._core.codec import decode
 from toren._core.errors import AskTimeout, InternalError, TorenError, UnknownActor
 from toren._core.journal import replay
+from toren._core.journal_reads import events
 from toren._core.json_text import dumps, utf8_size
+from toren._core.restarts import forget_restarts
+from toren._core.rows import ActorRow, actor_row, descendants, revive
 from toren.runs.events import (
     ENDED,
     RUN_KIND,
@@ -239,7 +242,8 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
         args = {"agent": agent, "start": started}
         if await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn):
             return run_id
-        args = await conn.fetchval("SELECT args FROM toren.actors WHERE actor_id = $1", run_id)
+        found = await actor_row(conn, run_id, fields=("args",))
+        args = found.args if found is not None else None
     if (args or {}).get("start", started) != started:
         raise IdempotencyConflict(key, run_id)
     if "start" not in (args or {}):  # a run started by an earlier version
@@ -254,10 +258,8 @@ def _start_digest(agent: str, input: str) -> str:
 
 
 async def _started(conn: Connection, run_id: str) -> RunStarted | None:
-    row = await conn.fetchrow(
-        "SELECT data FROM toren.journal WHERE actor_id = $1 AND type = 'run.started'", run_id
-    )
-    return decode("run.started", row["data"]) if row else None
+    found = await events(conn, run_id, types=("run.started",), limit=1)
+    return decode("run.started", found[0].data) if found else None
 
 
 async def decide(
@@ -301,41 +303,22 @@ async def decide(
     return answer
 
 
-# The runs below a run that it waits on: the child runs its summary lists as running (children
-# it started by cross-agent calls and has not taken the end of), theirs, and so on. A child
-# whose end its parent already took is not below it any more.
-_BELOW = """
-WITH RECURSIVE below(actor_id, depth) AS (
-    SELECT c.id, 1
-    FROM toren.actors p, jsonb_array_elements_text(CASE
-        WHEN jsonb_typeof(p.summary->'children') = 'array' THEN p.summary->'children'
-        ELSE '[]' END) AS c(id)
-    WHERE p.actor_id = $1 AND p.kind = $2
-    UNION
-    SELECT c.id, b.depth + 1
-    FROM below b JOIN toren.actors a ON a.actor_id = b.actor_id AND a.kind = $2,
-         jsonb_array_elements_text(CASE
-            WHEN jsonb_typeof(a.summary->'children') = 'array' THEN a.summary->'children'
-            ELSE '[]' END) AS c(id)
-    WHERE b.depth < 64
-)
-SELECT a.actor_id, a.args->>'agent' AS agent,
-       CASE WHEN jsonb_typeof(a.summary->'waiting_on') = 'array'
-            THEN a.summary->'waiting_on' ELSE '[]' END AS waiting,
-       min(b.depth) AS depth
-FROM below b JOIN toren.actors a ON a.actor_id = b.actor_id AND a.kind = $2
-GROUP BY a.actor_id
-ORDER BY depth, a.created_at
-LIMIT 1000
-"""
-
-
 async def runs_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
     """The runs below ``run_id`` that it waits on (the child runs of its cross-agent calls that
     have not ended, theirs...), nearest first: ``(run id, agent, call ids waiting for a
-    decision)``, from their rows."""
-    rows = await client.pool.fetch(_BELOW, run_id, RUN_KIND)
-    return [(r["actor_id"], r["agent"] or "", [str(c) for c in r["waiting"]]) for r in rows]
+    decision)``, from their rows: the child runs its summary lists as running (children it
+    started by cross-agent calls and has not taken the end of), theirs, and so on. A child
+    whose end its parent already took is not below it any more."""
+    rows = await descendants(
+        client.pool, run_id, kind=RUN_KIND, fields=("args.agent", "summary.waiting_on")
+    )
+    return [(r.actor_id, str(r.args_dict.get("agent") or ""), _waiting(r)) for r, _ in rows]
+
+
+def _waiting(row: ActorRow) -> list[str]:
+    """The call ids that run ``row`` waits on a decision for, from its summary."""
+    waiting = row.summary_dict.get("waiting_on")
+    return [str(c) for c in waiting] if isinstance(waiting, list) else []
 
 
 async def waiting_below(client: Client, run_id: str) -> list[tuple[str, str, list[str]]]:
@@ -370,15 +353,12 @@ async def decision_target(
         RunNotInState: ``run`` is neither ``run_id`` nor a run below it that it waits on.
         AmbiguousDecision: ``run`` is not given and the call waits in more than one run.
     """
-    row = await client.pool.fetchrow(
-        "SELECT args->>'agent' AS agent, summary->'waiting_on' AS waiting "
-        "FROM toren.actors WHERE actor_id = $1 AND kind = $2",
-        run_id,
-        RUN_KIND,
+    row = await actor_row(
+        client.pool, run_id, kind=RUN_KIND, fields=("args.agent", "summary.waiting_on")
     )
     if row is None:
         raise UnknownActor(run_id)
-    own = (run_id, str(row["agent"] or ""))
+    own = (run_id, str(row.args_dict.get("agent") or ""))
     if run == run_id:
         return own
     below = await runs_below(client, run_id)
@@ -387,7 +367,7 @@ async def decision_target(
             if found == run:
                 return found, agent
         raise RunNotInState(run, f"is not {run_id} or a run below it that it waits on")
-    waiting = isinstance(row["waiting"], list) and call_id in row["waiting"]
+    waiting = call_id in _waiting(row)
     candidates = [own] if waiting else []
     candidates += [(found, agent) for found, agent, calls in below if call_id in calls]
     if len(candidates) > 1:
@@ -447,14 +427,10 @@ async def run_agent(client: Client, run_id: str) -> str:
     Raises:
         UnknownActor: no such run.
     """
-    row = await client.pool.fetchrow(
-        "SELECT args->>'agent' AS agent FROM toren.actors WHERE actor_id = $1 AND kind = $2",
-        run_id,
-        RUN_KIND,
-    )
+    row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.agent",))
     if row is None:
         raise UnknownActor(run_id)
-    return str(row["agent"] or "")
+    return str(row.args_dict.get("agent") or "")
 
 
 async def run_status(client: Client, run_id: str) -> str:
@@ -474,11 +450,8 @@ async def _not_an_ended_child(client: Client, run_id: str, what: str) -> None:
     Raises:
         RunNotInState: the run is such a child.
     """
-    parent = await client.pool.fetchval(
-        "SELECT args->>'parent' FROM toren.actors WHERE actor_id = $1 AND kind = $2",
-        run_id,
-        RUN_KIND,
-    )
+    row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.parent",))
+    parent = row.args_dict.get("parent") if row is not None else None
     if parent:
         raise RunNotInState(
             run_id,
@@ -493,15 +466,19 @@ async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
     Raises:
         UnknownActor: no such run.
     """
-    row = await client.pool.fetchrow(
-        "SELECT summary->>'status' AS status, summary->>'error_class' AS error_class "
-        "FROM toren.actors WHERE actor_id = $1 AND kind = $2",
-        run_id,
-        RUN_KIND,
+    row = await actor_row(
+        client.pool, run_id, kind=RUN_KIND, fields=("summary.status", "summary.error_class")
     )
     if row is None:
         raise UnknownActor(run_id)
-    return row["status"], row["error_class"]
+    return _text(row.summary_dict.get("status")), _text(row.summary_dict.get("error_class"))
+
+
+def _text(value: object) -> str | None:
+    """A summary's value as ``->>`` reads it: text, ``None`` for JSON null or a missing key."""
+    if value is None:
+        return None
+    return value if isinstance(value, str) else dumps(value)
 
 
 async def cancel(
@@ -546,11 +523,6 @@ async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> 
     await _not_an_ended_child(client, run_id, "retry")
     by = _caller(by)
     async with client.pool.acquire() as conn, conn.transaction():
-        await conn.execute(
-            "UPDATE toren.actors SET status = 'live', failure = NULL "
-            "WHERE actor_id = $1 AND kind = $2 AND status = 'failed'",
-            run_id,
-            RUN_KIND,
-        )
-        await conn.execute("DELETE FROM toren.restart_windows WHERE key = $1", f"actors/{run_id}")
+        await revive(conn, run_id, kind=RUN_KIND)
+        await forget_restarts(conn, f"actors/{run_id}")
         await client.send(run_id, Retry(by=by, who=by.name), system=True, conn=conn)

@@ -20,6 +20,7 @@ import asyncpg
 import attrs
 
 from toren._core.errors import TorenError
+from toren._core.rows import actors_in_range
 from toren.runs.events import RUN_KIND
 
 CANDIDATES = 10
@@ -27,14 +28,6 @@ CANDIDATES = 10
 
 _HEX = re.compile(r"[0-9a-f]{1,32}")
 _GROUPS = ((0, 8), (8, 12), (12, 16), (16, 20), (20, 32))  # a uuid's hex digits by group
-
-_FIND = f"""
-SELECT actor_id, coalesce(args->>'agent', '') AS agent, run_status, created_at
-FROM toren.actors
-WHERE actor_id BETWEEN $1 AND $2 AND kind = '{RUN_KIND}' AND starts_with(actor_id, $3)
-ORDER BY actor_id
-LIMIT {CANDIDATES + 1}
-"""
 
 
 @attrs.frozen(kw_only=True)
@@ -118,19 +111,26 @@ async def find_run(conn: asyncpg.Pool | asyncpg.Connection, text: str) -> str:
         AmbiguousRun: several runs' ids start with it (the first ``CANDIDATES`` listed).
     """
     prefix, lowest, highest = id_range(text)
-    rows = await conn.fetch(_FIND, lowest, highest, prefix)
+    rows = await actors_in_range(
+        conn,
+        lowest,
+        highest,
+        kind=RUN_KIND,
+        prefix=prefix,
+        fields=("args.agent",),
+        limit=CANDIDATES + 1,
+    )
     if not rows:
         raise RunNotFound(text, prefix, whole=lowest == highest)
     if len(rows) > 1:
         found = [
             Candidate(
-                id=r["actor_id"],
-                agent=r["agent"],
-                status=r["run_status"],
-                created_at=r["created_at"],
+                id=r.actor_id,
+                agent=str(r.args_dict.get("agent") or ""),
+                status=r.run_status or "running",
+                created_at=r.created_at,
             )
             for r in rows
         ]
         raise AmbiguousRun(text, prefix, found)
-    run_id: str = rows[0]["actor_id"]
-    return run_id
+    return rows[0].actor_id

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from toren._core.client import Client
 from toren._core.errors import ConfigError, TorenError
+from toren._core.rows import actor_row
 from toren.sandbox._vocabulary import WriteFiles, sandbox_address
 from toren.sandbox.checkpoints import list_files, read_file
 from toren.sandbox.store import WorkspaceStore, store_from_url
@@ -52,10 +53,8 @@ async def checkpoint_of(client: Client, run_id: str) -> str:
     Raises:
         NoWorkspace: the run has no sandbox, or nothing was checkpointed yet.
     """
-    summary = await client.pool.fetchval(
-        "SELECT summary FROM toren.actors WHERE actor_id = $1", sandbox_address(run_id)
-    )
-    checkpoint = (summary or {}).get("checkpoint") if isinstance(summary, dict) else None
+    row = await actor_row(client.pool, sandbox_address(run_id), fields=("summary.checkpoint",))
+    checkpoint = row.summary_dict.get("checkpoint") if row is not None else None
     if not checkpoint:
         raise NoWorkspace(f"{run_id} has no workspace checkpoint (no sandbox, or nothing written)")
     return str(checkpoint)
@@ -101,8 +100,7 @@ async def write_files(
     if total > WRITE_MAX:
         raise ConfigError(f"{total} bytes in one write; at most {WRITE_MAX}")
     address = sandbox_address(run_id)
-    known = await client.pool.fetchval("SELECT 1 FROM toren.actors WHERE actor_id = $1", address)
-    if not known:
+    if await actor_row(client.pool, address) is None:
         raise NoWorkspace(f"{run_id} has no sandbox yet: its first sandboxed call makes one")
     message = WriteFiles(
         files={p: base64.b64encode(v).decode() for p, v in files.items()},

@@ -20,26 +20,15 @@ import asyncpg
 import attrs
 
 from toren._core.codec import encode
+from toren._core.journal_reads import events
+from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, queued
 from toren.runs.events import ENDED
 from toren.sandbox._vocabulary import SANDBOX_KIND, WORKSPACE, Reap, sandbox_address
 
-_SELECT = """
-SELECT s.actor_id, s.status AS actor_status, s.summary, s.created_at, x.run_id,
-       EXISTS (SELECT 1 FROM toren.mailbox m WHERE m.actor_id = s.actor_id AND m.kind = $2)
-           AS reap_queued,
-       coalesce(r.summary->>'agent', r.args->>'agent', '') AS agent,
-       CASE WHEN r.actor_id IS NULL THEN NULL
-            ELSE coalesce(r.summary->>'status', 'running') END AS run_status
-FROM toren.actors s
-CROSS JOIN LATERAL (
-    SELECT coalesce(s.args->>'run', 'run/' || substr(s.actor_id, length('sandbox/') + 1)) AS run_id
-) x
-LEFT JOIN toren.actors r ON r.actor_id = x.run_id
-WHERE s.kind = $1
-"""
 _REAP, _ = encode(Reap())
-_NOT_REAPED = " AND coalesce(s.summary->>'status', 'new') <> 'reaped'"
-_NEWEST = " ORDER BY s.created_at DESC, s.actor_id"
+_NOT_REAPED = {"status": "reaped"}
+_OWN = ("summary", "args.run")
+_RUNS = ("summary.agent", "args.agent")
 
 
 @attrs.frozen(kw_only=True)
@@ -71,16 +60,44 @@ class SandboxRow:
         return {**attrs.asdict(self), "created_at": self.created_at.isoformat()}
 
 
-def _row(r: asyncpg.Record) -> SandboxRow:
-    s: Mapping[str, Any] = r["summary"] if isinstance(r["summary"], dict) else {}
+async def _rows(pool: asyncpg.Pool, sandboxes: list[ActorRow]) -> list[SandboxRow]:
+    """Each of ``sandboxes`` (their rows) with its run's: three queries (the sandboxes', their
+    runs', their mailboxes'), for lists a person reads (the CLI), not a step's path."""
+    run_of = {s.actor_id: _run_of(s) for s in sandboxes}
+    runs = {r.actor_id: r for r in await actor_rows(pool, set(run_of.values()), fields=_RUNS)}
+    reaps = await queued(pool, list(run_of), _REAP)
+    return [_row(s, run_of[s.actor_id], runs, reaps) for s in sandboxes]
+
+
+def _run_of(sandbox: ActorRow) -> str:
+    """The run of ``sandbox``: its argument, or (a sandbox of an earlier version) its id's."""
+    run = sandbox.args_dict.get("run")
+    return str(run) if run is not None else "run/" + sandbox.actor_id[len("sandbox/") :]
+
+
+def _agent(run: ActorRow | None) -> str:
+    """The agent of ``run``: its summary's, or its arguments' ('' if gone)."""
+    if run is None:
+        return ""
+    for found in (run.summary_dict.get("agent"), run.args_dict.get("agent")):
+        if found is not None:
+            return str(found)
+    return ""
+
+
+def _row(
+    sandbox: ActorRow, run_id: str, runs: Mapping[str, ActorRow], reaps: set[str]
+) -> SandboxRow:
+    s = sandbox.summary_dict
+    run = runs.get(run_id)
     return SandboxRow(
-        id=r["actor_id"],
-        run=r["run_id"],
-        agent=r["agent"],
-        run_status=r["run_status"],
+        id=sandbox.actor_id,
+        run=run_id,
+        agent=_agent(run),
+        run_status=run.run_status if run is not None else None,
         status=str(s.get("status") or "new"),
-        live=r["actor_status"] == "live",
-        reap_queued=r["reap_queued"],
+        live=sandbox.status == "live",
+        reap_queued=sandbox.actor_id in reaps,
         container_id=s.get("container_id"),
         name=str(s.get("name") or ""),
         commands=int(s.get("commands") or 0),
@@ -88,7 +105,7 @@ def _row(r: asyncpg.Record) -> SandboxRow:
         checkpoint=s.get("checkpoint"),
         checkpoints=int(s.get("checkpoints") or 0),
         uploaded_bytes=int(s.get("uploaded_bytes") or 0),
-        created_at=r["created_at"],
+        created_at=sandbox.created_at,
     )
 
 
@@ -97,23 +114,31 @@ async def list_sandboxes(
 ) -> list[SandboxRow]:
     """Sandboxes, newest first: by default those whose container may exist (not reaped),
     with ``reaped`` all of them."""
-    sql = _SELECT + ("" if reaped else _NOT_REAPED) + _NEWEST + " LIMIT $3"
-    return [_row(r) for r in await pool.fetch(sql, SANDBOX_KIND, _REAP, limit)]
+    sandboxes = await actors_of_kind(
+        pool,
+        SANDBOX_KIND,
+        fields=_OWN,
+        summary_not=None if reaped else _NOT_REAPED,
+        order="newest",
+        limit=limit,
+    )
+    return await _rows(pool, sandboxes)
 
 
 async def reapable(pool: asyncpg.Pool) -> list[SandboxRow]:
     """The sandboxes to reap: not reaped, their run ended (or gone), oldest first. Those the
     kernel gave up on are included (``live`` False): they take no message; the orphan reaper
     of a worker with Docker removes their containers."""
-    sql = _SELECT + _NOT_REAPED + " ORDER BY s.created_at, s.actor_id"
-    return [row for row in map(_row, await pool.fetch(sql, SANDBOX_KIND, _REAP)) if row.run_ended]
+    sandboxes = await actors_of_kind(
+        pool, SANDBOX_KIND, fields=_OWN, summary_not=_NOT_REAPED, order="oldest"
+    )
+    return [row for row in await _rows(pool, sandboxes) if row.run_ended]
 
 
 async def sandbox_of(pool: asyncpg.Pool, run_id: str) -> SandboxRow | None:
     """Run ``run_id``'s sandbox, or None if it has none (yet)."""
-    sql = _SELECT + " AND s.actor_id = $3"
-    rows = await pool.fetch(sql, SANDBOX_KIND, _REAP, sandbox_address(run_id))
-    return _row(rows[0]) if rows else None
+    sandbox = await actor_row(pool, sandbox_address(run_id), kind=SANDBOX_KIND, fields=_OWN)
+    return (await _rows(pool, [sandbox]))[0] if sandbox is not None else None
 
 
 async def approval_cwds(pool: asyncpg.Pool, run_id: str, call_ids: Iterable[str]) -> dict[str, str]:
@@ -122,14 +147,15 @@ async def approval_cwds(pool: asyncpg.Pool, run_id: str, call_ids: Iterable[str]
     wanted = list(call_ids)
     if not wanted:
         return {}
-    rows = await pool.fetch(
-        "SELECT data->>'call_id' AS call_id, data->>'cwd' AS cwd FROM toren.journal "
-        "WHERE actor_id = $1 AND type = 'approval.requested' AND data->>'call_id' = ANY($2) "
-        "AND data->>'cwd' IS NOT NULL",
+    asked = await events(
+        pool,
         run_id,
-        wanted,
+        types=("approval.requested",),
+        match={"call_id": wanted},
+        present=("cwd",),
+        keys=("call_id", "cwd"),
     )
-    return {r["call_id"]: r["cwd"] for r in rows}
+    return {str(e.data["call_id"]): str(e.data["cwd"]) for e in asked}
 
 
 # --- a run's sandboxed calls ----------------------------------------------------------------
@@ -181,12 +207,10 @@ class SandboxedCall:
 
 _RUN_TYPES = ["tool.intent", "tool.result", "approval.requested", "sandbox.requested"]
 
-# What a sandbox's journal says of each command, without the content and arguments it also
-# holds (a file written can be megabytes; the run's journal has what the model was told).
-_SANDBOX_FACTS = """
-SELECT type, data - 'content' - 'arguments' AS data FROM toren.journal
-WHERE actor_id = $1 AND type IN ('command.intended', 'command.finished') ORDER BY seq
-"""
+_SANDBOX_TYPES = ("command.intended", "command.finished")
+# What a sandbox's journal says of each command is read without the content and arguments it
+# also holds (a file written can be megabytes; the run's journal has what the model was told).
+_SANDBOX_LARGE = ("content", "arguments")
 
 
 async def read_calls(
@@ -194,15 +218,13 @@ async def read_calls(
 ) -> list[SandboxedCall]:
     """Run ``run_id``'s sandboxed calls, in the order they were asked for; ``ended``: the run
     has ended (a call it never sent was not run, rather than awaiting approval)."""
-    run_events = await pool.fetch(
-        "SELECT type, data FROM toren.journal WHERE actor_id = $1 AND type = ANY($2) ORDER BY seq",
-        run_id,
-        _RUN_TYPES,
+    run_events = await events(pool, run_id, types=_RUN_TYPES)
+    sandbox_events = await events(
+        pool, sandbox_address(run_id), types=_SANDBOX_TYPES, without=_SANDBOX_LARGE
     )
-    sandbox_events = await pool.fetch(_SANDBOX_FACTS, sandbox_address(run_id))
     return sandboxed_calls(
-        [(r["type"], r["data"]) for r in run_events],
-        [(r["type"], r["data"]) for r in sandbox_events],
+        [(e.type, e.data) for e in run_events],
+        [(e.type, e.data) for e in sandbox_events],
         ended=ended,
     )
 

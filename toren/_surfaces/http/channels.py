@@ -28,6 +28,7 @@ from aiohttp import web
 
 from toren._core.errors import ActorNotLive, ConfigError, UnknownActor
 from toren._core.killpoints import kill_point
+from toren._core.rows import actor_row
 from toren._surfaces.http.common import CLIENT, OPTIONS, ProblemError, client_address, json
 from toren._surfaces.http.guard import FailedAuth
 from toren._surfaces.http.models import (
@@ -189,13 +190,8 @@ def delivery(state: ChannelState, chat: int | None = None) -> list[OutboundMessa
 
 async def _channel_args(pool: Any, address: str) -> dict[str, Any] | None:
     """The arguments of the channel actor at ``address`` (None: there is none)."""
-    row = await pool.fetchrow(
-        "SELECT args FROM toren.actors WHERE actor_id = $1 AND kind = $2", address, CHANNEL_KIND
-    )
-    if row is None:
-        return None
-    args = row["args"]
-    return args if isinstance(args, dict) else {}
+    row = await actor_row(pool, address, kind=CHANNEL_KIND, fields=("args",))
+    return None if row is None else dict(row.args_dict)
 
 
 # --- the webhook ----------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from toren._core.rows import run_status_counts
 from toren._core.workers import live_worker_count, live_workers
 from toren._surfaces.http.common import ACCESS, CLIENT, json
 from toren._surfaces.http.models import Health, WorkerInfo
@@ -56,8 +57,7 @@ async def metrics(request: web.Request) -> web.Response:
     app = request.app
     pool = app[CLIENT].pool
     # Counts kept as runs change status (migration 0006): a few rows, however many runs.
-    rows = await pool.fetch("SELECT status, n FROM toren.run_status_counts")
-    counts = {r["status"]: r["n"] for r in rows}
+    counts = await run_status_counts(pool)
     for status in STATUSES:
         app[_RUNS].labels(status).set(counts.get(status, 0))
     app[_WORKERS].set(await live_worker_count(pool))

@@ -20,6 +20,7 @@ import attrs
 from aiohttp import web
 
 from toren._core.migrate import schema_status
+from toren._core.workers import worker_registered
 from toren._surfaces.http.common import CLIENT, json
 from toren._surfaces.http.models import Readiness, WorkerState
 
@@ -91,11 +92,7 @@ async def _query(pool: asyncpg.Pool, worker_id: uuid.UUID | None) -> Found:
     try:
         with anyio.fail_after(3):
             current, latest = await schema_status(pool)
-            registered = worker_id is not None and bool(
-                await pool.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM toren.workers WHERE worker_id = $1)", worker_id
-                )
-            )
+            registered = worker_id is not None and await worker_registered(pool, worker_id)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
         return None
     return current, latest, registered

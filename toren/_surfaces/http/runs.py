@@ -16,6 +16,8 @@ from aiohttp import web
 
 from toren._core.client import AskError
 from toren._core.errors import ActorNotLive, UnknownActor
+from toren._core.journal import JournalEntry, read_journal
+from toren._core.rows import actor_row, actor_rows
 from toren._surfaces.http import streams
 from toren._surfaces.http.common import (
     CLIENT,
@@ -213,12 +215,10 @@ async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
     Raises:
         ProblemError: 404, no such run.
     """
-    created: datetime | None = await pool.fetchval(
-        "SELECT created_at FROM toren.actors WHERE actor_id = $1 AND kind = $2", rid, RUN_KIND
-    )
-    if created is None:
+    row = await actor_row(pool, rid, kind=RUN_KIND)
+    if row is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
-    return created
+    return row.created_at
 
 
 async def _writable(request: web.Request, rid: str, scope: str) -> None:
@@ -315,23 +315,13 @@ async def _statuses(pool: asyncpg.Pool, run_ids: list[str]) -> dict[str, Any]:
     """The status of each run named, from its row."""
     if not run_ids:
         return {}
-    rows = await pool.fetch(
-        "SELECT actor_id, coalesce(summary->>'status', 'running') AS status "
-        "FROM toren.actors WHERE actor_id = ANY($1::text[])",
-        run_ids,
-    )
-    return {r["actor_id"]: r["status"] for r in rows}
+    return {r.actor_id: r.run_status for r in await actor_rows(pool, run_ids)}
 
 
-_EVENTS = (
-    "SELECT seq, type, data, created_at FROM toren.journal "
-    "WHERE actor_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
-)
-
-
-def _event(row: asyncpg.Record) -> Event:
-    data = row["data"] if isinstance(row["data"], dict) else {"value": row["data"]}
-    return Event(seq=row["seq"], type=row["type"], data=data, at=row["created_at"].isoformat())
+def _event(entry: JournalEntry) -> Event:
+    data = entry.data if isinstance(entry.data, dict) else {"value": entry.data}
+    at = entry.at.isoformat() if entry.at is not None else ""
+    return Event(seq=entry.seq, type=entry.type, data=data, at=at)
 
 
 def _after(request: web.Request) -> int:
@@ -364,11 +354,11 @@ async def events(request: web.Request) -> web.StreamResponse:
     await _created(pool, rid)
     after = _after(request)
     if "text/event-stream" not in request.headers.get("Accept", ""):
-        rows = await pool.fetch(_EVENTS, rid, after, 1000)
+        rows = await read_journal(pool, rid, after=after, limit=1000)
         return json(EventList(events=[_event(r) for r in rows]))
 
     async def page(after: int) -> list[Event]:
-        return [_event(r) for r in await pool.fetch(_EVENTS, rid, after, streams.BATCH)]
+        return [_event(r) for r in await read_journal(pool, rid, after=after, limit=streams.BATCH)]
 
     return await streams.stream(request, rid, after, page)
 

@@ -16,18 +16,12 @@ from aiohttp import web
 
 from toren._core.codec import decode
 from toren._core.journal import replay
+from toren._core.journal_reads import actor_and_events
+from toren._core.rows import actor_row
 from toren._surfaces.http.common import ProblemError
 from toren.runs import RUN_KIND, SNAPSHOT_VERSION, RunState, fold
 
 SNAPSHOTS = (RunState, SNAPSHOT_VERSION)
-
-_READ = """
-SELECT a.kind, a.created_at, j.seq, j.type, j.data
-FROM toren.actors a
-LEFT JOIN toren.journal j ON j.actor_id = a.actor_id AND j.seq > $2
-WHERE a.actor_id = $1
-ORDER BY j.seq
-"""
 
 
 STATES: web.AppKey[RunStates] = web.AppKey("run_states")
@@ -49,28 +43,27 @@ class RunStates:
         held = self._states.get(rid)
         if held is None:
             # First read: from the run's snapshot, if it keeps one, then the events since.
-            kind = await pool.fetchval("SELECT kind FROM toren.actors WHERE actor_id = $1", rid)
-            if kind != RUN_KIND:
+            if await actor_row(pool, rid, kind=RUN_KIND) is None:
                 raise ProblemError(404, "Not found", f"no run {rid}")
             rebuilt = await replay(pool, rid, RunState(), fold, snapshots=SNAPSHOTS)
             held = (rebuilt.seq, rebuilt.state)
         seq, state = held
-        rows = await pool.fetch(_READ, rid, seq)
-        if not rows or rows[0]["kind"] != RUN_KIND:
+        found = await actor_and_events(pool, rid, after=seq)
+        if found is None or found[0].kind != RUN_KIND:
             self._states.pop(rid, None)
             raise ProblemError(404, "Not found", f"no run {rid}")
-        if seq and rows[0]["seq"] is not None and rows[0]["seq"] != seq + 1:
+        row, entries = found
+        if seq and entries and entries[0].seq != seq + 1:
             # Not the events after ours: the run was replaced under the same id. Start over.
             self._states.pop(rid, None)
             return await self.read(pool, rid)
-        for row in rows:
-            if row["seq"] is not None:
-                state = fold(state, decode(row["type"], row["data"]))
-                seq = row["seq"]
+        for entry in entries:
+            state = fold(state, decode(entry.type, entry.data))
+            seq = entry.seq
         held = self._states.get(rid)
         if held is None or held[0] <= seq:  # a concurrent read may have gone further
             self._states[rid] = (seq, state)
         self._states.move_to_end(rid)
         while len(self._states) > self.size:
             self._states.popitem(last=False)
-        return state, rows[0]["created_at"]
+        return state, row.created_at
