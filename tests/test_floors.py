@@ -315,9 +315,9 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
             assert _floor(where) == KERNEL, f"toren.kernel.{name} is from {where}"
     assert sorted(toren.kernel.__all__) == [
         "ActorHost", "Claim", "EmbeddedPostgres", "Kind", "LeaseClock", "MessageDeadLettered",
-        "MissingResource", "Resources", "Runtime", "Service", "TRANSIENT_DB_ERRORS", "WorkerEnv",
-        "WorkerSession", "actor_kinds", "claim", "code_version", "connect", "create_pool",
-        "decode", "housekeep", "json_text", "kill_point", "live_workers", "mark_failed",
-        "migrate", "open_death_watch", "printable", "release", "release_claim", "renew",
-        "safe_text", "schema_status", "utf8_size", "waiting", "watch_successor",
+        "MissingResource", "Resources", "Runtime", "Service", "Surfaces", "TRANSIENT_DB_ERRORS",
+        "WorkerEnv", "WorkerSession", "actor_kinds", "claim", "code_version", "connect",
+        "create_pool", "decode", "housekeep", "json_text", "kill_point", "live_workers",
+        "mark_failed", "migrate", "open_death_watch", "printable", "release", "release_claim",
+        "renew", "safe_text", "schema_status", "utf8_size", "waiting", "watch_successor",
     ]  # fmt: skip

@@ -20,6 +20,7 @@ from toren._surfaces.http import streams
 from toren._surfaces.http.common import (
     CLIENT,
     OPTIONS,
+    ROUTE_ACCESS,
     ProblemError,
     access,
     json,
@@ -82,7 +83,17 @@ PAGE_MAX = 200
 
 
 def install(app: web.Application) -> None:
+    """The run kind's routes; deciding asks for the ``approve`` scope, and starting, sending
+    and cancelling for ``operate`` (as every other write)."""
     app[STATES] = RunStates()
+    app[ROUTE_ACCESS].scopes.update(
+        {
+            ("POST", "/runs"): "operate",
+            ("POST", "/runs/{run}/messages"): "operate",
+            ("POST", "/runs/{run}/cancel"): "operate",
+            ("POST", "/runs/{run}/approvals"): "approve",
+        }
+    )
     streams.install(app)
     app.router.add_post("/runs", start)
     app.router.add_get("/runs", listing)
