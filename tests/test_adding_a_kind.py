@@ -25,6 +25,7 @@ from toren._core.surfaces import resolved
 from toren._surfaces import kinds as surfaces_of_torens_kinds
 from toren._surfaces.http.app import create_app
 from toren._surfaces.http.common import CLIENT
+from toren._surfaces.http.openapi import API_PARTS, ApiPart
 from toren._surfaces.tokens import create_token
 from toren.cli import main as toren_main
 from toren.kernel import Kind, Service, Surfaces, WorkerEnv
@@ -128,6 +129,10 @@ def install_routes(app: web.Application) -> None:
         return web.json_response({"words": [e.data["word"] for e in journal]})
 
     app.router.add_get("/tallies/{name}", words)
+    summary = "The words a tally counted"  # in the API's OpenAPI document, with Toren's routes
+    app[API_PARTS].append(
+        ApiPart(paths={"/tallies/{name}": {"get": {"summary": summary}}}, models=())
+    )
 
 
 TALLY = Kind(
@@ -216,6 +221,9 @@ async def test_the_kinds_command_and_route_come_through_its_kind(
             headers = {"Authorization": f"Bearer {token}"}
             async with http.get(url, headers=headers) as answer:
                 assert (answer.status, await answer.json()) == (200, {"words": ["four"]})
+            async with http.get(str(server.make_url("/openapi.json")), headers=headers) as doc:
+                paths = (await doc.json())["paths"]
+                assert {"/runs", "/channels", "/tallies/{name}"} <= set(paths)
         with anyio.fail_after(15, shield=True):
             await worker.stop()
 

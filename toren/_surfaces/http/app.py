@@ -14,9 +14,11 @@ an ``Origin``, come from this origin.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import orjson
 import pydantic
@@ -42,7 +44,7 @@ from toren._surfaces.http.common import (
 from toren._surfaces.http.console import page_headers
 from toren._surfaces.http.guard import FAILED_AUTH, FailedAuth
 from toren._surfaces.http.models import FieldError, Problem
-from toren._surfaces.http.openapi import document
+from toren._surfaces.http.openapi import API_PARTS, document
 from toren._surfaces.kinds import SURFACES
 from toren._surfaces.tokens import TokenCache
 
@@ -186,6 +188,7 @@ def create_app(
     app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
     app[ACCESS_LOG] = AccessLog()
     app[ROUTE_ACCESS] = RouteAccess()
+    app[API_PARTS] = []
     app.on_cleanup.append(_flush_access_log)
     app.on_response_prepare.append(_headers)
     metrics.install(app)
@@ -193,13 +196,17 @@ def create_app(
     for install in resolved(kinds, "http"):
         install(app)
     console.install(app)
-    app.router.add_get("/openapi.json", _openapi)
+
+    @functools.cache
+    def openapi() -> dict[str, Any]:  # built at the first request: every kind's part is in
+        return document(app[API_PARTS])
+
+    async def serve_openapi(request: web.Request) -> web.Response:
+        return web.json_response(openapi(), dumps=lambda v: orjson.dumps(v).decode())
+
+    app.router.add_get("/openapi.json", serve_openapi)
     return app
 
 
 async def _flush_access_log(app: web.Application) -> None:
     app[ACCESS_LOG].flush()
-
-
-async def _openapi(request: web.Request) -> web.Response:
-    return web.json_response(document(), dumps=lambda v: orjson.dumps(v).decode())

@@ -48,6 +48,7 @@ from toren._surfaces.http.models import (
     RunSummary,
     StartRunBody,
 )
+from toren._surfaces.http.openapi import API_PARTS, run_part
 from toren._surfaces.http.states import STATES, RunStates
 from toren.runs import (
     DECISION_WAIT,
@@ -86,6 +87,7 @@ def install(app: web.Application) -> None:
     """The run kind's routes; deciding asks for the ``approve`` scope, and starting, sending
     and cancelling for ``operate`` (as every other write)."""
     app[STATES] = RunStates()
+    app[API_PARTS].append(run_part())
     app[ROUTE_ACCESS].scopes.update(
         {
             ("POST", "/runs"): "operate",
