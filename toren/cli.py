@@ -19,19 +19,18 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from toren._cli.channels import register as register_channel_commands
 from toren._cli.common import Unshown, database_url, out, print_error, run_async, run_reporting
 from toren._cli.init import register as register_init_command
-from toren._cli.runs import register as register_run_commands
-from toren._cli.sandboxes import register as register_sandbox_commands
 from toren._cli.serve import register as register_serve_commands
 from toren._cli.up import register as register_up_command
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.logs import LEVELS, configure
 from toren._core.secret_files import read_secret_files
+from toren._core.surfaces import resolved
 from toren._core.terminal import plain
 from toren._settings import Settings
+from toren._surfaces.kinds import SURFACES
 
 if TYPE_CHECKING:
     from toren._agent.tables import ConsentFinding
@@ -249,9 +248,8 @@ async def requeue(ctx: click.Context, ids: tuple[int, ...]) -> None:
 
 
 register_init_command(main)
-register_run_commands(main)
-register_sandbox_commands(main)
-register_channel_commands(main)
+for register_kind_commands in resolved(SURFACES, "cli"):  # run and jobs, sandboxes, channels
+    register_kind_commands(main)
 register_serve_commands(main)
 register_up_command(main)
 

@@ -33,6 +33,7 @@ from toren._core.migrate import migrate, schema_status
 from toren._core.resources import MissingResource, Resources
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
+from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
 
@@ -49,6 +50,7 @@ __all__ = [
     "Resources",
     "Runtime",
     "Service",
+    "Surfaces",
     "WorkerEnv",
     "WorkerSession",
     "actor_kinds",

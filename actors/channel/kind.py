@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from toren.actors.channel.actor import ChannelActor
 from toren.actors.channel.runtime import Channels, open_channels
+from toren.channels.surfaces import SURFACES
 from toren.kernel import Kind, WorkerEnv
 from toren.runs import Agents
 
@@ -12,4 +13,4 @@ async def _open(env: WorkerEnv) -> Channels:
     return await open_channels(env.settings, env.pool, env.resources.get(Agents))
 
 
-KIND = Kind(name="channel", actors=(ChannelActor,), open=_open)
+KIND = Kind(name="channel", actors=(ChannelActor,), open=_open, surfaces=SURFACES)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from toren.actors.run.actor import RunActor
 from toren.actors.run.models import Providers
 from toren.kernel import Kind, WorkerEnv
+from toren.runs.surfaces import SURFACES
 
 
 async def _open(env: WorkerEnv) -> Providers:
     return Providers()  # a provider's client is made at its first call
 
 
-KIND = Kind(name="run", actors=(RunActor,), open=_open)
+KIND = Kind(name="run", actors=(RunActor,), open=_open, surfaces=SURFACES)

@@ -11,6 +11,7 @@ from toren.actors.sandbox.actor import SandboxActor
 from toren.actors.sandbox.runtime import Sandboxes, open_sandboxes
 from toren.kernel import Kind, Service, WorkerEnv
 from toren.runs import Agents
+from toren.sandbox.surfaces import SURFACES
 
 log = logging.getLogger("toren.sandbox")
 
@@ -34,4 +35,6 @@ def _services(env: WorkerEnv, sandboxes: Sandboxes) -> Sequence[Service]:
     return (Service(id="reaper", run=reap),)
 
 
-KIND = Kind(name="sandbox", actors=(SandboxActor,), open=_open, services=_services)
+KIND = Kind(
+    name="sandbox", actors=(SandboxActor,), open=_open, services=_services, surfaces=SURFACES
+)

@@ -1,5 +1,5 @@
 """A kind as a worker runs it: one value naming its actor classes, the runtime its actors
-share on a worker, and the services that run beside them.
+share on a worker, the services that run beside them, and its surfaces (named, not imported).
 
 A worker is composed from a list of kinds (``toren.supervisors.worker.KINDS`` for Toren's own;
 an app may add its own). At its start it opens each kind's runtime, in order, and lends it to
@@ -18,6 +18,7 @@ import attrs
 
 from toren._core.actor import Actor
 from toren._core.resources import Resources
+from toren._core.surfaces import Surfaces
 
 
 class Runtime(Protocol):
@@ -66,9 +67,12 @@ class Kind:
         open: ``(env) -> runtime``, awaited at the worker's start; the runtime is put in the
             worker's resources under its own type and closed at the worker's stop.
         services: ``(env, runtime) -> services`` to run in each incarnation beside the actors.
+        surfaces: Its CLI commands, HTTP routes and MCP tools, named by import string and
+            resolved by the surface that shows them (:class:`~toren._core.surfaces.Surfaces`).
     """
 
     name: str
     actors: tuple[type[Actor[Any]], ...]
     open: Callable[[WorkerEnv], Awaitable[Runtime]] | None = None
     services: Callable[[WorkerEnv, Any], Sequence[Service]] | None = None
+    surfaces: Surfaces = attrs.field(factory=Surfaces)

@@ -6,30 +6,36 @@ cookie, and the scope its route asks for: ``read`` for reads, ``operate`` to sta
 cancel, ``approve`` to decide. ``/healthz`` answers anyone (worker details only to a caller
 who authenticates), and so does ``/readyz``; the console's static page and its sign-in form
 need nothing (they hold no data); Telegram's webhook (``POST /telegram/{bot}``) is checked by
-its bot's secret instead (:mod:`toren._surfaces.http.channels`). Writes made with a session cookie
-must carry the session's CSRF token in ``X-CSRF-Token`` and, if the browser sends an ``Origin``,
-come from this origin.
+its bot's secret instead (:mod:`toren._surfaces.http.channels`); each kind says what its routes
+ask as it installs them (:class:`~toren._surfaces.http.common.RouteAccess`). Writes made with a
+session cookie must carry the session's CSRF token in ``X-CSRF-Token`` and, if the browser sends
+an ``Origin``, come from this origin.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import orjson
 import pydantic
 from aiohttp import web
 
 from toren._core.client import Client
-from toren._surfaces.http import channels, console, metrics, readiness, runs
+from toren._core.surfaces import Surfaces, resolved
+from toren._surfaces.http import console, metrics, readiness
 from toren._surfaces.http.access import AccessLog
 from toren._surfaces.http.auth import TOKENS, authenticate
 from toren._surfaces.http.common import (
     ACCESS,
     CLIENT,
     OPTIONS,
+    ROUTE_ACCESS,
     ProblemError,
+    RouteAccess,
     ServerOptions,
     client_address,
     problem_response,
@@ -38,7 +44,8 @@ from toren._surfaces.http.common import (
 from toren._surfaces.http.console import page_headers
 from toren._surfaces.http.guard import FAILED_AUTH, FailedAuth
 from toren._surfaces.http.models import FieldError, Problem
-from toren._surfaces.http.openapi import document
+from toren._surfaces.http.openapi import API_PARTS, document
+from toren._surfaces.kinds import SURFACES
 from toren._surfaces.tokens import TokenCache
 
 log = logging.getLogger("toren.http")
@@ -58,12 +65,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN = {("GET", "/"), ("POST", "/session"), ("GET", "/favicon.ico"), ("GET", "/readyz")}
 _OPTIONAL = {("GET", "/healthz")}  # anyone; worker details only to an authenticated caller
 _ANY_SCOPE = {("GET", "/session"), ("DELETE", "/session")}
-_SCOPE = {
-    ("POST", "/runs"): "operate",
-    ("POST", "/runs/{run}/messages"): "operate",
-    ("POST", "/runs/{run}/cancel"): "operate",
-    ("POST", "/runs/{run}/approvals"): "approve",
-}
 _SAFE = {"GET", "HEAD", "OPTIONS"}
 
 
@@ -107,7 +108,12 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
 async def authentication(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Who the caller is (401 if no one), and whether the route's scope allows it (403)."""
     key = (request.method, request.path)
-    if key in _OPEN or request.path.startswith("/static/") or channels.is_webhook(request):
+    asks = request.app[ROUTE_ACCESS]  # what the kinds' routes ask, as they installed them
+    if (
+        key in _OPEN
+        or request.path.startswith("/static/")
+        or any(own_check(request) for own_check in asks.own_check)
+    ):
         return await handler(request)
     caller = await authenticate(request, optional=key in _OPTIONAL)
     if caller is None:
@@ -116,7 +122,8 @@ async def authentication(request: web.Request, handler: Handler) -> web.StreamRe
     resource = request.match_info.route.resource
     route = (request.method, resource.canonical) if resource is not None else None
     if route is not None and key not in _ANY_SCOPE:
-        require(request, _SCOPE.get(route, "read" if request.method in _SAFE else "operate"))
+        default = "read" if request.method in _SAFE else "operate"
+        require(request, asks.scopes.get(route, default))
     return await handler(request)
 
 
@@ -165,9 +172,11 @@ def create_app(
     options: ServerOptions | None = None,
     *,
     worker: readiness.WorkerProbe | None = None,
+    kinds: Sequence[Surfaces] = SURFACES,
 ) -> web.Application:
     """The API, the OpenAPI document and the console, over ``client``'s database; ``worker``
-    reports the worker this process runs too (``toren up``), for ``/readyz``."""
+    reports the worker this process runs too (``toren up``), for ``/readyz``; ``kinds`` are
+    the kinds whose routes it serves (Toren's own unless told: ``/runs``, ``/channels``)."""
     options = options or ServerOptions()
     app = web.Application(
         middlewares=[observed, problems, authentication],
@@ -178,20 +187,26 @@ def create_app(
     app[TOKENS] = TokenCache()
     app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
     app[ACCESS_LOG] = AccessLog()
+    app[ROUTE_ACCESS] = RouteAccess()
+    app[API_PARTS] = []
     app.on_cleanup.append(_flush_access_log)
     app.on_response_prepare.append(_headers)
     metrics.install(app)
     readiness.install(app, worker)
-    runs.install(app)
-    channels.install(app)
+    for install in resolved(kinds, "http"):
+        install(app)
     console.install(app)
-    app.router.add_get("/openapi.json", _openapi)
+
+    @functools.cache
+    def openapi() -> dict[str, Any]:  # built at the first request: every kind's part is in
+        return document(app[API_PARTS])
+
+    async def serve_openapi(request: web.Request) -> web.Response:
+        return web.json_response(openapi(), dumps=lambda v: orjson.dumps(v).decode())
+
+    app.router.add_get("/openapi.json", serve_openapi)
     return app
 
 
 async def _flush_access_log(app: web.Application) -> None:
     app[ACCESS_LOG].flush()
-
-
-async def _openapi(request: web.Request) -> web.Response:
-    return web.json_response(document(), dumps=lambda v: orjson.dumps(v).decode())

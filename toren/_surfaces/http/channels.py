@@ -29,7 +29,14 @@ from aiohttp import web
 from toren._core.errors import ActorNotLive, ConfigError, UnknownActor
 from toren._core.killpoints import kill_point
 from toren._core.rows import actor_row
-from toren._surfaces.http.common import CLIENT, OPTIONS, ProblemError, client_address, json
+from toren._surfaces.http.common import (
+    CLIENT,
+    OPTIONS,
+    ROUTE_ACCESS,
+    ProblemError,
+    client_address,
+    json,
+)
 from toren._surfaces.http.guard import FailedAuth
 from toren._surfaces.http.models import (
     Channel,
@@ -41,6 +48,7 @@ from toren._surfaces.http.models import (
     OutboundMessage,
     WebhookAck,
 )
+from toren._surfaces.http.openapi import API_PARTS, channel_part
 from toren.channels import CHANNEL_KIND, ChannelState, Inbound, Telegram, channel_address
 from toren.channels._settings import BOT_NAME
 from toren.channels.client import channels, read_channel
@@ -73,6 +81,9 @@ WEBHOOKS: web.AppKey[Webhooks] = web.AppKey("webhooks", Webhooks)
 
 
 def install(app: web.Application) -> None:
+    """The channel kind's routes; its webhook is checked by its bot's secret, not a token."""
+    app[ROUTE_ACCESS].own_check.append(is_webhook)
+    app[API_PARTS].append(channel_part())
     app[WEBHOOKS] = Webhooks(FailedAuth(app[OPTIONS].failed_auth_per_minute))
     app.router.add_get("/channels", listing)
     app.router.add_get("/channels/{bot}/messages", outbox)

@@ -6,6 +6,7 @@ import functools
 import ipaddress
 import json as stdjson
 import uuid
+from collections.abc import Callable
 from typing import TypeVar
 
 import attrs
@@ -49,8 +50,25 @@ class ServerOptions:
         )
 
 
+@attrs.define
+class RouteAccess:
+    """What the kinds' routes ask of a caller besides the rule (a token or session with the
+    ``read`` scope for reads, ``operate`` for writes): each kind adds its own as it installs
+    its routes.
+
+    Attributes:
+        scopes: The scope a route asks for instead, by ``(method, canonical path)``.
+        own_check: Requests that reach their handler unauthenticated, each kind's test of
+            them: the handler checks them itself (Telegram's webhook, by its bot's secret).
+    """
+
+    scopes: dict[tuple[str, str], str] = attrs.Factory(dict)
+    own_check: list[Callable[[web.Request], bool]] = attrs.Factory(list)
+
+
 CLIENT: web.AppKey[Client] = web.AppKey("client", Client)
 OPTIONS: web.AppKey[ServerOptions] = web.AppKey("options", ServerOptions)
+ROUTE_ACCESS: web.AppKey[RouteAccess] = web.AppKey("route_access", RouteAccess)
 ACCESS: web.RequestKey[Access] = web.RequestKey("access", Access)
 M = TypeVar("M", bound=pydantic.BaseModel)
 

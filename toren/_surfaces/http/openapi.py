@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import pydantic
+from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
 from toren._surfaces.http import models as m
 from toren._version import __version__
 from toren.runs.events import STATUSES
 
-_MODELS: list[type[pydantic.BaseModel]] = [
-    m.StartRunBody,
-    m.MessageBody,
-    m.ApprovalBody,
-    m.CancelBody,
-    m.RetryBody,
-    m.Run,
-    m.RunList,
-    m.EventList,
-    m.Accepted,
-    m.Health,
-    m.Readiness,
-    m.Problem,
-    m.ChannelList,
-    m.ChannelMessages,
-    m.WebhookAck,
-]
+# The models every kind's routes name (a problem), or the server's own routes.
+_MODELS: tuple[type[pydantic.BaseModel], ...] = (m.Health, m.Readiness, m.Problem)
 
 
 def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
@@ -88,112 +76,44 @@ def _write(summary: str, body: type[pydantic.BaseModel], ok: dict[str, Any]) -> 
     }
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class ApiPart:
+    """A kind's part of the OpenAPI document, added as it installs its routes.
+
+    Attributes:
+        paths: Its routes' paths, in the order the document lists them.
+        models: The pydantic models its paths name (their schemas are components).
+        security: The security schemes its paths use besides the API's own.
+    """
+
+    paths: dict[str, Any]
+    models: tuple[type[pydantic.BaseModel], ...]
+    security: dict[str, Any] = attrs.field(factory=dict)
+
+
+API_PARTS: web.AppKey[list[ApiPart]] = web.AppKey("api_parts", list)
+"""The parts of an app's document, in the order its kinds installed their routes."""
+
+
+def document(parts: Sequence[ApiPart] | None = None) -> dict[str, Any]:
+    """The document of the API with the routes of these kinds' ``parts`` (Toren's own unless
+    given: runs, channels), then the server's own."""
+    return _torens() if parts is None else _document(parts)
+
+
 @functools.cache
-def document() -> dict[str, Any]:
+def _torens() -> dict[str, Any]:
+    return _document((run_part(), channel_part()))
+
+
+def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
+    models = [model for part in parts for model in part.models if model not in _MODELS]
     _, defs = models_json_schema(
-        [(model, "validation") for model in _MODELS],
+        [(model, "validation") for model in (*dict.fromkeys(models), *_MODELS)],
         ref_template="#/components/schemas/{model}",
     )
-    accepted = {"202": {"description": "Queued for the run.", **_json(m.Accepted)}}
     paths: dict[str, Any] = {
-        "/runs": {
-            "post": {
-                "summary": "Start a run",
-                "requestBody": {"required": True, **_json(m.StartRunBody)},
-                "responses": {
-                    "201": {"description": "The run, queued.", **_json(m.Run)},
-                    **_AUTH_FAIL,
-                    **_INVALID,
-                    "409": _problem(
-                        "The idempotency key was used for this agent with another input."
-                    ),
-                },
-            },
-            "get": {
-                "summary": "List runs, newest first",
-                "parameters": [
-                    {
-                        "name": "status",
-                        "in": "query",
-                        "schema": {
-                            "type": "string",
-                            "enum": list(STATUSES),
-                        },
-                    },
-                    {
-                        "name": "agent",
-                        "in": "query",
-                        "schema": {"type": "string", "pattern": m.AGENT_NAME, "maxLength": 100},
-                    },
-                    {
-                        "name": "limit",
-                        "in": "query",
-                        "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
-                    },
-                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
-                ],
-                "responses": {
-                    "200": {"description": "A page of runs.", **_json(m.RunList)},
-                    **_AUTH_FAIL,
-                    "422": _problem("A query parameter is invalid."),
-                },
-            },
-        },
-        "/runs/{run}": {
-            "get": {
-                "summary": "A run with its receipt",
-                "parameters": [_RUN_PARAM],
-                "responses": {
-                    "200": {"description": "The run.", **_json(m.Run)},
-                    **_AUTH_FAIL,
-                    **_NOT_FOUND,
-                },
-            }
-        },
-        "/runs/{run}/events": {
-            "get": {
-                "summary": "The run's events (JSON, or a live server-sent-event stream)",
-                "description": "With `Accept: text/event-stream`, a stream that follows the run: "
-                "each event's `id` is its sequence number; reconnect with `Last-Event-ID` to "
-                "resume without gaps or repeats. The server ends a stream with a `toren.closed` "
-                'event (`{"reason": ...}`: revoked, expired, idle, stopping, error) when its '
-                "token is revoked or expires, after a time with no event, or when it stops.",
-                "parameters": [
-                    _RUN_PARAM,
-                    {
-                        "name": "after",
-                        "in": "query",
-                        "description": "Only events with a greater sequence number.",
-                        "schema": {"type": "integer", "minimum": 0},
-                    },
-                ],
-                "responses": {
-                    "200": {
-                        "description": "Events in order.",
-                        "content": {
-                            "application/json": {"schema": _ref(m.EventList)},
-                            "text/event-stream": {"schema": {"type": "string"}},
-                        },
-                    },
-                    **_AUTH_FAIL,
-                    **_NOT_FOUND,
-                    "422": _problem("`after` is not a sequence number."),
-                    "429": _problem(
-                        "Too many open streams (per token or per server process), or too many "
-                        "failed authentications; see Retry-After."
-                    ),
-                },
-            }
-        },
-        "/runs/{run}/messages": {"post": _write("Send a human message", m.MessageBody, accepted)},
-        "/runs/{run}/approvals": {
-            "post": _write("Approve or deny what the run waits for", m.ApprovalBody, accepted)
-        },
-        "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
-        "/runs/{run}/retry": {
-            "post": _write("Resume a failed run from its last good step", m.RetryBody, accepted)
-        },
-        **_channel_paths(),
+        **{path: item for part in parts for path, item in part.paths.items()},
         **_session_paths(),
         "/healthz": {
             "get": {
@@ -248,13 +168,7 @@ def document() -> dict[str, Any]:
                     "description": "`toren tokens create`",
                 },
                 "session": {"type": "apiKey", "in": "cookie", "name": "toren_session"},
-                "telegram": {
-                    "type": "apiKey",
-                    "in": "header",
-                    "name": "X-Telegram-Bot-Api-Secret-Token",
-                    "description": "The bot's webhook secret (its `webhook_secret_env`), which "
-                    "Telegram sends with each update.",
-                },
+                **{name: scheme for part in parts for name, scheme in part.security.items()},
             },
         },
         "paths": paths,
@@ -358,8 +272,129 @@ def _session_paths() -> dict[str, Any]:
     }
 
 
-def _channel_paths() -> dict[str, Any]:
+def run_part() -> ApiPart:
+    """The runs' routes: start, list, read, follow, message, decide, cancel, retry."""
+    models = (m.StartRunBody, m.MessageBody, m.ApprovalBody, m.CancelBody, m.RetryBody, m.Run)
+    return ApiPart(paths=_run_paths(), models=(*models, m.RunList, m.EventList, m.Accepted))
+
+
+def _run_paths() -> dict[str, Any]:
+    accepted = {"202": {"description": "Queued for the run.", **_json(m.Accepted)}}
+    return {
+        "/runs": {
+            "post": {
+                "summary": "Start a run",
+                "requestBody": {"required": True, **_json(m.StartRunBody)},
+                "responses": {
+                    "201": {"description": "The run, queued.", **_json(m.Run)},
+                    **_AUTH_FAIL,
+                    **_INVALID,
+                    "409": _problem(
+                        "The idempotency key was used for this agent with another input."
+                    ),
+                },
+            },
+            "get": {
+                "summary": "List runs, newest first",
+                "parameters": [
+                    {
+                        "name": "status",
+                        "in": "query",
+                        "schema": {
+                            "type": "string",
+                            "enum": list(STATUSES),
+                        },
+                    },
+                    {
+                        "name": "agent",
+                        "in": "query",
+                        "schema": {"type": "string", "pattern": m.AGENT_NAME, "maxLength": 100},
+                    },
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                    },
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}},
+                ],
+                "responses": {
+                    "200": {"description": "A page of runs.", **_json(m.RunList)},
+                    **_AUTH_FAIL,
+                    "422": _problem("A query parameter is invalid."),
+                },
+            },
+        },
+        "/runs/{run}": {
+            "get": {
+                "summary": "A run with its receipt",
+                "parameters": [_RUN_PARAM],
+                "responses": {
+                    "200": {"description": "The run.", **_json(m.Run)},
+                    **_AUTH_FAIL,
+                    **_NOT_FOUND,
+                },
+            }
+        },
+        "/runs/{run}/events": {
+            "get": {
+                "summary": "The run's events (JSON, or a live server-sent-event stream)",
+                "description": "With `Accept: text/event-stream`, a stream that follows the run: "
+                "each event's `id` is its sequence number; reconnect with `Last-Event-ID` to "
+                "resume without gaps or repeats. The server ends a stream with a `toren.closed` "
+                'event (`{"reason": ...}`: revoked, expired, idle, stopping, error) when its '
+                "token is revoked or expires, after a time with no event, or when it stops.",
+                "parameters": [
+                    _RUN_PARAM,
+                    {
+                        "name": "after",
+                        "in": "query",
+                        "description": "Only events with a greater sequence number.",
+                        "schema": {"type": "integer", "minimum": 0},
+                    },
+                ],
+                "responses": {
+                    "200": {
+                        "description": "Events in order.",
+                        "content": {
+                            "application/json": {"schema": _ref(m.EventList)},
+                            "text/event-stream": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_AUTH_FAIL,
+                    **_NOT_FOUND,
+                    "422": _problem("`after` is not a sequence number."),
+                    "429": _problem(
+                        "Too many open streams (per token or per server process), or too many "
+                        "failed authentications; see Retry-After."
+                    ),
+                },
+            }
+        },
+        "/runs/{run}/messages": {"post": _write("Send a human message", m.MessageBody, accepted)},
+        "/runs/{run}/approvals": {
+            "post": _write("Approve or deny what the run waits for", m.ApprovalBody, accepted)
+        },
+        "/runs/{run}/cancel": {"post": _write("Cancel the run", m.CancelBody, accepted)},
+        "/runs/{run}/retry": {
+            "post": _write("Resume a failed run from its last good step", m.RetryBody, accepted)
+        },
+    }
+
+
+def channel_part() -> ApiPart:
     """The channels' routes: bots and chats, delivery states, Telegram's webhook."""
+    telegram = {
+        "type": "apiKey",
+        "in": "header",
+        "name": "X-Telegram-Bot-Api-Secret-Token",
+        "description": "The bot's webhook secret (its `webhook_secret_env`), which "
+        "Telegram sends with each update.",
+    }
+    models = (m.ChannelList, m.ChannelMessages, m.WebhookAck)
+    return ApiPart(paths=_channel_paths(), models=models, security={"telegram": telegram})
+
+
+def _channel_paths() -> dict[str, Any]:
     return {
         "/channels": {
             "get": {

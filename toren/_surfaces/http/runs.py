@@ -22,6 +22,7 @@ from toren._surfaces.http import streams
 from toren._surfaces.http.common import (
     CLIENT,
     OPTIONS,
+    ROUTE_ACCESS,
     ProblemError,
     access,
     json,
@@ -49,6 +50,7 @@ from toren._surfaces.http.models import (
     RunSummary,
     StartRunBody,
 )
+from toren._surfaces.http.openapi import API_PARTS, run_part
 from toren._surfaces.http.states import STATES, RunStates
 from toren.runs import (
     DECISION_WAIT,
@@ -84,7 +86,18 @@ PAGE_MAX = 200
 
 
 def install(app: web.Application) -> None:
+    """The run kind's routes; deciding asks for the ``approve`` scope, and starting, sending
+    and cancelling for ``operate`` (as every other write)."""
     app[STATES] = RunStates()
+    app[API_PARTS].append(run_part())
+    app[ROUTE_ACCESS].scopes.update(
+        {
+            ("POST", "/runs"): "operate",
+            ("POST", "/runs/{run}/messages"): "operate",
+            ("POST", "/runs/{run}/cancel"): "operate",
+            ("POST", "/runs/{run}/approvals"): "approve",
+        }
+    )
     streams.install(app)
     app.router.add_post("/runs", start)
     app.router.add_get("/runs", listing)
