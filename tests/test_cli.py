@@ -267,6 +267,12 @@ async def test_run_approve_and_show_a_run_from_the_command_line(
             command[:1] = [sys.executable, "-m", "toren"]
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
         env.update(TOREN_DATABASE_URL=db_url, PYTHONPATH=str(ROOT))
+
+        async def passivated() -> bool:  # so that the decision wakes it from its journal
+            return (await client.actor(run_id))["owner"] is None
+
+        # The CLI starts faster than a parked run leaves its worker (0.5 s idle).
+        await wait_for(passivated, what="the parked run left its worker")
         approved = await anyio.to_thread.run_sync(
             lambda: subprocess.run(
                 [*command, "--reason", "fine"], env=env, capture_output=True, text=True, timeout=60
