@@ -27,7 +27,7 @@ from bench.fold import step_events
 from toren import Client, Context
 from toren._core.codec import encode
 from toren._core.journal import replay, save_snapshot
-from toren.actors.run import RunActor, build_request, parameters, verify
+from toren.actors.runs import RunActor, build_request, parameters, verify
 from toren.kernel import connect
 from toren.runs import GENESIS as DIGEST_GENESIS
 from toren.runs import RUN_KIND, RunStarted, RunState, chain, fold

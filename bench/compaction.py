@@ -25,7 +25,7 @@ from aiohttp import web
 from bench._common import Bench
 from bench.agent import Finishes
 from toren import Agent, Client, Context, ToolContext, tool
-from toren.actors.run.summarising import SUMMARISER
+from toren.actors.runs.summarising import SUMMARISER
 from toren.testing import AnthropicServer, Reply, Text, ToolCall
 
 WINDOW = 16384
@@ -130,7 +130,7 @@ async def _one_run(b: Bench, client: Client, agent: str, steps: int, window: int
 
 async def run(b: Bench) -> None:
     from toren._core.journal import replay as fold_journal
-    from toren.actors.run import RunActor, verify
+    from toren.actors.runs import RunActor, verify
     from toren.runs import RunState, fold, receipt
 
     steps = b.count(500, 20)

@@ -20,7 +20,7 @@ from bench.agent import Finishes, walls
 from bench.model import BenchModel
 from toren import Client, Context
 from toren._core.journal import replay as fold_journal
-from toren.actors.run import RunActor, verify
+from toren.actors.runs import RunActor, verify
 from toren.runs import RunState, fold, start_run
 
 

@@ -41,7 +41,7 @@ from aiodocker.containers import DockerContainer
 
 from bench._common import Bench, median_ms, p99_ms
 from bench.workspace import MiB, moto_store, workspace_tar
-from toren.actors.sandbox.docker import (
+from toren.actors.sandboxes.docker import (
     DEFAULT_IMAGE,
     LABEL_RUN,
     LABEL_SANDBOX,
@@ -49,9 +49,9 @@ from toren.actors.sandbox.docker import (
     Docker,
     Unavailable,
 )
-from toren.actors.sandbox.hardening import Limits
-from toren.sandbox.checkpoints import Manifest, checkpoint
-from toren.sandbox.store import LocalStore, WorkspaceStore
+from toren.actors.sandboxes.hardening import Limits
+from toren.sandboxes.checkpoints import Manifest, checkpoint
+from toren.sandboxes.store import LocalStore, WorkspaceStore
 
 PREFIX = "toren-bench-"
 SCOPE = "toren-bench"  # no worker's database scope: no orphan reaper removes these mid-run

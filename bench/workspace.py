@@ -26,8 +26,8 @@ from typing import Any
 import anyio
 
 from bench._common import median_ms, p99_ms
-from toren.sandbox.checkpoints import checkpoint, restore
-from toren.sandbox.store import LocalStore, S3Store, WorkspaceStore
+from toren.sandboxes.checkpoints import checkpoint, restore
+from toren.sandboxes.store import LocalStore, S3Store, WorkspaceStore
 
 MiB = 1024 * 1024
 

@@ -26,7 +26,7 @@ import aiohttp
 
 from toren import Agent, ToolContext, durable_sleep, tool
 from toren.channels import Telegram
-from toren.sandbox import Sandbox
+from toren.sandboxes import Sandbox
 
 
 async def _apply(ctx: ToolContext, kind: str, detail: str) -> str:

@@ -98,9 +98,9 @@ from toren import Client, TorenError
 from toren._agent.principal import Principal
 from toren._core.db import with_database
 from toren._core.migrate import migrate
-from toren.actors.sandbox.docker import Docker
+from toren.actors.sandboxes.docker import Docker
 from toren.runs import ENDED, DecisionOutcome, decide, read_run, say, start_run, waiting_on
-from toren.sandbox import sandbox_address
+from toren.sandboxes import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
 if TYPE_CHECKING:

@@ -83,7 +83,7 @@ def _no_fencing() -> None:
 
 
 def _effect_before_intent() -> None:
-    from toren.actors.run import RunActor
+    from toren.actors.runs import RunActor
 
     original = RunActor._tool_step
 
@@ -146,7 +146,7 @@ def _unbound_decisions() -> None:
     import attrs
 
     import toren.runs
-    from toren.actors.run import deciding
+    from toren.actors.runs import deciding
     from toren.runs import DecisionOutcome, state, waiting_on
 
     bound = state.judge_decision
@@ -178,7 +178,7 @@ def _child_end_after_commit() -> None:
     from toren._core import host as _host
     from toren._core import mailbox as _mailbox
     from toren._core.codec import decode, type_name
-    from toren.actors.run import calls
+    from toren.actors.runs import calls
     from toren.runs import ChildEnded
 
     ended = type_name(ChildEnded(call_id="", run_id="", agent="", status=""))
@@ -208,7 +208,7 @@ def _child_end_after_commit() -> None:
 def _sandbox_runs_again() -> None:
     import attrs
 
-    from toren.actors.sandbox.actor import SandboxActor
+    from toren.actors.sandboxes.actor import SandboxActor
 
     exec_ = SandboxActor._exec
 
@@ -220,7 +220,7 @@ def _sandbox_runs_again() -> None:
 
 
 def _telegram_confirm_before_record() -> None:
-    from toren.actors.channel.telegram import BotApi
+    from toren.actors.channels.telegram import BotApi
 
     fetch = BotApi.get_updates
 
@@ -237,7 +237,7 @@ def _telegram_confirm_before_record() -> None:
 def _telegram_send_unrecorded() -> None:
     import attrs
 
-    from toren.actors.channel import runtime
+    from toren.actors.channels import runtime
 
     bot = runtime.Channels.bot
 
@@ -252,7 +252,7 @@ def _telegram_send_unrecorded() -> None:
 
 
 def _calls_unannounced() -> None:
-    from toren.actors.run import inflight
+    from toren.actors.runs import inflight
 
     def announce_nothing(ctx: Any, agent: Any, build: Any) -> None:
         """Announces nothing: a call lost in flight leaves no trace."""
@@ -261,7 +261,7 @@ def _calls_unannounced() -> None:
 
 
 def _turn_ends_later() -> None:
-    from toren.actors.run import steps
+    from toren.actors.runs import steps
     from toren.runs import Continue
 
     def end_turn(ctx: Any, agent: Any) -> None:
@@ -271,7 +271,7 @@ def _turn_ends_later() -> None:
 
 
 def _early_message_dropped() -> None:
-    from toren.actors.run import steps
+    from toren.actors.runs import steps
     from toren.runs import MessageReceived, author
 
     def recorded_at_once(ctx: Any, msg: Any) -> None:

@@ -55,12 +55,12 @@ from aiodocker.exceptions import DockerError
 from chaos.oracle import Row, Takeover, Verdict, duplicate_usd, journal_problems, run_problems
 from chaos.servers import SANDBOX_CALLS, STEP_PY, case, position
 from toren import Client
-from toren.actors.sandbox.docker import Docker, Unavailable
-from toren.actors.sandbox.outcomes import ExecFailed
+from toren.actors.sandboxes.docker import Docker, Unavailable
+from toren.actors.sandboxes.outcomes import ExecFailed
 from toren.runs import RunState, read_run
-from toren.sandbox import DEFAULT_IMAGE, sandbox_address
-from toren.sandbox.checkpoints import WorkspacePathError, read_file
-from toren.sandbox.store import LocalStore, StoreError
+from toren.sandboxes import DEFAULT_IMAGE, sandbox_address
+from toren.sandboxes.checkpoints import WorkspacePathError, read_file
+from toren.sandboxes.store import LocalStore, StoreError
 
 GONE_WITHIN = 60.0  # seconds after the run's end by which its container must be gone
 REAP_SECONDS = "1"  # the orphan reaper's period in the sandbox cells' workers

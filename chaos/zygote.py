@@ -18,7 +18,7 @@ import sys
 
 import orjson
 
-import toren.actors.run
+import toren.actors.runs
 import toren.cli
 import toren.providers.anthropic
 import toren.supervisors.worker

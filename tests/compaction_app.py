@@ -8,7 +8,7 @@ from typing import Any
 
 from toren import Agent, ToolContext, tool
 from toren._agent.model import Text, ToolCall
-from toren.actors.run.summarising import SUMMARISER
+from toren.actors.runs.summarising import SUMMARISER
 from toren.testing import Reply
 
 WINDOW = 8192

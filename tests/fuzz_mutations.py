@@ -63,7 +63,7 @@ def nul_handling() -> Iterator[None]:
             "toren._agent.digest",
             "toren.runs.client",
             "toren.kernel",
-            "toren.actors.run.bounds",
+            "toren.actors.runs.bounds",
             "toren.runs._fold",
             "toren._core.snapshots",
         )
@@ -77,7 +77,7 @@ def nul_handling() -> Iterator[None]:
         (modules["toren._agent.digest"], "dumps", _plain_dumps),
         (modules["toren.runs.client"], "dumps", _plain_dumps),
         (modules["toren.kernel"], "json_text", _plain_dumps),
-        (modules["toren.actors.run.bounds"], "json_text", _plain_dumps),
+        (modules["toren.actors.runs.bounds"], "json_text", _plain_dumps),
         (modules["toren.runs._fold"], "dumps", _plain_dumps),  # canonical arguments
         (modules["toren._core.snapshots"], "dumps", _plain_dumps),
         (modules["toren._core.snapshots"], "loads", _plain_loads),
@@ -106,7 +106,7 @@ def unbound_decisions() -> Iterator[None]:
     """Apply any decision to the first waiting call, sorted, ignoring the call it names (and
     answer as if the named call had been decided: only the journal tells)."""
     import toren.runs
-    from toren.actors.run import deciding
+    from toren.actors.runs import deciding
     from toren.runs import ApprovalDecided, Continue, DecisionOutcome, RunState, author, waiting_on
     from toren.runs import state as run_state
 

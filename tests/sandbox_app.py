@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from toren import Agent, ToolContext, tool
-from toren.sandbox import Sandbox
+from toren.sandboxes import Sandbox
 
 MODEL = "anthropic/claude-sonnet-4-6"
 

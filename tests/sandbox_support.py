@@ -25,7 +25,7 @@ import aiodocker
 import anyio
 import pytest
 
-from toren.actors.sandbox.docker import (
+from toren.actors.sandboxes.docker import (
     BUILD_HINT,
     DEFAULT_IMAGE,
     LABEL_RUN,
@@ -33,7 +33,7 @@ from toren.actors.sandbox.docker import (
     Docker,
     Unavailable,
 )
-from toren.actors.sandbox.hardening import Limits
+from toren.actors.sandboxes.hardening import Limits
 
 PREFIX = "toren-test-"
 

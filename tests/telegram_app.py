@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from toren import Agent, ToolContext, tool
 from toren.channels import Telegram
-from toren.sandbox import Sandbox
+from toren.sandboxes import Sandbox
 
 MODEL = "anthropic/claude-sonnet-4-6"
 APPROVER = 4242

@@ -200,8 +200,8 @@ async def filer(
     """The filer bot (an agent with a workspace) on a worker with real Docker (skipped with
     the reason without it, failed under CI=true)."""
     from tests.sandbox_support import unavailable
-    from toren.actors.sandbox.docker import Docker, Unavailable
-    from toren.sandbox import DEFAULT_IMAGE
+    from toren.actors.sandboxes.docker import Docker, Unavailable
+    from toren.sandboxes import DEFAULT_IMAGE
 
     try:
         docker = await Docker.connect()

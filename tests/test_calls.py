@@ -221,7 +221,7 @@ def test_a_child_started_by_an_earlier_version_keeps_its_own_depth_limit() -> No
 
     from toren import Agent
     from toren._core.codec import decode
-    from toren.actors.run.calls import depth_refusal
+    from toren.actors.runs.calls import depth_refusal
     from toren.runs import RunState, fold
 
     recorded = Path(__file__).parent / "fixtures" / "journals" / "run_v1_calls_child.json"

@@ -53,7 +53,7 @@ from toren.runs import (
 )
 from toren.runs.events import Status
 from toren.runs.listing import list_runs
-from toren.sandbox import sandbox_address
+from toren.sandboxes import sandbox_address
 
 pytestmark = pytest.mark.anyio
 

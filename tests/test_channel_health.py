@@ -141,7 +141,7 @@ def test_flood_control_counting_down_is_one_reason_not_a_row_a_poll() -> None:
     ``channel.failing`` row (a reason is recorded again only when it changes)."""
     from telegram.error import NetworkError, RetryAfter
 
-    from toren.actors.channel.actor import failure_reason
+    from toren.actors.channels.actor import failure_reason
 
     api = "http://127.0.0.1:8081"
     reasons = {failure_reason(RetryAfter(n), api, "TELLER_TOKEN") for n in (28, 14, 3)}

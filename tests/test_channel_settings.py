@@ -10,7 +10,7 @@ import pytest
 from toren import Agent, ConfigError
 from toren._agent.parts import PartTable
 from toren._agent.tables import configured, read_agent_tables
-from toren.actors.channel.runtime import configured_bots
+from toren.actors.channels.runtime import configured_bots
 from toren.channels import Telegram
 from toren.channels._settings import TELEGRAM_PART
 
@@ -85,7 +85,7 @@ def test_one_agent_per_bot() -> None:
 
 
 def test_send_file_is_offered_only_with_a_sandbox_and_a_bot() -> None:
-    from toren.sandbox import Sandbox
+    from toren.sandboxes import Sandbox
 
     both = Agent(name="f", model=MODEL, sandbox=Sandbox(), telegram=Telegram(bot="f"))
     assert "send_file" in [t.name for t in both.all_tools]
@@ -103,7 +103,7 @@ def test_a_lookalike_is_not_a_kinds_part_and_a_read_table_equals_its_items() -> 
 
     with pytest.raises(ConfigError, match=r"telegram must be a toren.channels.Telegram"):
         Agent(name="ann", model=MODEL, telegram=LooksLikeTelegram())  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"sandbox must be a toren.sandbox.Sandbox"):
+    with pytest.raises(ConfigError, match=r"sandbox must be a toren.sandboxes.Sandbox"):
         Agent(name="ann", model=MODEL, sandbox=LooksLikeTelegram())  # type: ignore[arg-type]
     tables = read_agent_tables({"ann": {"telegram": {"bot": "annbot"}}}, "toren.toml", PARTS)
     assert tables["ann"]["telegram"] == {"bot": "annbot"}

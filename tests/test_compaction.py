@@ -18,10 +18,10 @@ from tests.conftest import WorkerFactory, person, running_worker, wait_for
 from toren import Client
 from toren._agent.app import load_app
 from toren._core.codec import decode
-from toren.actors.run import build_request
-from toren.actors.run.compaction import ELIDED
-from toren.actors.run.request import recomputed
-from toren.actors.run.summarising import SUMMARISER, SUMMARY_MARK
+from toren.actors.runs import build_request
+from toren.actors.runs.compaction import ELIDED
+from toren.actors.runs.request import recomputed
+from toren.actors.runs.summarising import SUMMARISER, SUMMARY_MARK
 from toren.providers.anthropic import to_wire
 from toren.runs import (
     ENDED,
@@ -230,7 +230,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
     rendering of page ``page``'s result changes the requests from step ``page + 1`` on (until
     it is summarised): that step is invalidated, not an earlier one, and the compactions made
     after it go; the run goes on and every recorded digest then checks under the new code."""
-    import toren.actors.run.request
+    import toren.actors.runs.request
 
     load_app("tests.compaction_app")
     script = pages(8, 12000)
@@ -244,7 +244,7 @@ async def test_a_code_change_invalidates_from_the_step_it_changes_around_compact
         assert made
         assert made[0] < 6  # the first compaction comes before page 5's result
         shout = _shout_page(page)
-        monkeypatch.setattr(toren.actors.run.request, "build_request", shout)
+        monkeypatch.setattr(toren.actors.runs.request, "build_request", shout)
         async with running_worker(db_url):
             await say(client, run_id, "And once more, please.", by=person("ada"))
 

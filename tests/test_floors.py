@@ -3,7 +3,7 @@ imports under ``if TYPE_CHECKING:`` aside, they run only for the type checker).
 
 Floors, bottom up: the kernel (``toren._core``, the ``toren.kernel`` facade), the agent layer
 (``toren._agent``, ``toren.providers``), the kinds (their vocabulary in ``toren.runs``,
-``toren.channels``, ``toren.sandbox``; their behaviour in ``actors/``; the worker's tree in
+``toren.channels``, ``toren.sandboxes``; their behaviour in ``actors/``; the worker's tree in
 ``supervisors/``), and the surfaces (CLI and dev, HTTP, MCP, ``toren.testing``, the composed
 settings). Each imports only from its own floor and those below. ``toren`` itself is the public
 facade: it re-exports from every floor, and actors import it by design.
@@ -104,7 +104,7 @@ def _floor(module: str) -> int | None:
         return KERNEL
     if module.startswith(("toren._agent", "toren.providers")):
         return AGENT
-    kinds = ("toren.runs", "toren.channels", "toren.sandbox", "toren.actors", "toren.supervisors")
+    kinds = ("toren.runs", "toren.channels", "toren.sandboxes", "toren.actors", "toren.supervisors")
     if module.startswith(kinds) or module == "toren.directory":
         return KINDS
     return SURFACES
@@ -198,7 +198,7 @@ def _cycles() -> list[set[str]]:
 
 
 def test_the_modules_are_read() -> None:
-    assert {"toren._core.mailbox", "toren.actors.channel.actor", "toren.cli"} <= set(MODULES)
+    assert {"toren._core.mailbox", "toren.actors.channels.actor", "toren.cli"} <= set(MODULES)
     # an import inside a function counts: the CLI's entry point imports the worker in one
     assert "toren.supervisors.worker" in GRAPH["toren.cli"]
 

@@ -439,7 +439,7 @@ def _made_for(request: dict[str, Any], task: str) -> bool:
     """Whether a request the model server received was made for the run of ``task``: its own
     calls (the task leads the first message, before a compaction's summary after one) and its
     compactions' summary calls (the task leads the turns they summarise)."""
-    from toren.actors.run.summarising import SUMMARISER, SUMMARY_MARK
+    from toren.actors.runs.summarising import SUMMARISER, SUMMARY_MARK
 
     first = _first_text(request)
     if request.get("system") == SUMMARISER:

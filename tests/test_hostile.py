@@ -384,7 +384,7 @@ async def test_a_refused_write_fails_the_run_visibly_without_running_the_effect_
 async def test_a_run_the_kernel_gives_up_on_fails_with_class_crashloop_and_can_be_retried(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from toren.actors.run import RunActor
+    from toren.actors.runs import RunActor
 
     script = by_position(
         Reply([ToolCall(id="p1", name="pay", arguments={"to": "alice", "amount": 1})]),
@@ -510,7 +510,7 @@ async def test_concurrent_starts_with_one_key_and_different_inputs_start_one_run
 async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_its_id(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import toren.actors.run.request
+    import toren.actors.runs.request
 
     answers = [
         Reply([ToolCall(id="call_1", name="pay", arguments={"to": "alice", "amount": 1})]),
@@ -525,13 +525,13 @@ async def test_a_decision_for_a_voided_call_never_fits_a_new_call_that_reuses_it
         async with running_worker(db_url):
             run_id = await start_run(client, "payer", "pay alice")
             await wait_for(lambda: waits_for(client, run_id, "call_1"), what="asks about alice")
-        original = toren.actors.run.request.build_request
+        original = toren.actors.runs.request.build_request
 
         def redeployed(agent: Any, messages: Any, callees: Any = None) -> Any:
             # a new system prompt: step 1 is void
             return attrs.evolve(original(agent, messages, callees), system="Pay with care.")
 
-        monkeypatch.setattr(toren.actors.run.request, "build_request", redeployed)
+        monkeypatch.setattr(toren.actors.runs.request, "build_request", redeployed)
         # The approver's page still shows alice's payment, call_1.
         await decide(
             client, run_id, call_id="call_1", approved=True, by=person("approver"), wait=None

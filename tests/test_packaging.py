@@ -51,10 +51,10 @@ from toren._agent.app import load_app  # the loader `toren worker --app` uses
 
 
 def internals():
-    import toren.actors.run
+    import toren.actors.runs
     import toren.supervisors.worker
 
-    return toren.actors.run, toren.supervisors.worker
+    return toren.actors.runs, toren.supervisors.worker
 
 
 if sys.argv[1] == "toren-first":
@@ -184,7 +184,7 @@ def assert_each_package_is_its_owners(found: dict[str, Any], toren_dir: Path, ap
 
 def test_wheel_ships_actors_and_supervisors_only_under_toren(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert "toren/actors/run/__init__.py" in names
+    assert "toren/actors/runs/__init__.py" in names
     assert "toren/supervisors/worker/hosts.py" in names
     assert "toren/supervisors/worker/tree.py" in names
     assert "toren/_core/migrations/0001_kernel.sql" in names

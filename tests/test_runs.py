@@ -374,7 +374,7 @@ def _shouting(original: Any) -> Any:
 async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_messages(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import toren.actors.run.request
+    import toren.actors.runs.request
 
     load_app("tests.run_app")
     async with anthropic(_ticket_refund_done, monkeypatch) as server:  # type: ignore[arg-type]
@@ -389,8 +389,8 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
             await wait_for(heard, what="message recorded")
 
         # Version 2 renders tool results differently.
-        shout = _shouting(toren.actors.run.request.build_request)
-        monkeypatch.setattr(toren.actors.run.request, "build_request", shout)
+        shout = _shouting(toren.actors.runs.request.build_request)
+        monkeypatch.setattr(toren.actors.runs.request, "build_request", shout)
         await decide_waiting(client, run_id, approved=True, by=person("alice"), wait=None)
         async with running_worker(db_url):  # version 2
 
@@ -423,16 +423,16 @@ async def test_a_changed_request_invalidates_from_that_step_and_reapplies_human_
 async def test_a_step_that_invalidated_and_then_failed_checks_the_journal_again_on_retry(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import toren.actors.run.request
-    from toren.actors.run import deciding
+    import toren.actors.runs.request
+    from toren.actors.runs import deciding
 
     load_app("tests.run_app")
     async with anthropic(_ticket_refund_done, monkeypatch):  # type: ignore[arg-type]
         async with running_worker(db_url):  # version 1
             run_id = await start_run(client, "support", "Fix my order.")
             await wait_for(lambda: _status(client, run_id, "parked"), what="parked")
-        shout = _shouting(toren.actors.run.request.build_request)  # version 2
-        monkeypatch.setattr(toren.actors.run.request, "build_request", shout)
+        shout = _shouting(toren.actors.runs.request.build_request)  # version 2
+        monkeypatch.setattr(toren.actors.runs.request, "build_request", shout)
         decide_once = deciding.decide
         failures: list[str] = []
 
@@ -528,7 +528,7 @@ async def test_a_thousand_parked_runs_hold_no_lease_and_no_object(
 ) -> None:
     import gc
 
-    from toren.actors.run import RunActor
+    from toren.actors.runs import RunActor
 
     load_app("tests.run_app")
     refund_call = ToolCall(id="p1", name="refund", arguments={"amount": 900})

@@ -23,12 +23,12 @@ from tests.sandbox_support import docker_fixture, sandbox  # noqa: F401  (the fi
 from tests.steps import Step, bash, model, settled, tool
 from toren import Agent, Client, Settings
 from toren._agent.app import load_app
-from toren.actors.sandbox.docker import Docker
-from toren.actors.sandbox.hardening import Limits
-from toren.actors.sandbox.outcomes import ExecFailed, Outcome
+from toren.actors.sandboxes.docker import Docker
+from toren.actors.sandboxes.hardening import Limits
+from toren.actors.sandboxes.outcomes import ExecFailed, Outcome
 from toren.runs import cancel, read_run, start_run
-from toren.sandbox import Sandbox
-from toren.sandbox.files import list_workspace, open_store
+from toren.sandboxes import Sandbox
+from toren.sandboxes.files import list_workspace, open_store
 
 pytestmark = pytest.mark.anyio
 

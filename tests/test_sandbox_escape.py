@@ -36,7 +36,7 @@ from tests.sandbox_support import (  # noqa: F401  (the fixtures)
     raw_docker_fixture,
     sandbox,
 )
-from toren.actors.sandbox.docker import (
+from toren.actors.sandboxes.docker import (
     DEFAULT_IMAGE,
     LABEL_MANAGED,
     LABEL_RUN,
@@ -44,8 +44,8 @@ from toren.actors.sandbox.docker import (
     Unavailable,
     UnsafeImage,
 )
-from toren.actors.sandbox.hardening import WORKSPACE, Limits
-from toren.actors.sandbox.outcomes import ExecFailed, MarkerUsed, Outcome, PathRefused
+from toren.actors.sandboxes.hardening import WORKSPACE, Limits
+from toren.actors.sandboxes.outcomes import ExecFailed, MarkerUsed, Outcome, PathRefused
 
 pytestmark = pytest.mark.anyio
 

@@ -19,9 +19,9 @@ from tests.sandbox_support import unavailable
 from tests.steps import Step, bash, model, settled, tool
 from toren import Client
 from toren._agent.app import load_app
-from toren.actors.sandbox.docker import Docker, Unavailable
+from toren.actors.sandboxes.docker import Docker, Unavailable
 from toren.runs import cancel, read_run, start_run, waiting_on
-from toren.sandbox import DEFAULT_IMAGE
+from toren.sandboxes import DEFAULT_IMAGE
 
 pytestmark = pytest.mark.anyio
 
@@ -385,7 +385,7 @@ async def test_other_actors_read_and_write_a_runs_workspace_through_the_file_api
     client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, docker: Docker
 ) -> None:
     from toren import Settings
-    from toren.sandbox.files import NoWorkspace, open_store, read_workspace_file, write_files
+    from toren.sandboxes.files import NoWorkspace, open_store, read_workspace_file, write_files
 
     load_app("tests.sandbox_app")
     steps: list[Step] = [
@@ -417,7 +417,7 @@ async def test_a_worker_without_a_docker_daemon_says_so_and_serves_no_sandboxes(
     db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     from toren import Settings
-    from toren.actors.sandbox import runtime
+    from toren.actors.sandboxes import runtime
     from toren.kernel import create_pool
     from toren.runs import Agents
 

@@ -7,8 +7,8 @@ import pytest
 
 from toren import Agent, ConfigError
 from toren._agent.tables import configured, read_agent_tables
-from toren.sandbox import Sandbox, allowed
-from toren.sandbox._settings import SANDBOX_PART
+from toren.sandboxes import Sandbox, allowed
+from toren.sandboxes._settings import SANDBOX_PART
 
 MODEL = "anthropic/claude-sonnet-4-6"
 
@@ -137,7 +137,7 @@ def test_the_sandbox_state_goes_through_a_snapshot_unchanged() -> None:
     from toren._core.json_text import dumps, loads
     from toren._core.snapshots import _state as read_state
     from toren._core.snapshots import encode as encode_snapshot
-    from toren.sandbox import (
+    from toren.sandboxes import (
         Checkpointed,
         CommandFinished,
         CommandIntended,

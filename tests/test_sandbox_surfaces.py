@@ -46,7 +46,7 @@ from toren.runs import (
     read_run,
 )
 from toren.runs import summary as run_summary
-from toren.sandbox import (
+from toren.sandboxes import (
     DEFAULT_IMAGE,
     SANDBOX_KIND,
     SANDBOX_ROUTE,
@@ -60,8 +60,8 @@ from toren.sandbox import (
     fold,
     sandbox_address,
 )
-from toren.sandbox import summary as sandbox_summary
-from toren.sandbox.listing import sandboxed_calls
+from toren.sandboxes import summary as sandbox_summary
+from toren.sandboxes.listing import sandboxed_calls
 
 pytestmark = pytest.mark.anyio
 

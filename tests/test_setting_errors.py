@@ -15,7 +15,7 @@ from toren._core.secret_files import read_secret_files
 from toren._settings import Settings
 from toren.channels import Telegram
 from toren.providers import RetryPolicy
-from toren.sandbox.store import store_from_url
+from toren.sandboxes.store import store_from_url
 
 SECRET = "sk-ant-api03-not-a-real-key-4f9c2e"
 

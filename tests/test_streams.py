@@ -36,7 +36,7 @@ from toren._surfaces.tokens import (
     open_session,
     revoke_token,
 )
-from toren.actors.run import RunActor
+from toren.actors.runs import RunActor
 from toren.runs import RunState, read_run, start_run, waiting_on
 
 pytestmark = pytest.mark.anyio

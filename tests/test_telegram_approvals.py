@@ -196,9 +196,9 @@ async def test_a_childs_call_shown_in_its_parents_chat_is_decided_only_by_the_ch
 
     # A prompt an earlier version opened names no agent: the agent of its run decides who may.
     from toren import Context
-    from toren.actors.channel import runtime
-    from toren.actors.channel.actor import ChannelActor
-    from toren.actors.channel.inbound import Inbound
+    from toren.actors.channels import runtime
+    from toren.actors.channels.actor import ChannelActor
+    from toren.actors.channels.inbound import Inbound
     from toren.channels import Prompt, PromptOpened
 
     earlier = PromptOpened(decision="d", run=child, call_id="c", name="transfer", chat_id=100)

@@ -418,9 +418,9 @@ async def test_a_button_press_is_not_answered_without_a_held_lease() -> None:
     ``answer_callback``. (A unit test: a context whose lease has lapsed.)"""
     from toren._core.actor import Context
     from toren._core.errors import LeaseExpired
-    from toren.actors.channel import runtime
-    from toren.actors.channel.actor import ChannelActor
-    from toren.actors.channel.inbound import Inbound
+    from toren.actors.channels import runtime
+    from toren.actors.channels.actor import ChannelActor
+    from toren.actors.channels.inbound import Inbound
     from toren.channels import PairingKey, Telegram
 
     actor_id = "channel/telegram/siegeunit"

@@ -27,7 +27,7 @@ from tests.telegram_support import (
     texts,
 )
 from toren import Client
-from toren.actors.channel import inbound
+from toren.actors.channels import inbound
 from toren.channels import ChannelState, PairFailed, fold
 from toren.channels._state import FORGET_AFTER
 from toren.channels.client import ChannelError, pair
@@ -142,7 +142,7 @@ def test_the_offset_kept_in_memory_is_used_only_on_the_state_its_tick_left() -> 
     used only if the tick that reached it committed. A tick that recorded updates and then
     failed to commit is handled again on the older state: the recorded offset is asked for
     then, and Telegram gives those updates again. (A unit test of the channel actor's choice.)"""
-    from toren.actors.channel.actor import ChannelActor
+    from toren.actors.channels.actor import ChannelActor
 
     actor = ChannelActor("channel/telegram/offsetunit", {"bot": "offsetunit"})
     assert actor._offset(7) == 7  # nothing held: the recorded offset
@@ -167,9 +167,9 @@ async def alone(state: ChannelState, update_id: int, text: str, api: Any = None)
     """The context after the channel handled STRANGER's message ``text`` in a step of its own
     (no database, no lease: what it emitted is in ``events``)."""
     from toren._core.actor import Context
-    from toren.actors.channel import runtime
-    from toren.actors.channel.actor import ChannelActor
-    from toren.actors.channel.inbound import Inbound
+    from toren.actors.channels import runtime
+    from toren.actors.channels.actor import ChannelActor
+    from toren.actors.channels.inbound import Inbound
     from toren.channels import PairingKey, Telegram
 
     actor_id = "channel/telegram/dailyunit"

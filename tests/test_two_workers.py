@@ -15,9 +15,9 @@ import pytest
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import running_worker, wait_for
 from toren import Agent, Client
-from toren.actors.channel.runtime import Channels
-from toren.actors.run.models import Providers
-from toren.actors.sandbox.runtime import Sandboxes
+from toren.actors.channels.runtime import Channels
+from toren.actors.runs.models import Providers
+from toren.actors.sandboxes.runtime import Sandboxes
 from toren.directory import Directory
 from toren.runs import PROCESS_AGENTS, Agents, read_run, start_run
 from toren.testing import AnthropicServer, Reply

@@ -1,4 +1,4 @@
-"""Workspace stores and checkpoints (toren.sandbox.store, toren.sandbox.checkpoints): round
+"""Workspace stores and checkpoints (toren.sandboxes.store, toren.sandboxes.checkpoints): round
 trips through a local directory and through moto's S3 server with the real aioboto3 client,
 hostile archives refused, corruption detected, and the bytes an incremental checkpoint puts on
 the wire counted by a relay in front of the S3 stand-in."""
@@ -21,7 +21,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from toren._core.errors import ConfigError
-from toren.sandbox.checkpoints import (
+from toren.sandboxes.checkpoints import (
     CheckpointStats,
     Manifest,
     UnsafeArchive,
@@ -32,7 +32,7 @@ from toren.sandbox.checkpoints import (
     read_file,
     restore,
 )
-from toren.sandbox.store import (
+from toren.sandboxes.store import (
     CorruptObject,
     LocalStore,
     MissingObject,
@@ -466,7 +466,7 @@ FAILING_WRITE = """
 import resource, signal, sys
 from pathlib import Path
 import anyio
-from toren.sandbox.store import LocalStore
+from toren.sandboxes.store import LocalStore
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 store = LocalStore(Path(sys.argv[1]))

@@ -4,7 +4,7 @@ Each floor declares its own fields, the variables it reads and the tables it par
 only composes them: the kernel's :class:`~toren._core.config.WorkerSettings` (the database,
 leases, the worker), the agent layer's :class:`~toren._agent.settings.AgentSettings`
 (``[agents.NAME]`` tables, the message cap), the kinds'
-:class:`~toren.sandbox._worker_settings.SandboxWorkerSettings` and
+:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings` and
 :class:`~toren.channels._worker_settings.TelegramWorkerSettings`, and the HTTP surface's
 :class:`~toren._surfaces.http_settings.HttpSettings`.
 """
@@ -16,7 +16,7 @@ import attrs
 from toren._agent.settings import AgentSettings
 from toren._surfaces.http_settings import HttpSettings
 from toren.channels._worker_settings import TelegramWorkerSettings
-from toren.sandbox._worker_settings import SandboxWorkerSettings
+from toren.sandboxes._worker_settings import SandboxWorkerSettings
 
 
 @attrs.frozen(kw_only=True)
@@ -32,6 +32,6 @@ class Settings(AgentSettings, HttpSettings, SandboxWorkerSettings, TelegramWorke
     (:class:`~toren._agent.settings.AgentSettings`: ``max_message_bytes``, ``agents``), the
     HTTP surface's (:class:`~toren._surfaces.http_settings.HttpSettings`: cookies, trusted
     proxies, streams, failed sign-ins, ``console_url``), sandboxes'
-    (:class:`~toren.sandbox._worker_settings.SandboxWorkerSettings`) and Telegram's
+    (:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings`) and Telegram's
     (:class:`~toren.channels._worker_settings.TelegramWorkerSettings`).
     """

@@ -10,7 +10,7 @@ the sandbox image, ``./scripts/sandbox-image``)::
 from __future__ import annotations
 
 from toren import Agent
-from toren.sandbox import Sandbox
+from toren.sandboxes import Sandbox
 
 pair_coder = Agent(
     name="pair_coder",

@@ -12,8 +12,8 @@ import pytest
 
 from examples.coding_agent.model import script
 from tests.sandbox_support import unavailable
-from toren.actors.sandbox.docker import Docker, Unavailable
-from toren.sandbox import DEFAULT_IMAGE
+from toren.actors.sandboxes.docker import Docker, Unavailable
+from toren.sandboxes import DEFAULT_IMAGE
 from toren.testing import harness
 
 pytestmark = pytest.mark.anyio

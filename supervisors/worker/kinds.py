@@ -1,8 +1,8 @@
 """The kinds a worker runs: the one list a new kind of Toren's is added to."""
 
-from toren.actors.channel.kind import KIND as CHANNEL
-from toren.actors.run.kind import KIND as RUN
-from toren.actors.sandbox.kind import KIND as SANDBOX
+from toren.actors.channels.kind import KIND as CHANNEL
+from toren.actors.runs.kind import KIND as RUN
+from toren.actors.sandboxes.kind import KIND as SANDBOX
 
 KINDS = (RUN, SANDBOX, CHANNEL)
 """Toren's own kinds, in the order their runtimes open (and the reverse of their closing)."""

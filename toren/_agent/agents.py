@@ -37,7 +37,7 @@ from toren._core.errors import ConfigError
 
 if TYPE_CHECKING:
     from toren.channels import Telegram
-    from toren.sandbox import Sandbox
+    from toren.sandboxes import Sandbox
 
 Effects = Literal["read", "write", "external"]
 Idempotency = Literal["keyed", "unkeyed", "at_most_once"]
@@ -280,9 +280,9 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
 
 
 # The kinds' values an Agent takes, as errors name them (their classes are not imported here).
-_PART_TYPES = {"sandbox": "toren.sandbox.Sandbox", "telegram": "toren.channels.Telegram"}
+_PART_TYPES = {"sandbox": "toren.sandboxes.Sandbox", "telegram": "toren.channels.Telegram"}
 _PART_CLASSES = {  # where each is defined: an instance of it (or of a subclass) is one
-    "toren.sandbox.Sandbox": "toren.sandbox._settings.Sandbox",
+    "toren.sandboxes.Sandbox": "toren.sandboxes._settings.Sandbox",
     "toren.channels.Telegram": "toren.channels._settings.Telegram",
 }
 
@@ -323,7 +323,7 @@ class Agent:
         compact_soft: Past this fraction of the context window (the input tokens the provider
             reported, plus what was added since), old tool results are elided (no model call).
         compact_hard: Past this fraction, older turns are summarised by a recorded model call.
-        sandbox: A container per run (:class:`toren.sandbox.Sandbox`): the model gets
+        sandbox: A container per run (:class:`toren.sandboxes.Sandbox`): the model gets
             ``bash``, ``read_file``, ``write_file`` and ``list_files`` run in it.
         telegram: A Telegram bot people reach the agent through
             (:class:`toren.channels.Telegram`; also ``[agents.NAME.telegram]``). With a sandbox

@@ -162,7 +162,7 @@ def register(main: click.Group) -> None:
         ones with --after, as the line that ends it says. With --json the events are
         `events`, each with its timeline line, and `more_events` says whether more follow."""
         from toren._cli.timeline import describe, event_record, record
-        from toren.sandbox.listing import read_calls, sandbox_of
+        from toren.sandboxes.listing import read_calls, sandbox_of
 
         client = await _client(ctx.obj["settings"])
         try:
@@ -426,7 +426,7 @@ async def _waiting(client: Client, run_id: str, state: RunState) -> list[tuple[s
 async def _call_text(client: Client, run_id: str, where: str, call: ToolCall) -> str:
     """``TOOL ARGUMENTS [in CWD] (call ID [of child run RUN])``: a waiting call, as a person
     deciding it needs to see it."""
-    from toren.sandbox.listing import approval_cwds
+    from toren.sandboxes.listing import approval_cwds
 
     arguments = json.dumps(call.arguments, ensure_ascii=True)
     of = f" of child run {where}" if where != run_id else ""

@@ -26,7 +26,7 @@ from toren._core.terminal import plain, printable
 if TYPE_CHECKING:
     from toren._core.client import Client
     from toren._settings import Settings
-    from toren.sandbox.listing import SandboxedCall, SandboxRow
+    from toren.sandboxes.listing import SandboxedCall, SandboxRow
 
 OUTPUT_LINES = 5
 """Lines of a call's output ``toren jobs show`` prints (``--json`` has all of it)."""
@@ -105,7 +105,7 @@ def register(main: click.Group) -> None:
     @run_async
     async def list_cmd(ctx: click.Context, everything: bool, limit: int, as_json: bool) -> None:
         """Sandboxes, newest first. By default those whose container may exist (not reaped)."""
-        from toren.sandbox.listing import list_sandboxes
+        from toren.sandboxes.listing import list_sandboxes
 
         async with await _client(ctx.obj["settings"]) as client:
             rows = await list_sandboxes(client.pool, reaped=everything, limit=limit)
@@ -144,8 +144,8 @@ def register(main: click.Group) -> None:
 
         Exit 0 when sent (or nothing to send); 1 if a RUN has no sandbox, or its sandbox takes
         no message (nothing is sent then)."""
-        from toren.sandbox import Reap
-        from toren.sandbox.listing import reapable
+        from toren.sandboxes import Reap
+        from toren.sandboxes.listing import reapable
 
         async with await _client(ctx.obj["settings"]) as client:
             if runs:
@@ -200,8 +200,8 @@ async def _named(client: Client, names: Sequence[str]) -> list[tuple[SandboxRow,
     with what to say of it. Every run is checked before anything is sent: one not found, one
     without a sandbox (or whose sandbox takes no message) is an error naming it, and nothing
     is sent (exit 1)."""
-    from toren.sandbox import WORKSPACE
-    from toren.sandbox.listing import sandbox_of
+    from toren.sandboxes import WORKSPACE
+    from toren.sandboxes.listing import sandbox_of
 
     targets, errors = [], []
     found = []

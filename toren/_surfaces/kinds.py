@@ -8,7 +8,7 @@ their command groups, the HTTP app installs their routes, the MCP server adds th
 
 from toren.channels.surfaces import SURFACES as CHANNEL
 from toren.runs.surfaces import SURFACES as RUN
-from toren.sandbox.surfaces import SURFACES as SANDBOX
+from toren.sandboxes.surfaces import SURFACES as SANDBOX
 
 SURFACES = (RUN, SANDBOX, CHANNEL)
 """The surfaces of Toren's kinds: run, sandbox, channel."""

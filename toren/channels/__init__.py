@@ -6,7 +6,7 @@ worker that runs it and holds the bot's token runs the bot's channel actor
 single-use codes, gives each paired chat a durable conversation run, and delivers the run's
 replies, approval prompts and files through an outbox. This package is the vocabulary: the
 settings, the actor's messages, events and state, and the client API the CLI and the HTTP API
-use; the actor is in :mod:`toren.actors.channel`. See ``docs/channels.md``.
+use; the actor is in :mod:`toren.actors.channels`. See ``docs/channels.md``.
 """
 
 from __future__ import annotations

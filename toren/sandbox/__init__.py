@@ -1,137 +1,45 @@
-"""Sandboxes: a container per run, with the workspace its ``bash`` and file tools work in.
+"""The old name of :mod:`toren.sandboxes`, kept so that code written against it runs unchanged.
 
-Give an agent ``sandbox=Sandbox()`` and its model gets ``bash``, ``read_file``, ``write_file``
-and ``list_files``, run by the run's sandbox actor in a hardened container (see
-``docs/sandboxes.md``). This package is the vocabulary: the settings, the tools' declarations,
-the sandbox actor's messages, events and state, and the workspace-file API; the actor itself and
-the Docker layer are in :mod:`toren.actors.sandbox`.
+``toren.sandbox`` is the same module object as ``toren.sandboxes``, and ``toren.sandbox.files``
+(or any module under it) the same module as ``toren.sandboxes.files``: a class imported by either
+name is one class.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from toren._core.exports import lazy_exports
+import toren.sandboxes
 
-if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
-    from toren.sandbox._settings import (
-        DEFAULT_IMAGE,
-        SETTABLE,
-        Sandbox,
-        allowed,
-        configured,
-        parse_size,
-    )
-    from toren.sandbox._tools import SEND_MAX, is_sandbox_tool, sandbox_tools
-    from toren.sandbox._vocabulary import (
-        CHANGES_WORKSPACE,
-        SANDBOX_KIND,
-        SANDBOX_ROUTE,
-        TOOLS,
-        WORKSPACE,
-        Checkpointed,
-        Command,
-        CommandFinished,
-        CommandIntended,
-        Exec,
-        Go,
-        Idle,
-        Reap,
-        SandboxCreated,
-        SandboxDone,
-        SandboxNotice,
-        SandboxReaped,
-        SandboxRestored,
-        SandboxState,
-        SandboxStopped,
-        WriteFiles,
-        fold,
-        run_of,
-        sandbox_address,
-        summary,
-    )
+if TYPE_CHECKING:
+    from toren.sandboxes import *  # noqa: F403
 
-__all__ = [
-    "CHANGES_WORKSPACE",
-    "DEFAULT_IMAGE",
-    "SANDBOX_KIND",
-    "SANDBOX_ROUTE",
-    "SEND_MAX",
-    "SETTABLE",
-    "TOOLS",
-    "WORKSPACE",
-    "Checkpointed",
-    "Command",
-    "CommandFinished",
-    "CommandIntended",
-    "Exec",
-    "Go",
-    "Idle",
-    "Reap",
-    "Sandbox",
-    "SandboxCreated",
-    "SandboxDone",
-    "SandboxNotice",
-    "SandboxReaped",
-    "SandboxRestored",
-    "SandboxState",
-    "SandboxStopped",
-    "WriteFiles",
-    "allowed",
-    "configured",
-    "fold",
-    "is_sandbox_tool",
-    "parse_size",
-    "run_of",
-    "sandbox_address",
-    "sandbox_tools",
-    "summary",
-]
-
-# Each public name's module, imported on first use by ``__getattr__``: the settings and the
-# tools' declarations bring pydantic, which listing sandboxes (``toren jobs show``) does without.
-_HOMES: dict[str, tuple[str, ...]] = {
-    "toren.sandbox._settings": (
-        "DEFAULT_IMAGE",
-        "SETTABLE",
-        "Sandbox",
-        "allowed",
-        "configured",
-        "parse_size",
-    ),
-    "toren.sandbox._tools": (
-        "SEND_MAX",
-        "is_sandbox_tool",
-        "sandbox_tools",
-    ),
-    "toren.sandbox._vocabulary": (
-        "CHANGES_WORKSPACE",
-        "SANDBOX_KIND",
-        "SANDBOX_ROUTE",
-        "TOOLS",
-        "WORKSPACE",
-        "Checkpointed",
-        "Command",
-        "CommandFinished",
-        "CommandIntended",
-        "Exec",
-        "Go",
-        "Idle",
-        "Reap",
-        "SandboxCreated",
-        "SandboxDone",
-        "SandboxNotice",
-        "SandboxReaped",
-        "SandboxRestored",
-        "SandboxState",
-        "SandboxStopped",
-        "WriteFiles",
-        "fold",
-        "run_of",
-        "sandbox_address",
-        "summary",
-    ),
-}
+_OLD, _NEW = __name__, "toren.sandboxes"
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _HOMES)
+class _SameModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``toren.sandbox.<name>`` as the module ``toren.sandboxes.<name>`` already is."""
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if not fullname.startswith(_OLD + "."):
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(_NEW + spec.name[len(_OLD) :])
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Nothing to run: the module was run under its new name."""
+
+
+if not any(isinstance(finder, _SameModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _SameModules())
+sys.modules[_OLD] = toren.sandboxes

@@ -78,7 +78,7 @@ from toren.runs import (
     waiting_on,
 )
 from toren.runs.listing import list_runs
-from toren.sandbox.listing import approval_cwds
+from toren.sandboxes.listing import approval_cwds
 
 T = TypeVar("T")
 

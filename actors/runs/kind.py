@@ -1,0 +1,15 @@
+"""The run kind as a worker runs it: the run actor, and the model providers its runs share."""
+
+from __future__ import annotations
+
+from toren.actors.runs.actor import RunActor
+from toren.actors.runs.models import Providers
+from toren.kernel import Kind, WorkerEnv
+from toren.runs.surfaces import SURFACES
+
+
+async def _open(env: WorkerEnv) -> Providers:
+    return Providers()  # a provider's client is made at its first call
+
+
+KIND = Kind(name="run", actors=(RunActor,), open=_open, surfaces=SURFACES)
