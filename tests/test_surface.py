@@ -123,6 +123,20 @@ def test_the_cli_describes_its_commands_without_the_server_the_agent_layer_or_as
     assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr
 
 
+def test_listing_runs_does_without_the_agent_layer() -> None:
+    # `toren jobs list` reads rows: it needs asyncpg, not what defines agents (pydantic), nor
+    # the fold (a regression once cost the command 90 ms).
+    heavy = ("aiohttp", "pydantic", "toren._agent.agents", "toren.runs.state")
+    probe = (
+        "import sys, toren.cli, toren.runs.listing; "
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "[]"), done.stdout + done.stderr
+
+
 def test_no_cli_module_imports_the_cli_entry_point() -> None:
     # toren.cli imports them; what they share with it at boot is in toren._cli.boot.
     for path in (ROOT / "toren" / "_cli").glob("*.py"):

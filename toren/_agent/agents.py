@@ -415,11 +415,6 @@ def call_tool_name(agent: str) -> str:
     return ("call_" + re.sub(r"[^A-Za-z0-9_-]", "_", agent))[:64]
 
 
-def agent_route(name: str) -> str:
-    """The route a run of agent ``name`` is claimed on: only workers that define it serve it."""
-    return f"agent:{name}"
-
-
 def agents_in(module: ModuleType) -> dict[str, Agent]:
     """Every :class:`Agent` defined at the top level of ``module``, by name.
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import attrs
 
-from toren._agent.agents import Agent, agent_route
+from toren._agent.agents import Agent
 from toren._agent.registry import Agents, agents_of
+from toren._agent.routes import agent_route
 
 if TYPE_CHECKING:
     from toren._core.actor import Context

@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from toren._agent.agents import Agent, agent_route
+from toren._agent.agents import Agent
+from toren._agent.routes import agent_route
 from toren._agent.tables import configured
 from toren._core.errors import ConfigError
 

@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         Agent,
         Tool,
         ToolContext,
-        agent_route,
         call_tool_name,
     )
     from toren._agent.digest import GENESIS, chain
@@ -52,6 +51,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         serve_route,
         served_routes,
     )
+    from toren._agent.routes import agent_route
     from toren.runs.client import (
         AGENT_NAME,
         DECISION_WAIT,
@@ -254,9 +254,9 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Agent",
         "Tool",
         "ToolContext",
-        "agent_route",
         "call_tool_name",
     ),
+    "toren._agent.routes": ("agent_route",),
     "toren._agent.registry": (
         "PROCESS_AGENTS",
         "Agents",

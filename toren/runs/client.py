@@ -9,6 +9,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from toren._agent.principal import Principal
+from toren._agent.routes import agent_route
 from toren._core.codec import decode
 from toren._core.errors import AskTimeout, InternalError, TorenError, UnknownActor
 from toren._core.journal import replay
@@ -187,7 +188,6 @@ async def start_run(
         MessageTooLarge: ``input`` is over ``cap`` bytes.
         IdempotencyConflict: as above.
     """
-    from toren._agent.agents import agent_route  # here: readers of runs do without pydantic
 
     check_start(agent, input, idempotency_key, cap)
     started = _start_digest(agent, input)
@@ -228,7 +228,6 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
     Raises:
         IdempotencyConflict: the run was started with another input.
     """
-    from toren._agent.agents import agent_route  # here: readers of runs do without pydantic
 
     started = _start_digest(agent, input)
     old_id = f"run/{uuid.uuid5(_KEY_NAMESPACE, key)}"

@@ -7,7 +7,7 @@ from typing import Any
 
 import attrs
 
-from toren._agent.agents import agent_route
+from toren._agent.routes import agent_route
 from toren._core.client import Client
 from toren._core.rows import actors_of_kind
 from toren.runs.events import RUN_KIND, STATUSES
