@@ -239,3 +239,29 @@ def test_torens_kinds_name_the_surfaces_the_cli_api_and_mcp_serve() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_kinds_surfaces_are_named_clearly_when_wrong() -> None:
+    from toren._core.errors import ConfigError
+    from toren._core.surfaces import resolved
+    from toren._surfaces.http.common import RouteAccess
+    from toren.kernel import Surfaces
+    from toren.supervisors.worker import KINDS
+
+    with pytest.raises(TypeError, match="needs its comma"):
+        Surfaces(cli=("myapp.cli:register"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="is not MODULE:NAME"):
+        Surfaces(http=("myapp.routes",))
+    with pytest.raises(ConfigError, match=r"surface 'no_such_module_here:x' names nothing"):
+        resolved([Surfaces(cli=("no_such_module_here:x",))], "cli")
+    with pytest.raises(ConfigError, match=r"'os:nope' names nothing: module 'os' has no"):
+        resolved([Surfaces(cli=("os:nope",))], "cli")
+    with pytest.raises(TypeError, match=r"a Kind is not a Surfaces \(for a Kind, pass"):
+        resolved(KINDS, "cli")  # type: ignore[arg-type]
+    # A kind's routes cannot loosen another's.
+    access = RouteAccess()
+    access.ask({("POST", "/runs/{run}/approvals"): "approve"})
+    access.ask({("POST", "/runs/{run}/approvals"): "approve"})  # the same again is no change
+    with pytest.raises(ValueError, match="already asks for 'approve', not 'read'"):
+        access.ask({("POST", "/runs/{run}/approvals"): "read"})
+    assert access.scopes == {("POST", "/runs/{run}/approvals"): "approve"}

@@ -63,6 +63,14 @@ def test_a_chosen_level_applies_to_every_library(logging_restored: None) -> None
     assert not logging.getLogger("myapp").isEnabledFor(logging.INFO)
 
 
+def test_an_app_that_configures_logging_itself_keeps_its_levels(logging_restored: None) -> None:
+    configure("ERROR")
+    logging.basicConfig(force=True, level=logging.ERROR)  # the app, at its import
+    show_info_from("myapp")
+    assert not logging.getLogger("myapp").isEnabledFor(logging.INFO)
+    assert logging.getLogger("myapp").getEffectiveLevel() == logging.ERROR
+
+
 def test_an_unknown_log_level_is_a_usage_error() -> None:
     result = toren("--log-level", "LOUD", "workers")
     assert result.returncode == 2

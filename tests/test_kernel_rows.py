@@ -95,6 +95,13 @@ async def test_rows_of_a_kind_filter_order_and_page(client: Client) -> None:
         "r/1",
         "r/3",
     ]
+    # A keyset page is of the newest first; an order misspelled is named.
+    with pytest.raises(ValueError, match="newest first only"):
+        await actors_of_kind(client.pool, "toren.run", before=(last.created_at, "r/0"), order="id")
+    with pytest.raises(ValueError, match="order must be one of newest, oldest, id"):
+        await actors_of_kind(client.pool, "toren.run", order="latest")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a kind's name"):
+        await actors_of_kind(client.pool, "toren.run' OR true --")
 
 
 async def test_descendants_follow_a_summary_list_in_one_query_nearest_first(client: Client) -> None:

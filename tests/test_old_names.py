@@ -17,6 +17,7 @@ def test_toren_sandbox_is_toren_sandboxes_under_its_old_name() -> None:
         "assert old_files is toren.sandboxes.files\n"
         "assert LocalStore is toren.sandboxes.store.LocalStore\n"
         "assert Sandbox is toren.sandboxes.Sandbox\n"
+        "assert toren.sandboxes.files.__spec__.name == 'toren.sandboxes.files'\n"
         "print('same')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -49,7 +49,8 @@ async def orphans(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:
 def _running(summary: Mapping[str, Any]) -> bool:
     """Whether a sandbox's summary counts more commands sent than finished."""
     commands, finished = summary.get("commands"), summary.get("finished")
-    return commands is not None and finished is not None and int(commands) > int(finished)
+    # The sandbox writes both as integers; anything else is read as nothing running.
+    return isinstance(commands, int) and isinstance(finished, int) and commands > finished
 
 
 async def reap(pool: asyncpg.Pool, docker: Docker, scope: str) -> list[Info]:

@@ -91,7 +91,11 @@ def show_info_from(name: str) -> None:
     was chosen for all (then it follows that).
 
     The choice is read from the root logger's handler that :func:`configure` installed:
-    the logging configuration is the process's, and Toren keeps no copy of it.
+    the logging configuration is the process's, and Toren keeps no copy of it. If that
+    handler is gone (the app configured logging itself), the logger is left as it is.
     """
-    chosen = any(isinstance(h, TorenHandler) and h.chosen for h in logging.getLogger().handlers)
+    ours = [h for h in logging.getLogger().handlers if isinstance(h, TorenHandler)]
+    if not ours:  # the app configured logging itself (after configure): its levels are its own
+        return
+    chosen = any(h.chosen for h in ours)
     logging.getLogger(name).setLevel(logging.NOTSET if chosen else logging.INFO)

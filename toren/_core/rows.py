@@ -173,7 +173,15 @@ async def actors_of_kind(
     keyset page, before ``before`` (the ``(created_at, actor_id)`` of the previous page's
     last row; for the newest first). One statement per combination of filters: each is
     planned for the index it can use (runs by status, by route), the page's start included.
+
+    Raises:
+        ValueError: an unknown ``order``, or ``before`` with another order than ``newest``;
+            a kind's name or a key that is not a plain name.
     """
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {', '.join(_ORDERS)}, not {order!r}")
+    if before is not None and order != "newest":
+        raise ValueError("before pages the newest first only (order='newest')")
     where, values = [f"a.kind = {_kind(kind)}"], []
 
     def value(v: Any) -> str:

@@ -16,11 +16,22 @@ from typing import Any, Literal
 
 import attrs
 
+from toren._core.errors import ConfigError
+
 Part = Literal["cli", "http", "mcp"]
 
 
-def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+def _refs(_: object, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+    if isinstance(value, str):  # ("m:f") for ("m:f",)
+        raise TypeError(
+            f"{attribute.name}: a tuple of MODULE:NAME strings, not the string {value!r} "
+            "(a one-item tuple needs its comma)"
+        )
+    if not isinstance(value, tuple):
+        raise TypeError(f"{attribute.name}: a tuple of MODULE:NAME strings, not {value!r}")
     for ref in value:
+        if not isinstance(ref, str):
+            raise TypeError(f"{attribute.name}: {ref!r} is not a MODULE:NAME string")
         module, colon, name = ref.partition(":")
         if not (module and colon and name):
             raise ValueError(f"{attribute.name}: {ref!r} is not MODULE:NAME")
@@ -44,12 +55,31 @@ class Surfaces:
 
 
 def resolve(ref: str) -> Any:
-    """What ``"module:name"`` names, importing its module (an ``ImportError`` or
-    ``AttributeError`` if it names nothing)."""
+    """What ``"module:name"`` names, importing its module.
+
+    Raises:
+        ConfigError: it names nothing (the module or the name is missing, or importing the
+            module failed), saying which string and why.
+    """
     module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"surface {ref!r} names nothing: {e}") from e
 
 
-def resolved(kinds: Iterable[Surfaces], part: Part) -> list[Any]:
-    """Each of the kinds' ``part`` (``"cli"``, ``"http"`` or ``"mcp"``), resolved, in order."""
-    return [resolve(ref) for surfaces in kinds for ref in getattr(surfaces, part)]
+def resolved(kinds: Iterable[object], part: Part) -> list[Any]:
+    """Each of the kinds' ``part`` (``"cli"``, ``"http"`` or ``"mcp"``), resolved, in order.
+
+    Raises:
+        TypeError: one of ``kinds`` is not a :class:`Surfaces` (a ``Kind`` gives its own as
+            ``kind.surfaces``).
+        ConfigError: a string names nothing.
+    """
+    out: list[Any] = []
+    for surfaces in kinds:
+        if not isinstance(surfaces, Surfaces):
+            hint = " (for a Kind, pass kind.surfaces)" if hasattr(surfaces, "surfaces") else ""
+            raise TypeError(f"a {type(surfaces).__name__} is not a Surfaces{hint}")
+        out.extend(resolve(ref) for ref in getattr(surfaces, part))
+    return out

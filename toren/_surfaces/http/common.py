@@ -6,7 +6,7 @@ import functools
 import ipaddress
 import json as stdjson
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -64,6 +64,17 @@ class RouteAccess:
 
     scopes: dict[tuple[str, str], str] = attrs.Factory(dict)
     own_check: list[Callable[[web.Request], bool]] = attrs.Factory(list)
+
+    def ask(self, scopes: Mapping[tuple[str, str], str]) -> None:
+        """Have these routes ask for these scopes.
+
+        Raises:
+            ValueError: another kind has a route ask for another scope already (a kind's
+                routes cannot loosen another's).
+        """
+        for route, scope in scopes.items():
+            if self.scopes.setdefault(route, scope) != scope:
+                raise ValueError(f"{route} already asks for {self.scopes[route]!r}, not {scope!r}")
 
 
 CLIENT: web.AppKey[Client] = web.AppKey("client", Client)

@@ -90,7 +90,7 @@ def install(app: web.Application) -> None:
     and cancelling for ``operate`` (as every other write)."""
     app[STATES] = RunStates()
     app[API_PARTS].append(run_part())
-    app[ROUTE_ACCESS].scopes.update(
+    app[ROUTE_ACCESS].ask(
         {
             ("POST", "/runs"): "operate",
             ("POST", "/runs/{run}/messages"): "operate",
