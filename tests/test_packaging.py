@@ -172,7 +172,7 @@ def probe(python: Path | str, app: Path, order: str) -> dict[str, Any]:
 
 def assert_each_package_is_its_owners(found: dict[str, Any], toren_dir: Path, app: Path) -> None:
     assert found["toren"] == str(toren_dir / "__init__.py")
-    assert found["run"] == str(toren_dir / "actors" / "run" / "__init__.py")
+    assert found["run"] == str(toren_dir / "actors" / "runs" / "__init__.py")
     assert found["worker"] == str(toren_dir / "supervisors" / "worker" / "__init__.py")
     assert found["actors"] == str(app / "actors" / "__init__.py")
     assert found["supervisors"] == str(app / "supervisors" / "__init__.py")
