@@ -29,18 +29,24 @@ MUTATION_NAMES = ("nul-handling", "python-arguments", "unbound-decisions")
 
 @contextlib.contextmanager
 def _patched(patches: list[tuple[object, str, Any]]) -> Iterator[None]:
-    """Set each ``(owner, attribute, value)``; put the originals back on exit."""
+    """Set each ``(owner, attribute, value)``; put the originals back on exit. An attribute the
+    owner did not hold itself (a package's name imported on first use, a method inherited) is
+    taken off again, not set: set, it would keep what it was read as, which may be another
+    patch's value (``toren.runs.judge_decision`` read after ``toren.runs.state``'s is patched)."""
     saved = []
     try:
         for owner, name, value in patches:
             if not hasattr(owner, name):
                 raise RuntimeError(f"mutation no longer applies: {owner!r} has no {name!r}")
-            saved.append((owner, name, getattr(owner, name)))
+            saved.append((owner, name, getattr(owner, name), name in vars(owner)))
             setattr(owner, name, value)
         yield
     finally:
-        for owner, name, value in reversed(saved):
-            setattr(owner, name, value)
+        for owner, name, value, held in reversed(saved):
+            if held:
+                setattr(owner, name, value)
+            else:
+                delattr(owner, name)
 
 
 def _plain_dumps(value: Any, *, sort_keys: bool = False) -> str:
