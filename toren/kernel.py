@@ -6,6 +6,7 @@ and only this, so that the kernel's internals can change without touching them.
 """
 
 from toren._core.actor import actor_kinds
+from toren._core.clock import Clock, ShiftedClock
 from toren._core.codec import decode
 from toren._core.db import (
     TRANSIENT_DB_ERRORS,
@@ -38,6 +39,8 @@ from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
 
 __all__ = [
+    "Clock",
+    "ShiftedClock",
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
     "ActorRow",

@@ -200,6 +200,7 @@ class RunActor(Actor[RunState]):
                         chain=msg.chain,
                         budget_usd=msg.budget_usd,
                         depth_limit=msg.depth_limit,
+                        watcher=msg.watcher,
                     )
                 )
                 if refused:  # its caller is not (or no longer) accepted here

@@ -342,26 +342,10 @@ def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
                     ),
                 )
         if ended and state.status in ENDED:
-            r = receipt(state)
-            ctx.send(
-                state.parent,
-                ChildEnded(
-                    call_id=state.parent_call,
-                    run_id=ctx.actor_id,
-                    agent=state.agent,
-                    status=state.status,
-                    output=state.output or "",
-                    error_class=state.error_class,
-                    error=state.error,
-                    usd_paid=str(r.usd_total),
-                    calls_made=r.calls_made + r.child_calls_made,
-                    input_tokens=r.input_tokens + r.child_input_tokens,
-                    output_tokens=r.output_tokens + r.child_output_tokens,
-                    unpriced_calls=r.unpriced_calls + r.child_unpriced_calls,
-                    lost_calls=r.calls_lost + r.child_calls_lost,
-                    lost_usd=str(r.usd_lost_estimated + r.child_usd_lost_estimated),
-                ),
-            )
+            ctx.send(state.parent, _end_notice(ctx, state, state.parent_call))
+    if state.watcher and ended and state.status in ENDED:
+        # what it ended with, not what it said: a watcher keeps no output
+        ctx.send(state.watcher, attrs.evolve(_end_notice(ctx, state, ""), output=""))
     if ended and state.status in ("failed", "cancelled"):
         for child in was_running:
             if child.run_id in state.finished:
@@ -375,6 +359,27 @@ def after_step(ctx: Context[RunState], was_running: list[ChildStarted]) -> None:
                 ),
                 system=True,
             )
+
+
+def _end_notice(ctx: Context[RunState], state: RunState, call_id: str) -> ChildEnded:
+    """The run's end as its parent (or its watcher, with no ``call_id``) is told of it."""
+    r = receipt(state)
+    return ChildEnded(
+        call_id=call_id,
+        run_id=ctx.actor_id,
+        agent=state.agent,
+        status=state.status,
+        output=state.output or "",
+        error_class=state.error_class,
+        error=state.error,
+        usd_paid=str(r.usd_total),
+        calls_made=r.calls_made + r.child_calls_made,
+        input_tokens=r.input_tokens + r.child_input_tokens,
+        output_tokens=r.output_tokens + r.child_output_tokens,
+        unpriced_calls=r.unpriced_calls + r.child_unpriced_calls,
+        lost_calls=r.calls_lost + r.child_calls_lost,
+        lost_usd=str(r.usd_lost_estimated + r.child_usd_lost_estimated),
+    )
 
 
 def child_crashed(

@@ -36,6 +36,7 @@ from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.directory import Directory
 from toren.kernel import (
     Claim,
+    Clock,
     Kind,
     Resources,
     Runtime,
@@ -81,6 +82,7 @@ class Worker:
         sandboxes: bool = True,
         agents: Agents | None = None,
         kinds: Sequence[Kind] = KINDS,
+        clock: Clock | None = None,
     ) -> None:
         self.settings = settings
         self.kinds = tuple(kinds)
@@ -98,6 +100,8 @@ class Worker:
         self._draining = False
         self.resources = Resources()
         """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
+        self.clock = clock if clock is not None else Clock()
+        """The wall clock its schedules read (a test's :class:`~toren.kernel.ShiftedClock`)."""
 
     def state(self) -> tuple[uuid.UUID | None, WorkerState]:
         """The registered incarnation's id (``None`` while there is none) and what the worker
@@ -123,6 +127,7 @@ class Worker:
         self._pool = pool
         self.resources.put(self.agents, as_type=Agents)
         self.resources.put(Directory(self.agents, pool))
+        self.resources.put(self.clock, as_type=Clock)
         try:
             # Lease renewals have connections of their own: a burst of activations (each folding
             # a journal) or slow steps holding the main pool can never delay a renewal past the

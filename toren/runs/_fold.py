@@ -93,6 +93,7 @@ def _started(state: RunState, event: RunStarted) -> RunState:
         started_at=event.at,
         parent=event.parent,
         parent_call=event.parent_call,
+        watcher=event.watcher,
         chain=tuple(event.chain),
         depth_limit=event.depth_limit,
         budget_cap=Decimal(event.budget_usd) if event.budget_usd is not None else None,

@@ -235,9 +235,7 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
     if old is not None and old["kind"] == RUN_KIND and (old["args"] or {}).get("agent") == agent:
         run_id, args = old_id, old["args"]
     else:
-        # Neither an agent name nor a key holds NUL: no two (agent, key) pairs join the same.
-        scoped = "\0".join((agent, key))
-        run_id = f"run/{uuid.uuid5(_AGENT_KEY_NAMESPACE, scoped)}"
+        run_id = keyed_run_id(agent, key)
         args = {"agent": agent, "start": started}
         if await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn):
             return run_id
@@ -250,6 +248,18 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
         if existing is not None and (existing.agent, existing.input) != (agent, input):
             raise IdempotencyConflict(key, run_id)
     return run_id
+
+
+def keyed_run_id(agent: str, key: str) -> str:
+    """The id of the run of ``agent`` started with idempotency key ``key``."""
+    # Neither an agent name nor a key holds NUL: no two (agent, key) pairs join the same.
+    return f"run/{uuid.uuid5(_AGENT_KEY_NAMESPACE, chr(0).join((agent, key)))}"
+
+
+def start_args(agent: str, input: str) -> dict[str, str]:
+    """The args of a run of ``agent`` started on ``input`` (the digest a start retried with its
+    key is checked against)."""
+    return {"agent": agent, "start": _start_digest(agent, input)}
 
 
 def _start_digest(agent: str, input: str) -> str:

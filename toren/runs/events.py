@@ -48,6 +48,9 @@ class StartRun:
     chain: tuple[str, ...] = ()
     budget_usd: str | None = None
     depth_limit: int | None = None
+    # An actor told of each end of the run (a ``run.child_ended`` with no call id): the
+    # schedule that started it. Unlike a parent it has no say in the run.
+    watcher: str = ""
 
 
 @message("run.continue")
@@ -200,6 +203,7 @@ class RunStarted:
     chain: tuple[str, ...] = ()
     budget_usd: str | None = None
     depth_limit: int | None = None  # None in journals of earlier versions: no limit from above
+    watcher: str = ""  # see StartRun
     v: int = FORMAT
 
 

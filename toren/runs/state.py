@@ -157,6 +157,7 @@ class RunState:
     # running totals of what its children cost
     parent: str = ""
     parent_call: str = ""
+    watcher: str = ""  # told of each end (see StartRun)
     chain: tuple[str, ...] = ()
     depth_limit: int | None = None  # how deep the chain may go, set by the runs above
     # refused decisions recorded (decision.refused, and decision.refusals_muted past the

@@ -1,0 +1,268 @@
+"""The schedule actor: starts its agent's runs on a clock, one run per slot at most.
+
+Each wake (its timer, a declaration, a resume) it reads the worker's clock, counts the slots
+that came while no worker ran and are older than its catch-up window as missed, deals with
+the others in order under its overlap policy, and sets its timer for the next slot (plus its
+jitter). A slot's run is spawned, sent its start and recorded on the schedule's journal in
+one step: the run's id derives from the agent and the idempotency key
+``schedule/<name>/<slot>``, so whatever is retried, killed or run on another worker, a slot
+starts one run. The runs it starts tell it of their ends (``watcher``), which is how it knows
+what is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from toren._core.actor import ChildFailed
+from toren.kernel import Actor, Clock, Context
+from toren.runs import RUN_KIND, Cancel, ChildEnded, Principal, StartRun, agent_route
+from toren.runs.client import keyed_run_id, start_args
+from toren.schedules import Schedule, ScheduleError, render_input, slot_key
+from toren.schedules.events import (
+    SCHEDULE_PREFIX,
+    Backfill,
+    Declare,
+    Declared,
+    Delete,
+    Deleted,
+    How,
+    Pause,
+    Paused,
+    Resume,
+    Resumed,
+    ScheduledRunEnded,
+    SlotBuffered,
+    SlotsMissed,
+    SlotSkipped,
+    SlotStarted,
+    Tick,
+    Trigger,
+    slot_idempotency_key,
+)
+from toren.schedules.state import ScheduleState, fold, summary
+
+log = logging.getLogger("toren.schedules")
+
+GRACE = 60.0
+"""Seconds a slot's timer may come late and the slot still fire as on time (a worker's
+takeover, a busy database); later than that and its catch-up window, it is missed."""
+
+MISSED_COUNTED = 10_000
+"""Missed slots counted one by one per wake; past that the count says "more than"."""
+
+FIRED_PER_STEP = 50
+"""Slots one step starts at most; the rest are dealt with by the next (the timer set at once)."""
+
+TIMER = "tick"
+
+
+class ScheduleActor(Actor[ScheduleState]):
+    kind = "schedule"
+    idle_seconds = 1.0  # it sleeps on its timer: no reason to stay in memory
+    snapshot_every = 500
+    state_type = ScheduleState
+
+    def initial_state(self) -> ScheduleState:
+        return ScheduleState()
+
+    def apply(self, state: ScheduleState, event: Any) -> ScheduleState:
+        return fold(state, event)
+
+    def summarize(self, state: ScheduleState) -> dict[str, Any]:
+        return summary(state)
+
+    @property
+    def name(self) -> str:
+        return self.actor_id.removeprefix(SCHEDULE_PREFIX)
+
+    async def handle(self, ctx: Context[ScheduleState], msg: Any) -> None:
+        clock = ctx.resources.find(Clock) or Clock()
+        now = clock.now()
+        if isinstance(msg, Declare):
+            self._declare(ctx, msg, now)
+        elif isinstance(msg, Tick):
+            self._advance(ctx, now)
+        elif isinstance(msg, ChildEnded | ChildFailed):
+            self._ended(ctx, msg, now)
+        elif isinstance(msg, Pause):
+            if not ctx.state.paused and not ctx.state.deleted:
+                ctx.emit(Paused(reason=msg.reason, by=msg.by, at=now))
+                ctx.cancel_timer(TIMER)
+        elif isinstance(msg, Resume):
+            if ctx.state.paused and not ctx.state.deleted:
+                ctx.emit(Resumed(by=msg.by, at=now))
+                self._drain(ctx, now)
+                self._advance(ctx, now)
+        elif isinstance(msg, Trigger):
+            schedule = self._schedule(ctx)
+            if schedule is not None:
+                key = f"manual-{msg.id}"
+                self._start(ctx, schedule, now, key, "manual", now, by=msg.by)
+        elif isinstance(msg, Backfill):
+            self._backfill(ctx, msg, now)
+        elif isinstance(msg, Delete):
+            if not ctx.state.deleted and ctx.state.schedule is not None:
+                ctx.emit(Deleted(by=msg.by, at=now))
+                ctx.cancel_timer(TIMER)
+
+    # -- declarations and the clock --------------------------------------------------------------
+
+    def _schedule(self, ctx: Context[ScheduleState]) -> Schedule | None:
+        state = ctx.state
+        if state.schedule is None or state.deleted:
+            return None
+        return Schedule.from_json(state.schedule)
+
+    def _declare(self, ctx: Context[ScheduleState], msg: Declare, now: float) -> None:
+        try:
+            Schedule.from_json(msg.schedule)
+        except (ScheduleError, TypeError, ValueError) as exc:
+            # Checked where it was declared: one that is not valid here came from elsewhere.
+            log.warning("%s: a declaration that is not valid was ignored: %s", ctx.actor_id, exc)
+            return
+        state = ctx.state
+        same = (state.schedule, state.agent, state.source) == (msg.schedule, msg.agent, msg.source)
+        if not same or state.deleted:
+            ctx.emit(
+                Declared(
+                    agent=msg.agent, schedule=msg.schedule, source=msg.source, by=msg.by, at=now
+                )
+            )
+        self._advance(ctx, now)
+
+    def _advance(self, ctx: Context[ScheduleState], now: float) -> None:
+        """Deal with the slots due by ``now`` and set the timer for the next."""
+        schedule = self._schedule(ctx)
+        if schedule is None or ctx.state.paused:
+            ctx.cancel_timer(TIMER)
+            return
+        spec = schedule.spec
+        late = GRACE + spec.jitter
+        horizon = now - max(schedule.catch_up, late)
+        cursor = ctx.state.cursor if ctx.state.cursor is not None else now
+        if cursor < horizon:
+            missed = spec.slots(cursor, horizon, MISSED_COUNTED + 1)
+            if missed:
+                more = len(missed) > MISSED_COUNTED
+                counted = missed[:MISSED_COUNTED]
+                last = horizon if more else counted[-1]
+                ctx.emit(
+                    SlotsMissed(
+                        count=len(counted), first=counted[0], last=last, more=more, at=now
+                    )
+                )
+        cursor = ctx.state.cursor if ctx.state.cursor is not None else now
+        due = spec.slots(cursor, now, FIRED_PER_STEP)
+        for slot in due:
+            how: How = "on_time" if now - slot <= late else "catch_up"
+            self._fire(ctx, schedule, slot, how, schedule.overlap, now)
+        if len(due) == FIRED_PER_STEP:
+            ctx.set_timer(TIMER, 0.0, Tick())  # more are due: the next step takes them
+            return
+        following = spec.next_slot(ctx.state.cursor if ctx.state.cursor is not None else now)
+        if following is None:
+            ctx.cancel_timer(TIMER)  # past its end
+            return
+        delay = max(0.0, following - now) + spec.delay_for(following, self.name)
+        ctx.set_timer(TIMER, delay, Tick())
+
+    # -- slots -----------------------------------------------------------------------------------
+
+    def _fire(
+        self,
+        ctx: Context[ScheduleState],
+        schedule: Schedule,
+        slot: float,
+        how: How,
+        overlap: str,
+        now: float,
+        by: Principal | None = None,
+    ) -> None:
+        """Start ``slot``'s run, or skip or buffer it, as ``overlap`` says."""
+        key = slot_key(slot)
+        in_flight = ctx.state.in_flight
+        if in_flight and overlap != "allow_all":
+            if overlap == "skip":
+                reason = f"{in_flight[-1]} was still in flight (overlap: skip)"
+                ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
+                return
+            if overlap == "buffer_one" and ctx.state.buffered:
+                reason = "a slot was waiting already (overlap: buffer_one)"
+                ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
+                return
+            if overlap in ("buffer_one", "buffer_all"):
+                ctx.emit(SlotBuffered(slot=slot, key=key, how=how, at=now))
+                return
+            if overlap == "cancel_other":
+                for run in in_flight:
+                    reason = f"schedule {self.name}: slot {key} replaces it (overlap: cancel_other)"
+                    cancel = Cancel(by=self._principal(), who=self.name, reason=reason)
+                    ctx.send(run, cancel, system=True)
+        self._start(ctx, schedule, slot, key, how, now, by=by)
+
+    def _start(
+        self,
+        ctx: Context[ScheduleState],
+        schedule: Schedule,
+        slot: float,
+        key: str,
+        how: How,
+        now: float,
+        *,
+        by: Principal | None = None,
+    ) -> None:
+        """Spawn the slot's run and send it its start, in this step (see the module)."""
+        agent = ctx.state.agent
+        run = keyed_run_id(agent, slot_idempotency_key(self.name, key))
+        if any(r.run == run for r in ctx.state.recent):
+            reason = f"its run {run} was started already"
+            ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
+            return
+        text = render_input(schedule.input, slot, schedule.timezone, self.name)
+        args: dict[str, Any] = {**start_args(agent, text), "schedule": self.name, "slot": key}
+        ctx.spawn(RUN_KIND, run, args, route=agent_route(agent))
+        start = StartRun(
+            agent=agent, input=text, by=by or self._principal(), watcher=ctx.actor_id
+        )
+        ctx.send(run, start, dedupe_key="start")
+        ctx.emit(SlotStarted(slot=slot, key=key, run=run, how=how, at=now, by=by))
+
+    def _principal(self) -> Principal:
+        return Principal(kind="schedule", id=self.actor_id, name=self.name, via="schedule")
+
+    def _ended(self, ctx: Context[ScheduleState], msg: ChildEnded | ChildFailed, now: float) -> None:
+        run = msg.run_id if isinstance(msg, ChildEnded) else msg.actor_id
+        if run not in ctx.state.in_flight:
+            return  # an end heard before (a run retried by hand ends again)
+        if isinstance(msg, ChildEnded):
+            status, error_class = msg.status, msg.error_class
+        else:
+            status, error_class = "failed", "crashloop"
+        ctx.emit(ScheduledRunEnded(run=run, status=status, error_class=error_class, at=now))
+        schedule = self._schedule(ctx)
+        if schedule is None:
+            return
+        if schedule.pause_on_failure and status == "failed" and not ctx.state.paused:
+            reason = f"its run {run} failed ({error_class}): paused on failure"
+            ctx.emit(Paused(reason=reason, at=now))
+            ctx.cancel_timer(TIMER)
+            return
+        self._drain(ctx, now)
+
+    def _drain(self, ctx: Context[ScheduleState], now: float) -> None:
+        """Start the oldest buffered slot if nothing is in flight."""
+        schedule = self._schedule(ctx)
+        state = ctx.state
+        if schedule is None or state.paused or state.in_flight or not state.buffered:
+            return
+        slot, key, _ = state.buffered[0]
+        self._start(ctx, schedule, slot, key, "buffered", now)
+
+    def _backfill(self, ctx: Context[ScheduleState], msg: Backfill, now: float) -> None:
+        schedule = self._schedule(ctx)
+        if schedule is None:
+            return
+        for slot in schedule.spec.slots(msg.start, min(msg.end, now), FIRED_PER_STEP * 20):
+            self._fire(ctx, schedule, slot, "backfill", msg.overlap, now, by=msg.by)

@@ -1,0 +1,350 @@
+"""Schedules from outside a worker: declared, created, paused, resumed, triggered, backfilled,
+deleted and listed (the CLI, the HTTP API, MCP and the Python API all come here).
+
+A schedule is named ``<agent>/<slot>``: the agent it starts and its own name among that
+agent's schedules (``[agents.NAME.schedules.SLOT]``). Every change is a message to the
+schedule's actor (``schedule/<agent>/<slot>``), which does it at its next step: these
+functions check what they can first (the schedule exists, the input is valid) and never wait
+for the step. Listing reads the schedules' rows (what each last step recorded) and computes the
+next fire times from the clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import uuid
+from typing import Any
+
+import attrs
+
+from toren._core.clock import Clock
+from toren._core.errors import TorenError
+from toren._core.json_text import dumps
+from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
+from toren.kernel import Client
+from toren.runs import Principal
+from toren.runs.client import check_served, keyed_run_id
+from toren.schedules import Schedule, ScheduleError
+from toren.schedules.events import (
+    SCHEDULE_KIND,
+    SCHEDULE_PREFIX,
+    Backfill,
+    Declare,
+    Delete,
+    Pause,
+    Resume,
+    Source,
+    Trigger,
+    schedule_id,
+    slot_idempotency_key,
+)
+
+OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
+BACKFILL_SLOTS = 1000
+"""Slots one backfill may start at most (a longer range is backfilled in parts)."""
+NEXT_SHOWN = 3
+_AGENT = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+_TRIGGER_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+class ScheduleNotFound(TorenError):
+    """No schedule has that name (or it was deleted)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        shown = name if len(name) <= 120 else f"{name[:117]}..."
+        super().__init__(f"no schedule {shown!r} (a schedule is named AGENT/SLOT)")
+
+
+class ScheduleExists(TorenError):
+    """A schedule of that name exists with another declaration."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"schedule {name!r} exists with another declaration: delete it first, or pick "
+            "another name"
+        )
+
+
+def full_name(agent: str, slot: str) -> str:
+    """The name of ``agent``'s schedule ``slot``: ``<agent>/<slot>``."""
+    return f"{agent}/{slot}"
+
+
+def split_name(name: object) -> tuple[str, str]:
+    """``(agent, slot)`` of a schedule's name.
+
+    Raises:
+        ScheduleError: it is not ``AGENT/SLOT`` with a valid agent and slot name.
+    """
+    if not isinstance(name, str) or name.count("/") != 1:
+        raise ScheduleError("name", "AGENT/SLOT: an agent's name and the schedule's own")
+    agent, slot = name.split("/")
+    if not _AGENT.fullmatch(agent):
+        raise ScheduleError("name", "the agent's name: 1 to 100 letters, digits, _ . -")
+    Schedule.check_name(slot)
+    return agent, slot
+
+
+def _digest(*parts: Any) -> str:
+    return hashlib.sha256(dumps(list(parts)).encode()).hexdigest()[:32]
+
+
+async def declare(
+    client: Client, agent: str, schedule: Schedule, *, source: Source, by: Principal
+) -> str:
+    """Create the actor of ``agent``'s ``schedule`` if there is none, and send it this
+    declaration (once per declaration: a worker's every start re-sends what it declares, and
+    the same declaration is one message). Returns the schedule's name."""
+    name = full_name(agent, schedule.name)
+    address = schedule_id(name)
+    body = schedule.to_json()
+    async with client.pool.acquire() as conn, conn.transaction():
+        await client.spawn(SCHEDULE_KIND, address, {"agent": agent}, conn=conn)
+        await client.send(
+            address,
+            Declare(agent=agent, schedule=body, source=source, by=by),
+            dedupe_key=f"declare:{_digest(agent, body, source)}",
+            conn=conn,
+        )
+    return name
+
+
+async def create(client: Client, agent: str, schedule: Schedule, *, by: Principal) -> str:
+    """Create ``agent``'s ``schedule`` at run time (as ``toren schedules create`` and
+    ``POST /schedules`` do). Creating it again with the same declaration is a no-op.
+
+    Raises:
+        AgentNotServed: workers are live and none runs ``agent``.
+        ScheduleExists: a live schedule of that name has another declaration.
+    """
+    if not _AGENT.fullmatch(agent):
+        raise ScheduleError("agent", "an agent name: 1 to 100 letters, digits, _ . -")
+    await check_served(client, agent)
+    name = full_name(agent, schedule.name)
+    row = await actor_row(client.pool, schedule_id(name), fields=("summary",))
+    if row is not None:
+        held = row.summary_dict
+        if not held.get("deleted") and held.get("schedule") not in (None, schedule.to_json()):
+            raise ScheduleExists(name)
+    return await declare(client, agent, schedule, source="api", by=by)
+
+
+async def _live(client: Client, name: str) -> ActorRow:
+    """The row of the live (declared, not deleted) schedule ``name``.
+
+    Raises:
+        ScheduleError: ``name`` is not a schedule's name.
+        ScheduleNotFound: there is no such schedule.
+    """
+    split_name(name)
+    row = await actor_row(client.pool, schedule_id(name), fields=("summary", "args"))
+    if row is None or not row.summary_dict.get("schedule") or row.summary_dict.get("deleted"):
+        raise ScheduleNotFound(name)
+    return row
+
+
+async def pause(client: Client, name: str, *, by: Principal, reason: str = "") -> None:
+    """Pause ``name``: its slots start nothing until it is resumed (they are not fired then).
+
+    Raises:
+        ScheduleNotFound: see :func:`_live`.
+    """
+    _check_text("reason", reason, 1000)
+    await _live(client, name)
+    await client.send(schedule_id(name), Pause(by=by, reason=reason))
+
+
+async def resume(client: Client, name: str, *, by: Principal) -> None:
+    """Resume ``name`` from now (the slots of the pause are not fired)."""
+    await _live(client, name)
+    await client.send(schedule_id(name), Resume(by=by))
+
+
+async def trigger(client: Client, name: str, *, by: Principal, id: str | None = None) -> str:
+    """Start a run of ``name``'s agent now, whatever its slots and overlap policy; returns the
+    run's id. ``id`` names the trigger: the same ``id`` again starts no second run.
+
+    Raises:
+        ScheduleError: ``id`` is not 1 to 64 letters, digits, ``_ . -``.
+    """
+    if id is None:
+        id = uuid.uuid4().hex
+    if not isinstance(id, str) or not _TRIGGER_ID.fullmatch(id):
+        raise ScheduleError("id", "1 to 64 letters, digits, _ . -")
+    row = await _live(client, name)
+    agent = str(row.summary_dict.get("agent") or row.args_dict.get("agent"))
+    await client.send(
+        schedule_id(name), Trigger(by=by, id=id), dedupe_key=f"trigger:{id}"
+    )
+    return keyed_run_id(agent, slot_idempotency_key(name, f"manual-{id}"))
+
+
+async def backfill(
+    client: Client,
+    name: str,
+    start: float,
+    end: float,
+    *,
+    overlap: str = "buffer_all",
+    by: Principal,
+    clock: Clock | None = None,
+) -> int:
+    """Start ``name``'s slots in ``(start, end]`` (unix seconds, ``end`` not after now) under
+    ``overlap``; returns how many slots the range holds. Slots that started a run already start
+    none again.
+
+    Raises:
+        ScheduleError: a bad range or policy, or more than :data:`BACKFILL_SLOTS` slots.
+    """
+    if overlap not in OVERLAPS:
+        raise ScheduleError("overlap", f"one of {', '.join(OVERLAPS)}")
+    now = (clock or Clock()).now()
+    for field, value in (("start", start), ("end", end)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ScheduleError(field, "a time (unix seconds)")
+    if not start < end:
+        raise ScheduleError("end", "after start")
+    if end > now:
+        raise ScheduleError("end", "not in the future: a backfill starts past slots")
+    row = await _live(client, name)
+    schedule = Schedule.from_json(row.summary_dict["schedule"])
+    slots = schedule.spec.slots(start, end, BACKFILL_SLOTS + 1)
+    if len(slots) > BACKFILL_SLOTS:
+        raise ScheduleError(
+            "end", f"a range of at most {BACKFILL_SLOTS} slots: backfill it in parts"
+        )
+    if slots:
+        await client.send(
+            schedule_id(name),
+            Backfill(by=by, start=float(start), end=float(end), overlap=overlap),
+        )
+    return len(slots)
+
+
+async def delete(client: Client, name: str, *, by: Principal) -> None:
+    """Delete ``name``: it starts nothing more (its runs in flight go on). A declared schedule
+    that its agent still declares comes back at the next start of a worker running it."""
+    await _live(client, name)
+    await client.send(schedule_id(name), Delete(by=by))
+
+
+def _check_text(field: str, value: object, cap: int) -> None:
+    if not isinstance(value, str) or len(value) > cap or "\x00" in value:
+        raise ScheduleError(field, f"a text of at most {cap} characters, no NUL")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise ScheduleError(field, "valid Unicode text (no lone surrogates)") from None
+
+
+# --- listing -------------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class SlotView:
+    key: str
+    outcome: str  # started, skipped, buffered
+    how: str
+    run: str | None
+    run_status: str | None  # the run's status now (None: no run, or its row is gone)
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class ScheduleView:
+    """A schedule as lists show it."""
+
+    name: str
+    agent: str
+    schedule: dict[str, Any]
+    source: str
+    paused: bool
+    paused_reason: str
+    next: list[float]  # the next fire times (nominal, unix seconds): none while paused
+    in_flight: list[str]
+    buffered: int
+    started: int
+    skipped: int
+    missed: int
+    last_reason: str  # why the last slot that started nothing did not
+    recent: list[SlotView]
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+async def list_schedules(
+    client: Client, *, agent: str | None = None, clock: Clock | None = None
+) -> list[ScheduleView]:
+    """The live schedules (of ``agent`` only, if given), by name."""
+    rows = await actors_of_kind(
+        client.pool, SCHEDULE_KIND, fields=("summary",), order="id", limit=10_000
+    )
+    live = [
+        r
+        for r in rows
+        if r.summary_dict.get("schedule") and not r.summary_dict.get("deleted")
+        and (agent is None or r.summary_dict.get("agent") == agent)
+    ]
+    return await _views(client, live, clock or Clock())
+
+
+async def show(client: Client, name: str, *, clock: Clock | None = None) -> ScheduleView:
+    """The live schedule ``name``.
+
+    Raises:
+        ScheduleNotFound: there is none.
+    """
+    return (await _views(client, [await _live(client, name)], clock or Clock()))[0]
+
+
+async def _views(client: Client, rows: list[ActorRow], clock: Clock) -> list[ScheduleView]:
+    runs = {
+        str(slot.get("run"))
+        for r in rows
+        for slot in r.summary_dict.get("recent") or ()
+        if slot.get("run")
+    }
+    found = await actor_rows(client.pool, runs, fields=("summary.status",))
+    status = {r.actor_id: r.summary_dict.get("status") or "running" for r in found}
+    now = clock.now()
+    return [_view(r, status, now) for r in rows]
+
+
+def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:
+    s = row.summary_dict
+    schedule = Schedule.from_json(s["schedule"])
+    upcoming: list[float] = []
+    if not s.get("paused"):
+        after = max(float(s.get("cursor") or now), now)
+        upcoming = schedule.spec.slots(after, math.inf, NEXT_SHOWN)
+    return ScheduleView(
+        name=row.actor_id.removeprefix(SCHEDULE_PREFIX),
+        agent=str(s.get("agent", "")),
+        schedule=s["schedule"],
+        source=str(s.get("source", "")),
+        paused=bool(s.get("paused")),
+        paused_reason=str(s.get("paused_reason") or ""),
+        next=upcoming,
+        in_flight=[str(r) for r in s.get("in_flight") or ()],
+        buffered=int(s.get("buffered") or 0),
+        started=int(s.get("started") or 0),
+        skipped=int(s.get("skipped") or 0),
+        missed=int(s.get("missed") or 0),
+        last_reason=str(s.get("last_reason") or ""),
+        recent=[
+            SlotView(
+                key=str(r.get("key")),
+                outcome=str(r.get("outcome")),
+                how=str(r.get("how") or ""),
+                run=r.get("run"),
+                run_status=status.get(r.get("run")) if r.get("run") else None,
+                reason=str(r.get("reason") or ""),
+            )
+            for r in s.get("recent") or ()
+        ],
+    )
