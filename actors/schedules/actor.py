@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from toren._core.actor import ChildFailed
-from toren.kernel import Actor, Clock, Context
+from toren import Actor, ChildFailed, Context
+from toren.kernel import Clock
 from toren.runs import RUN_KIND, Cancel, ChildEnded, Principal, StartRun, agent_route
 from toren.runs.client import keyed_run_id, start_args
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key

@@ -23,7 +23,7 @@ from toren._core.clock import Clock
 from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
-from toren.kernel import Client
+from toren._core.client import Client
 from toren.runs import Principal
 from toren.runs.client import check_served, keyed_run_id
 from toren.schedules import Schedule, ScheduleError
