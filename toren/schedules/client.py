@@ -26,7 +26,7 @@ from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
 from toren._core.client import Client
 from toren.runs import Principal
 from toren.runs.client import check_served, keyed_run_id
-from toren.schedules import Schedule, ScheduleError
+from toren.schedules import SLOT_NAME, Schedule, ScheduleError
 from toren.schedules.events import (
     SCHEDULE_KIND,
     SCHEDULE_PREFIX,
@@ -85,7 +85,8 @@ def split_name(name: object) -> tuple[str, str]:
     agent, slot = name.split("/")
     if not _AGENT.fullmatch(agent):
         raise ScheduleError("name", "the agent's name: 1 to 100 letters, digits, _ . -")
-    Schedule.check_name(slot)
+    if not SLOT_NAME.fullmatch(slot):
+        raise ScheduleError("name", "the schedule's own name: [a-z0-9][a-z0-9_-]{0,62}")
     return agent, slot
 
 
