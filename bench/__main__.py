@@ -42,6 +42,7 @@ from bench import (
     parked,
     replay,
     sandbox,
+    schedule,
     takeover,
 )
 from bench._common import Bench
@@ -61,6 +62,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "compaction": compaction.run,
     "activate": activate.run,
     "claim": claim.run,
+    "schedule": schedule.run,
     "parked": parked.run,
     "api": api.run,
     "listing": listing.run,
