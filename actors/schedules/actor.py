@@ -18,7 +18,7 @@ from typing import Any
 from toren import Actor, ChildFailed, Context, Principal
 from toren.kernel import Clock
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route
-from toren.runs.client import keyed_run_id, start_args
+from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
 from toren.schedules.events import (
     SCHEDULE_PREFIX,
@@ -220,6 +220,11 @@ class ScheduleActor(Actor[ScheduleState]):
             ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
             return
         text = render_input(schedule.input, slot, schedule.timezone, self.name)
+        try:
+            check_message(text, what="input")
+        except MessageTooLarge as exc:  # a template near the cap, its placeholders filled
+            ctx.emit(SlotSkipped(slot=slot, key=key, reason=f"not started: {exc}", at=now))
+            return
         args: dict[str, Any] = {**start_args(agent, text), "schedule": self.name, "slot": key}
         ctx.spawn(RUN_KIND, run, args, route=agent_route(agent))
         start = StartRun(agent=agent, input=text, by=by or self._principal(), watcher=ctx.actor_id)
