@@ -104,7 +104,14 @@ def _floor(module: str) -> int | None:
         return KERNEL
     if module.startswith(("toren._agent", "toren.providers")):
         return AGENT
-    kinds = ("toren.runs", "toren.channels", "toren.sandboxes", "toren.actors", "toren.supervisors")
+    kinds = (
+        "toren.runs",
+        "toren.channels",
+        "toren.sandboxes",
+        "toren.schedules",
+        "toren.actors",
+        "toren.supervisors",
+    )
     if module.startswith(kinds) or module == "toren.directory":
         return KINDS
     return SURFACES

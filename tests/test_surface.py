@@ -38,7 +38,9 @@ def test_public_api_is_pinned() -> None:
         assert hasattr(toren, name) or hasattr(toren.kernel, name), name
 
 
-@pytest.mark.parametrize("package", ["toren", "toren.runs", "toren.sandboxes", "toren.channels"])
+@pytest.mark.parametrize(
+    "package", ["toren", "toren.runs", "toren.sandboxes", "toren.channels", "toren.schedules"]
+)
 def test_a_packages_names_are_imported_on_first_use_and_listed(package: str) -> None:
     module = importlib.import_module(package)
     homes = vars(module)["_HOMES"]

@@ -5,7 +5,8 @@ only composes them: the kernel's :class:`~toren._core.config.WorkerSettings` (th
 leases, the worker), the agent layer's :class:`~toren._agent.settings.AgentSettings`
 (``[agents.NAME]`` tables, the message cap), the kinds'
 :class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings` and
-:class:`~toren.channels._worker_settings.TelegramWorkerSettings`, and the HTTP surface's
+:class:`~toren.channels._worker_settings.TelegramWorkerSettings` and
+:class:`~toren.schedules._worker_settings.ScheduleWorkerSettings`, and the HTTP surface's
 :class:`~toren._surfaces.http_settings.HttpSettings`.
 """
 
@@ -17,10 +18,17 @@ from toren._agent.settings import AgentSettings
 from toren._surfaces.http_settings import HttpSettings
 from toren.channels._worker_settings import TelegramWorkerSettings
 from toren.sandboxes._worker_settings import SandboxWorkerSettings
+from toren.schedules._worker_settings import ScheduleWorkerSettings
 
 
 @attrs.frozen(kw_only=True)
-class Settings(AgentSettings, HttpSettings, SandboxWorkerSettings, TelegramWorkerSettings):
+class Settings(
+    AgentSettings,
+    HttpSettings,
+    SandboxWorkerSettings,
+    TelegramWorkerSettings,
+    ScheduleWorkerSettings,
+):
     """Runtime settings of a worker or a client.
 
     Read with :meth:`Settings.load` from the TOML file (``toren.toml`` or ``TOREN_CONFIG``), the
@@ -32,6 +40,8 @@ class Settings(AgentSettings, HttpSettings, SandboxWorkerSettings, TelegramWorke
     (:class:`~toren._agent.settings.AgentSettings`: ``max_message_bytes``, ``agents``), the
     HTTP surface's (:class:`~toren._surfaces.http_settings.HttpSettings`: cookies, trusted
     proxies, streams, failed sign-ins, ``console_url``), sandboxes'
-    (:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings`) and Telegram's
-    (:class:`~toren.channels._worker_settings.TelegramWorkerSettings`).
+    (:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings`), Telegram's
+    (:class:`~toren.channels._worker_settings.TelegramWorkerSettings`) and schedules'
+    (:class:`~toren.schedules._worker_settings.ScheduleWorkerSettings`: their
+    ``[agents.NAME.schedules.SLOT]`` tables).
     """

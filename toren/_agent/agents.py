@@ -38,6 +38,7 @@ from toren._core.errors import ConfigError
 if TYPE_CHECKING:
     from toren.channels import Telegram
     from toren.sandboxes import Sandbox
+    from toren.schedules import Schedule
 
 Effects = Literal["read", "write", "external"]
 Idempotency = Literal["keyed", "unkeyed", "at_most_once"]
@@ -279,11 +280,21 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _items(value: Any) -> Any:
+    """A list of a kind's values as a tuple (anything else is left for the check to name)."""
+    return tuple(value) if isinstance(value, list | tuple) else value
+
+
 # The kinds' values an Agent takes, as errors name them (their classes are not imported here).
-_PART_TYPES = {"sandbox": "toren.sandboxes.Sandbox", "telegram": "toren.channels.Telegram"}
+_PART_TYPES = {
+    "sandbox": "toren.sandboxes.Sandbox",
+    "telegram": "toren.channels.Telegram",
+    "schedules": "toren.schedules.Schedule",  # a tuple of them
+}
 _PART_CLASSES = {  # where each is defined: an instance of it (or of a subclass) is one
     "toren.sandboxes.Sandbox": "toren.sandboxes._settings.Sandbox",
     "toren.channels.Telegram": "toren.channels._settings.Telegram",
+    "toren.schedules.Schedule": "toren.schedules._declaration.Schedule",
 }
 
 
@@ -328,6 +339,8 @@ class Agent:
         telegram: A Telegram bot people reach the agent through
             (:class:`toren.channels.Telegram`; also ``[agents.NAME.telegram]``). With a sandbox
             too, the model gets ``send_file`` (a workspace file sent to the chat).
+        schedules: When runs of it start on a clock (:class:`toren.schedules.Schedule`, each
+            named; also ``[agents.NAME.schedules.SLOT]``). Not part of a model request.
     """
 
     name: str
@@ -349,6 +362,7 @@ class Agent:
     compact_hard: float = 0.75
     sandbox: Sandbox | None = None
     telegram: Telegram | None = None
+    schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_items)
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -357,6 +371,18 @@ class Agent:
             # layer imports no kind.
             if value is not None and not _is_a(value, _PART_TYPES[field]):
                 raise ConfigError(f"agent {self.name!r}: {field} must be a {_PART_TYPES[field]}")
+        wanted = _PART_TYPES["schedules"]
+        if not isinstance(self.schedules, tuple) or not all(
+            _is_a(s, wanted) for s in self.schedules
+        ):
+            raise ConfigError(f"agent {self.name!r}: schedules must be a list of {wanted}")
+        slots = [s.name for s in self.schedules]
+        twice = sorted({n for n in slots if slots.count(n) > 1})
+        if twice:
+            raise ConfigError(
+                f"agent {self.name!r}: two schedules are named {', '.join(map(repr, twice))}",
+                hint="A schedule's name is its slot: give each its own.",
+            )
         if self.sandbox is not None:
             object.__setattr__(self, "_sandbox_tools", self.sandbox.agent_tools(self))
         if "/" not in self.model:

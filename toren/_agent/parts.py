@@ -1,7 +1,8 @@
 """What a kind adds to an agent: the seam between the agent layer and the kinds above it.
 
 A kind may give ``Agent`` a field (``sandbox=Sandbox()``, ``telegram=Telegram(...)``) whose value
-is an object of the kind's, and an ``[agents.NAME.<field>]`` table in the settings file. The
+is an object of the kind's, or a tuple of them (``schedules=[Schedule(...), ...]``), and an
+``[agents.NAME.<field>]`` table in the settings file. The
 agent layer knows neither kind: the value says which field it belongs to and which tools it
 gives the model (:class:`PartValue`), and the settings composed above the kinds
 (``toren.Settings``) hand the table reader each kind's :class:`AgentPart`, which checks and
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 
 
 class PartValue(Protocol):
-    """An ``Agent`` field's value given by a kind (a ``Sandbox``, a ``Telegram``)."""
+    """An ``Agent`` field's value given by a kind (a ``Sandbox``, a ``Telegram``), or one item
+    of a field holding a tuple of them (a ``Schedule``)."""
 
     agent_field: ClassVar[str]
     """The ``Agent`` field this value belongs in."""
@@ -43,12 +45,16 @@ class AgentPart:
             the table's keys applied; raises ``ConfigError`` naming ``where``.
         needs_code: Why a table cannot give an agent this part when its code does not (the
             hint of the error), or ``None`` if it can.
+        read: ``(table, where) -> table``: checks and freezes the table when the file is
+            read, for a table ``settable`` cannot describe (one sub-table per item:
+            ``[agents.NAME.schedules.SLOT]``); raises ``ConfigError`` naming ``where``.
     """
 
     field: str
     settable: tuple[str, ...] | None
     configured: Callable[[Any, Mapping[str, Any], str], Any]
     needs_code: str | None = None
+    read: Callable[[Mapping[str, Any], str], Mapping[str, Any]] | None = None
 
 
 @attrs.frozen(eq=False)  # equal to any mapping of the same items, as the table it was read as

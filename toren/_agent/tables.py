@@ -53,14 +53,17 @@ SETTABLE = (
     "compact_hard",
     "sandbox",
     "telegram",
+    "schedules",
 )
 """The ``Agent`` fields an ``[agents.NAME]`` table may set. The model, the system prompt and
 the tools are code: changing them changes what the model is sent. ``sandbox`` is a sub-table
 (``[agents.NAME.sandbox]``) whose keys replace those of the code's ``Sandbox(...)``; so is
-``telegram`` (``[agents.NAME.telegram]``), which may also give an agent a bot its code has not."""
+``telegram`` (``[agents.NAME.telegram]``), which may also give an agent a bot its code has not;
+``schedules`` holds one sub-table per schedule (``[agents.NAME.schedules.SLOT]``), which replaces
+the keys of the code's schedule of that name, adds one, or removes it (``enabled = false``)."""
 
 _CODE_ONLY = ("name", "model", "system", "tools")
-_PART_FIELDS = ("sandbox", "telegram")  # Agent fields whose values are a kind's
+_PART_FIELDS = ("sandbox", "telegram", "schedules")  # Agent fields whose values are a kind's
 
 Tables = Mapping[str, Mapping[str, Any]]
 
@@ -97,14 +100,19 @@ def read_agent_tables(
                 hint = f"The name, model, system prompt and tools are code, in Agent(...). {hint}"
             raise ConfigError(f"unknown key(s) in {where}: {', '.join(unknown)}", hint=hint)
         tables[name] = types.MappingProxyType(
-            {key: _checked(key, value, where, parts) for key, value in table.items()}
+            {
+                key: _checked(key, value, where, parts, f"[agents.{name}.{key}] in {source}")
+                for key, value in table.items()
+            }
         )
     return types.MappingProxyType(tables)
 
 
-def _checked(key: str, value: Any, where: str, parts: Mapping[str, AgentPart]) -> Any:
+def _checked(
+    key: str, value: Any, where: str, parts: Mapping[str, AgentPart], part_where: str
+) -> Any:
     """``value`` for the ``Agent`` field ``key``, by that field's declared type (a kind's field:
-    by its part)."""
+    by its part; ``part_where`` names its table)."""
     if key in _PART_FIELDS:
         part = parts.get(key)
         if part is None:  # settings read without the kinds (only toren.Settings has them)
@@ -117,7 +125,8 @@ def _checked(key: str, value: Any, where: str, parts: Mapping[str, AgentPart]) -
                 f"unknown key(s) in the {key} table of {where}: {', '.join(unknown)}",
                 hint=f"Known keys: {', '.join(part.settable or ())}.",
             )
-        return PartTable(part, types.MappingProxyType(dict(value)))
+        read = part.read(value, part_where) if part.read is not None else dict(value)
+        return PartTable(part, types.MappingProxyType(dict(read)))
     converter: object = attrs.fields_dict(Agent)[key].converter
     if converter is parse_duration:
         try:
@@ -148,7 +157,8 @@ def _checked(key: str, value: Any, where: str, parts: Mapping[str, AgentPart]) -
 @functools.cache
 def _field_types() -> dict[str, Any]:
     # The kinds' fields are checked by their parts: their types are not needed (nor imported).
-    return typing.get_type_hints(Agent, localns={"Sandbox": object, "Telegram": object})
+    kinds = {"Sandbox": object, "Telegram": object, "Schedule": object}
+    return typing.get_type_hints(Agent, localns=kinds)
 
 
 def _describe(typ: Any) -> str:
