@@ -16,8 +16,10 @@ import logging
 from typing import Any
 
 from toren._core.actor import ChildFailed
-from toren.kernel import Actor, Clock, Context
-from toren.runs import RUN_KIND, Cancel, ChildEnded, Principal, StartRun, agent_route
+from toren import Actor, Context
+from toren.kernel import Clock
+from toren import Principal
+from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route
 from toren.runs.client import keyed_run_id, start_args
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
 from toren.schedules.events import (

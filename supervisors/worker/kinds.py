@@ -3,6 +3,7 @@
 from toren.actors.channels.kind import KIND as CHANNEL
 from toren.actors.runs.kind import KIND as RUN
 from toren.actors.sandboxes.kind import KIND as SANDBOX
+from toren.actors.schedules.kind import KIND as SCHEDULE
 
-KINDS = (RUN, SANDBOX, CHANNEL)
+KINDS = (RUN, SANDBOX, CHANNEL, SCHEDULE)
 """Toren's own kinds, in the order their runtimes open (and the reverse of their closing)."""

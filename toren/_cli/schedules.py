@@ -11,7 +11,6 @@ expression, an unknown time zone, an agent no live worker runs, ...) or configur
 from __future__ import annotations
 
 import json
-import re
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -30,32 +29,15 @@ if TYPE_CHECKING:
 # their bodies: `toren --help` imports this module to describe its commands.
 
 OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)([smhdw])")
-DURATION_MAX = 10 * 365 * 86400.0
 
 
-def duration(text: str, field: str) -> float:
-    """Seconds in ``text``: a number of seconds (``90``) or amounts with units (``30m``,
-    ``1h30m``, ``2d``; s, m, h, d, w).
-
-    Raises:
-        ConfigError: it is neither, or longer than ten years.
-    """
-    raw = text.strip().lower()
-    seconds: float | None = None
+def duration(text: str) -> float | str:
+    """A duration option as the schedule takes it: a number of seconds, or its text (``30m``,
+    ``1h30m``), which the schedule reads and refuses if it is not one."""
     try:
-        seconds = float(raw) if raw and raw[-1].isdigit() else None
+        return float(text)
     except ValueError:
-        seconds = None
-    if seconds is None and raw and _DURATION.sub("", raw) == "":
-        seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(raw))
-    if seconds is None or not 0 <= seconds <= DURATION_MAX:
-        raise ConfigError(
-            f"--{field}: {text!r} is not a duration",
-            hint="Write seconds (90) or amounts with units: 30m, 1h30m, 2d (s, m, h, d, w).",
-        )
-    return seconds
+        return text
 
 
 def instant(text: str, field: str) -> float:
@@ -251,7 +233,7 @@ def _fields(options: dict[str, Any]) -> dict[str, Any]:
         fields["cron"] = options["cron"]
     for option in ("every", "catch_up", "jitter"):
         if options[option] is not None:
-            fields[option] = duration(options[option], option.replace("_", "-"))
+            fields[option] = duration(options[option])
     for option, field in (("template", "input"), ("concurrency_key", "concurrency_key")):
         if options[option] is not None:
             fields[field] = options[option]

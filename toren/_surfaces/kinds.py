@@ -9,6 +9,7 @@ their command groups, the HTTP app installs their routes, the MCP server adds th
 from toren.channels.surfaces import SURFACES as CHANNEL
 from toren.runs.surfaces import SURFACES as RUN
 from toren.sandboxes.surfaces import SURFACES as SANDBOX
+from toren.schedules.surfaces import SURFACES as SCHEDULE
 
-SURFACES = (RUN, SANDBOX, CHANNEL)
-"""The surfaces of Toren's kinds: run, sandbox, channel."""
+SURFACES = (RUN, SANDBOX, CHANNEL, SCHEDULE)
+"""The surfaces of Toren's kinds: run, sandbox, channel, schedule."""

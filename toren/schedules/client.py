@@ -15,6 +15,7 @@ import hashlib
 import math
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -23,10 +24,10 @@ from toren._core.clock import Clock
 from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
-from toren.kernel import Client
-from toren.runs import Principal
+from toren._core.client import Client
+from toren._agent.principal import Principal
 from toren.runs.client import check_served, keyed_run_id
-from toren.schedules import Schedule, ScheduleError
+from toren.schedules import SLOT_NAME, Schedule, ScheduleError
 from toren.schedules.events import (
     SCHEDULE_KIND,
     SCHEDULE_PREFIX,
@@ -85,8 +86,23 @@ def split_name(name: object) -> tuple[str, str]:
     agent, slot = name.split("/")
     if not _AGENT.fullmatch(agent):
         raise ScheduleError("name", "the agent's name: 1 to 100 letters, digits, _ . -")
-    Schedule.check_name(slot)
+    if not SLOT_NAME.fullmatch(slot):
+        raise ScheduleError(
+            "name", "the schedule's own name: 1 to 63 lowercase letters, digits, _ or -"
+        )
     return agent, slot
+
+
+def schedule_of(name: object, fields: Mapping[str, Any]) -> Schedule:
+    """The schedule ``name`` with ``fields`` (those of :meth:`Schedule.to_json` but its name),
+    as the surfaces take it from a user.
+
+    Raises:
+        ScheduleError: a field is unknown or invalid, or ``name`` is not a schedule's name.
+    """
+    if "name" in fields:
+        raise ScheduleError("schedule", "unknown key(s): name (the name is given apart)")
+    return Schedule.from_json({**fields, "name": name})
 
 
 def _digest(*parts: Any) -> str:
@@ -315,13 +331,23 @@ async def _views(client: Client, rows: list[ActorRow], clock: Clock) -> list[Sch
     return [_view(r, status, now) for r in rows]
 
 
+def next_fires(schedule: Schedule, after: float, count: int = NEXT_SHOWN) -> list[float]:
+    """The first ``count`` slots of ``schedule`` after ``after`` (fewer past its end)."""
+    fires: list[float] = []
+    slot = schedule.spec.next_slot(after)
+    while slot is not None and len(fires) < count:
+        fires.append(slot)
+        slot = schedule.spec.next_slot(slot)
+    return fires
+
+
 def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:
     s = row.summary_dict
     schedule = Schedule.from_json(s["schedule"])
     upcoming: list[float] = []
     if not s.get("paused"):
         after = max(float(s.get("cursor") or now), now)
-        upcoming = schedule.spec.slots(after, math.inf, NEXT_SHOWN)
+        upcoming = next_fires(schedule, after)
     return ScheduleView(
         name=row.actor_id.removeprefix(SCHEDULE_PREFIX),
         agent=str(s.get("agent", "")),

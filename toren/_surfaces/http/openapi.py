@@ -97,13 +97,15 @@ API_PARTS: web.AppKey[list[ApiPart]] = web.AppKey("api_parts", list)
 
 def document(parts: Sequence[ApiPart] | None = None) -> dict[str, Any]:
     """The document of the API with the routes of these kinds' ``parts`` (Toren's own unless
-    given: runs, channels), then the server's own."""
+    given: runs, channels, schedules), then the server's own."""
     return _torens() if parts is None else _document(parts)
 
 
 @functools.cache
 def _torens() -> dict[str, Any]:
-    return _document((run_part(), channel_part()))
+    from toren._surfaces.http.schedule_api import schedule_part
+
+    return _document((run_part(), channel_part(), schedule_part()))
 
 
 def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
