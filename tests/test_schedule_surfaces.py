@@ -21,6 +21,7 @@ from tests.test_cli import toren
 from toren import Agent, Client
 from toren._agent.registry import Agents
 from toren._core.rows import actor_row
+from toren._core.workers import served_agents
 from toren._surfaces.mcp_server import build
 from toren._surfaces.tokens import SCOPES, create_token
 from toren.schedules import Schedule
@@ -137,6 +138,11 @@ async def test_a_schedule_for_an_agent_no_live_worker_runs_is_refused(
 ) -> None:
     token = await _token(client)
     async with worker(db_url), api(db_url) as base, session(token) as http:
+
+        async def served() -> bool:
+            return "alpha" in (await served_agents(client.pool) or ())
+
+        await wait_for(served, what="the worker says what it runs")
         body = {"agent": "nobody", "name": "digest", **DAILY}
         async with http.post(f"{base}/schedules", json=body) as r:
             assert r.status == 422
@@ -171,7 +177,7 @@ async def test_http_create_list_pause_resume_trigger_delete(client: Client, db_u
             [listed] = (await r.json())["schedules"]
         assert len(listed["next"]) == 3
         for fire in listed["next"]:  # 09:00 in Berlin, on a weekday, with Berlin's offset
-            assert fire[11:19] == "09:00:00" and fire[19:] in ("+01:00", "+02:00"), fire
+            assert (fire[11:19], fire[19:] in ("+01:00", "+02:00")) == ("09:00:00", True), fire
         assert listed["paused"] is False
 
         url = f"{base}/schedules/alpha/digest"
@@ -203,9 +209,15 @@ async def test_http_create_list_pause_resume_trigger_delete(client: Client, db_u
         await wait_for(run_exists, what="the triggered run")
         row = await actor_row(client.pool, run, fields=("args",))
         assert row is not None
-        assert (row.args_dict["schedule"], row.args_dict["slot"]) == ("alpha/digest", "manual-by-hand")
+        assert (row.args_dict["schedule"], row.args_dict["slot"]) == (
+            "alpha/digest",
+            "manual-by-hand",
+        )
         async with http.get(f"{base}/runs/{run.removeprefix('run/')}") as r:
-            assert (await r.json())["schedule"] == {"name": "alpha/digest", "slot": "manual-by-hand"}
+            assert (await r.json())["schedule"] == {
+                "name": "alpha/digest",
+                "slot": "manual-by-hand",
+            }
 
         async with http.delete(url) as r:
             assert r.status == 202
@@ -239,9 +251,11 @@ async def test_cli_create_list_pause_resume_trigger_delete(client: Client, db_ur
         [view] = listed
         assert view["schedule"]["every"] == 3600.0
         assert view["schedule"]["overlap"] == "buffer_one"
-        assert len(view["next"]) == 3 and view["next"][1] - view["next"][0] == 3600.0
+        assert len(view["next"]) == 3
+        assert view["next"][1] - view["next"][0] == 3600.0
         table = (await step("list", "--agent", "alpha")).stdout
-        assert "alpha/tick" in table and "JST" in table  # fire times in the schedule's zone
+        assert "alpha/tick" in table
+        assert "JST" in table  # fire times in the schedule's zone
         assert json.loads((await step("list", "--agent", "beta", "--json")).stdout) == []
 
         await step("pause", "alpha/tick", "--reason", "maintenance")
@@ -271,7 +285,8 @@ async def test_cli_create_list_pause_resume_trigger_delete(client: Client, db_ur
 
         await wait_for(gone, what="deleted")
         missing = await anyio.to_thread.run_sync(lambda: cli(db_url, "show", "alpha/tick"))
-        assert missing.returncode == 1 and "no schedule" in missing.stderr
+        assert missing.returncode == 1
+        assert "no schedule" in missing.stderr
 
 
 # --- scopes -------------------------------------------------------------------------------------

@@ -15,10 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from toren._core.actor import ChildFailed
-from toren import Actor, Context
+from toren import Actor, ChildFailed, Context, Principal
 from toren.kernel import Clock
-from toren import Principal
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route
 from toren.runs.client import keyed_run_id, start_args
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
@@ -36,8 +34,8 @@ from toren.schedules.events import (
     Resumed,
     ScheduledRunEnded,
     SlotBuffered,
-    SlotsMissed,
     SlotSkipped,
+    SlotsMissed,
     SlotStarted,
     Tick,
     Trigger,

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 
 import anyio
 
-from toren.actors.schedules.actor import ScheduleActor
 from toren import Client
+from toren.actors.schedules.actor import ScheduleActor
 from toren.kernel import Kind, Service, WorkerEnv
 from toren.runs import Agents
 from toren.schedules.reconcile import reconcile

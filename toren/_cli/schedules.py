@@ -52,7 +52,9 @@ def instant(text: str, field: str) -> float:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise ConfigError(f"--{field}: {text!r} is not an ISO-8601 date and time", hint=hint) from None
+        raise ConfigError(
+            f"--{field}: {text!r} is not an ISO-8601 date and time", hint=hint
+        ) from None
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ConfigError(f"--{field}: {text!r} needs a UTC offset", hint=hint)
     return moment.timestamp()
@@ -128,7 +130,7 @@ def register(main: click.Group) -> None:
     @click.option("--pause-on-failure", is_flag=True, help="Pause when a run it started fails.")
     @click.pass_context
     @run_async
-    async def create_cmd(ctx: click.Context, agent: str, slot: str, **options: Any) -> None:
+    async def create_cmd(ctx: click.Context, /, agent: str, slot: str, **options: Any) -> None:
         """Create AGENT's schedule SLOT (give --cron or --every); prints its name. Creating it
         again with the same values is a no-op."""
         from toren._cli.runs import who
@@ -189,9 +191,7 @@ def register(main: click.Group) -> None:
     @click.argument("name")
     @click.option("--from", "start", required=True, help="From (excluded), ISO-8601.")
     @click.option("--to", "end", required=True, help="To (included, not in the future), ISO-8601.")
-    @click.option(
-        "--overlap", type=click.Choice(OVERLAPS), default="buffer_all", show_default=True
-    )
+    @click.option("--overlap", type=click.Choice(OVERLAPS), default="buffer_all", show_default=True)
     @click.pass_context
     @run_async
     async def backfill_cmd(
@@ -304,12 +304,15 @@ def described(view: ScheduleView) -> list[str]:
         f"  spec: {spec_text(s)}",
         f"  state: {state_text(view)}",
         f"  next: {', '.join(fire_times(view))}",
-        f"  overlap: {s.get('overlap') or 'skip'}; catch-up: {_seconds(float(s.get('catch_up') or 0))}"
+        f"  overlap: {s.get('overlap') or 'skip'}; "
+        f"catch-up: {_seconds(float(s.get('catch_up') or 0))}"
         + ("; pauses on failure" if s.get("pause_on_failure") else ""),
     ]
-    for field in ("start", "end", "concurrency_key"):
-        if s.get(field):
-            lines.append(f"  {field.replace('_', ' ')}: {s[field]}")
+    lines.extend(
+        f"  {field.replace('_', ' ')}: {s[field]}"
+        for field in ("start", "end", "concurrency_key")
+        if s.get(field)
+    )
     if s.get("input"):
         lines.append(f"  input: {s['input']}")
     lines.append(
@@ -324,4 +327,3 @@ def described(view: ScheduleView) -> list[str]:
         how = f" [{slot.how}]" if slot.how else ""
         lines.append(f"  {slot.key}{how} {what}{why}")
     return lines
-

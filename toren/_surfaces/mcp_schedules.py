@@ -16,11 +16,13 @@ from toren.schedules import ScheduleError
 from toren.schedules.client import (
     ScheduleNotFound,
     ScheduleView,
-    list_schedules as _list_schedules,
     pause,
     resume,
     split_name,
     trigger,
+)
+from toren.schedules.client import (
+    list_schedules as _list_schedules,
 )
 
 

@@ -20,12 +20,12 @@ from typing import Any
 
 import attrs
 
+from toren._agent.principal import Principal
+from toren._core.client import Client
 from toren._core.clock import Clock
 from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
-from toren._core.client import Client
-from toren._agent.principal import Principal
 from toren.runs.client import check_served, keyed_run_id
 from toren.schedules import SLOT_NAME, Schedule, ScheduleError
 from toren.schedules.events import (
@@ -193,9 +193,7 @@ async def trigger(client: Client, name: str, *, by: Principal, id: str | None = 
         raise ScheduleError("id", "1 to 64 letters, digits, _ . -")
     row = await _live(client, name)
     agent = str(row.summary_dict.get("agent") or row.args_dict.get("agent"))
-    await client.send(
-        schedule_id(name), Trigger(by=by, id=id), dedupe_key=f"trigger:{id}"
-    )
+    await client.send(schedule_id(name), Trigger(by=by, id=id), dedupe_key=f"trigger:{id}")
     return keyed_run_id(agent, slot_idempotency_key(name, f"manual-{id}"))
 
 
@@ -220,7 +218,11 @@ async def backfill(
         raise ScheduleError("overlap", f"one of {', '.join(OVERLAPS)}")
     now = (clock or Clock()).now()
     for field, value in (("start", start), ("end", end)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
             raise ScheduleError(field, "a time (unix seconds)")
     if not start < end:
         raise ScheduleError("end", "after start")
@@ -303,7 +305,8 @@ async def list_schedules(
     live = [
         r
         for r in rows
-        if r.summary_dict.get("schedule") and not r.summary_dict.get("deleted")
+        if r.summary_dict.get("schedule")
+        and not r.summary_dict.get("deleted")
         and (agent is None or r.summary_dict.get("agent") == agent)
     ]
     return await _views(client, live, clock or Clock())

@@ -20,8 +20,8 @@ from toren.schedules.events import (
     Resumed,
     ScheduledRunEnded,
     SlotBuffered,
-    SlotsMissed,
     SlotSkipped,
+    SlotsMissed,
     SlotStarted,
 )
 

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from toren._surfaces.http.api_doc import AUTH_FAIL, INVALID, ApiPart, json_content, problem
 from toren._surfaces.http.models import AGENT_NAME, NO_NUL
-from toren._surfaces.http.openapi import _AUTH_FAIL, _INVALID, ApiPart, _json, _problem
 
 Overlap = Literal["skip", "buffer_one", "buffer_all", "cancel_other", "allow_all"]
 SLOT_NAME = r"^[a-z0-9][a-z0-9_-]{0,62}$"
@@ -44,7 +44,9 @@ class ScheduleFields(_Strict):
     concurrency_key: str | None = Field(
         default=None, description="The runs' concurrency key (at most 200 bytes, no NUL)."
     )
-    overlap: Overlap = Field(default="skip", description="What a slot does while a run is in flight.")
+    overlap: Overlap = Field(
+        default="skip", description="What a slot does while a run is in flight."
+    )
     catch_up: Duration = Field(
         default=0.0, description="Slots missed while no worker ran are started up to this old."
     )
@@ -159,23 +161,23 @@ _PARAMS = [
         "schema": {"type": "string", "pattern": SLOT_NAME},
     },
 ]
-_NOT_FOUND = {"404": _problem("No such schedule (or it was deleted).")}
+_NOT_FOUND = {"404": problem("No such schedule (or it was deleted).")}
 
 
 def _change(summary: str, body: type[BaseModel] | None, ok: dict[str, Any]) -> dict[str, Any]:
     item: dict[str, Any] = {
         "summary": summary,
         "parameters": _PARAMS,
-        "responses": {**ok, **_AUTH_FAIL, **_NOT_FOUND, **_INVALID},
+        "responses": {**ok, **AUTH_FAIL, **_NOT_FOUND, **INVALID},
     }
     if body is not None:
-        item["requestBody"] = {"required": False, **_json(body)}
+        item["requestBody"] = {"required": False, **json_content(body)}
     return item
 
 
 def schedule_part() -> ApiPart:
     """The schedules' routes: list, create, read, delete, pause, resume, trigger, backfill."""
-    accepted = {"202": {"description": "Sent to the schedule.", **_json(ScheduleAccepted)}}
+    accepted = {"202": {"description": "Sent to the schedule.", **json_content(ScheduleAccepted)}}
     paths = {
         "/schedules": {
             "get": {
@@ -188,19 +190,19 @@ def schedule_part() -> ApiPart:
                     }
                 ],
                 "responses": {
-                    "200": {"description": "By name.", **_json(ScheduleList)},
-                    **_AUTH_FAIL,
-                    "422": _problem("`agent` is not an agent's name."),
+                    "200": {"description": "By name.", **json_content(ScheduleList)},
+                    **AUTH_FAIL,
+                    "422": problem("`agent` is not an agent's name."),
                 },
             },
             "post": {
                 "summary": "Create a schedule (the same declaration again is a no-op)",
-                "requestBody": {"required": True, **_json(CreateScheduleBody)},
+                "requestBody": {"required": True, **json_content(CreateScheduleBody)},
                 "responses": {
-                    "201": {"description": "The schedule, as declared.", **_json(Schedule)},
-                    **_AUTH_FAIL,
-                    **_INVALID,
-                    "409": _problem("A schedule of that name exists with another declaration."),
+                    "201": {"description": "The schedule, as declared.", **json_content(Schedule)},
+                    **AUTH_FAIL,
+                    **INVALID,
+                    "409": problem("A schedule of that name exists with another declaration."),
                 },
             },
         },
@@ -209,8 +211,8 @@ def schedule_part() -> ApiPart:
                 "summary": "A schedule: next fire times, recent slots and their runs",
                 "parameters": _PARAMS,
                 "responses": {
-                    "200": {"description": "The schedule.", **_json(Schedule)},
-                    **_AUTH_FAIL,
+                    "200": {"description": "The schedule.", **json_content(Schedule)},
+                    **AUTH_FAIL,
                     **_NOT_FOUND,
                 },
             },
@@ -226,18 +228,16 @@ def schedule_part() -> ApiPart:
             "post": _change(
                 "Start a run now, whatever the slots",
                 TriggerBody,
-                {"202": {"description": "The run's id.", **_json(Triggered)}},
+                {"202": {"description": "The run's id.", **json_content(Triggered)}},
             )
         },
         "/schedules/{agent}/{slot}/backfill": {
             "post": _change(
                 "Start the slots of a past range",
                 BackfillBody,
-                {"202": {"description": "Sent to the schedule.", **_json(Backfilled)}},
+                {"202": {"description": "Sent to the schedule.", **json_content(Backfilled)}},
             )
         },
     }
     models = (CreateScheduleBody, PauseBody, TriggerBody, BackfillBody, ScheduleList, Schedule)
-    return ApiPart(
-        paths=paths, models=(*models, ScheduleAccepted, Triggered, Backfilled)
-    )
+    return ApiPart(paths=paths, models=(*models, ScheduleAccepted, Triggered, Backfilled))

@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
+from toren._core.clock import Clock
 from toren._surfaces.http import schedule_api as api
 from toren._surfaces.http.common import (
     CLIENT,
@@ -27,7 +28,6 @@ from toren._surfaces.http.common import (
 )
 from toren._surfaces.http.models import AGENT_NAME, FieldError
 from toren._surfaces.http.openapi import API_PARTS
-from toren._core.clock import Clock
 from toren.runs import AgentNotServed
 from toren.schedules import ScheduleError
 from toren.schedules.client import (
