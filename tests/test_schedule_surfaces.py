@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,6 +19,11 @@ import pytest
 from tests.conftest import running_worker, wait_for
 from tests.test_api import api, session
 from tests.test_cli import toren
+from tests.test_console import (  # noqa: F401  (chromium: a fixture)
+    _launch,
+    _signed_in,
+    chromium,
+)
 from toren import Agent, Client
 from toren._agent.registry import Agents
 from toren._core.rows import actor_row
@@ -25,7 +31,7 @@ from toren._core.workers import served_agents
 from toren._surfaces.mcp_server import build
 from toren._surfaces.tokens import SCOPES, create_token
 from toren.schedules import Schedule
-from toren.schedules.client import create, list_schedules, show
+from toren.schedules.client import create, list_schedules, pause, show, trigger
 
 pytestmark = pytest.mark.anyio
 
@@ -349,6 +355,53 @@ async def test_mcp_lists_schedules_and_an_operator_pauses_and_triggers(
         await wait_for(paused, what="paused")
         triggered = await server.call_tool("trigger_schedule", {"name": "alpha/digest"})
         assert "run/" in str(triggered)
+
+
+# --- the console --------------------------------------------------------------------------------
+
+HOSTILE = "<img src=x onerror=window.__owned=1>\u202e"
+
+
+async def test_the_console_lists_schedules_and_links_a_run_to_its_slot(
+    client: Client,
+    db_url: str,
+    chromium: Path,  # noqa: F811  (the fixture)
+) -> None:
+    from playwright.async_api import async_playwright
+
+    token = await _token(client)
+    async with worker(db_url), api(db_url) as base:
+        await create(client, "alpha", Schedule(name="digest", **DAILY), by=_me())
+        await wait_for(lambda: declared(client, "alpha/digest"), what="declared")
+        run = await trigger(client, "alpha/digest", by=_me(), id="console")
+
+        async def started() -> bool:
+            return any(s.run == run for s in (await show(client, "alpha/digest")).recent)
+
+        await wait_for(started, what="the slot recorded")
+        await pause(client, "alpha/digest", by=_me(), reason=HOSTILE)
+
+        async def paused() -> bool:
+            return (await show(client, "alpha/digest")).paused
+
+        await wait_for(paused, what="paused")
+        async with async_playwright() as pw:
+            browser = await _launch(pw, chromium)
+            page = await _signed_in(browser, base, token)
+            await page.wait_for_selector("#nav-schedules")
+            await page.click("#nav-schedules")
+            box = page.locator("[data-schedule='alpha/digest']")
+            await box.wait_for()
+            text = await box.inner_text()
+            assert "cron 0 9 * * 1-5 (Europe/Berlin)" in text
+            assert "paused" in text
+            assert "<img src=x" in text  # the reason shown as text, never as markup
+            assert await page.evaluate("window.__owned") is None
+            await box.locator(f"a[href='#/runs/{run.removeprefix('run/')}']").click()
+            await page.wait_for_selector("#run-links:not([hidden])")
+            links = await page.inner_text("#run-links")
+            assert "started by schedule alpha/digest slot manual-console" in links
+            await browser.close()
 
 
 def _me() -> Any:
