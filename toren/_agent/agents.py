@@ -28,7 +28,7 @@ import inspect
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints, overload
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_type_hints, overload
 
 import attrs
 import pydantic
@@ -280,9 +280,11 @@ def _names(value: Iterable[str]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _items(value: Any) -> Any:
-    """A list of a kind's values as a tuple (anything else is left for the check to name)."""
-    return tuple(value) if isinstance(value, list | tuple) else value
+def _schedules(value: Iterable[Schedule]) -> tuple[Schedule, ...]:
+    """A list of schedules as a tuple (anything else is left for the check to name)."""
+    if isinstance(value, list | tuple):
+        return tuple(value)
+    return cast("tuple[Schedule, ...]", value)
 
 
 # The kinds' values an Agent takes, as errors name them (their classes are not imported here).
@@ -362,7 +364,7 @@ class Agent:
     compact_hard: float = 0.75
     sandbox: Sandbox | None = None
     telegram: Telegram | None = None
-    schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_items)
+    schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_schedules)
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:

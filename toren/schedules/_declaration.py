@@ -79,11 +79,29 @@ def _optional(convert: Any) -> Any:
     return lambda value: None if value is None else convert(value)
 
 
+def _as_given(value: float | str | None) -> Any:
+    """Seconds or a duration text, as given: checked (and parsed) once the schedule's name is
+    known (``Schedule.__attrs_post_init__``)."""
+    return value
+
+
+def _as_given_time(value: datetime | str | None) -> Any:
+    """A datetime or ISO-8601 text, as given: checked likewise."""
+    return value
+
+
 def _overlap(value: object) -> Overlap:
     if value not in OVERLAPS:
         shown = value if isinstance(value, str) and len(value) <= 40 else type(value).__name__
         raise ScheduleError("overlap", f"must be one of {', '.join(OVERLAPS)}, got {shown!r}")
     return cast("Overlap", value)
+
+
+def _key(value: object) -> str:
+    text = check_text("concurrency_key", value, KEY_CAP)
+    if not text:
+        raise ScheduleError("concurrency_key", "must not be empty (leave it out)")
+    return text
 
 
 def _flag(value: object) -> bool:
@@ -128,26 +146,36 @@ class Schedule:
 
     agent_field: ClassVar[str] = "schedules"  # toren._agent.parts: Agent(schedules=[...])
 
-    name: str = attrs.field(converter=_name)
+    name: str
     cron: str | None = None
-    every: float | None = attrs.field(
-        default=None, converter=_optional(_duration("every", positive=True))
-    )
-    timezone: str = attrs.field(default="UTC", converter=_timezone)
-    jitter: float = attrs.field(default=0.0, converter=_duration("jitter"))
-    start: datetime | None = attrs.field(
-        default=None, converter=_optional(lambda v: aware("start", v))
-    )
-    end: datetime | None = attrs.field(default=None, converter=_optional(lambda v: aware("end", v)))
+    every: float | None = attrs.field(default=None, converter=_as_given)
+    timezone: str = "UTC"
+    jitter: float = attrs.field(default=0.0, converter=_as_given)
+    start: datetime | None = attrs.field(default=None, converter=_as_given_time)
+    end: datetime | None = attrs.field(default=None, converter=_as_given_time)
     input: str = "{slot}"
     concurrency_key: str | None = None
-    overlap: Overlap = attrs.field(default="skip", converter=_overlap)
-    catch_up: float = attrs.field(default=0.0, converter=_duration("catch_up"))
-    pause_on_failure: bool = attrs.field(default=False, converter=_flag)
+    overlap: Overlap = "skip"
+    catch_up: float = attrs.field(default=0.0, converter=_as_given)
+    pause_on_failure: bool = False
     _spec: Spec = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        # Checked here rather than by converters, so that every error names the schedule.
+        _name(self.name)
+        normal = {
+            "every": _optional(_duration("every", positive=True)),
+            "timezone": _timezone,
+            "jitter": _duration("jitter"),
+            "start": _optional(lambda v: aware("start", v)),
+            "end": _optional(lambda v: aware("end", v)),
+            "overlap": _overlap,
+            "catch_up": _duration("catch_up"),
+            "pause_on_failure": _flag,
+        }
         try:
+            for field, convert in normal.items():
+                object.__setattr__(self, field, convert(getattr(self, field)))
             spec = Spec(
                 cron=self.cron,
                 every=self.every,
@@ -158,9 +186,7 @@ class Schedule:
             )
             check_template(self.input)
             if self.concurrency_key is not None:
-                check_text("concurrency_key", self.concurrency_key, KEY_CAP)
-                if not self.concurrency_key:
-                    raise ScheduleError("concurrency_key", "must not be empty (leave it out)")
+                _key(self.concurrency_key)
         except ScheduleError as exc:
             raise exc.located(f"schedule {self.name!r}") from None
         object.__setattr__(self, "_spec", spec)
@@ -200,7 +226,7 @@ class Schedule:
         """
         if not isinstance(data, Mapping):
             raise ScheduleError("schedule", "must be an object of the schedule's fields")
-        known = FIELDS + ("name",)
+        known = (*FIELDS, "name")
         unknown = sorted(str(k) for k in data if k not in known)
         if unknown and strict:
             raise ScheduleError(
@@ -238,7 +264,7 @@ def read_table(table: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     slots: dict[str, Mapping[str, Any]] = {}
     for slot, keys in table.items():
         slot_where = _slot_where(where, slot)
-        if not isinstance(keys, dict):
+        if not isinstance(keys, Mapping):
             raise ConfigError(f"{slot_where} must be a table", hint="cron = '0 9 * * *', ...")
         try:
             _name(slot)
@@ -300,7 +326,5 @@ def _applied(
         raise ConfigError(f"{where}: {exc}") from None
 
 
-SCHEDULES_PART = AgentPart(
-    field="schedules", settable=None, configured=configured, read=read_table
-)
+SCHEDULES_PART = AgentPart(field="schedules", settable=None, configured=configured, read=read_table)
 """How ``[agents.NAME.schedules.SLOT]`` tables change (or give) an agent's schedules."""

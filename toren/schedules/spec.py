@@ -49,7 +49,6 @@ import re
 import zoneinfo
 from collections.abc import Iterator
 from datetime import UTC, datetime, tzinfo
-from typing import Any
 
 import attrs
 from cronsim import CronSim, CronSimError
@@ -220,8 +219,24 @@ def _utc(epoch: float, field: str) -> datetime:
         raise ScheduleError(field, f"not a time: {epoch!r}") from None
 
 
-def _optional(convert: Any) -> Any:
-    return lambda value: None if value is None else convert(value)
+def _cron(value: str | None) -> str | None:
+    return None if value is None else cron_expression(value)
+
+
+def _every(value: float | None) -> float | None:
+    return None if value is None else seconds("every", value, positive=True)
+
+
+def _jitter(value: float) -> float:
+    return seconds("jitter", value)
+
+
+def _start(value: datetime | str | None) -> datetime | None:
+    return None if value is None else aware("start", value)
+
+
+def _end(value: datetime | str | None) -> datetime | None:
+    return None if value is None else aware("end", value)
 
 
 @attrs.frozen(kw_only=True)
@@ -242,24 +257,21 @@ class Spec:
             ``cron`` and ``every`` are given, or ``end`` is not after ``start``.
     """
 
-    cron: str | None = attrs.field(default=None, converter=_optional(cron_expression))
-    every: float | None = attrs.field(
-        default=None, converter=_optional(lambda v: seconds("every", v, positive=True))
-    )
+    cron: str | None = attrs.field(default=None, converter=_cron)
+    every: float | None = attrs.field(default=None, converter=_every)
     timezone: str = "UTC"
-    jitter: float = attrs.field(default=0.0, converter=lambda v: seconds("jitter", v))
-    start: datetime | None = attrs.field(
-        default=None, converter=_optional(lambda v: aware("start", v))
-    )
-    end: datetime | None = attrs.field(default=None, converter=_optional(lambda v: aware("end", v)))
+    jitter: float = attrs.field(default=0.0, converter=_jitter)
+    start: datetime | None = attrs.field(default=None, converter=_start)
+    end: datetime | None = attrs.field(default=None, converter=_end)
     _zone: tzinfo = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
         object.__setattr__(self, "_zone", zone(self.timezone))
         if (self.cron is None) == (self.every is None):
             raise ScheduleError(
-                "cron", "give exactly one of cron and every", hint="cron = '0 9 * * 1-5' or "
-                "every = '30m'."
+                "cron",
+                "give exactly one of cron and every",
+                hint="cron = '0 9 * * 1-5' or every = '30m'.",
             )
         if self.every is not None and self.every < EVERY_MIN:
             raise ScheduleError("every", f"must be at least {EVERY_MIN:g} second, got {self.every}")
