@@ -268,15 +268,14 @@ def spec_text(schedule: dict[str, Any]) -> str:
 
 def fire_times(view: ScheduleView) -> list[str]:
     """The next fire times, in the schedule's time zone."""
-    from datetime import datetime
-    from zoneinfo import ZoneInfo
+    from toren.schedules.client import local_time
 
     if view.paused:
         return ["(paused)"]
-    zone = ZoneInfo(str(view.schedule.get("timezone") or "UTC"))
-    return [
-        datetime.fromtimestamp(t, zone).strftime("%Y-%m-%d %H:%M:%S %Z") for t in view.next
-    ] or ["(none: past its end)"]
+    zone = str(view.schedule.get("timezone") or "UTC")
+    return [local_time(t, zone).strftime("%Y-%m-%d %H:%M:%S %Z") for t in view.next] or [
+        "(none: past its end)"
+    ]
 
 
 def state_text(view: ScheduleView) -> str:

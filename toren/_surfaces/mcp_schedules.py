@@ -4,9 +4,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Any
-from zoneinfo import ZoneInfo
 
 from mcp.server.mcpserver import Context
 
@@ -16,6 +14,7 @@ from toren.schedules import ScheduleError
 from toren.schedules.client import (
     ScheduleNotFound,
     ScheduleView,
+    local_time,
     pause,
     resume,
     split_name,
@@ -78,7 +77,7 @@ def install(tools: McpTools) -> None:
 
 
 def _shown(view: ScheduleView) -> dict[str, Any]:
-    zone = ZoneInfo(str(view.schedule.get("timezone") or "UTC"))
+    zone = str(view.schedule.get("timezone") or "UTC")
     shown = view.to_json()
-    shown["next"] = [datetime.fromtimestamp(t, zone).isoformat() for t in view.next]
+    shown["next"] = [local_time(t, zone).isoformat() for t in view.next]
     return shown

@@ -16,7 +16,9 @@ import math
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 
@@ -27,7 +29,7 @@ from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
 from toren.runs.client import check_served, keyed_run_id
-from toren.schedules import SLOT_NAME, Schedule, ScheduleError
+from toren.schedules import SLOT_NAME, Schedule, ScheduleError, slot_key
 from toren.schedules.events import (
     SCHEDULE_KIND,
     SCHEDULE_PREFIX,
@@ -335,13 +337,27 @@ async def _views(client: Client, rows: list[ActorRow], clock: Clock) -> list[Sch
 
 
 def next_fires(schedule: Schedule, after: float, count: int = NEXT_SHOWN) -> list[float]:
-    """The first ``count`` slots of ``schedule`` after ``after`` (fewer past its end)."""
+    """The first ``count`` slots of ``schedule`` after ``after`` (fewer past its end, or past
+    the year 9999, which a huge interval reaches at once)."""
     fires: list[float] = []
-    slot = schedule.spec.next_slot(after)
-    while slot is not None and len(fires) < count:
-        fires.append(slot)
-        slot = schedule.spec.next_slot(slot)
+    try:
+        slot = schedule.spec.next_slot(after)
+        while slot is not None and len(fires) < count:
+            slot_key(slot)  # refuses a time past the year 9999
+            fires.append(slot)
+            slot = schedule.spec.next_slot(slot)
+    except ScheduleError:
+        pass
     return fires
+
+
+def local_time(instant: float, timezone: str) -> datetime:
+    """``instant`` (unix seconds) in ``timezone``; in UTC when that zone's date would be past
+    the year 9999."""
+    try:
+        return datetime.fromtimestamp(instant, ZoneInfo(timezone or "UTC"))
+    except (OverflowError, ValueError, OSError, ZoneInfoNotFoundError):
+        return datetime.fromtimestamp(instant, UTC)
 
 
 def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:

@@ -9,8 +9,6 @@ nothing; an unknown schedule ``404``; a name taken by another declaration ``409`
 from __future__ import annotations
 
 import re
-from datetime import datetime
-from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
@@ -39,6 +37,7 @@ from toren.schedules.client import (
     delete,
     full_name,
     list_schedules,
+    local_time,
     next_fires,
     pause,
     resume,
@@ -96,7 +95,7 @@ def _named(request: web.Request, scope: str) -> str:
 
 def view(v: ScheduleView) -> api.Schedule:
     """A schedule as the API shows it: its next fire times in its own time zone."""
-    zone = ZoneInfo(str(v.schedule.get("timezone") or "UTC"))
+    zone = str(v.schedule.get("timezone") or "UTC")
     return api.Schedule(
         name=v.name,
         agent=v.agent,
@@ -104,7 +103,7 @@ def view(v: ScheduleView) -> api.Schedule:
         source=v.source,
         paused=v.paused,
         paused_reason=v.paused_reason,
-        next=[datetime.fromtimestamp(t, zone).isoformat() for t in v.next],
+        next=[local_time(t, zone).isoformat() for t in v.next],
         in_flight=v.in_flight,
         buffered=v.buffered,
         started=v.started,
