@@ -233,8 +233,9 @@ async def running_worker(db_url: str, agents: Any = None, **overrides: Any) -> A
         "grace_seconds": 5.0,
         "sandboxes": False,  # only where a test asks (sandboxes=True, workspace_store=...)
     }
+    clock = overrides.pop("clock", None)  # a toren.kernel.ShiftedClock, for schedules
     values.update(overrides)
-    worker = Worker(Settings(**values), db_url, agents=agents)
+    worker = Worker(Settings(**values), db_url, agents=agents, clock=clock)
     async with anyio.create_task_group() as tg:
         await tg.start(worker.run)
         try:

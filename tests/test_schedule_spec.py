@@ -75,15 +75,8 @@ def first_wall(t: float, zone: ZoneInfo) -> datetime:
 
 def reference(expr: str, tz: str, after: float, until: float) -> list[str]:
     zone = ZoneInfo(tz)
-    minute, hour = expr.split()[:2]
-    if minute.startswith("*") or hour.startswith("*"):  # a rhythm: each real instant matching
-        return [
-            slot_key(t)
-            for t in _minutes(after, until)
-            if _matches(expr, datetime.fromtimestamp(t, zone))
-        ]
-    # Times of day: each matching local time once, at its first instant, or (skipped) at the
-    # first instant after it.
+    # Each matching local time once, at its first instant, or (skipped) at the first instant
+    # after it.
     minutes = list(_minutes(after - 2 * 86400, until + 2 * 86400))
     first: dict[datetime, float] = {}
     for t in minutes:
@@ -154,37 +147,36 @@ def test_two_local_times_that_fall_into_one_gap_give_one_slot() -> None:
     ]
 
 
-@pytest.mark.parametrize(
-    ("after", "until", "expected_count"),
-    [
-        ("2026-03-28T22:00:00Z", "2026-03-29T04:00:00Z", 12),  # 6 real hours, spring forward
-        ("2026-10-24T22:00:00Z", "2026-10-25T04:00:00Z", 12),  # 6 real hours, fall back
-    ],
-)
-def test_every_half_hour_keeps_real_time_through_both_transitions(
-    after: str, until: str, expected_count: int
-) -> None:
+def test_every_half_hour_through_spring_forward_fires_once_at_the_transition() -> None:
+    zone = ZoneInfo(BERLIN)
     spec = Spec(cron="*/30 * * * *", timezone=BERLIN)
-    slots = spec.slots(at(after), at(until), 1000)
-    assert len(slots) == expected_count
-    assert [b - a for a, b in itertools.pairwise(slots)] == [1800.0] * (len(slots) - 1)
-    assert len(set(slots)) == len(slots)
+    local = [
+        datetime.fromtimestamp(s, zone).isoformat()[11:]
+        for s in spec.slots(at("2026-03-28T23:45:00Z"), at("2026-03-29T02:00:00Z"), 100)
+    ]
+    # 02:00 and 02:30 do not exist: both fire at the transition, which is also 03:00
+    assert local == ["01:00:00+01:00", "01:30:00+01:00", "03:00:00+02:00", "03:30:00+02:00",
+                     "04:00:00+02:00"]  # fmt: skip
 
 
-def test_every_half_hour_through_fall_back_shows_the_repeated_hour_twice() -> None:
+def test_every_half_hour_through_fall_back_fires_the_repeated_hour_once() -> None:
     zone = ZoneInfo(BERLIN)
     spec = Spec(cron="*/30 * * * *", timezone=BERLIN)
     local = [
         datetime.fromtimestamp(s, zone).isoformat()[11:]
         for s in spec.slots(at("2026-10-24T23:45:00Z"), at("2026-10-25T02:00:00Z"), 100)
     ]
-    assert local == [
-        "02:00:00+02:00",
-        "02:30:00+02:00",
-        "02:00:00+01:00",
-        "02:30:00+01:00",
-        "03:00:00+01:00",
-    ]
+    # 02:00 and 02:30 come twice on the wall clock: each fires at its first occurrence only
+    assert local == ["02:00:00+02:00", "02:30:00+02:00", "03:00:00+01:00"]
+
+
+def test_hourly_through_both_transitions_fires_each_local_hour_once() -> None:
+    spec = Spec(cron="0 * * * *", timezone=BERLIN)
+    spring = spec.slots(at("2026-03-28T23:00:00Z"), at("2026-03-29T22:00:00Z"), 100)
+    autumn = spec.slots(at("2026-10-24T22:00:00Z"), at("2026-10-25T23:00:00Z"), 100)
+    assert len(spring) == 23  # 02:00 does not exist that day: it is the transition, 03:00
+    assert len(autumn) == 24  # 02:00 comes twice that day: it fires once
+    assert len(set(spring)) == len(spring) and spring == sorted(spring)
 
 
 @pytest.mark.parametrize(

@@ -11,29 +11,26 @@ of bug reports) and APScheduler's ``CronTrigger`` (a whole scheduler to get one 
 its 4.x is still a pre-release): cronsim is small, typed, has no dependencies, works on
 ``zoneinfo`` time zones, and follows Debian's cron, DST transitions included. Its source was
 read for this: with an aware datetime it steps through real (UTC) time and matches the local
-wall clock, so an expression whose minute or hour field is a wildcard fires at every real
-instant that matches; an expression naming fixed times of day it walks on the naive local
-clock and moves a time that does not exist forward to the first that does. This module does
-not rely on the second: it walks such expressions on the naive clock itself and resolves each
-local time by the rule below, and it filters every result (strictly after the asked instant,
-strictly increasing), so the rule holds whatever the library does at a transition;
-``tests/test_schedule_spec.py`` checks it against a brute-force reading of the rule.
+wall clock, and walks an expression naming fixed times of day on the naive local clock. This
+module does not rely on either at a transition: it walks every expression on the naive local
+clock itself and resolves each local time by the rule below, and it filters every result
+(strictly after the asked instant, strictly increasing), so the rule holds whatever the library
+does; ``tests/test_schedule_spec.py`` checks it against a brute-force reading of the rule.
 
-**Daylight saving: the rule.** A cron expression whose minute and hour fields are both fixed
-(``30 2 * * *``, ``0 9 * * 1-5``, ``0 8,20 * * *``) names times of day:
+**Daylight saving: the rule.** A cron expression is read on the local clock of its time zone,
+and each local time it names fires once:
 
 - a local time skipped by a spring-forward fires once, at the transition instant (the first
   instant after the gap: ``30 2 * * *`` in Europe/Berlin on 2026-03-29 fires at 03:00 CEST);
 - a local time repeated by a fall-back fires once, at its first occurrence (``30 2 * * *`` on
   2026-10-25 fires at 02:30 CEST, not again at 02:30 CET).
 
-An expression whose minute or hour field starts with ``*`` (``*/30 * * * *``, ``15 * * * *``,
-``0 */2 * * *``) is a rhythm, not a time of day: it fires at every real instant whose local
-time matches, so it keeps its spacing in real time through a transition (each real instant at
-most once, none that exists skipped: ``*/30`` fires every 30 minutes through both Berlin
-transitions; a local time inside a spring-forward gap does not exist, so nothing fires "at"
-it). This is Debian cron's behaviour. In every case two local times that resolve to one
-instant (``0 2,3 * * *`` on a spring-forward day) give one slot.
+The rule is the same for every expression: ``*/30 * * * *`` fires at 02:00 and 02:30 CEST on
+2026-10-25 and not again at 02:00 and 02:30 CET (its next slot is 03:00 CET, 90 minutes after
+the last), and on 2026-03-29 its 02:00 and 02:30 both fall at the transition, which is also
+its 03:00: one slot. Local times that resolve to one instant give one slot. (Debian's cron
+fires an expression with a wildcard minute or hour at every real instant whose local time
+matches, so twice in a repeated hour; Toren does not: a local time is one slot.)
 
 An interval (``every``) is real time: slots are ``anchor + k * every``, the anchor being
 ``start`` if given, else the Unix epoch, so every worker computes the same slots.
@@ -278,15 +275,6 @@ class Spec:
         if self.start is not None and self.end is not None and not self.end > self.start:
             raise ScheduleError("end", "must be after start")
 
-    @property
-    def time_of_day(self) -> bool:
-        """Whether the cron expression names times of day (its minute and hour fields are
-        fixed) rather than a rhythm: the DST rule of the module's docstring."""
-        if self.cron is None:
-            return False
-        minute, hour = self.cron.split()[:2]
-        return not minute.startswith("*") and not hour.startswith("*")
-
     def next_slot(self, after: float) -> float | None:
         """The first slot strictly after ``after`` (epoch seconds), or ``None`` when there is
         none (past ``end``, or a cron expression that matches no date in 50 years).
@@ -355,14 +343,9 @@ class Spec:
         expr = self.cron or ""
         moment = datetime.fromtimestamp(since, self._zone)
         try:
-            if self.time_of_day:
-                # Walk the local clock; each local time becomes one instant by the rule.
-                for local in CronSim(expr, moment.replace(tzinfo=None)):
-                    yield _resolve(local, self._zone)
-            else:
-                # A rhythm: cronsim steps through real time, matching the local clock.
-                for instant in CronSim(expr, moment):
-                    yield instant.timestamp()
+            # Walk the local clock; each local time becomes one instant by the rule.
+            for local in CronSim(expr, moment.replace(tzinfo=None)):
+                yield _resolve(local, self._zone)
         except StopIteration:  # cronsim gives up after 50 years without a match
             return
 
