@@ -176,7 +176,8 @@ def test_hourly_through_both_transitions_fires_each_local_hour_once() -> None:
     autumn = spec.slots(at("2026-10-24T22:00:00Z"), at("2026-10-25T23:00:00Z"), 100)
     assert len(spring) == 23  # 02:00 does not exist that day: it is the transition, 03:00
     assert len(autumn) == 24  # 02:00 comes twice that day: it fires once
-    assert len(set(spring)) == len(spring) and spring == sorted(spring)
+    assert len(set(spring)) == len(spring)
+    assert spring == sorted(spring)
 
 
 @pytest.mark.parametrize(

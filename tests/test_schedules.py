@@ -19,7 +19,7 @@ from tests.run_app import refund
 from toren import Agent, Client
 from toren._agent.model import ToolCall
 from toren.kernel import ShiftedClock, actor_row, actors_of_kind, events
-from toren.runs import Agents, cancel, read_run
+from toren.runs import RUN_KIND, Agents, cancel, read_run
 from toren.runs.client import keyed_run_id
 from toren.schedules import Schedule, slot_key
 from toren.schedules import client as schedules
@@ -43,7 +43,7 @@ def respond(request: dict[str, Any], n: int) -> Reply | Fail:
     if "park" in text and not answered:
         return Reply([ToolCall(id="r1", name="refund", arguments={"amount": 500})])
     if "fail" in text:
-        return Fail(400, {"type": "error", "error": {"type": "invalid_request_error"}})
+        return Fail(status=400, message="scripted: a request the model refuses")
     return Reply("Done.")
 
 
@@ -67,21 +67,30 @@ async def summary(client: Client, name: str) -> dict[str, Any]:
     return row.summary_dict
 
 
+async def just_before(client: Client, clock: ShiftedClock, name: str, slot: float) -> None:
+    """Once ``name`` is declared (at the worker's start, on ``clock``), move ``clock`` to a
+    second before ``slot`` and wake the schedule (its timer was set on the clock before)."""
+    await wait_for(lambda: summary_of(client, name), what=f"{name} declared")
+    clock.advance(slot - 1.0 - clock.now())
+    await client.send(schedule_id(name), Tick())
+
+
 async def runs_of(client: Client, name: str) -> list[Any]:
     rows = await actors_of_kind(
-        client.pool, "run", fields=("args", "summary"), args={"schedule": name}, order="oldest"
+        client.pool, RUN_KIND, fields=("args", "summary"), args={"schedule": name}
     )
-    return rows
+    return sorted(rows, key=lambda r: str(r.args_dict["slot"]))  # one step may start several
 
 
 async def test_a_slot_starts_one_run_on_time_with_its_key_and_input(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
-    clock = ShiftedClock.at(T0 - 1.0)  # a second before 09:00 in Berlin
+    clock = ShiftedClock.at(T0 - HOUR / 2)
     hourly = Schedule(
         name="hourly", cron="0 * * * *", timezone="Europe/Berlin", input="report for {slot}"
     )
     async with running_worker(db_url, agents_with(hourly), clock=clock):
+        await just_before(client, clock, "ticker/hourly", T0)  # 08:59:59 in Berlin
         [run] = await wait_for(lambda: runs_of(client, "ticker/hourly"), what="the slot's run")
         key = slot_key(T0)
         assert run.actor_id == keyed_run_id("ticker", slot_idempotency_key("ticker/hourly", key))
@@ -95,7 +104,9 @@ async def test_a_slot_starts_one_run_on_time_with_its_key_and_input(
         state = await read_run(client, run.actor_id)
         assert state.input == "report for 2026-03-02T09:00:00+01:00"
         [view] = await schedules.list_schedules(client, clock=clock)
-        assert view.name == "ticker/hourly" and view.started == 1 and view.missed == 0
+        assert view.name == "ticker/hourly"
+        assert view.started == 1
+        assert view.missed == 0
         assert view.next[0] == T0 + HOUR  # the next slot, an hour on
         assert view.recent[-1].run_status == "completed"
     assert len(await runs_of(client, "ticker/hourly")) == 1
@@ -172,9 +183,7 @@ async def test_three_missed_slots_are_counted_or_caught_up_under_each_overlap_po
 
             await wait_for(next_started, what="the buffered slot starting")
         rows = await runs_of(client, "ticker/buffer-all")
-        assert [r.args_dict["slot"] for r in rows] == [
-            slot_key(T0 + k * HOUR) for k in (1, 2, 3)
-        ]
+        assert [r.args_dict["slot"] for r in rows] == [slot_key(T0 + k * HOUR) for k in (1, 2, 3)]
 
 
 async def test_a_backfill_starts_a_ranges_slots_once_and_a_trigger_starts_one_run(
@@ -224,9 +233,10 @@ async def summary_of(client: Client, name: str) -> dict[str, Any] | None:
 async def test_a_failed_run_pauses_a_schedule_that_asks_and_resume_starts_from_now(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
-    clock = ShiftedClock.at(T0 - 1.0)
+    clock = ShiftedClock.at(T0 - HOUR / 2)
     fragile = Schedule(name="fragile", every=HOUR, input="fail", pause_on_failure=True)
     async with running_worker(db_url, agents_with(fragile), clock=clock):
+        await just_before(client, clock, "ticker/fragile", T0)
 
         async def paused() -> dict[str, Any] | None:
             s = await summary_of(client, "ticker/fragile")
@@ -235,7 +245,8 @@ async def test_a_failed_run_pauses_a_schedule_that_asks_and_resume_starts_from_n
         s = await wait_for(paused, what="the schedule pausing on its failed run")
         assert "failed" in s["paused_reason"]
         [view] = await schedules.list_schedules(client, clock=clock)
-        assert view.paused and view.next == []
+        assert view.paused
+        assert view.next == []
         clock.advance(2 * HOUR)
         await schedules.resume(client, "ticker/fragile", by=ME)
 
@@ -245,17 +256,20 @@ async def test_a_failed_run_pauses_a_schedule_that_asks_and_resume_starts_from_n
 
         s = await wait_for(resumed, what="resumed")
         assert s["cursor"] >= T0 + 2 * HOUR  # the slots of the pause are not fired
-        assert s["started"] == 1 and s["missed"] == 0
+        assert s["started"] == 1
+        assert s["missed"] == 0
 
 
 async def test_declared_schedules_are_reconciled_at_each_start_without_firing_twice(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
-    clock = ShiftedClock.at(T0 - 1.0)
+    clock = ShiftedClock.at(T0 - HOUR / 2)
     hourly = Schedule(name="hourly", every=HOUR, input="tick")
-    for _ in range(2):  # the same declaration, two starts of the worker
-        async with running_worker(db_url, agents_with(hourly), clock=clock):
-            await wait_for(lambda: runs_of(client, "ticker/hourly"), what="the slot's run")
+    async with running_worker(db_url, agents_with(hourly), clock=clock):
+        await just_before(client, clock, "ticker/hourly", T0)
+        await wait_for(lambda: runs_of(client, "ticker/hourly"), what="the slot's run")
+    async with running_worker(db_url, agents_with(hourly), clock=clock):  # declared again
+        await wait_for(lambda: runs_of(client, "ticker/hourly"), what="the slot's run")
     declared = await events(client.pool, schedule_id("ticker/hourly"), types=("schedule.declared",))
     assert len(declared) == 1
     assert len(await runs_of(client, "ticker/hourly")) == 1

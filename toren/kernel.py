@@ -39,12 +39,11 @@ from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
 
 __all__ = [
-    "Clock",
-    "ShiftedClock",
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
     "ActorRow",
     "Claim",
+    "Clock",
     "EmbeddedPostgres",
     "Kind",
     "LeaseClock",
@@ -53,6 +52,7 @@ __all__ = [
     "Resources",
     "Runtime",
     "Service",
+    "ShiftedClock",
     "Surfaces",
     "WorkerEnv",
     "WorkerSession",

@@ -102,10 +102,9 @@ class ScheduleActor(Actor[ScheduleState]):
                 self._start(ctx, schedule, now, key, "manual", now, by=msg.by)
         elif isinstance(msg, Backfill):
             self._backfill(ctx, msg, now)
-        elif isinstance(msg, Delete):
-            if not ctx.state.deleted and ctx.state.schedule is not None:
-                ctx.emit(Deleted(by=msg.by, at=now))
-                ctx.cancel_timer(TIMER)
+        elif isinstance(msg, Delete) and not ctx.state.deleted and ctx.state.schedule:
+            ctx.emit(Deleted(by=msg.by, at=now))
+            ctx.cancel_timer(TIMER)
 
     # -- declarations and the clock --------------------------------------------------------------
 
@@ -149,9 +148,7 @@ class ScheduleActor(Actor[ScheduleState]):
                 counted = missed[:MISSED_COUNTED]
                 last = horizon if more else counted[-1]
                 ctx.emit(
-                    SlotsMissed(
-                        count=len(counted), first=counted[0], last=last, more=more, at=now
-                    )
+                    SlotsMissed(count=len(counted), first=counted[0], last=last, more=more, at=now)
                 )
         cursor = ctx.state.cursor if ctx.state.cursor is not None else now
         due = spec.slots(cursor, now, FIRED_PER_STEP)
@@ -199,7 +196,9 @@ class ScheduleActor(Actor[ScheduleState]):
                 for run in in_flight:
                     reason = f"schedule {self.name}: slot {key} replaces it (overlap: cancel_other)"
                     cancel = Cancel(by=self._principal(), who=self.name, reason=reason)
-                    ctx.send(run, cancel, system=True)
+                    # On the user lane, behind the run's start: a run started in this same step
+                    # must start before it is cancelled (a run takes its system lane first).
+                    ctx.send(run, cancel)
         self._start(ctx, schedule, slot, key, how, now, by=by)
 
     def _start(
@@ -223,16 +222,16 @@ class ScheduleActor(Actor[ScheduleState]):
         text = render_input(schedule.input, slot, schedule.timezone, self.name)
         args: dict[str, Any] = {**start_args(agent, text), "schedule": self.name, "slot": key}
         ctx.spawn(RUN_KIND, run, args, route=agent_route(agent))
-        start = StartRun(
-            agent=agent, input=text, by=by or self._principal(), watcher=ctx.actor_id
-        )
+        start = StartRun(agent=agent, input=text, by=by or self._principal(), watcher=ctx.actor_id)
         ctx.send(run, start, dedupe_key="start")
         ctx.emit(SlotStarted(slot=slot, key=key, run=run, how=how, at=now, by=by))
 
     def _principal(self) -> Principal:
         return Principal(kind="schedule", id=self.actor_id, name=self.name, via="schedule")
 
-    def _ended(self, ctx: Context[ScheduleState], msg: ChildEnded | ChildFailed, now: float) -> None:
+    def _ended(
+        self, ctx: Context[ScheduleState], msg: ChildEnded | ChildFailed, now: float
+    ) -> None:
         run = msg.run_id if isinstance(msg, ChildEnded) else msg.actor_id
         if run not in ctx.state.in_flight:
             return  # an end heard before (a run retried by hand ends again)

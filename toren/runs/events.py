@@ -48,9 +48,7 @@ class StartRun:
     chain: tuple[str, ...] = ()
     budget_usd: str | None = None
     depth_limit: int | None = None
-    # An actor told of each end of the run (a ``run.child_ended`` with no call id): the
-    # schedule that started it. Unlike a parent it has no say in the run.
-    watcher: str = ""
+    watcher: str = ""  # told of each end (a call id-less run.child_ended): its schedule
 
 
 @message("run.continue")

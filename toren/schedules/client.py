@@ -220,11 +220,8 @@ async def backfill(
         raise ScheduleError("overlap", f"one of {', '.join(OVERLAPS)}")
     now = (clock or Clock()).now()
     for field, value in (("start", start), ("end", end)):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not math.isfinite(value):
             raise ScheduleError(field, "a time (unix seconds)")
     if not start < end:
         raise ScheduleError("end", "after start")

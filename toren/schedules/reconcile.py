@@ -13,9 +13,9 @@ from __future__ import annotations
 import logging
 
 from toren._agent.principal import Principal
-from toren._agent.registry import Agents
 from toren._core.client import Client
 from toren._core.rows import actors_of_kind
+from toren.runs import Agents
 from toren.schedules.client import declare, full_name
 from toren.schedules.events import SCHEDULE_KIND, SCHEDULE_PREFIX, Delete, schedule_id
 

@@ -127,8 +127,7 @@ def fold(state: ScheduleState, event: Any) -> ScheduleState:
         )
     if isinstance(event, ScheduledRunEnded):
         recent = tuple(
-            attrs.evolve(r, status=event.status) if r.run == event.run else r
-            for r in state.recent
+            attrs.evolve(r, status=event.status) if r.run == event.run else r for r in state.recent
         )
         in_flight = tuple(r for r in state.in_flight if r != event.run)
         return attrs.evolve(state, in_flight=in_flight, recent=recent)
