@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
+from schemathesis.checks import positive_data_acceptance
 
 from tests.conftest import ROOT, TEMPLATE
 from toren import Client
@@ -99,4 +100,10 @@ def test_the_api_keeps_to_its_openapi_document(case: Any, live_api: dict[str, An
         # paging with real cursors is tested in test_api.py.
         del case.query["cursor"]
     response = case.call(base_url=live_api["base"], headers=live_api["headers"], timeout=10)
-    case.validate_response(response)
+    excluded = []
+    if case.method == "POST" and case.path.startswith("/schedules"):
+        # A schedule's values are checked beyond what a JSON schema says (a cron expression's
+        # grammar, IANA time zones, exactly one of cron and every, ISO 8601 with an offset):
+        # a body the schema allows may be refused with a 422 naming the field (documented).
+        excluded.append(positive_data_acceptance)
+    case.validate_response(response, excluded_checks=excluded)

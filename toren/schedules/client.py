@@ -15,7 +15,10 @@ import hashlib
 import math
 import re
 import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
 
@@ -26,7 +29,7 @@ from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
 from toren.runs.client import check_served, keyed_run_id
-from toren.schedules import SLOT_NAME, Schedule, ScheduleError
+from toren.schedules import SLOT_NAME, Schedule, ScheduleError, slot_key
 from toren.schedules.events import (
     SCHEDULE_KIND,
     SCHEDULE_PREFIX,
@@ -86,8 +89,22 @@ def split_name(name: object) -> tuple[str, str]:
     if not _AGENT.fullmatch(agent):
         raise ScheduleError("name", "the agent's name: 1 to 100 letters, digits, _ . -")
     if not SLOT_NAME.fullmatch(slot):
-        raise ScheduleError("name", "the schedule's own name: [a-z0-9][a-z0-9_-]{0,62}")
+        raise ScheduleError(
+            "name", "the schedule's own name: 1 to 63 lowercase letters, digits, _ or -"
+        )
     return agent, slot
+
+
+def schedule_of(name: object, fields: Mapping[str, Any]) -> Schedule:
+    """The schedule ``name`` with ``fields`` (those of :meth:`Schedule.to_json` but its name),
+    as the surfaces take it from a user.
+
+    Raises:
+        ScheduleError: a field is unknown or invalid, or ``name`` is not a schedule's name.
+    """
+    if "name" in fields:
+        raise ScheduleError("schedule", "unknown key(s): name (the name is given apart)")
+    return Schedule.from_json({**fields, "name": name})
 
 
 def _digest(*parts: Any) -> str:
@@ -316,16 +333,37 @@ async def _views(client: Client, rows: list[ActorRow], clock: Clock) -> list[Sch
     return [_view(r, status, now) for r in rows]
 
 
+def next_fires(schedule: Schedule, after: float, count: int = NEXT_SHOWN) -> list[float]:
+    """The first ``count`` slots of ``schedule`` after ``after`` (fewer past its end, or past
+    the year 9999, which a huge interval reaches at once)."""
+    fires: list[float] = []
+    try:
+        slot = schedule.spec.next_slot(after)
+        while slot is not None and len(fires) < count:
+            slot_key(slot)  # refuses a time past the year 9999
+            fires.append(slot)
+            slot = schedule.spec.next_slot(slot)
+    except ScheduleError:
+        pass
+    return fires
+
+
+def local_time(instant: float, timezone: str) -> datetime:
+    """``instant`` (unix seconds) in ``timezone``; in UTC when that zone's date would be past
+    the year 9999."""
+    try:
+        return datetime.fromtimestamp(instant, ZoneInfo(timezone or "UTC"))
+    except (OverflowError, ValueError, OSError, ZoneInfoNotFoundError):
+        return datetime.fromtimestamp(instant, UTC)
+
+
 def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:
     s = row.summary_dict
     schedule = Schedule.from_json(s["schedule"])
     upcoming: list[float] = []
     if not s.get("paused"):
-        following: float | None = max(float(s.get("cursor") or now), now)
-        while following is not None and len(upcoming) < NEXT_SHOWN:
-            following = schedule.spec.next_slot(following)
-            if following is not None:
-                upcoming.append(following)
+        after = max(float(s.get("cursor") or now), now)
+        upcoming = next_fires(schedule, after)
     return ScheduleView(
         name=row.actor_id.removeprefix(SCHEDULE_PREFIX),
         agent=str(s.get("agent", "")),

@@ -168,6 +168,11 @@ class RunSummary(BaseModel):
     created_at: str
 
 
+class ScheduledBy(BaseModel):
+    name: str = Field(description="The schedule: `AGENT/SLOT`.")
+    slot: str = Field(description="Its slot: an instant in UTC, or `manual-ID` for a trigger.")
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -186,6 +191,9 @@ class Run(BaseModel):
         default=None, description="The run whose cross-agent call started this one."
     )
     children: list[ChildRun] = Field(default_factory=list)
+    schedule: ScheduledBy | None = Field(
+        default=None, description="The schedule and slot that started this run, if one did."
+    )
 
 
 class RunList(BaseModel):

@@ -6,32 +6,23 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-import attrs
 import pydantic
-from aiohttp import web
 from pydantic.json_schema import models_json_schema
 
 from toren._surfaces.http import models as m
+from toren._surfaces.http.api_doc import API_PARTS, ApiPart
+from toren._surfaces.http.api_doc import AUTH_FAIL as _AUTH_FAIL
+from toren._surfaces.http.api_doc import INVALID as _INVALID
+from toren._surfaces.http.api_doc import json_content as _json
+from toren._surfaces.http.api_doc import problem as _problem
+from toren._surfaces.http.api_doc import ref as _ref
 from toren._version import __version__
 from toren.runs.events import STATUSES
 
+__all__ = ["API_PARTS", "ApiPart", "channel_part", "document", "run_part"]
+
 # The models every kind's routes name (a problem), or the server's own routes.
 _MODELS: tuple[type[pydantic.BaseModel], ...] = (m.Health, m.Readiness, m.Problem)
-
-
-def _ref(model: type[pydantic.BaseModel]) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{model.__name__}"}
-
-
-def _json(model: type[pydantic.BaseModel]) -> dict[str, Any]:
-    return {"content": {"application/json": {"schema": _ref(model)}}}
-
-
-def _problem(description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/problem+json": {"schema": _ref(m.Problem)}},
-    }
 
 
 _RUN_PARAM = {
@@ -41,11 +32,6 @@ _RUN_PARAM = {
     "description": "The run's uuid (its id without the `run/` prefix).",
     "schema": {"type": "string"},
 }
-_AUTH_FAIL = {
-    "401": _problem("No token, or a malformed, unknown, revoked or expired one."),
-    "403": _problem("The token lacks the route's scope, or may not act on this run's agent."),
-    "429": _problem("Too many failed authentications from this address (see Retry-After)."),
-}
 _NOT_FOUND = {"404": _problem("No such run.")}
 _BOT_PARAM = {
     "name": "bot",
@@ -53,11 +39,6 @@ _BOT_PARAM = {
     "required": True,
     "description": "The bot's name (`[agents.NAME.telegram] bot`), not its @username.",
     "schema": {"type": "string"},
-}
-_INVALID = {
-    "400": _problem("The body is not JSON."),
-    "413": _problem("The body is too large."),
-    "422": _problem("The body does not fit the schema; `errors` names each field."),
 }
 
 
@@ -76,34 +57,17 @@ def _write(summary: str, body: type[pydantic.BaseModel], ok: dict[str, Any]) -> 
     }
 
 
-@attrs.frozen(kw_only=True, eq=False)
-class ApiPart:
-    """A kind's part of the OpenAPI document, added as it installs its routes.
-
-    Attributes:
-        paths: Its routes' paths, in the order the document lists them.
-        models: The pydantic models its paths name (their schemas are components).
-        security: The security schemes its paths use besides the API's own.
-    """
-
-    paths: dict[str, Any]
-    models: tuple[type[pydantic.BaseModel], ...]
-    security: dict[str, Any] = attrs.field(factory=dict)
-
-
-API_PARTS: web.AppKey[list[ApiPart]] = web.AppKey("api_parts", list)
-"""The parts of an app's document, in the order its kinds installed their routes."""
-
-
 def document(parts: Sequence[ApiPart] | None = None) -> dict[str, Any]:
     """The document of the API with the routes of these kinds' ``parts`` (Toren's own unless
-    given: runs, channels), then the server's own."""
+    given: runs, channels, schedules), then the server's own."""
     return _torens() if parts is None else _document(parts)
 
 
 @functools.cache
 def _torens() -> dict[str, Any]:
-    return _document((run_part(), channel_part()))
+    from toren._surfaces.http.schedule_api import schedule_part
+
+    return _document((run_part(), channel_part(), schedule_part()))
 
 
 def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:

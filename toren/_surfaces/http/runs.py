@@ -48,6 +48,7 @@ from toren._surfaces.http.models import (
     Run,
     RunList,
     RunSummary,
+    ScheduledBy,
     StartRunBody,
 )
 from toren._surfaces.http.openapi import API_PARTS, run_part
@@ -261,6 +262,13 @@ async def _run(app: web.Application, rid: str) -> Run:
         child, _ = await _state(app, below_rid)
         waiting.extend(await _pending(client.pool, below_rid, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
+    started = await actor_row(client.pool, rid, fields=("args.schedule", "args.slot"))
+    by = started.args_dict if started is not None else {}
+    scheduled = (
+        ScheduledBy(name=by["schedule"], slot=by["slot"])
+        if isinstance(by.get("schedule"), str) and isinstance(by.get("slot"), str)
+        else None
+    )
     return Run(
         id=rid,
         agent=state.agent,
@@ -302,6 +310,7 @@ async def _run(app: web.Application, rid: str) -> Run:
             )
             for call_id, c in state.children.items()
         ],
+        schedule=scheduled,
     )
 
 

@@ -63,7 +63,7 @@ async function api(path, options = {}) {
 }
 
 function show(section) {
-  for (const id of ["signin", "runs", "run", "channels"]) $(id).hidden = id !== section;
+  for (const id of ["signin", "runs", "run", "channels", "schedules"]) $(id).hidden = id !== section;
 }
 
 async function start() {
@@ -112,6 +112,12 @@ function route() {
     show("channels");
     loadChannels();
     listTimer = setInterval(loadChannels, 2000);
+    return;
+  }
+  if (location.hash === "#/schedules") {
+    show("schedules");
+    loadSchedules();
+    listTimer = setInterval(loadSchedules, 2000);
     return;
   }
   show("runs");
@@ -276,6 +282,37 @@ function channelView(c, messages) {
       ago((now - new Date(m.queued_at).getTime()) / 1000),
       m.text.length > 80 ? `${m.text.slice(0, 80)}...` : m.text]),
     "no outbound message yet"));
+  return box;
+}
+
+// The schedules (a token limited to agents sees theirs): next fire times in each schedule's
+// own time zone as the API gives them, whether paused, the recent slots with their runs (linked
+// to the runs' pages), missed slots and why the last slot did not start. Text from the API goes
+// in as text (el).
+async function loadSchedules() {
+  const { schedules } = await api("/schedules");
+  $("schedules-none").hidden = schedules.length > 0;
+  $("schedules-list").replaceChildren(...schedules.map(scheduleView));
+}
+
+function scheduleView(s) {
+  const box = el("div", "schedule");
+  box.dataset.schedule = s.name;
+  const d = s.schedule;
+  const spec = d.cron ? `cron ${d.cron} (${d.timezone})` : `every ${d.every}s`;
+  const state = s.paused ? "paused" : "active";
+  const head = el("h2");
+  head.append(el("span", `badge ${state}`, state), " ", el("span", "", s.name));
+  box.append(head, el("p", "facts", `agent ${s.agent} · ${spec} · overlap ${d.overlap} · ` +
+    `${s.started} started, ${s.skipped} skipped, ${s.missed} missed · ${s.in_flight.length} in flight`));
+  if (s.paused) box.append(el("p", "failing", `Paused${s.paused_reason ? `: ${s.paused_reason}` : ""}`));
+  if (s.last_reason) box.append(el("p", "note last-reason", `Last slot not started: ${s.last_reason}`));
+  box.append(el("p", "next", s.next.length ? `Next: ${s.next.join(", ")}` : "Next: none"));
+  box.append(table(["Slot", "How", "Outcome", "Run", "Status", "Reason"],
+    s.recent.slice().reverse().map((r) => [r.key, r.how, r.outcome, runLink(r.run),
+      r.run ? el("span", `badge ${r.run_status || "gone"}`, r.run_status || "gone") : "-",
+      r.reason]),
+    "no slot yet"));
   return box;
 }
 
@@ -509,7 +546,10 @@ async function refreshRun(uuid) {
   $("run-output").textContent = run.output || `${run.error_class}: ${run.error}`;
   // Parent and child runs of cross-agent calls, linked both ways.
   const link = (id, text) => `<a href="#/runs/${esc(id.slice(4))}">${escShown(text)}</a>`;
+  // A run a schedule started names the schedule and its slot.
+  const slot = run.schedule ? `${run.schedule.name} slot ${run.schedule.slot}` : "";
   const links = [
+    ...(run.schedule ? [`started by schedule <a href="#/schedules">${escShown(slot)}</a>`] : []),
     ...(run.parent ? [`started by ${link(run.parent, run.parent)}`] : []),
     ...run.children.map((c) => `child ${link(c.run, `${c.agent} (${c.status})`)}` +
       (c.usd_paid !== null ? ` $${esc(c.usd_paid)}` : "")),
