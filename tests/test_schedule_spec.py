@@ -422,3 +422,21 @@ def test_after_must_be_a_time() -> None:
     for bad in (math.nan, math.inf, 1e300):
         with pytest.raises(ScheduleError, match="after"):
             spec.next_slot(bad)
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"every": 1e300}, "every"),
+        ({"every": 11 * 365 * 86400}, "every"),
+        ({"cron": "* * * * *", "jitter": 1e12}, "jitter"),
+        ({"every": 60, "start": "9999-12-31T23:59:00+00:00"}, "start"),
+        ({"cron": "* * * * *", "end": "1960-01-01T00:00:00+00:00"}, "end"),
+    ],
+)
+def test_values_whose_slots_would_leave_the_calendar_are_refused(
+    fields: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ScheduleError) as refused:
+        Spec(**fields)
+    assert refused.value.field == field

@@ -58,6 +58,12 @@ CRON_CAP = 200
 TIMEZONE_CAP = 64
 """Characters a time zone's name may hold (the longest IANA name has 32)."""
 
+SECONDS_CAP = 10 * 365 * 86400.0
+"""The longest interval, jitter or catch-up window: ten years (a durable timer's longest delay)."""
+
+YEAR_CAP = 9000
+"""Dates (``start``, ``end``) before this year: a slot ten years on still has a key."""
+
 EVERY_MIN = 1.0
 """The shortest interval, in seconds: slots are told apart by whole seconds."""
 
@@ -170,6 +176,8 @@ def seconds(field: str, value: object, *, positive: bool = False) -> float:
         raise ScheduleError(field, f"must be more than 0, got {value!r}")
     if number < 0:
         raise ScheduleError(field, f"must be 0 or more, got {value!r}")
+    if number > SECONDS_CAP:
+        raise ScheduleError(field, f"must be at most ten years ({SECONDS_CAP:g} s), got {value!r}")
     return number
 
 
@@ -193,6 +201,8 @@ def aware(field: str, value: object) -> datetime:
             "needs a UTC offset",
             hint="Write it like 2026-01-05T09:00:00+01:00 (or ...Z for UTC).",
         )
+    if not 1970 <= value.year < YEAR_CAP:
+        raise ScheduleError(field, f"must be from 1970 to before the year {YEAR_CAP}")
     return value
 
 
