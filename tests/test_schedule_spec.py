@@ -435,7 +435,7 @@ def test_after_must_be_a_time() -> None:
     ],
 )
 def test_values_whose_slots_would_leave_the_calendar_are_refused(
-    fields: dict[str, Any], field: str
+    fields: dict[str, object], field: str
 ) -> None:
     with pytest.raises(ScheduleError) as refused:
         Spec(**fields)
