@@ -167,21 +167,22 @@ async def test_three_missed_slots_are_counted_or_caught_up_under_each_overlap_po
                 "cancelled", "cancelled", "parked"
             ]  # fmt: skip
 
-        await wait_for(cancelled_by_slots, what="cancel_other cancelling the runs before")
+        await wait_for(cancelled_by_slots, timeout=60, what="cancel_other cancelling the others")
 
         # buffered slots start, one at a time, as the run before them ends
+        async def parked() -> list[Any]:
+            rows = await runs_of(client, "ticker/buffer-all")
+            return [r for r in rows if r.summary_dict.get("status") == "parked"]
+
         for _ in range(2):
-            [running] = [
-                r for r in await runs_of(client, "ticker/buffer-all")
-                if r.summary_dict.get("status") == "parked"
-            ]  # fmt: skip
+            [running] = await wait_for(parked, timeout=60, what="the run in flight parked")
             before = len(await runs_of(client, "ticker/buffer-all"))
             await cancel(client, running.actor_id, by=ME, reason="next")
 
             async def next_started(before: int = before) -> bool:
                 return len(await runs_of(client, "ticker/buffer-all")) == before + 1
 
-            await wait_for(next_started, what="the buffered slot starting")
+            await wait_for(next_started, timeout=60, what="the buffered slot starting")
         rows = await runs_of(client, "ticker/buffer-all")
         assert [r.args_dict["slot"] for r in rows] == [slot_key(T0 + k * HOUR) for k in (1, 2, 3)]
 
