@@ -13,8 +13,8 @@ takeover they make). The schedule fires :data:`AFTER` more slots after the fault
 harness pauses it, lets every run end, and backfills the whole window (``allow_all``): the
 slots' keys make each slot's run the run it already had, so the backfill must start none.
 
-What must hold (:func:`judge_schedule`), over the window from the first slot dealt with to the
-last:
+What must hold (:func:`judge_schedule`), over the window from the schedule's declaration to the
+last slot it dealt with:
 
 - every slot of the schedule in the window started exactly one run (run rows counted by their
   ``slot`` argument): a slot with two runs is red, and so is one with no run unless the
@@ -108,15 +108,21 @@ class ScheduleObserved:
 
 
 def window(journal: Iterable[Row]) -> tuple[float, float] | None:
-    """The first and the last slot the journal deals with (started, skipped, buffered or
-    missed), or None if it deals with none."""
+    """The window ``(after, last]``: from the first declaration (whose slots come after it; a
+    journal without one, from the first slot it deals with) to the last slot it deals with
+    (started, skipped, buffered or missed); None if it deals with none."""
     found: list[float] = []
+    declared: float | None = None
     for row in journal:
         if row.type in DEALT:
             found.append(float(row.data["slot"]))
         elif row.type == "schedule.slots_missed":
             found += [float(row.data["first"]), float(row.data["last"])]
-    return (min(found), max(found)) if found else None
+        elif row.type == "schedule.declared" and declared is None:
+            declared = float(row.data["at"])
+    if not found:
+        return None
+    return (min(found) - 0.5 if declared is None else declared, max(found))
 
 
 def window_slots(journal: Iterable[Row]) -> tuple[str, ...]:
@@ -124,7 +130,7 @@ def window_slots(journal: Iterable[Row]) -> tuple[str, ...]:
     span = window(journal)
     if span is None:
         return ()
-    return tuple(slot_key(s) for s in TICK.spec.slots(span[0] - 0.5, span[1], 100_000))
+    return tuple(slot_key(s) for s in TICK.spec.slots(span[0], span[1], 100_000))
 
 
 def judge_schedule(seen: ScheduleObserved, expected: ScheduleExpected) -> Verdict:
@@ -149,7 +155,8 @@ def _slot_problems(seen: ScheduleObserved) -> list[str]:
     accounted = {r.data["key"] for r in before if r.type in DEALT[1:]}
     for row in before:
         if row.type == "schedule.slots_missed":
-            missed = TICK.spec.slots(float(row.data["first"]) - 0.5, float(row.data["last"]), 10**5)
+            first, last = float(row.data["first"]), float(row.data["last"])
+            missed = TICK.spec.slots(first - 0.5, last, 100_000)
             accounted.update(slot_key(s) for s in missed)
     runs: dict[str, list[str]] = {}
     for run in seen.runs:
@@ -354,9 +361,7 @@ class ScheduleExecution(_Execution):
             raise CellFailed("the schedule dealt with no slot")
         self.backfill_seq = journal[-1].seq
         self.before_backfill = frozenset(r["actor_id"] for r in await self._run_rows())
-        count = await backfill(
-            self.client, NAME, span[0] - 0.5, span[1], overlap="allow_all", by=CHAOS
-        )
+        count = await backfill(self.client, NAME, span[0], span[1], overlap="allow_all", by=CHAOS)
         await self._until(
             lambda rows: sum(r.seq > self.backfill_seq and r.type in DEALT for r in rows) >= count,
             f"the backfill of {count} slots was never handled",
