@@ -35,7 +35,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from decimal import Decimal
-from pathlib import Path
+from typing import Any
 
 import anyio
 import asyncpg
@@ -223,18 +223,8 @@ class ScheduleExecution(_Execution):
     """One schedule cell: the victim fires slots alone up to its point, is faulted there, two
     more workers join; then the schedule is paused and its window backfilled."""
 
-    def __init__(
-        self,
-        harness: Harness,
-        cell: Cell,
-        folder: Path,
-        client: Client,
-        model: AnthropicServer,
-        effects: EffectServer,
-        url: str,
-        recorder: _Recorder,
-    ) -> None:
-        super().__init__(harness, cell, folder, client, model, effects, url, recorder)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)  # as every cell's (see chaos.harness)
         self.env["CHAOS_SCHEDULES"] = "1"
         self.holder: tuple[object, int] | None = None  # (owner, epoch) of the schedule at the point
         self.backfill_seq = 0
