@@ -60,7 +60,7 @@ def _seen(
 ) -> ScheduleObserved:
     """A cell as observed: the slots started (one run each), the pause, then a backfill of the
     window that skipped every slot (or ``backfill``'s events)."""
-    events = [("schedule.declared", {"at": T0 + 0.2})]
+    events: list[tuple[str, dict[str, Any]]] = [("schedule.declared", {"at": T0 + 0.2})]
     events += [started(s) for s in slots]
     events.append(("schedule.paused", {"reason": "over", "at": T0 + 9}))
     cut = len(events)
