@@ -83,7 +83,7 @@ class ScheduleExpected:
 
 
 @attrs.frozen
-class RunSeen:
+class ScheduledRun:
     """One run the schedule started, as it ended (or not)."""
 
     run: str
@@ -102,7 +102,7 @@ class ScheduleObserved:
     slots: tuple[str, ...]  # the schedule's slots in the window, by key, in order
     journal: tuple[Row, ...]  # the schedule's
     backfill_seq: int  # the journal's last seq before the backfill (0: none was sent)
-    runs: tuple[RunSeen, ...]
+    runs: tuple[ScheduledRun, ...]
     deadletters: int
     takeover: Takeover | None
 
@@ -400,7 +400,7 @@ async def observe_schedule(execution: ScheduleExecution) -> ScheduleObserved:
             run_id,
         )
         runs.append(
-            RunSeen(
+            ScheduledRun(
                 run=run_id,
                 slot=str(args.get("slot")),
                 status=state.status,

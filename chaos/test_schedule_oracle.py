@@ -9,7 +9,7 @@ import attrs
 
 from chaos.matrix import MUTATION_EVIDENCE
 from chaos.oracle import Row, Takeover
-from chaos.schedules import RunSeen, ScheduleExpected, ScheduleObserved, judge_schedule
+from chaos.schedules import ScheduledRun, ScheduleExpected, ScheduleObserved, judge_schedule
 from chaos.servers import schedule_answer
 from toren.schedules import slot_key
 
@@ -36,9 +36,9 @@ def skipped(slot: float) -> tuple[str, dict[str, Any]]:
     return ("schedule.slot_skipped", {**data, "at": slot})
 
 
-def ran(slot: float, copy: int = 0, **changes: Any) -> RunSeen:
+def ran(slot: float, copy: int = 0, **changes: Any) -> ScheduledRun:
     text = f"tick {slot_key(slot)}"
-    seen = RunSeen(
+    seen = ScheduledRun(
         run=run_id(slot, copy),
         slot=slot_key(slot),
         status="completed",
@@ -54,7 +54,7 @@ def ran(slot: float, copy: int = 0, **changes: Any) -> RunSeen:
 
 def _seen(
     slots: tuple[float, ...] = SLOTS,
-    runs: tuple[RunSeen, ...] | None = None,
+    runs: tuple[ScheduledRun, ...] | None = None,
     backfill: tuple[tuple[str, dict[str, Any]], ...] | None = None,
     **changes: Any,
 ) -> ScheduleObserved:
