@@ -26,8 +26,10 @@ from chaos.matrix import (
     clean_call_run,
     clean_run,
     clean_sandbox_run,
+    clean_schedule_run,
     clean_telegram_run,
     sandbox_cells,
+    schedule_cells,
     summary,
     table,
     telegram_cells,
@@ -36,6 +38,7 @@ from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
+from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
 
 console = Console()
@@ -48,6 +51,7 @@ async def _cells(
     call: CallExpected,
     sandbox: SandboxExpected | None,
     telegram: TelegramExpected,
+    schedule: ScheduleExpected,
     label: str,
 ) -> list[CellResult]:
     results = []
@@ -72,6 +76,7 @@ async def _cells(
                 "at_least_once": telegram,
                 "at_most_once": telegram,
                 "interrupted": telegram,
+                "schedule": schedule,
             }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
@@ -98,6 +103,7 @@ async def main(
             expected = await clean_run(harness)
             call = await clean_call_run(harness)
             telegram = await clean_telegram_run(harness)
+            schedule = await clean_schedule_run(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -125,10 +131,16 @@ async def main(
                     "Kill matrix: Telegram channels",
                     [c for c in telegram_cells() if only is None or only in c.point],
                 ),
+                (
+                    "Kill matrix: schedules",
+                    [c for c in schedule_cells() if only is None or only in c.point],
+                ),
             ):
                 if not todo:
                     continue
-                results = await _cells(harness, todo, expected, call, sandbox, telegram, "matrix")
+                results = await _cells(
+                    harness, todo, expected, call, sandbox, telegram, schedule, "matrix"
+                )
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
                 ok = ok and all(r.passed for r in results)
@@ -150,7 +162,9 @@ async def main(
                 async with Harness(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
-                    red = await _cells(mutated, todo, expected, call, sandbox, telegram, name)
+                    red = await _cells(
+                        mutated, todo, expected, call, sandbox, telegram, schedule, name
+                    )
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))
                 for r in red:

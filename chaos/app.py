@@ -9,7 +9,8 @@ The ``sandboxed`` agent writes a
 script into its workspace and runs it twice (see :data:`chaos.servers.SANDBOX_CALLS`): the sandbox
 cells' run; ``rerunnable`` is the same with its sandbox declared rerunnable. ``chatty`` and
 ``chatty_once`` answer a Telegram chat (the Telegram cells), delivering at least once and at most
-once. The effects go to
+once. ``ticker`` starts a run every second on its ``tick`` schedule (the schedule cells), each
+run a one-line answer; its workers alone declare it (``CHAOS_SCHEDULES``). The effects go to
 the harness's :class:`chaos.servers.EffectServer`, which applies each idempotency key once and
 counts every request.
 
@@ -27,6 +28,7 @@ import aiohttp
 from toren import Agent, ToolContext, durable_sleep, tool
 from toren.channels import Telegram
 from toren.sandboxes import Sandbox
+from toren.schedules import Schedule
 
 
 async def _apply(ctx: ToolContext, kind: str, detail: str) -> str:
@@ -127,6 +129,19 @@ chatty_once = Agent(
         poll_timeout=1,
         chat_interval=0,
     ),
+)
+
+# The schedule cells' agent: a slot every second, each starting a run whatever is in flight
+# (allow_all), so every slot of a cell's window must have started exactly one run. Declared
+# only by the workers of a schedule cell (``CHAOS_SCHEDULES``): a worker of another cell runs
+# the agent without it, so no slot fires there.
+SCHEDULE = "tick"
+TICK = Schedule(name=SCHEDULE, every=1, input="tick {slot_utc}", overlap="allow_all")
+ticker = Agent(
+    name="ticker",
+    model="anthropic/claude-sonnet-4-6",
+    system="schedule: You note each tick of a clock.",
+    schedules=[TICK] if os.environ.get("CHAOS_SCHEDULES") else [],
 )
 
 _mutation = os.environ.get("CHAOS_MUTATION")

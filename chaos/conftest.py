@@ -23,6 +23,7 @@ from chaos.matrix import (
     clean_call_run,
     clean_run,
     clean_sandbox_run,
+    clean_schedule_run,
     clean_telegram_run,
     summary,
     table,
@@ -30,6 +31,7 @@ from chaos.matrix import (
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
+from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
 from toren._core.db import EmbeddedPostgres
 
@@ -40,6 +42,7 @@ MATRICES = (
     "Kill matrix: cross-agent calls",
     "Kill matrix: sandboxes",
     "Kill matrix: Telegram channels",
+    "Kill matrix: schedules",
 )
 SCENARIOS: list[ScenarioResult] = []
 SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
@@ -104,6 +107,11 @@ async def sandbox_expected(harness: Harness) -> SandboxExpected:
 @pytest.fixture(scope="session")
 async def telegram_expected(harness: Harness) -> TelegramExpected:
     return await clean_telegram_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def schedule_expected(harness: Harness) -> ScheduleExpected:
+    return await clean_schedule_run(harness)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -19,17 +19,18 @@ Every cell checks that its fault landed (the point was reached; the process died
 sessions were terminated and the worker logged that it lost its lock; the process was seen
 stopped and another worker claimed meanwhile), so a cell cannot pass by missing its fault.
 
-A cell runs one of six shapes: the ``chaos`` agent's run (below), a cross-agent call (``call``
+A cell runs one of these shapes: the ``chaos`` agent's run (below), a cross-agent call (``call``
 cells: the ``caller`` agent calls the ``callee`` agent, whose child run makes two model calls and
 one keyed effect, and answers with its output; judged by :mod:`chaos.calls`), a run whose
 tools run in its sandbox on real Docker (``sandbox`` cells, and ``rerunnable`` ones whose sandbox
-may run a command again; judged by :mod:`chaos.sandbox`), or a Telegram chat whose bot delivers
+may run a command again; judged by :mod:`chaos.sandbox`), a Telegram chat whose bot delivers
 ``at_least_once`` or ``at_most_once`` (driven and judged by :mod:`chaos.telegram`, with this
-module's faults). The points' occurrences count in the victim process, which runs caller and
-child, run and sandbox, or channel and conversation alike. A third point on the harness's side
-is ``sandbox.in_flight``: the long command runs in the container (its first line is in the
-workspace); the Telegram cells add ``telegram.in_flight`` and ``telegram.delivered``, a send the
-Bot API server holds before or after delivering it.
+module's faults), or a schedule firing a slot a second (``schedule`` cells, three workers;
+driven and judged by :mod:`chaos.schedules`). The points' occurrences count in the victim
+process, which runs caller and child, run and sandbox, or channel and conversation alike. A
+third point on the harness's side is ``sandbox.in_flight``: the long command runs in the
+container (its first line is in the workspace); the Telegram cells add ``telegram.in_flight``
+and ``telegram.delivered``, a send the Bot API server holds before or after delivering it.
 
 Cells at a decision's points (``DECISION_POINTS``) also send decisions that must not be applied,
 each naming in its ``reason`` the call its sender meant (the oracle compares):
@@ -104,6 +105,7 @@ from toren.sandboxes import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
 if TYPE_CHECKING:
+    from chaos.schedules import ScheduleExpected, ScheduleObserved
     from chaos.telegram import TelegramExpected, TelegramObserved
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
@@ -118,6 +120,7 @@ Shape = Literal[
     "at_least_once",
     "at_most_once",
     "interrupted",
+    "schedule",
 ]
 SANDBOX_SHAPES = ("sandbox", "rerunnable")
 # A Telegram cell's shape is its bot's delivery; the run is started by the chat, not the harness.
@@ -136,6 +139,7 @@ AGENTS: dict[Shape, str] = {
     "rerunnable": "rerunnable",
     "at_least_once": "chatty",
     "at_most_once": "chatty_once",
+    "schedule": "ticker",
 }
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
 # telegram.in_flight: the Bot API server holds a send before it takes effect; telegram.delivered:
@@ -293,10 +297,22 @@ class Harness:
     async def run_cell(
         self,
         cell: Cell,
-        expected: Expected | CallExpected | SandboxExpected | TelegramExpected | None,
-    ) -> tuple[CellResult, Observed | CallObserved | SandboxObserved | TelegramObserved]:
+        expected: (
+            Expected | CallExpected | SandboxExpected | TelegramExpected | ScheduleExpected | None
+        ),
+    ) -> tuple[
+        CellResult,
+        Observed | CallObserved | SandboxObserved | TelegramObserved | ScheduleObserved,
+    ]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
+        if cell.shape == "schedule":
+            # Imported here: chaos.schedules builds on this module (its execution and faults).
+            from chaos.schedules import ScheduleExpected, run_schedule_cell
+
+            if expected is not None and not isinstance(expected, ScheduleExpected):
+                raise TypeError(f"a schedule cell judged against {type(expected).__name__}")
+            return await run_schedule_cell(self, cell, expected)
         if cell.shape in CHAT_SHAPES:
             # Imported here: chaos.telegram builds on this module (its execution and faults).
             from chaos.telegram import TelegramExpected, run_telegram_cell

@@ -22,6 +22,7 @@ from chaos.harness import (
 )
 from chaos.oracle import Expected, Observed, judge
 from chaos.sandbox import SandboxExpected, SandboxObserved, judge_sandbox
+from chaos.schedules import BEFORE, ScheduleExpected, ScheduleObserved, calls_of, judge_schedule
 from chaos.servers import SANDBOX_CALLS, SANDBOX_COMMANDS, TELEGRAM_REPLIES
 from chaos.telegram import TelegramExpected, TelegramObserved, judge_telegram
 
@@ -204,6 +205,19 @@ def telegram_cells() -> list[Cell]:
     return [Cell(p, k, f, shape=shape) for p, k, f, shape in both + once + interrupted]
 
 
+# The schedule cells: the victim fires the ticker's slots alone; its third firing (two slots
+# started before it) is faulted before and after the commit that spawns the slot's run, sends it
+# its start and records the slot; two more workers join at the fault.
+SCHEDULE_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("committing:schedule.slot_started", 3, FAULTS),
+    ("committed:schedule.slot_started", 3, FAULTS),
+)
+
+
+def schedule_cells() -> list[Cell]:
+    return [Cell(p, k, f, shape="schedule") for p, k, faults in SCHEDULE_POINTS for f in faults]
+
+
 # Each mutation runs where the protection it removes is what saves the run.
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
@@ -260,6 +274,11 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     "turn-ends-later": (Cell("committed:message.received", 1, "sigkill", shape="interrupted"),),
     # Told something before its start: recorded at once, the start's fold leaves it out.
     "early-message-dropped": (Cell("committed:run.started", 1, "sigkill", shape="early"),),
+    # A slot's run under a fresh id: the faults start each slot once all the same (the step that
+    # spawns it commits once), but the backfill over the window starts a second run per slot.
+    "schedule-slot-unkeyed": (
+        Cell("committed:schedule.slot_started", 3, "sigkill", shape="schedule"),
+    ),
 }
 
 
@@ -277,6 +296,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "calls-unannounced": "made and 0 lost in flight",
     "turn-ends-later": "never ended its turn",
     "early-message-dropped": "heard out of place",
+    "schedule-slot-unkeyed": "the backfill started a second run for slot",
 }
 
 
@@ -514,6 +534,33 @@ async def clean_telegram_run(harness: Harness) -> TelegramExpected:
     short = _unreached(harness, interrupted, [(p, k) for p, k, _ in INTERRUPTED_POINTS])
     if short:
         raise RuntimeError(f"the clean interrupted Telegram run does not reach: {', '.join(short)}")
+    return expected
+
+
+async def clean_schedule_run(harness: Harness) -> ScheduleExpected:
+    """Run a schedule cell without a fault (three workers, the pause and the backfill): every
+    run alike, the oracle satisfied, the victim's firings enough for the cells' occurrences.
+
+    Raises:
+        RuntimeError: the clean cell failed, or misses a point (the cells are out of date).
+    """
+    cell = Cell("clean", 0, None, shape="schedule")
+    result, seen = await harness.run_cell(cell, None)
+    if not isinstance(seen, ScheduleObserved):
+        raise TypeError("the clean schedule cell observed as another shape")
+    calls = calls_of(seen)
+    if not result.passed or len(calls) != 1 or len(seen.runs) < BEFORE:
+        raise RuntimeError(
+            f"the clean schedule cell failed: {result.problems} ({len(seen.runs)} runs, model "
+            f"calls per run {dict(calls)})"
+        )
+    expected = ScheduleExpected(steps=next(iter(calls)))
+    problems = judge_schedule(seen, expected).problems
+    if problems:
+        raise RuntimeError(f"the clean schedule cell is not what its oracle expects: {problems}")
+    short = _unreached(harness, cell, [(p, k) for p, k, _ in SCHEDULE_POINTS])
+    if short:
+        raise RuntimeError(f"the clean schedule cell does not reach: {', '.join(short)}")
     return expected
 
 

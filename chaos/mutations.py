@@ -34,6 +34,9 @@ switch for them. A mutation of the kernel's statements replaces their fragments 
   first, and the answer never reaches the chat.
 - ``early-message-dropped``: a message handled before its run's start is recorded at once, not
   sent again behind the start: the start's fold begins the conversation without it.
+- ``schedule-slot-unkeyed``: a schedule starts each slot's run under a fresh id instead of one
+  derived from the schedule and the slot (its idempotency key): a slot fired again (a backfill
+  of a range whose slots ran) starts a second run.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ MUTATIONS = (
     "calls-unannounced",
     "turn-ends-later",
     "early-message-dropped",
+    "schedule-slot-unkeyed",
 )
 
 # The fence without its check of owner and epoch (still typed by them: a parameter the statement
@@ -281,6 +285,17 @@ def _early_message_dropped() -> None:
     steps.after_the_start = recorded_at_once
 
 
+def _schedule_slot_unkeyed() -> None:
+    import uuid
+
+    from toren.actors.schedules import actor
+
+    def fresh_run_id(agent: str, key: str) -> str:
+        return f"run/{uuid.uuid4()}"  # the slot's key dropped
+
+    actor.keyed_run_id = fresh_run_id  # type: ignore[attr-defined]
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -299,6 +314,7 @@ def load(name: str) -> None:
         "calls-unannounced": _calls_unannounced,
         "turn-ends-later": _turn_ends_later,
         "early-message-dropped": _early_message_dropped,
+        "schedule-slot-unkeyed": _schedule_slot_unkeyed,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

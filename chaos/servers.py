@@ -39,7 +39,8 @@ def agent_of(request: dict[str, Any]) -> str:
     if isinstance(system, list):
         system = "".join(b.get("text", "") for b in system)
     name, colon, _ = str(system).partition(":")
-    return name if colon and name in ("caller", "callee", "sandbox", "telegram") else ""
+    known = ("caller", "callee", "sandbox", "telegram", "schedule")
+    return name if colon and name in known else ""
 
 
 def child_input(parent_input: str) -> str:
@@ -137,8 +138,19 @@ def telegram_script(request: dict[str, Any]) -> Reply:
     return Reply(TELEGRAM_REPLIES[min(step, len(TELEGRAM_REPLIES) - 1)], latency=TELEGRAM_LATENCY)
 
 
+# The schedule cells' runs: one answer each, at once (their time goes to the clock).
+SCHEDULE_LATENCY = 0.02
+
+
+def schedule_answer(run_input: str) -> str:
+    """What a run of the ``ticker`` agent answers: its input, noted."""
+    return f"Noted: {run_input}."
+
+
 def script(request: dict[str, Any], _n: int) -> Reply:
     """Answer by conversation position, so a call repeated after a crash gets the same answer."""
+    if agent_of(request) == "schedule":
+        return Reply(schedule_answer(case(request)), latency=SCHEDULE_LATENCY)
     if agent_of(request) == "sandbox":
         return sandbox_script(request)
     if agent_of(request) == "telegram":

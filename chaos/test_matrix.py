@@ -17,12 +17,14 @@ from chaos.matrix import (
     caught,
     cells,
     sandbox_cells,
+    schedule_cells,
     telegram_cells,
 )
 from chaos.mutations import MUTATIONS
 from chaos.oracle import Expected
 from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
+from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
 from toren._core.db import EmbeddedPostgres
 
@@ -77,6 +79,18 @@ async def test_telegram_cell(
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", schedule_cells(), ids=lambda c: f"schedule-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_schedule_cell(
+    cell: Cell, harness: Harness, schedule_expected: ScheduleExpected
+) -> None:
+    result, _ = await harness.run_cell(cell, schedule_expected)
+    record(MATRICES[4], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
@@ -87,6 +101,7 @@ CLEAN: dict[Shape, str] = {
     "rerunnable": "sandbox_expected",
     "at_least_once": "telegram_expected",
     "at_most_once": "telegram_expected",
+    "schedule": "schedule_expected",
 }
 
 
