@@ -43,6 +43,7 @@ from toren._surfaces.http.models import (
     FieldError,
     MessageBody,
     PendingApproval,
+    Queued,
     Receipt,
     RetryBody,
     Run,
@@ -54,6 +55,7 @@ from toren._surfaces.http.openapi import API_PARTS, run_part
 from toren._surfaces.http.states import STATES, RunStates
 from toren.runs import (
     DECISION_WAIT,
+    ENDED,
     RUN_KIND,
     STATUSES,
     AgentNotServed,
@@ -77,6 +79,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.limits import QUEUED, concurrency
 from toren.runs.listing import list_runs
 from toren.sandboxes.listing import approval_cwds
 
@@ -124,6 +127,7 @@ async def start(request: web.Request) -> web.Response:
             idempotency_key=body.idempotency_key,
             cap=request.app[OPTIONS].message_cap,
             by=principal(request),
+            concurrency_key=body.concurrency_key,
         )
     except AgentNotServed as exc:
         raise ProblemError(
@@ -261,10 +265,12 @@ async def _run(app: web.Application, rid: str) -> Run:
         child, _ = await _state(app, below_rid)
         waiting.extend(await _pending(client.pool, below_rid, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
+    limits = await concurrency(client, rid)
+    wait = limits.wait if state.status not in ENDED else None
     return Run(
         id=rid,
         agent=state.agent,
-        status=state.status,
+        status=QUEUED if wait is not None else state.status,
         input=state.input,
         output=state.output,
         error_class=state.error_class,
@@ -302,6 +308,10 @@ async def _run(app: web.Application, rid: str) -> Run:
             )
             for call_id, c in state.children.items()
         ],
+        concurrency_key=limits.key,
+        queued=None
+        if wait is None
+        else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
     )
 
 
