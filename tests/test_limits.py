@@ -12,6 +12,7 @@ time it held its permits.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,6 +27,7 @@ from tests.fuzz_mutations import LIMIT_MUTATIONS
 from toren import Agent, Client, ConfigError
 from toren._agent.model import ToolCall
 from toren._core.limits import permits_of, usage
+from toren.actors.runs.actor import RunActor
 from toren.runs import (
     RUN_KIND,
     Agents,
@@ -37,7 +39,6 @@ from toren.runs import (
     run_status,
     start_run,
 )
-from toren.actors.runs.actor import RunActor
 from toren.runs.limits import concurrency, set_agent_caps
 from toren.testing import AnthropicServer, Reply
 
@@ -74,9 +75,7 @@ def script(body: dict[str, Any], n: int) -> Reply:
 
 def app() -> Agents:
     agents = Agents()
-    agents.register(
-        [limits_app.serial, limits_app.capped, limits_app.caller, limits_app.callee]
-    )
+    agents.register([limits_app.serial, limits_app.capped, limits_app.caller, limits_app.callee])
     return agents
 
 
@@ -123,7 +122,7 @@ async def test_a_keys_runs_never_overlap_and_keep_their_order_across_three_worke
         other = await start_run(client, "serial", "elsewhere", concurrency_key="chat-2")
         await ended(client, [*runs, other])
     spans = [await in_flight(client, rid) for rid in runs]
-    for (_, done), (start, _) in zip(spans, spans[1:], strict=False):
+    for (_, done), (start, _) in itertools.pairwise(spans):
         assert done < start  # the next run of the key started after this one completed
     assert [(await read_run(client, rid)).status for rid in runs] == ["completed"] * 6
     assert (await concurrency(client, runs[0])).key == "chat-1"
@@ -178,7 +177,8 @@ async def test_a_run_cancelled_while_queued_ends_and_frees_its_place(
             third = await start_run(client, "serial", "third", concurrency_key="k")
             assert await run_status(client, second) == "queued"
             waiting = (await concurrency(client, third)).wait
-            assert waiting is not None and (waiting.limit, waiting.position) == ("key/serial/k", 2)
+            assert waiting is not None
+            assert (waiting.limit, waiting.position) == ("key/serial/k", 2)
 
             await cancel(client, second, reason="not needed")
 
@@ -197,8 +197,9 @@ async def test_a_run_cancelled_while_queued_ends_and_frees_its_place(
             hold.release()
             await ended(client, [first, third])
     assert (await read_run(client, second)).calls == ()
-    (_, first_done), (third_start, _) = await in_flight(client, first), await in_flight(
-        client, third
+    (_, first_done), (third_start, _) = (
+        await in_flight(client, first),
+        await in_flight(client, third),
     )
     assert first_done < third_start
 
@@ -220,8 +221,9 @@ async def test_a_killed_workers_run_keeps_its_slot_until_its_takeover(
         assert await run_status(client, second) == "queued"
         async with fleet(db_url, 1):
             await ended(client, [first, second])
-    (_, first_done), (second_start, _) = await in_flight(client, first), await in_flight(
-        client, second
+    (_, first_done), (second_start, _) = (
+        await in_flight(client, first),
+        await in_flight(client, second),
     )
     assert first_done < second_start
     assert await permits_of(client.pool, first) == []
@@ -281,8 +283,9 @@ async def test_a_run_woken_under_a_full_limit_waits_at_its_claim(
         await wait_for(queued, what="the second run queued at its claim")
         hold.release()
         await ended(client, [first, second])
-    (_, first_done), (second_start, _) = await in_flight(client, first), await in_flight(
-        client, second
+    (_, first_done), (second_start, _) = (
+        await in_flight(client, first),
+        await in_flight(client, second),
     )
     assert first_done < second_start
 
@@ -343,3 +346,42 @@ async def test_a_settings_file_sets_caps(tmp_path: Any) -> None:
         Agents().register([limits_app.serial], {"serial": {"max_runs": 0}})
 
 
+async def test_surfaces_show_a_queued_run_and_refuse_bad_keys(client: Client, db_url: str) -> None:
+    import aiohttp
+
+    from tests.test_cli import toren
+    from toren._surfaces.serve import serving
+    from toren._surfaces.tokens import SCOPES, create_token
+
+    await set_agent_caps(client.pool, app().registered())
+    first = await start_run(client, "serial", "first", concurrency_key="k")
+    second = await start_run(client, "serial", "second", concurrency_key="k")
+    before = await client.pool.fetchval("SELECT count(*) FROM toren.actors")
+    _, token = await create_token(client.pool, "ops", scopes=SCOPES)
+    headers = {"Authorization": f"Bearer {token}"}
+    async with serving(db_url, port=0) as base, aiohttp.ClientSession(headers=headers) as http:
+        async with http.get(f"{base}/runs/{second.removeprefix('run/')}") as r:
+            run = await r.json()
+        assert run["status"] == "queued"
+        assert run["concurrency_key"] == "k"
+        assert run["queued"] == {"limit": "key/serial/k", "position": 1, "cap": 1}
+        async with http.get(f"{base}/runs") as r:
+            listed = {row["id"]: row for row in (await r.json())["runs"]}
+        assert listed[second]["status"] == "queued"
+        assert listed[second]["queue_position"] == 1
+        assert listed[first]["status"] == "running"
+        for key in ("é" * 150, "x" * 100_000, "a\x00b"):
+            body = {"agent": "serial", "input": "hi", "concurrency_key": key}
+            async with http.post(f"{base}/runs", json=body) as r:
+                assert r.status == 422, key[:10]
+                problem = await r.json()
+            assert [e["field"] for e in problem["errors"]] == ["concurrency_key"]
+    shown = await anyio.to_thread.run_sync(lambda: toren("jobs", "show", second, db_url=db_url))
+    assert "status queued (waiting for key/serial/k (cap 1): position 1" in shown.stdout
+    assert "concurrency key: k" in shown.stdout
+    bad = await anyio.to_thread.run_sync(
+        lambda: toren("run", "serial", "hi", "--concurrency-key", "é" * 150, db_url=db_url)
+    )
+    assert bad.returncode == 2, bad.stderr
+    assert "200 bytes" in bad.stderr
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.actors") == before

@@ -391,12 +391,12 @@ class Agent:
         if self.max_call_depth < 1:
             raise ConfigError(f"agent {self.name!r}: max_call_depth must be at least 1")
         for cap in ("max_runs", "max_runs_per_key"):
-            value = getattr(self, cap)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            given: object = getattr(self, cap)
+            if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
                 raise ConfigError(f"agent {self.name!r}: {cap} must be a whole number")
-            if value is not None and value < 1:
+            if isinstance(given, int) and given < 1:
                 raise ConfigError(
-                    f"agent {self.name!r}: {cap} must be at least 1, not {value}",
+                    f"agent {self.name!r}: {cap} must be at least 1, not {given}",
                     hint=f"Leave {cap} out for no cap."
                     if cap == "max_runs"
                     else "1 runs a key's runs one at a time.",

@@ -193,9 +193,9 @@ def register(main: click.Group) -> None:
         --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
         ones with --after, as the line that ends it says. With --json the events are
         `events`, each with its timeline line, and `more_events` says whether more follow."""
-        from toren._cli.timeline import describe, event_record, record
         import attrs
 
+        from toren._cli.timeline import describe, event_record, record
         from toren.runs.limits import QUEUED, concurrency, reason
         from toren.sandboxes.listing import read_calls, sandbox_of
 

@@ -342,9 +342,9 @@ class Context(Generic[S]):
         ``parent``, an actor that will outlive it: told if the kernel gives up on it).
 
         With a ``route``, only workers serving that route claim the child. With ``limits``
-        (names of :mod:`toren._core.limits`), it runs only while it holds a permit of each. If ``actor_id``
-        exists with the same kind this is a no-op; with another kind the step fails with
-        :class:`~toren.ActorAlreadyExists` (charged to the message).
+        (names of :mod:`toren._core.limits`), it runs only while it holds a permit of each.
+        If ``actor_id`` exists with the same kind this is a no-op; with another kind the step
+        fails with :class:`~toren.ActorAlreadyExists` (charged to the message).
         """
         self._writable()
         kind_name = kind if isinstance(kind, str) else kind.kind

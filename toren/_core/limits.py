@@ -28,16 +28,19 @@ cannot deadlock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import asyncpg
 import attrs
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from toren._core.client import Connection
 
-Db = asyncpg.Pool | asyncpg.Connection
+    Db: TypeAlias = asyncpg.Pool | Connection
 
 
 @attrs.frozen(kw_only=True)
@@ -145,9 +148,7 @@ async def impose(conn: Connection, actor_id: str, limits: Sequence[tuple[str, in
     """
     if not limits:
         return True
-    set_ = await conn.fetchval(
-        _IMPOSE, actor_id, [n for n, _ in limits], [c for _, c in limits]
-    )
+    set_ = await conn.fetchval(_IMPOSE, actor_id, [n for n, _ in limits], [c for _, c in limits])
     if not set_:
         return True
     took: bool = await conn.fetchval("SELECT toren.take_permits($1)", actor_id)
@@ -164,7 +165,7 @@ ORDER BY q.seq
 """
 
 
-async def waits(db: Db | Connection, actor_ids: Iterable[str]) -> dict[str, Wait]:
+async def waits(db: Db, actor_ids: Iterable[str]) -> dict[str, Wait]:
     """Which actors of ``actor_ids`` wait for a permit, and on what (the limit they waited on
     longest, if several)."""
     ids = list(actor_ids)
@@ -205,32 +206,12 @@ async def permits_of(db: Db, actor_id: str) -> list[str]:
     return [r["name"] for r in rows]
 
 
-class _transaction:
-    """A transaction on ``db``: a connection of a pool, or the connection given (joined)."""
-
-    def __init__(self, db: Db) -> None:
-        self._db = db
-        self._conn: asyncpg.Connection | None = None
-        self._tx: asyncpg.transaction.Transaction | None = None
-        self._acquired = False
-
-    async def __aenter__(self) -> asyncpg.Connection:
-        if isinstance(self._db, asyncpg.Pool):
-            self._conn = await self._db.acquire()
-            self._acquired = True
-        else:
-            self._conn = self._db
-        self._tx = self._conn.transaction()
-        await self._tx.start()
-        return self._conn
-
-    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
-        assert self._tx is not None and self._conn is not None  # noqa: S101
-        try:
-            if exc_type is None:
-                await self._tx.commit()
-            else:
-                await self._tx.rollback()
-        finally:
-            if self._acquired and isinstance(self._db, asyncpg.Pool):
-                await self._db.release(self._conn)
+@contextlib.asynccontextmanager
+async def _transaction(db: Db) -> AsyncIterator[Connection]:
+    """A transaction on a connection of ``db`` (a pool), or on ``db`` itself (joined)."""
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn, conn.transaction():
+            yield conn
+    else:
+        async with db.transaction():
+            yield db

@@ -212,9 +212,7 @@ async def start_run(
             )
             created = True
         else:
-            run_id, created = await _keyed_run(
-                client, conn, agent, input, idempotency_key, extra
-            )
+            run_id, created = await _keyed_run(client, conn, agent, input, idempotency_key, extra)
         if created:
             await impose_run(conn, run_id, agent, concurrency_key)
         await client.send(

@@ -13,7 +13,7 @@ limit is created with. A run takes its key's permit before its agent's.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import attrs
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 KEY_CAP = 200
 """Bytes (UTF-8) a concurrency key may hold."""
 
-QUEUED = "queued"
+QUEUED: Literal["queued"] = "queued"
 """The status a run over a limit shows (never recorded: it comes from the limit's queue)."""
 
 
