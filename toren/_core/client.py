@@ -204,16 +204,19 @@ class Client:
         """
         kind_name = kind if isinstance(kind, str) else kind.kind
         db = conn or self.pool
+        # The column is named only when used: a spawn without limits is the statement it was.
+        with_limits = ", limits" if limits else ""
         created = await db.fetchval(
-            "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route, limits) "
-            "VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
+            f"INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route"
+            f"{with_limits}) VALUES ($1, $2, $3, $4, $5, $6{', $7' if limits else ''}) "
+            "ON CONFLICT (actor_id) DO NOTHING RETURNING true",
             actor_id,
             kind_name,
             dict(args or {}),
             parent,
             max_depth,
             route,
-            list(limits) or None,
+            *([list(limits)] if limits else []),
         )
         if created:
             return True

@@ -22,10 +22,6 @@ STATUSES: tuple[Status, ...] = ("running", "parked", "completed", "failed", "can
 """Every status a run has (summaries, filters, metrics): ``cancelled`` is a run ended by a
 cancel (its ``run.failed`` records class ``cancelled``), apart from ``failed``."""
 ENDED: tuple[Status, ...] = ("completed", "failed", "cancelled")
-Shown = Literal["queued", "running", "parked", "completed", "failed", "cancelled"]
-SHOWN_STATUSES: tuple[Shown, ...] = ("queued", *STATUSES)
-"""What surfaces show: a run's recorded status, or ``queued`` while a run that has not ended
-waits for a slot of a concurrency limit (read from the limit's queue, never recorded)."""
 """The statuses of a run that has ended: it takes no step until written to (completed) or
 retried (failed); a cancelled run stays so."""
 ErrorClass = Literal[

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Literal
 
 import attrs
 
-from toren._agent.agents import Agent
 from toren._core.json_text import utf8_size
 from toren._core.limits import Wait, impose, set_caps, set_family_cap, usage, waits
 from toren._core.rows import actor_row
@@ -26,6 +25,7 @@ from toren.runs.events import RUN_KIND
 if TYPE_CHECKING:
     import asyncpg
 
+    from toren._agent.agents import Agent
     from toren._core.client import Client, Connection
 
 KEY_CAP = 200
@@ -33,6 +33,10 @@ KEY_CAP = 200
 
 QUEUED: Literal["queued"] = "queued"
 """The status a run over a limit shows (never recorded: it comes from the limit's queue)."""
+
+Shown = Literal["queued", "running", "parked", "completed", "failed", "cancelled"]
+"""What surfaces show as a run's status: its recorded one (``toren.runs.STATUSES``), or
+``queued`` while a run that has not ended waits for a slot of a concurrency limit."""
 
 
 def agent_limit(agent: str) -> str:
@@ -66,23 +70,15 @@ def key_problem(key: object) -> str | None:
     return None
 
 
-def run_limits(agent: str, key: str | None) -> list[tuple[str, int | None]]:
-    """The limits a run of ``agent`` under ``key`` takes, narrowest first, for
-    :func:`toren._core.limits.impose` (a key's limit is created at its agent's per-key cap)."""
-    out: list[tuple[str, int | None]] = []
-    if key is not None:
-        out.append((key_limit(agent, key), None))
-    out.append((agent_limit(agent), None))
-    return out
-
-
 async def impose_run(conn: Connection, run_id: str, agent: str, key: str | None) -> bool:
-    """Put a new run under its agent's limits (and its key's), in ``conn``'s transaction: it
-    holds its permits, or has its place in the queue. Returns whether it holds them."""
-    limits = run_limits(agent, key)
+    """Put a new run under its key's limit (created at the agent's per-key cap, 1 if no worker
+    stored one yet) and its agent's (if a worker stored one), in ``conn``'s transaction, key
+    first: it holds its permits, or has its place in line. Returns whether it holds them."""
+    limits: list[tuple[str, int | None]] = []
     if key is not None:
         found = await usage(conn, [keys_template(agent)])
-        limits[0] = (limits[0][0], found[0].cap if found else 1)
+        limits.append((key_limit(agent, key), found[0].cap if found else 1))
+    limits.append((agent_limit(agent), None))
     return await impose(conn, run_id, limits)
 
 

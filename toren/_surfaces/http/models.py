@@ -14,7 +14,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from toren.runs.events import Shown as RunStatus
+from toren.runs.limits import Shown as RunStatus
 
 # Identifiers (keys) cannot hold NUL; text that is journaled (inputs, messages, reasons) can,
 # and round-trips exactly.
