@@ -3,11 +3,12 @@
 10,000 runs wait to be claimed (each with its start message), 3 registered workers hold 50 runs
 each in flight, and a worker claims its next 50. Without limits, any waiting run can be taken.
 With limits, every run is under its agent's cap (200: the 150 in flight and 50 more hold
-permits, handed to them) and the other 9,800 wait in the cap's queue, which the claim must skip;
+permits, handed to them) and the other 9,800 wait in the cap's queue, their start messages out
+of the claim's sight as a queued run's are;
 each claimed run then claims its first message through the claim statement with its
 ``limits`` fragment, as its host does (both sides do). The two sides are measured one after the
 other on the same database, each claim undone after it is timed (not timed), and the medians
-compared; the issue's target is 1.2x.
+compared (each side twice, in turn); the issue's target is 1.2x.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ async def _populate(conn: asyncpg.Connection, tag: str, waiting: int, *, limited
             waiting,
             step,
         )
+        # As toren.take_permits leaves a run it queues: its start message out of sight.
+        await conn.execute(
+            "UPDATE toren.mailbox m SET visible_at = 'infinity' FROM toren.limit_queue q "
+            "WHERE q.name = 'agent/' || $1 AND m.actor_id = q.actor_id",
+            tag,
+        )
 
 
 async def _claim_times(
@@ -132,10 +139,12 @@ async def run(b: Bench) -> None:
         await WorkerSession.open(b.url, Settings(database_url=b.url)) for _ in range(WORKERS)
     ]
     client = await Client.connect(b.url, pool_size=2)
-    tags = {"plain": f"lb{uuid.uuid4().hex[:8]}", "limited": f"lb{uuid.uuid4().hex[:8]}"}
+    times: dict[str, list[float]] = {"plain": [], "limited": []}
     medians: dict[str, float] = {}
     try:
-        for side, tag in tags.items():
+        # Each side twice, in turn, so that a machine busy with other work weighs on both.
+        for side in ("plain", "limited", "plain", "limited"):
+            tag = f"lb{uuid.uuid4().hex[:8]}"
             with b.task(f"limits: {waiting} runs waiting, {side}", 2) as task:
                 await _populate(conn, tag, waiting, limited=side == "limited")
                 await conn.execute("ANALYZE toren.actors, toren.mailbox")
@@ -143,8 +152,7 @@ async def run(b: Bench) -> None:
                 await _hold_in_flight(client, sessions)
                 b.progress.advance(task)
                 # Both sides claim the first message as a host does (one statement per run).
-                times = await _claim_times(client, sessions, rounds, first_message=True)
-                medians[side] = statistics.median(times) * 1000
+                times[side] += await _claim_times(client, sessions, rounds, first_message=True)
                 await conn.execute(
                     "DELETE FROM toren.actors WHERE route = $1 AND actor_id LIKE 'run/' || $2 "
                     "|| '-%'",
@@ -152,6 +160,7 @@ async def run(b: Bench) -> None:
                     tag,
                 )
                 await conn.execute("DELETE FROM toren.limits WHERE name = 'agent/' || $1", tag)
+        medians = {side: statistics.median(t) * 1000 for side, t in times.items()}
     finally:
         await client.close()
         for s in sessions:

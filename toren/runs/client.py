@@ -213,14 +213,14 @@ async def start_run(
             created = True
         else:
             run_id, created = await _keyed_run(client, conn, agent, input, idempotency_key, extra)
-        if created:
-            await impose_run(conn, run_id, agent, concurrency_key)
         await client.send(
             run_id,
             StartRun(agent=agent, input=input, by=_caller(by)),
             dedupe_key="start",
             conn=conn,
         )
+        if created:  # after its start message: a run that waits has it hidden with it
+            await impose_run(conn, run_id, agent, concurrency_key)
     return run_id
 
 

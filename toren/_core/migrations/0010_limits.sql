@@ -3,9 +3,11 @@
 -- A limit is a name and a cap. An actor lists the limits it must hold to run (actors.limits, in
 -- the order it takes them; NULL for an actor without limits, which pays nothing). It holds a
 -- permit of each (toren.permits) while it runs; when a limit is full it waits in that limit's
--- queue (toren.limit_queue, first come first served) and is skipped by every claim. An actor
--- that stops running gives its permits back in its step, and each one goes at once to the
--- head of its queue, who is woken: no poll loop looks at waiting actors.
+-- queue (toren.limit_queue, first come first served). Meanwhile its user mail is out of every
+-- claim's sight (visible_at 'infinity'; a waiting actor costs a sweep nothing), and shown again
+-- (visible_at = created_at) when it leaves the queue. An actor that stops running gives its
+-- permits back in its step, and each one goes at once to the head of its queue, whose mail is
+-- shown and who is woken: no poll loop looks at waiting actors.
 CREATE TABLE toren.limits (
     name  text PRIMARY KEY,
     cap   integer NOT NULL CHECK (cap > 0)
@@ -31,6 +33,21 @@ CREATE INDEX limit_queue_actor ON toren.limit_queue (actor_id);
 
 ALTER TABLE toren.actors ADD COLUMN limits text[];
 
+-- The user mail of actor p, due now, hidden while it waits in a queue (its system mail, a
+-- cancel, stays in sight).
+CREATE FUNCTION toren.hide_mail(p text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE toren.mailbox SET visible_at = 'infinity'
+    WHERE actor_id = p AND lane <> 0 AND visible_at <= now();
+$$;
+
+-- ... and shown again, as mail to be handled at once, when it leaves the queue.
+CREATE FUNCTION toren.show_mail(p text) RETURNS void
+LANGUAGE sql AS $$
+    UPDATE toren.mailbox SET visible_at = created_at
+    WHERE actor_id = p AND visible_at = 'infinity';
+$$;
+
 -- Gives the permits of limit n to the heads of its queue while it has room, and wakes them.
 -- The caller holds n's row lock (FOR UPDATE): every statement that changes permits does.
 CREATE FUNCTION toren.hand_on(n text) RETURNS integer
@@ -51,6 +68,7 @@ BEGIN
         RETURNING q.actor_id INTO head;
         EXIT WHEN head IS NULL;
         INSERT INTO toren.permits (name, actor_id) VALUES (n, head) ON CONFLICT DO NOTHING;
+        PERFORM toren.show_mail(head);
         PERFORM pg_notify('toren_mail', head);
         given := given + 1;
     END LOOP;
@@ -94,9 +112,11 @@ BEGIN
             DELETE FROM toren.limit_queue q WHERE q.name = n AND q.actor_id = p;
         ELSE
             INSERT INTO toren.limit_queue (name, actor_id) VALUES (n, p) ON CONFLICT DO NOTHING;
+            PERFORM toren.hide_mail(p);
             RETURN false;
         END IF;
     END LOOP;
+    PERFORM toren.show_mail(p);  -- mail hidden while it waited (none in the common case)
     RETURN true;
 END $$;
 
@@ -119,6 +139,7 @@ BEGIN
     PERFORM 1 FROM toren.limits l WHERE l.name = ANY(names) ORDER BY l.name FOR UPDATE;
     DELETE FROM toren.permits h WHERE h.actor_id = p;
     DELETE FROM toren.limit_queue q WHERE q.actor_id = p;
+    PERFORM toren.show_mail(p);
     FOREACH n IN ARRAY names LOOP
         given := given + toren.hand_on(n);
     END LOOP;
