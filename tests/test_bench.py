@@ -57,6 +57,8 @@ KEYS = {
     "claim_50_ms_no_limits",
     "claim_50_ms_limits",
     "claim_limits_ratio",
+    "claim_50_ms_limits_loose",
+    "claim_limits_loose_ratio",
     "api_list_by_status_ms_100k",
     "metrics_scrape_ms_100k",
     "parked_10k_leases",
