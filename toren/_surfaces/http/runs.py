@@ -79,7 +79,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
-from toren.runs.limits import QUEUED, concurrency
+from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
 from toren.sandboxes.listing import approval_cwds
 
@@ -253,7 +253,8 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 
 
 async def _run(app: web.Application, rid: str) -> Run:
-    state, created = await _state(app, rid)
+    state, row = await app[STATES].read_row(app[CLIENT].pool, rid, ("args.concurrency_key",))
+    created = row.created_at
     r = receipt(state)
     client = app[CLIENT]
     waiting = await _pending(client.pool, rid, state.agent, waiting_on(state))
@@ -265,8 +266,9 @@ async def _run(app: web.Application, rid: str) -> Run:
         child, _ = await _state(app, below_rid)
         waiting.extend(await _pending(client.pool, below_rid, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
-    limits = await concurrency(client, rid)
-    wait = limits.wait if state.status not in ENDED else None
+    key = row.args_dict.get("concurrency_key")
+    # Only a run that has not ended may wait for a slot: an ended one costs no query here.
+    wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
     return Run(
         id=rid,
         agent=state.agent,
@@ -308,7 +310,7 @@ async def _run(app: web.Application, rid: str) -> Run:
             )
             for call_id, c in state.children.items()
         ],
-        concurrency_key=limits.key,
+        concurrency_key=key if isinstance(key, str) else None,
         queued=None
         if wait is None
         else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
