@@ -153,6 +153,31 @@ async def test_an_agents_cap_holds_across_workers_and_is_reached_with_50_queued(
     assert most_at_once(spans) == 3  # never more, and reached
 
 
+async def test_a_keys_cap_and_its_agents_hold_together(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs under a key's cap of 1 and their agent's cap of 3: a run waiting for its agent's
+    slot holds its key's; no two runs of a key overlap, no more than three run at once."""
+    await set_agent_caps(client.pool, app().registered())
+    keys = [f"k{i % 4}" for i in range(12)]
+    runs = [
+        await start_run(client, "capped", f"job {i}", concurrency_key=key)
+        for i, key in enumerate(keys)
+    ]
+    usages = {u.name: u for u in await usage(client.pool, prefix="key/capped/")}
+    assert [usages[f"key/capped/k{i}"].held for i in range(4)] == [1, 1, 1, 1]
+    [agent] = await usage(client.pool, ["agent/capped"])
+    assert (agent.held, agent.queued) == (3, 1)  # k3's first run holds its key, waits here
+    async with model(monkeypatch), fleet(db_url):
+        await ended(client, runs, timeout=120)
+    spans = [await in_flight(client, rid) for rid in runs]
+    assert most_at_once(spans) <= 3
+    for key in set(keys):
+        ordered = [span for span, k in zip(spans, keys, strict=True) if k == key]
+        for (_, done), (start, _) in itertools.pairwise(ordered):
+            assert done < start
+
+
 async def test_capped_agents_calling_each_other_do_not_deadlock(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -184,13 +184,17 @@ SELECT l.name, l.cap,
        (SELECT count(*) FROM toren.permits h WHERE h.name = l.name) AS held,
        (SELECT count(*) FROM toren.limit_queue q WHERE q.name = l.name) AS queued
 FROM toren.limits l
-WHERE $1::text[] IS NULL OR l.name = ANY($1::text[]) OR starts_with(l.name, $2)
+WHERE ($1::text[] IS NULL AND $2::text IS NULL) OR l.name = ANY($1::text[])
+   OR starts_with(l.name, $2::text)
 ORDER BY l.name
 """
 
 
-async def usage(db: Db, names: Sequence[str] | None = None, *, prefix: str = "\x01") -> list[Usage]:
-    """Limits (all, or those named or starting with ``prefix``) with what they hold and queue."""
+async def usage(
+    db: Db, names: Sequence[str] | None = None, *, prefix: str | None = None
+) -> list[Usage]:
+    """Limits (those named, those whose names start with ``prefix``, or all) with how many hold
+    a permit of each and how many wait."""
     rows = await db.fetch(_USAGE, list(names) if names is not None else None, prefix)
     return [
         Usage(name=r["name"], cap=r["cap"], held=int(r["held"]), queued=int(r["queued"]))
