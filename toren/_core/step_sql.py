@@ -7,13 +7,13 @@ before it)::
     fence      fence      the actor's row, if still ours, share-locked for the statement
     clash      clash      a spawn of an id that an actor of another kind holds
     consume    consumed   the message handled, deleted (nothing else happens without it)
+    timers     cancelled  the timers set or cancelled, what was pending under their names removed
     limits     lim        an actor under limits: whether it still holds its permits, or (with
                           {release}) its permits given back and handed to the heads of queues
     claim      nxt        the actor's next queued message, when the step claims one
                claimed    ... its delivery count raised
     journal    ev         the events appended
     spawn      sp         the children created
-    timers     cancelled  the timers set or cancelled, what was pending under their names removed
     outbox     o          the messages sent, as rows
     claim_own  own        nothing queued to claim: the first due message the step sends itself
     send       dd         the dedupe keys of the messages sent, taken
@@ -154,6 +154,14 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     WHERE m.id = {message_id} AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
     RETURNING m.id
 )""",
+        "timers": """cancelled AS (
+    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
+    -- being retried), except the message this step consumes.
+    DELETE FROM toren.mailbox m USING consumed
+    WHERE m.actor_id = {actor_id} AND m.timer_name = ANY({replaced_timers}::text[])
+      AND m.id <> {message_id}
+    RETURNING 1
+)""",
         "limits": """lim AS (
     -- Only for an actor under limits (actors.limits; every other actor pays nothing here). It
     -- claims its next user message in this step only while it holds all its permits. A step
@@ -168,6 +176,9 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
            END AS runs
     FROM fence
     WHERE fence.limits IS NOT NULL AND EXISTS (SELECT 1 FROM consumed)
+      -- After the timers this step replaces are deleted: a release shows the actor's hidden
+      -- mail again (toren.show_mail), which must not touch a row this statement deletes.
+      AND (SELECT count(*) FROM cancelled) >= 0
 )""",
         "claim": """nxt AS (
     -- With {claim}, the step claims the actor's next message in the same statement (the host then
@@ -201,14 +212,6 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
                 {spawn_routes}::text[], {spawn_limits}::text[]) AS s(id, kind, args, route, lim),
          consumed
     ON CONFLICT (actor_id) DO NOTHING
-    RETURNING 1
-)""",
-        "timers": """cancelled AS (
-    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
-    -- being retried), except the message this step consumes.
-    DELETE FROM toren.mailbox m USING consumed
-    WHERE m.actor_id = {actor_id} AND m.timer_name = ANY({replaced_timers}::text[])
-      AND m.id <> {message_id}
     RETURNING 1
 )""",
         "outbox": """o AS (
