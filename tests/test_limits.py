@@ -222,6 +222,8 @@ async def test_a_run_cancelled_while_queued_ends_and_frees_its_place(
             hold.release()
             await ended(client, [first, third])
     assert (await read_run(client, second)).calls == ()
+    [limit] = await usage(client.pool, ["key/serial/k"])
+    assert (limit.held, limit.queued) == (0, 0)  # the cancelled run took no place again
     (_, first_done), (third_start, _) = (
         await in_flight(client, first),
         await in_flight(client, third),

@@ -272,7 +272,11 @@ WITH mine AS (
     RETURNING limits
 ), freed AS (
     -- Passivated, it no longer runs: permits it still holds go to the heads of their queues.
-    SELECT toren.release_permits($1) FROM released WHERE released.limits IS NOT NULL
+    -- Not an actor that waits in a queue (it was hosted for its system mail): it keeps its
+    -- place, and the permits it took before it (a key's, while it waits for its agent's).
+    SELECT toren.release_permits($1) FROM released
+    WHERE released.limits IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM toren.limit_queue q WHERE q.actor_id = $1)
 )
 SELECT (SELECT count(*) FROM mine) AS mine, (SELECT count(*) FROM released) AS released,
        (SELECT count(*) FROM freed) AS freed

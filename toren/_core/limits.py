@@ -4,7 +4,11 @@ A limit is a name and a cap (``toren.limits``). An actor lists the limits it mus
 (``toren.actors.limits``, in the order it takes them; an actor without limits pays nothing).
 It runs its user mail only while it holds a permit of each (``toren.permits``); when a limit is
 full it waits in that limit's queue (``toren.limit_queue``, first come first served), holding no
-lease and no worker, and every claim skips it. Permits belong to the actor, not to a worker: a
+lease and no worker. Its due user mail waits with it out of every claim's sight (``visible_at``
+``'infinity'``), so a thousand waiting actors cost a sweep nothing; it is shown again when a
+permit is handed to it. Its system mail (a cancel) is claimed all the same: an actor that stops
+running while it waits (a run cancelled in the queue) leaves the queue for good, and the mail it
+waited with is never handled. A waiting actor that passivates keeps its place. Permits belong to the actor, not to a worker: a
 worker that dies leaves them with the actor until another worker takes it over.
 
 Who writes what (each in the statement that already does the work):

@@ -176,9 +176,6 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
            END AS runs
     FROM fence
     WHERE fence.limits IS NOT NULL AND EXISTS (SELECT 1 FROM consumed)
-      -- After the timers this step replaces are deleted: a release shows the actor's hidden
-      -- mail again (toren.show_mail), which must not touch a row this statement deletes.
-      AND (SELECT count(*) FROM cancelled) >= 0
 )""",
         "claim": """nxt AS (
     -- With {claim}, the step claims the actor's next message in the same statement (the host then

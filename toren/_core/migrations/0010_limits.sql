@@ -5,7 +5,7 @@
 -- permit of each (toren.permits) while it runs; when a limit is full it waits in that limit's
 -- queue (toren.limit_queue, first come first served). Meanwhile its user mail is out of every
 -- claim's sight (visible_at 'infinity'; a waiting actor costs a sweep nothing), and shown again
--- (visible_at = created_at) when it leaves the queue. An actor that stops running gives its
+-- (visible_at = created_at) when a permit is handed to it. An actor that stops running gives its
 -- permits back in its step, and each one goes at once to the head of its queue, whose mail is
 -- shown and who is woken: no poll loop looks at waiting actors.
 CREATE TABLE toren.limits (
@@ -138,8 +138,9 @@ BEGIN
     END IF;
     PERFORM 1 FROM toren.limits l WHERE l.name = ANY(names) ORDER BY l.name FOR UPDATE;
     DELETE FROM toren.permits h WHERE h.actor_id = p;
+    -- An actor that stops running while it waits (a run cancelled in the queue) leaves it for
+    -- good: the mail it waited with stays out of sight (a cancelled run's start is not handled).
     DELETE FROM toren.limit_queue q WHERE q.actor_id = p;
-    PERFORM toren.show_mail(p);
     FOREACH n IN ARRAY names LOOP
         given := given + toren.hand_on(n);
     END LOOP;
