@@ -8,8 +8,9 @@ lease and no worker. Its due user mail waits with it out of every claim's sight 
 ``'infinity'``), so a thousand waiting actors cost a sweep nothing; it is shown again when a
 permit is handed to it. Its system mail (a cancel) is claimed all the same: an actor that stops
 running while it waits (a run cancelled in the queue) leaves the queue for good, and the mail it
-waited with is never handled. A waiting actor that passivates keeps its place. Permits belong to the actor, not to a worker: a
-worker that dies leaves them with the actor until another worker takes it over.
+waited with is never handled. A waiting actor that passivates keeps its place. Permits belong to
+the actor, not to a worker: a worker that dies leaves them with the actor until another worker
+takes it over.
 
 Who writes what (each in the statement that already does the work):
 
