@@ -71,12 +71,12 @@ def _no_fencing() -> None:
     from toren._core import step_sql
 
     step_fence = f"""fence AS (
-    SELECT actor_id, watched_until FROM toren.actors
+    SELECT actor_id, watched_until, limits FROM toren.actors
     {_UNFENCED}
     FOR SHARE
 )"""
     claim_fence = f"""fence AS (
-    SELECT 1 FROM toren.actors
+    SELECT actor_id, limits FROM toren.actors
     {_UNFENCED}
     FOR SHARE
 )"""

@@ -163,3 +163,45 @@ MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "python-arguments": python_arguments,
     "unbound-decisions": unbound_decisions,
 }
+
+
+# The step statement's ``limits`` fragment without the release and hand-off (still typed by
+# {release}): an actor under limits keeps its permits after it parks or ends.
+_KEPT_PERMITS = """lim AS (
+    SELECT {release}::bool OR true AS runs FROM fence
+    WHERE fence.limits IS NOT NULL AND EXISTS (SELECT 1 FROM consumed)
+)"""
+
+# The claim's ``limits`` fragment without the cap check: user mail is claimed without permits.
+_NO_CAP = """held AS (
+    SELECT true AS runs FROM fence WHERE fence.limits IS NOT NULL
+)"""
+
+
+@contextlib.contextmanager
+def no_limit_handoff() -> Iterator[None]:
+    """``no-limit-handoff``: a step after which an actor under concurrency limits no longer
+    runs keeps its permits; the runs queued behind it never start (tests/test_limits.py)."""
+    from toren._core import mailbox, step_sql
+
+    statement = step_sql.step_statement({**step_sql.STEP_FRAGMENTS, "limits": _KEPT_PERMITS})
+    with _patched([(mailbox, "_COMMIT", statement)]):
+        yield
+
+
+@contextlib.contextmanager
+def no_limit_check() -> Iterator[None]:
+    """``no-limit-check``: the claim of an actor's next message takes no permit and checks no
+    cap: a parked run woken while its cap is full runs beside the others."""
+    from toren._core import mailbox, step_sql
+
+    statement = step_sql.claim_statement({**step_sql.CLAIM_FRAGMENTS, "limits": _NO_CAP})
+    with _patched([(mailbox, "_CLAIM_NEXT", statement)]):
+        yield
+
+
+LIMIT_MUTATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "no-limit-handoff": no_limit_handoff,
+    "no-limit-check": no_limit_check,
+}
+"""Mutations of the kernel's limits, by fragment name; not the fuzzer's (MUTATION_NAMES)."""

@@ -284,3 +284,36 @@ async def test_declared_schedules_are_reconciled_at_each_start_without_firing_tw
         await wait_for(deleted, what="the schedule deleted")
         assert await schedules.list_schedules(client, clock=clock) == []
     await anyio.sleep(0)
+
+
+async def test_a_schedules_runs_under_its_concurrency_key_go_one_at_a_time_in_slot_order(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    """Three slots caught up at once (``allow_all``) under one key (a cap of 1, the default):
+    their runs, spawned in one step, start one at a time in slot order, each once the one
+    before has parked (a parked run holds no slot)."""
+    clock = ShiftedClock.at(T0 + 10.0)
+    keyed = Schedule(
+        name="keyed", every=HOUR, input="park {slot_utc}", overlap="allow_all",
+        catch_up=4 * HOUR, concurrency_key="nightly",
+    )  # fmt: skip
+    async with running_worker(db_url, agents_with(keyed), clock=clock):
+        await wait_for(lambda: summary_of(client, "ticker/keyed"), what="declared")
+        clock.advance(3.5 * HOUR)
+        await client.send(schedule_id("ticker/keyed"), Tick())
+
+        async def three_parked() -> list[Any] | None:
+            rows = await runs_of(client, "ticker/keyed")
+            parked = [r for r in rows if r.summary_dict.get("status") == "parked"]
+            return rows if len(parked) == 3 else None
+
+        rows = await wait_for(three_parked, timeout=60, what="three runs, one after another")
+    assert [r.args_dict["concurrency_key"] for r in rows] == ["nightly"] * 3
+    started = [(await events(client.pool, r.actor_id, types=("run.started",)))[0].at for r in rows]
+    parked = [
+        (await events(client.pool, r.actor_id, types=("approval.requested",)))[0].at for r in rows
+    ]
+    for k in range(2):  # the next began only once the one before had parked
+        assert parked[k] is not None
+        assert started[k + 1] is not None
+        assert parked[k] <= started[k + 1]

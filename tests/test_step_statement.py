@@ -49,6 +49,8 @@ STEP_TYPES = {
     "summary": "jsonb",
     "claim": "bool",
     "spawn_routes": "text[]",
+    "spawn_limits": "text[]",
+    "release": "bool",
 }
 CLAIM_TYPES = {"actor_id": "text", "owner": "uuid", "epoch": "int8"}
 
@@ -78,6 +80,8 @@ STEP = step_sql.StepInputs(
     summary={"s": 1},
     claim=True,
     spawn_routes=[None],
+    spawn_limits=['["agent/x"]'],
+    release=True,
 )
 CLAIM = step_sql.ClaimInputs(actor_id="a/1", owner=uuid.UUID(int=1), epoch=1)
 

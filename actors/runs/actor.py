@@ -112,6 +112,11 @@ class RunActor(Actor[RunState]):
     def summarize(self, state: RunState) -> dict[str, Any]:
         return summary(state)
 
+    def runs(self, state: RunState) -> bool:
+        # In flight while it works: parked (on a human, a timer, a child run) or ended, it
+        # holds no slot of its agent's or its key's cap (toren.runs.limits).
+        return state.status == "running"
+
     def on_dead_letter(self, ctx: Context[RunState], msg: Any, error: str) -> None:
         """Whatever message the run could not handle, it no longer goes on by itself: it fails
         (class ``internal``) in the same statement, visibly, and can be retried. A cancel it could

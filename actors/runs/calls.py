@@ -58,9 +58,11 @@ from toren.runs import (
     ToolCall,
     ToolSpec,
     agent_route,
+    agents_of,
     call_tool_name,
     receipt,
 )
+from toren.runs.limits import child_limits
 
 _NAMESPACE = uuid.UUID("0b8e2f5c-51d4-4c57-8f0e-6d3a2b9c7e11")
 
@@ -223,7 +225,11 @@ async def call_step(
         return
     kill_point("child.starting")
     ctx.spawn(
-        RUN_KIND, attempt_id, {"agent": callee, "parent": ctx.actor_id}, route=agent_route(callee)
+        RUN_KIND,
+        attempt_id,
+        {"agent": callee, "parent": ctx.actor_id},
+        route=agent_route(callee),
+        limits=child_limits(agents_of(ctx).named(callee), callee),
     )
     ctx.send(
         attempt_id,

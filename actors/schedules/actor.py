@@ -17,8 +17,9 @@ from typing import Any
 
 from toren import Actor, ChildFailed, Context, Principal
 from toren.kernel import Clock
-from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route
+from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route, agents_of
 from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
+from toren.runs.limits import child_limits, key_limit
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
 from toren.schedules.events import (
     SCHEDULE_PREFIX,
@@ -226,7 +227,13 @@ class ScheduleActor(Actor[ScheduleState]):
             ctx.emit(SlotSkipped(slot=slot, key=key, reason=f"not started: {exc}", at=now))
             return
         args: dict[str, Any] = {**start_args(agent, text), "schedule": self.name, "slot": key}
-        ctx.spawn(RUN_KIND, run, args, route=agent_route(agent))
+        # Under its agent's cap and, with a concurrency key, that key's (taken first, as a run
+        # started through the API takes them): it waits, queued, while they are full.
+        limits = list(child_limits(agents_of(ctx).named(agent), agent))
+        if schedule.concurrency_key is not None:
+            args["concurrency_key"] = schedule.concurrency_key
+            limits.insert(0, key_limit(agent, schedule.concurrency_key))
+        ctx.spawn(RUN_KIND, run, args, route=agent_route(agent), limits=limits)
         start = StartRun(agent=agent, input=text, by=by or self._principal(), watcher=ctx.actor_id)
         ctx.send(run, start, dedupe_key="start")
         ctx.emit(SlotStarted(slot=slot, key=key, run=run, how=how, at=now, by=by))

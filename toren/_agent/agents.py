@@ -338,6 +338,11 @@ class Agent:
         compact_hard: Past this fraction, older turns are summarised by a recorded model call.
         sandbox: A container per run (:class:`toren.sandboxes.Sandbox`): the model gets
             ``bash``, ``read_file``, ``write_file`` and ``list_files`` run in it.
+        max_runs: At most this many runs of the agent in flight (working: parked and ended
+            runs do not count) across every worker; the others wait in order of arrival, with
+            the status ``queued`` (``None``: no cap).
+        max_runs_per_key: At most this many runs in flight per ``concurrency_key`` a run was
+            started with (default 1: a key's runs go one at a time, in order).
         telegram: A Telegram bot people reach the agent through
             (:class:`toren.channels.Telegram`; also ``[agents.NAME.telegram]``). With a sandbox
             too, the model gets ``send_file`` (a workspace file sent to the chat).
@@ -362,6 +367,8 @@ class Agent:
     context_window: int | None = None
     compact_soft: float = 0.5
     compact_hard: float = 0.75
+    max_runs: int | None = None
+    max_runs_per_key: int = 1
     sandbox: Sandbox | None = None
     telegram: Telegram | None = None
     schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_schedules)
@@ -411,6 +418,17 @@ class Agent:
             )
         if self.max_call_depth < 1:
             raise ConfigError(f"agent {self.name!r}: max_call_depth must be at least 1")
+        for cap in ("max_runs", "max_runs_per_key"):
+            given: object = getattr(self, cap)
+            if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+                raise ConfigError(f"agent {self.name!r}: {cap} must be a whole number")
+            if isinstance(given, int) and given < 1:
+                raise ConfigError(
+                    f"agent {self.name!r}: {cap} must be at least 1, not {given}",
+                    hint=f"Leave {cap} out for no cap."
+                    if cap == "max_runs"
+                    else "1 runs a key's runs one at a time.",
+                )
         if self.context_window is not None and self.context_window < 1024:
             raise ConfigError(f"agent {self.name!r}: context_window must be at least 1024")
         if not 0 < self.compact_soft < self.compact_hard < 1:

@@ -51,6 +51,8 @@ SETTABLE = (
     "context_window",
     "compact_soft",
     "compact_hard",
+    "max_runs",
+    "max_runs_per_key",
     "sandbox",
     "telegram",
     "schedules",

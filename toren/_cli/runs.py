@@ -57,6 +57,15 @@ EVENTS_PAGE = 1000  # events `jobs show` lists at once: a page of the API's GET 
 _SEQ_MAX = 2**63 - 2  # a page bound Postgres takes as a bigint (the limit is asked one more)
 
 
+def _concurrency_key(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--concurrency-key``, checked before anything is stored (exit 2 if it is not a key)."""
+    from toren.runs.limits import key_problem
+
+    if value is not None and (problem := key_problem(value)) is not None:
+        raise click.BadParameter(f"a concurrency key is {problem}", ctx=ctx, param=param)
+    return value
+
+
 def register(main: click.Group) -> None:
     """Add ``run`` and ``jobs`` to the ``toren`` command group."""
 
@@ -67,6 +76,12 @@ def register(main: click.Group) -> None:
         "--key", help="Idempotency key (per agent): the same agent, key and input start one run."
     )
     @click.option(
+        "--concurrency-key",
+        callback=_concurrency_key,
+        help="Runs of AGENT with the same concurrency key go at most max_runs_per_key at a "
+        "time (default 1: one at a time, in order); the others wait, queued.",
+    )
+    @click.option(
         "--wait",
         is_flag=True,
         help="Wait until the run ends (completed, failed, cancelled) or parks.",
@@ -74,7 +89,12 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def run_cmd(
-        ctx: click.Context, agent: str, text: str, key: str | None, wait: bool
+        ctx: click.Context,
+        agent: str,
+        text: str,
+        key: str | None,
+        concurrency_key: str | None,
+        wait: bool,
     ) -> None:
         """Start a run of AGENT on TEXT; prints its id."""
         from toren.runs import start_run
@@ -83,7 +103,15 @@ def register(main: click.Group) -> None:
         try:
             await _check_served(client, agent)
             cap = ctx.obj["settings"].max_message_bytes
-            run_id = await start_run(client, agent, text, idempotency_key=key, cap=cap, by=who())
+            run_id = await start_run(
+                client,
+                agent,
+                text,
+                idempotency_key=key,
+                cap=cap,
+                by=who(),
+                concurrency_key=concurrency_key,
+            )
             out.print(plain(run_id))
             link = console_link(ctx.obj["settings"], run_id)
             if link:  # on stderr: `RUN=$(toren run ...)` gets the id alone
@@ -128,7 +156,11 @@ def register(main: click.Group) -> None:
             table.add_row(
                 plain(row.id),
                 plain(row.agent),
-                plain(row.status),
+                plain(
+                    row.status
+                    if row.queue_position is None
+                    else f"{row.status} #{row.queue_position} for {row.queued_for}"
+                ),
                 str(row.calls_made),
                 f"{Decimal(row.usd_paid):.6f}",
                 row.created_at.isoformat(timespec="seconds"),
@@ -161,7 +193,10 @@ def register(main: click.Group) -> None:
         --json, as `commands`). The timeline lists 1,000 events at most (--limit); the next
         ones with --after, as the line that ends it says. With --json the events are
         `events`, each with its timeline line, and `more_events` says whether more follow."""
+        import attrs
+
         from toren._cli.timeline import describe, event_record, record
+        from toren.runs.limits import QUEUED, concurrency, reason
         from toren.sandboxes.listing import read_calls, sandbox_of
 
         client = await _client(ctx.obj["settings"])
@@ -170,11 +205,18 @@ def register(main: click.Group) -> None:
             state = await _read(client, run_id)
             sandbox = await sandbox_of(client.pool, run_id)
             over = state.status in ENDED
+            limits = await concurrency(client, run_id)
+            wait = None if over else limits.wait
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
             if as_json:
-                shown = record(run_id, state) | {
+                shown = record(run_id, state)
+                if wait is not None:
+                    shown["status"] = QUEUED
+                shown = shown | {
+                    "concurrency_key": limits.key,
+                    "queued": attrs.asdict(wait) if wait is not None else None,
                     "sandbox": sandbox.to_json() if sandbox else None,
                     "commands": [c.to_json() for c in calls],
                     "events": [event_record(e) for e in entries],
@@ -206,10 +248,13 @@ def register(main: click.Group) -> None:
                 ended = state.finished.get(child.run_id)
                 how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
                 out.print(plain(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})"))
+            if limits.key is not None:
+                out.print(plain(f"\nconcurrency key: {limits.key}"))
+            status = state.status if wait is None else f"{QUEUED} ({reason(wait)})"
             r = receipt(state)
             out.print(
                 plain(
-                    f"\nstatus {state.status}. receipt: {r.calls_made} calls made, "
+                    f"\nstatus {status}. receipt: {r.calls_made} calls made, "
                     f"{r.calls_replayed} replayed; {r.input_tokens} in / {r.output_tokens} out "
                     f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
                     + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")

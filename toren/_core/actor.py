@@ -10,7 +10,7 @@ handler sent, in one transaction. If the handler raises, nothing it did is kept.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -109,6 +109,14 @@ class Actor(Generic[S]):
         ``"failed"`` and its ``error_class`` to the failure's class."""
         return None
 
+    def runs(self, state: S) -> bool:
+        """Whether the actor, in ``state`` after a step, goes on working by itself. An actor
+        under concurrency limits (spawned with ``limits``) holds their permits while it does and
+        gives them back in the step after which it does not (it waits on something, or ended);
+        mail that makes it work again takes them again, or waits its turn. The default: it
+        always works (its permits go only when it passivates or fails)."""
+        return True
+
     def on_dead_letter(self, ctx: Context[S], msg: Any, error: str) -> None:
         """A message is being dead-lettered: record what that means for the actor.
 
@@ -154,6 +162,7 @@ class SpawnRequest:
     args: Mapping[str, Any]
     parent: str | None
     route: str | None = None
+    limits: tuple[str, ...] = ()  # the concurrency limits it must hold to run, in that order
 
 
 @attrs.frozen(kw_only=True)
@@ -327,13 +336,15 @@ class Context(Generic[S]):
         *,
         route: str | None = None,
         parent: str | None = None,
+        limits: Sequence[str] = (),
     ) -> None:
         """Create a child actor when this step commits; this actor becomes its parent (or
         ``parent``, an actor that will outlive it: told if the kernel gives up on it).
 
-        With a ``route``, only workers serving that route claim the child. If ``actor_id``
-        exists with the same kind this is a no-op; with another kind the step fails with
-        :class:`~toren.ActorAlreadyExists` (charged to the message).
+        With a ``route``, only workers serving that route claim the child. With ``limits``
+        (names of :mod:`toren._core.limits`), it runs only while it holds a permit of each.
+        If ``actor_id`` exists with the same kind this is a no-op; with another kind the step
+        fails with :class:`~toren.ActorAlreadyExists` (charged to the message).
         """
         self._writable()
         kind_name = kind if isinstance(kind, str) else kind.kind
@@ -344,6 +355,7 @@ class Context(Generic[S]):
                 args=args or {},
                 parent=parent or self.actor_id,
                 route=route,
+                limits=tuple(limits),
             )
         )
 

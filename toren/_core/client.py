@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -186,12 +186,15 @@ class Client:
         max_depth: int = 10000,
         route: str | None = None,
         conn: Connection | None = None,
+        limits: Sequence[str] = (),
     ) -> bool:
         """Persist a new actor. It runs when its first message arrives.
 
         Spawning an existing id of the same kind is a no-op, so spawn is safe to repeat. With a
-        ``route``, only workers serving that route claim the actor. Pass ``conn`` (a connection
-        inside your transaction) to make the spawn part of it.
+        ``route``, only workers serving that route claim the actor. With ``limits`` (names of
+        concurrency limits, :mod:`toren._core.limits`), it runs only while it holds a permit of
+        each, taken at its claim. Pass ``conn`` (a connection inside your transaction) to make
+        the spawn part of it.
 
         Returns:
             True if the actor was created now, False if it existed.
@@ -201,15 +204,19 @@ class Client:
         """
         kind_name = kind if isinstance(kind, str) else kind.kind
         db = conn or self.pool
+        # The column is named only when used: a spawn without limits is the statement it was.
+        with_limits = ", limits" if limits else ""
         created = await db.fetchval(
-            "INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route) "
-            "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (actor_id) DO NOTHING RETURNING true",
+            f"INSERT INTO toren.actors (actor_id, kind, args, parent, max_depth, route"
+            f"{with_limits}) VALUES ($1, $2, $3, $4, $5, $6{', $7' if limits else ''}) "
+            "ON CONFLICT (actor_id) DO NOTHING RETURNING true",
             actor_id,
             kind_name,
             dict(args or {}),
             parent,
             max_depth,
             route,
+            *([list(limits)] if limits else []),
         )
         if created:
             return True

@@ -16,6 +16,8 @@ the error (``retryable``)::
     ├── MailboxFull               the recipient's mailbox is at its depth limit (retryable)
     ├── AskTimeout                ask() got no reply in time (retryable)
     ├── FencedOut                 this worker no longer owns the actor; its write was refused
+    ├── OverLimit                 the actor waits in a concurrency limit's queue (not an error
+    │                             anyone sees: its host lets it go)
     ├── SupervisorEscalation      a supervisor exceeded its restart intensity and gave up
     ├── EffectOutsideHandler      on_start() tried to emit or send
     └── InternalError             an invariant of Toren itself broke: a bug, please report it
@@ -160,6 +162,15 @@ class FencedOut(TorenError):
             f"write to {actor_id!r} refused: epoch {epoch} is no longer the owner's; "
             "the actor runs elsewhere now"
         )
+
+
+class OverLimit(TorenError):
+    """The actor's next message needs a permit of a limit that is full: it waits in that
+    limit's queue, holding no worker, until a permit is handed to it (toren._core.limits)."""
+
+    def __init__(self, actor_id: str) -> None:
+        self.actor_id = actor_id
+        super().__init__(f"{actor_id!r} waits for a permit of a concurrency limit")
 
 
 class SupervisorEscalation(TorenError):

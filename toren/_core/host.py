@@ -30,6 +30,7 @@ from toren._core.errors import (
     ActorAlreadyExists,
     FencedOut,
     LeaseExpired,
+    OverLimit,
     TorenError,
     UnknownActor,
     UnknownActorKind,
@@ -210,7 +211,17 @@ class ActorHost:
             self._wake = anyio.Event()
             envelope, self._next = self._next, None
             if envelope is None:
-                envelope = await claim_next(self.pool, self.actor_id, self.worker_id, self.epoch)
+                try:
+                    envelope = await claim_next(
+                        self.pool, self.actor_id, self.worker_id, self.epoch
+                    )
+                except OverLimit:
+                    # It waits in a limit's queue: it holds no worker meanwhile. The permit,
+                    # when handed to it, wakes a worker to claim it.
+                    if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
+                        log.debug("%s: queued on a concurrency limit", self.actor_id)
+                        return
+                    raise FencedOut(self.actor_id, self.epoch) from None
             if envelope is None:
                 if await self._idle(idle_since):
                     return
@@ -284,6 +295,7 @@ class ActorHost:
             )
             await actor.handle(ctx, opened.payload)
             summary = actor.summarize(ctx.state) if ctx.events else None
+            release = not actor.runs(ctx.state)
         # Whatever the handler raised is charged to the message, not to the worker.
         except Exception as exc:  # noqa: BLE001
             await self._charge(actor, envelope, exc, state, seq)
@@ -299,7 +311,7 @@ class ActorHost:
         kill_point("step.committing")
         kill_points_for("committing:", (e[1] for e in ctx.events))
         try:
-            await self._commit(actor, opened, ctx, summary, state, seq)
+            await self._commit(actor, opened, ctx, summary, state, seq, release=release)
         except (UnknownActor, ActorAlreadyExists) as exc:
             # What the handler asked for cannot be committed: its fault, charged likewise.
             await self._charge(actor, envelope, exc, state, seq)
@@ -320,6 +332,8 @@ class ActorHost:
         summary: Mapping[str, Any] | None,
         state: Any,
         seq: int,
+        *,
+        release: bool = False,
     ) -> None:
         """Commit the step; on a database error, commit the same step again.
 
@@ -349,6 +363,7 @@ class ActorHost:
                     retry=failures > 0,
                     summary=summary,
                     claim=not self._stop.is_set(),
+                    release=release,
                 )
                 return
             except TRANSIENT_DB_ERRORS as exc:
@@ -413,13 +428,15 @@ class ActorHost:
         try:
             actor.on_dead_letter(ctx, payload, error)
             summary = actor.summarize(ctx.state) if ctx.events else None
+            release = not actor.runs(ctx.state)
         except Exception:
             log.exception("%s: on_dead_letter raised; dead-lettering without it", self.actor_id)
             ctx = Context(actor, state, seq, self.epoch, envelope, resources=self.resources)
             summary = None
+            release = False
         try:
             missing = await dead_letter(
-                self.pool, self.worker_id, envelope, ctx, error, summary=summary
+                self.pool, self.worker_id, envelope, ctx, error, summary=summary, release=release
             )
         except (UnknownActor, ActorAlreadyExists):
             # What on_dead_letter sent or spawned cannot be: its events go without them.
@@ -431,7 +448,7 @@ class ActorHost:
             ctx.spawns.clear()
             ctx.cancelled_timers.clear()
             missing = await dead_letter(
-                self.pool, self.worker_id, envelope, ctx, error, summary=summary
+                self.pool, self.worker_id, envelope, ctx, error, summary=summary, release=release
             )
         if missing:
             log.warning(

@@ -103,12 +103,13 @@ async def last_seq(db: Db, actor_id: str) -> int | None:
 
 
 async def actor_and_events(
-    db: Db, actor_id: str, *, after: int
+    db: Db, actor_id: str, *, after: int, fields: Iterable[str] = ()
 ) -> tuple[ActorRow, list[JournalEntry]] | None:
-    """Actor ``actor_id``'s row (its small columns) and its events after ``seq`` ``after``, in
-    one query; ``None`` if there is no such actor."""
+    """Actor ``actor_id``'s row (its small columns, and ``fields`` as :func:`actor_row` reads
+    them) and its events after ``seq`` ``after``, in one query; ``None`` if there is no such
+    actor."""
     rows = await db.fetch(
-        f"SELECT {columns(())}, {_ENTRY} FROM toren.actors a "
+        f"SELECT {columns(fields)}, {_ENTRY} FROM toren.actors a "
         "LEFT JOIN toren.journal j ON j.actor_id = a.actor_id AND j.seq > $2 "
         "WHERE a.actor_id = $1 ORDER BY j.seq",
         actor_id,

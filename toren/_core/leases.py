@@ -127,6 +127,12 @@ WITH RECURSIVE immediate(actor_id) AS (
            OR a.owner NOT IN (SELECT worker_id FROM live))
       AND EXISTS (SELECT 1 FROM toren.mailbox m
                   WHERE m.actor_id = a.actor_id AND m.visible_at <= now())
+      -- An actor waiting in a limit's queue is not claimed (the permit handed to it wakes a
+      -- worker), except for its system mail: a cancel ends it and takes it out of the queue.
+      AND (a.limits IS NULL
+           OR NOT EXISTS (SELECT 1 FROM toren.limit_queue q WHERE q.actor_id = a.actor_id)
+           OR EXISTS (SELECT 1 FROM toren.mailbox m
+                      WHERE m.actor_id = a.actor_id AND m.lane = 0 AND m.visible_at <= now()))
       AND $1 IN (SELECT worker_id FROM live)
     LIMIT $2
     FOR NO KEY UPDATE OF a SKIP LOCKED
@@ -263,9 +269,17 @@ WITH mine AS (
 ), released AS (
     UPDATE toren.actors SET owner = NULL, lease_expires_at = NULL
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3 AND NOT EXISTS (SELECT 1 FROM pending)
-    RETURNING 1
+    RETURNING limits
+), freed AS (
+    -- Passivated, it no longer runs: permits it still holds go to the heads of their queues.
+    -- Not an actor that waits in a queue (it was hosted for its system mail): it keeps its
+    -- place, and the permits it took before it (a key's, while it waits for its agent's).
+    SELECT toren.release_permits($1) FROM released
+    WHERE released.limits IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM toren.limit_queue q WHERE q.actor_id = $1)
 )
-SELECT (SELECT count(*) FROM mine) AS mine, (SELECT count(*) FROM released) AS released
+SELECT (SELECT count(*) FROM mine) AS mine, (SELECT count(*) FROM released) AS released,
+       (SELECT count(*) FROM freed) AS freed
 """
 
 
@@ -331,7 +345,10 @@ WITH failed AS (
                        ELSE summary || jsonb_build_object('status', 'failed',
                                                           'error_class', $9::text) END
     WHERE actor_id = $1 AND owner = $2 AND epoch = $3
-    RETURNING actor_id, kind, parent
+    RETURNING actor_id, kind, parent, limits
+), freed AS (
+    -- A failed actor no longer runs: its permits and places in queues go to the others.
+    SELECT toren.release_permits(f.actor_id) FROM failed f WHERE f.limits IS NOT NULL
 ), recorded AS (
     -- The journal says so too, so that the actor's own fold (and every reader of it) agrees.
     INSERT INTO toren.journal (actor_id, seq, epoch, type, data)
@@ -350,7 +367,8 @@ SELECT (SELECT count(*) FROM failed) AS failed,
        (SELECT count(*) FROM recorded) AS recorded,
        (SELECT count(pg_notify('toren_mail', actor_id)) FROM told) AS told,
        -- Followers of its journal (event streams) see the failure at once; a failure is rare.
-       (SELECT count(pg_notify('toren_journal', actor_id)) FROM recorded) AS followers
+       (SELECT count(pg_notify('toren_journal', actor_id)) FROM recorded) AS followers,
+       (SELECT count(*) FROM freed) AS freed
 """
 
 

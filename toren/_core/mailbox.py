@@ -27,6 +27,7 @@ from toren._core.errors import (
     ActorNotLive,
     FencedOut,
     MailboxFull,
+    OverLimit,
     UnknownActor,
 )
 from toren._core.json_text import dumps, safe_text
@@ -115,16 +116,21 @@ async def claim_next(
     """Claim the actor's next visible message (system lane first) and raise its delivery count.
 
     The raised count is committed before the message is handled, so a message that kills its
-    worker is charged for it.
+    worker is charged for it. An actor under limits has its user mail claimed only while it
+    holds their permits (taken here if it lacks them); its system mail (a cancel) always.
 
     Raises:
         FencedOut: the actor is no longer ours.
+        OverLimit: nothing was claimed and the actor waits in a limit's queue (let it go: the
+            permit, when handed to it, wakes a worker).
     """
     inputs = ClaimInputs(actor_id=actor_id, owner=owner, epoch=epoch)
     row = await pool.fetchrow(_CLAIM_NEXT, *arguments(inputs))
     if row is None or not row["owned"]:
         raise FencedOut(actor_id, epoch)
     if row["id"] is None:
+        if row["queued"]:
+            raise OverLimit(actor_id)
         return None
     return _envelope(row)
 
@@ -141,8 +147,13 @@ async def commit_step(
     retry: bool = False,
     summary: Mapping[str, Any] | None = None,
     claim: bool = False,
+    release: bool = False,
 ) -> Envelope | None:
     """Commit one handled message: everything in ``ctx`` or nothing.
+
+    With ``release`` (the actor no longer runs after this step, :meth:`~toren.Actor.runs`), an
+    actor under limits gives its permits back in the same statement, each to the head of its
+    limit's queue.
 
     With ``retry`` (an earlier attempt's answer was lost), a message already consumed while the
     actor is still ours means that attempt landed: nothing more is done.
@@ -186,6 +197,8 @@ async def commit_step(
         summary=dict(summary) if summary is not None else None,
         claim=claim,
         spawn_routes=[s.route for s in ctx.spawns],
+        spawn_limits=[dumps(list(s.limits)) if s.limits else None for s in ctx.spawns],
+        release=release,
     )
     try:
         row = await pool.fetchrow(_COMMIT, *arguments(inputs))
@@ -305,6 +318,7 @@ async def dead_letter(
     error: str,
     *,
     summary: Mapping[str, Any] | None = None,
+    release: bool = False,
 ) -> list[str]:
     """Move a message to ``toren.deadletters``, tell its sender, fail a waiting ask(), and
     commit what ``ctx`` holds (the events the actor records about it, the messages it sends,
@@ -352,7 +366,7 @@ async def dead_letter(
         )
         missing = sorted(set(recipients) - {r["actor_id"] for r in found})
         ctx.outgoing[:] = [o for o in ctx.outgoing if o.to not in missing]
-        await commit_step(conn, owner, envelope, ctx, summary=summary)
+        await commit_step(conn, owner, envelope, ctx, summary=summary, release=release)
     return missing
 
 

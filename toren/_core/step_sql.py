@@ -7,11 +7,13 @@ before it)::
     fence      fence      the actor's row, if still ours, share-locked for the statement
     clash      clash      a spawn of an id that an actor of another kind holds
     consume    consumed   the message handled, deleted (nothing else happens without it)
+    timers     cancelled  the timers set or cancelled, what was pending under their names removed
+    limits     lim        an actor under limits: whether it still holds its permits, or (with
+                          {release}) its permits given back and handed to the heads of queues
     claim      nxt        the actor's next queued message, when the step claims one
                claimed    ... its delivery count raised
     journal    ev         the events appended
     spawn      sp         the children created
-    timers     cancelled  the timers set or cancelled, what was pending under their names removed
     outbox     o          the messages sent, as rows
     claim_own  own        nothing queued to claim: the first due message the step sends itself
     send       dd         the dedupe keys of the messages sent, taken
@@ -22,7 +24,9 @@ before it)::
     next       next       the message claimed (queued or sent), handed back
     result     (SELECT)   what the step did, counted, and the message claimed
 
-The claim (:data:`CLAIM_FRAGMENTS`) is ``fence``, ``claim`` and ``result`` alone.
+The claim (:data:`CLAIM_FRAGMENTS`) is ``fence``, ``limits`` (``held``: the permits of an actor
+under limits, taken if it lacks them and has user mail, else its place in the queue), ``claim``
+and ``result``. Limits are described in :mod:`toren._core.limits`.
 
 Fragments name their inputs (``{actor_id}``), never their numbers: :func:`render` numbers the
 parameters from the fields of the inputs' record (:class:`StepInputs`, :class:`ClaimInputs`),
@@ -71,6 +75,9 @@ class StepInputs:
     summary: dict[str, Any] | None  # None: the summary is left as it is
     claim: bool  # claim the actor's next message in the same statement
     spawn_routes: Sequence[str | None]
+    # JSON text: the limits each child must hold to run (shorter than spawn_ids: none)
+    spawn_limits: Sequence[str | None] = ()
+    release: bool = False  # the actor no longer runs after this step: its permits go back
 
 
 @attrs.frozen(kw_only=True)
@@ -132,7 +139,7 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
         "fence": """fence AS (
     -- The row locked is its latest version: a watch set while this statement waited for the
     -- lock is seen here (see toren._core.client.JournalWatch).
-    SELECT actor_id, watched_until FROM toren.actors
+    SELECT actor_id, watched_until, limits FROM toren.actors
     WHERE actor_id = {actor_id} AND owner = {owner} AND epoch = {epoch} AND status = 'live'
     FOR SHARE
 )""",
@@ -147,6 +154,29 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     WHERE m.id = {message_id} AND m.actor_id = fence.actor_id AND NOT EXISTS (SELECT 1 FROM clash)
     RETURNING m.id
 )""",
+        "timers": """cancelled AS (
+    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
+    -- being retried), except the message this step consumes.
+    DELETE FROM toren.mailbox m USING consumed
+    WHERE m.actor_id = {actor_id} AND m.timer_name = ANY({replaced_timers}::text[])
+      AND m.id <> {message_id}
+    RETURNING 1
+)""",
+        "limits": """lim AS (
+    -- Only for an actor under limits (actors.limits; every other actor pays nothing here). It
+    -- claims its next user message in this step only while it holds all its permits. A step
+    -- after which it no longer runs (release: it parked on a human, a timer or a child, or
+    -- ended) gives them back and leaves every queue, and each permit freed goes to the head of
+    -- its limit's queue, woken at commit: the claim that frees a slot starts the next run.
+    SELECT CASE WHEN {release} THEN toren.release_permits(fence.actor_id) < 0
+                ELSE NOT EXISTS (
+                    SELECT 1 FROM unnest(fence.limits) AS u(name)
+                    WHERE NOT EXISTS (SELECT 1 FROM toren.permits h
+                                      WHERE h.name = u.name AND h.actor_id = fence.actor_id))
+           END AS runs
+    FROM fence
+    WHERE fence.limits IS NOT NULL AND EXISTS (SELECT 1 FROM consumed)
+)""",
         "claim": """nxt AS (
     -- With {claim}, the step claims the actor's next message in the same statement (the host then
     -- needs no claim of its own): the first visible one already queued (system lane first), not
@@ -155,6 +185,7 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     WHERE {claim} AND m.actor_id = {actor_id} AND m.visible_at <= now() AND m.id <> {message_id}
       AND (m.timer_name IS NULL OR m.timer_name <> ALL({replaced_timers}::text[]))
       AND EXISTS (SELECT 1 FROM consumed)
+      AND (m.lane = 0 OR NOT EXISTS (SELECT 1 FROM lim WHERE NOT lim.runs))
     ORDER BY m.lane, m.id LIMIT 1
 ), claimed AS (
     UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
@@ -170,20 +201,14 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     RETURNING 1
 )""",
         "spawn": """sp AS (
-    INSERT INTO toren.actors (actor_id, kind, args, parent, route)
-    SELECT s.id, s.kind, s.args, {actor_id}, s.route
+    INSERT INTO toren.actors (actor_id, kind, args, parent, route, limits)
+    SELECT s.id, s.kind, s.args, {actor_id}, s.route,
+           CASE WHEN s.lim IS NOT NULL
+                THEN ARRAY(SELECT jsonb_array_elements_text(s.lim::jsonb)) END
     FROM unnest({spawn_ids}::text[], {spawn_kinds}::text[], {spawn_args}::jsonb[],
-                {spawn_routes}::text[]) AS s(id, kind, args, route),
+                {spawn_routes}::text[], {spawn_limits}::text[]) AS s(id, kind, args, route, lim),
          consumed
     ON CONFLICT (actor_id) DO NOTHING
-    RETURNING 1
-)""",
-        "timers": """cancelled AS (
-    -- Setting or cancelling a timer replaces whatever is pending under its name (also a timer
-    -- being retried), except the message this step consumes.
-    DELETE FROM toren.mailbox m USING consumed
-    WHERE m.actor_id = {actor_id} AND m.timer_name = ANY({replaced_timers}::text[])
-      AND m.id <> {message_id}
     RETURNING 1
 )""",
         "outbox": """o AS (
@@ -198,6 +223,7 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     SELECT o.ord FROM o
     WHERE {claim} AND o.recipient = {actor_id} AND o.delay <= 0 AND o.dedupe_key IS NULL
       AND NOT EXISTS (SELECT 1 FROM nxt)
+      AND (o.lane = 0 OR NOT EXISTS (SELECT 1 FROM lim WHERE NOT lim.runs))
     ORDER BY o.lane, o.ord LIMIT 1
 )""",
         "send": """dd AS (
@@ -252,7 +278,7 @@ SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS
        (SELECT count(*) FROM ev) AS events,
        (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
        (SELECT count(*) FROM sent) AS sent_count, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM summed) AS summed, n.*
+       (SELECT count(*) FROM summed) AS summed, (SELECT count(*) FROM lim) AS limited, n.*
 FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true""",
     }
 )
@@ -262,13 +288,23 @@ FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true""",
 CLAIM_FRAGMENTS: Mapping[str, str] = MappingProxyType(
     {
         "fence": """fence AS (
-    SELECT 1 FROM toren.actors
+    SELECT actor_id, limits FROM toren.actors
     WHERE actor_id = {actor_id} AND owner = {owner} AND epoch = {epoch} AND status = 'live'
     FOR SHARE
+)""",
+        "limits": """held AS (
+    -- An actor under limits with user mail due: its permits, held or taken now; else it keeps
+    -- (or takes) its place in the queue of the first limit that is full, and only its system
+    -- mail (a cancel) is claimed. Without due user mail nothing is taken.
+    SELECT toren.take_permits(fence.actor_id) AS runs FROM fence
+    WHERE fence.limits IS NOT NULL
+      AND EXISTS (SELECT 1 FROM toren.mailbox u
+                  WHERE u.actor_id = fence.actor_id AND u.lane <> 0 AND u.visible_at <= now())
 )""",
         "claim": """next AS (
     SELECT id FROM toren.mailbox
     WHERE actor_id = {actor_id} AND visible_at <= now() AND EXISTS (SELECT 1 FROM fence)
+      AND (lane = 0 OR NOT EXISTS (SELECT 1 FROM held WHERE NOT held.runs))
     ORDER BY lane, id LIMIT 1
 ), claimed AS (
     UPDATE toren.mailbox m SET deliveries = m.deliveries + 1
@@ -277,7 +313,8 @@ CLAIM_FRAGMENTS: Mapping[str, str] = MappingProxyType(
         + _CLAIMED_RETURNING
         + "\n)",
         "result": """\
-SELECT (SELECT count(*) FROM fence) AS owned, c.*
+SELECT (SELECT count(*) FROM fence) AS owned,
+       (SELECT count(*) FROM held WHERE NOT held.runs) > 0 AS queued, c.*
 FROM (SELECT 1) AS one LEFT JOIN claimed AS c ON true""",
     }
 )

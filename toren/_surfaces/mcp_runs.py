@@ -99,9 +99,14 @@ def install(tools: McpTools) -> None:
 
     @server.tool(name="start_run")
     async def start_run_tool(
-        agent: str, input: str, ctx: Context, idempotency_key: str | None = None
+        agent: str,
+        input: str,
+        ctx: Context,
+        idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
     ) -> dict[str, Any]:
-        """Start a run of an agent on an input; returns its id."""
+        """Start a run of an agent on an input; returns its id. Runs with the same
+        concurrency_key go at most the agent's max_runs_per_key at a time (default one)."""
         access = await caller(ctx, "operate", agent)
         try:
             await check_served(client, agent)
@@ -112,6 +117,7 @@ def install(tools: McpTools) -> None:
                 idempotency_key=idempotency_key,
                 cap=tools.message_cap,
                 by=access.principal,
+                concurrency_key=concurrency_key,
             )
         except (IdempotencyConflict, MessageTooLarge, InvalidStart, AgentNotServed) as exc:
             raise ToolError(str(exc)) from exc

@@ -28,6 +28,7 @@ from toren.runs.events import (
     Say,
     StartRun,
 )
+from toren.runs.limits import QUEUED, impose_run, key_problem, queued
 from toren.runs.state import SNAPSHOT_VERSION, RunState, fold
 
 if TYPE_CHECKING:
@@ -172,8 +173,13 @@ async def start_run(
     idempotency_key: str | None = None,
     cap: int = MESSAGE_CAP,
     by: Principal | None = None,
+    concurrency_key: str | None = None,
 ) -> str:
     """Start a run of ``agent`` on ``input``; returns its id (``run/<uuid>``).
+
+    The run takes a slot of its agent's ``max_runs`` and, with a ``concurrency_key``, of that
+    key's ``max_runs_per_key`` (see :mod:`toren.runs.limits`); over a cap it waits, ``queued``,
+    behind the runs started before it. The key is recorded in the run's args.
 
     With an ``idempotency_key``, starting ``agent`` again with the same key and input returns
     the same run; the same key with another input raises :class:`IdempotencyConflict`, also
@@ -190,31 +196,44 @@ async def start_run(
     """
 
     check_start(agent, input, idempotency_key, cap)
+    if concurrency_key is not None and (problem := key_problem(concurrency_key)) is not None:
+        raise InvalidStart("concurrency_key", problem)
     started = _start_digest(agent, input)
+    extra = {} if concurrency_key is None else {"concurrency_key": concurrency_key}
     async with client.pool.acquire() as conn, conn.transaction():
         if idempotency_key is None:
             run_id = f"run/{uuid.uuid4()}"
             await client.spawn(
                 RUN_KIND,
                 run_id,
-                {"agent": agent, "start": started},
+                {"agent": agent, "start": started, **extra},
                 route=agent_route(agent),
                 conn=conn,
             )
+            created = True
         else:
-            run_id = await _keyed_run(client, conn, agent, input, idempotency_key)
+            run_id, created = await _keyed_run(client, conn, agent, input, idempotency_key, extra)
         await client.send(
             run_id,
             StartRun(agent=agent, input=input, by=_caller(by)),
             dedupe_key="start",
             conn=conn,
         )
+        if created:  # after its start message: a run that waits has it hidden with it
+            await impose_run(conn, run_id, agent, concurrency_key)
     return run_id
 
 
-async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, key: str) -> str:
+async def _keyed_run(
+    client: Client,
+    conn: Connection,
+    agent: str,
+    input: str,
+    key: str,
+    extra: dict[str, str],
+) -> tuple[str, bool]:
     """The run of ``agent`` under ``key``, created now if there is none (in ``conn``'s
-    transaction).
+    transaction), and whether it was created now (with ``extra`` in its args).
 
     Its id is derived from the agent and the key. A run that a version before per-agent keys
     started under the key has the key's old id (from the key alone): if it is a run of
@@ -236,9 +255,9 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
         run_id, args = old_id, old["args"]
     else:
         run_id = keyed_run_id(agent, key)
-        args = {"agent": agent, "start": started}
+        args = {"agent": agent, "start": started, **extra}
         if await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn):
-            return run_id
+            return run_id, True
         found = await actor_row(conn, run_id, fields=("args",))
         args = found.args if found is not None else None
     if (args or {}).get("start", started) != started:
@@ -247,7 +266,7 @@ async def _keyed_run(client: Client, conn: Connection, agent: str, input: str, k
         existing = await _started(conn, run_id)
         if existing is not None and (existing.agent, existing.input) != (agent, input):
             raise IdempotencyConflict(key, run_id)
-    return run_id
+    return run_id, False
 
 
 def keyed_run_id(agent: str, key: str) -> str:
@@ -449,6 +468,8 @@ async def run_status(client: Client, run_id: str) -> str:
         UnknownActor: no such run.
     """
     status, _ = await _status(client, run_id)
+    if status not in ENDED and (await queued(client, [run_id])):
+        return QUEUED  # over a concurrency limit: it waits for a slot
     return status or "running"
 
 

@@ -10,7 +10,8 @@ import attrs
 from toren._agent.routes import agent_route
 from toren._core.client import Client
 from toren._core.rows import actors_of_kind
-from toren.runs.events import RUN_KIND, STATUSES
+from toren.runs.events import ENDED, RUN_KIND, STATUSES
+from toren.runs.limits import QUEUED, queued
 
 
 @attrs.frozen(kw_only=True)
@@ -25,6 +26,8 @@ class RunRow:
     usd_paid: str
     error_class: str | None
     created_at: datetime
+    queued_for: str | None = None  # status queued: the concurrency limit it waits for
+    queue_position: int | None = None  # ... and where in its queue (1: next)
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "created_at": self.created_at.isoformat()}
@@ -39,7 +42,9 @@ async def list_runs(
     before: tuple[datetime, str] | None = None,
 ) -> list[RunRow]:
     """Runs, newest first; ``before`` is the ``(created_at, id)`` of the last run of the
-    previous page. A run whose start is still queued shows as running, with no input yet.
+    previous page. A run whose start is still queued shows as running, with no input yet; one
+    that waits for a slot of a concurrency limit shows as ``queued``, with the limit and its
+    place in line (one more query, for the page's runs that have not ended).
     Each combination of filters is its own statement, planned for the index it can use (by
     status, by agent's route, newest first overall), the page's start included.
 
@@ -58,18 +63,23 @@ async def list_runs(
         limit=limit,
     )
     out = []
+    live = [r.actor_id for r in rows if r.summary_dict.get("status", "running") not in ENDED]
+    waits = await queued(client, live)
     for r in rows:
         s = r.summary_dict
+        wait = waits.get(r.actor_id)
         out.append(
             RunRow(
                 id=r.actor_id,
                 agent=s.get("agent") or (r.route or "").removeprefix("agent:"),
-                status=s.get("status", "running"),
+                status=QUEUED if wait is not None else s.get("status", "running"),
                 input=s.get("input", ""),
                 calls_made=s.get("calls_made", 0),
                 usd_paid=s.get("usd_paid", "0"),
                 error_class=s.get("error_class"),
                 created_at=r.created_at,
+                queued_for=wait.limit if wait is not None else None,
+                queue_position=wait.position if wait is not None else None,
             )
         )
     return out

@@ -29,6 +29,7 @@ from toren._core.errors import TorenError
 from toren._core.json_text import dumps
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
 from toren.runs.client import check_served, keyed_run_id
+from toren.runs.limits import ensure_key_limit
 from toren.schedules import SLOT_NAME, Schedule, ScheduleError, slot_key
 from toren.schedules.events import (
     SCHEDULE_KIND,
@@ -121,6 +122,8 @@ async def declare(
     address = schedule_id(name)
     body = schedule.to_json()
     async with client.pool.acquire() as conn, conn.transaction():
+        if schedule.concurrency_key is not None:  # its runs are spawned under it, in steps
+            await ensure_key_limit(conn, agent, schedule.concurrency_key)
         await client.spawn(SCHEDULE_KIND, address, {"agent": agent}, conn=conn)
         await client.send(
             address,

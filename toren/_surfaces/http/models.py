@@ -14,7 +14,7 @@ from pydantic import (
 )
 from pydantic.json_schema import SkipJsonSchema
 
-from toren.runs.events import Status as RunStatus
+from toren.runs.limits import Shown as RunStatus
 
 # Identifiers (keys) cannot hold NUL; text that is journaled (inputs, messages, reasons) can,
 # and round-trips exactly.
@@ -34,6 +34,24 @@ class StartRunBody(_Strict):
         description="Up to `max_message_bytes` (64 KiB by default) in UTF-8; longer: 413.",
     )
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=NO_NUL,
+        description="Runs of the agent that share this key go at most `max_runs_per_key` at "
+        "a time (1 by default: one at a time, in order of arrival); the others are `queued`. "
+        "Up to 200 bytes in UTF-8.",
+    )
+
+
+class Queued(BaseModel):
+    limit: str = Field(
+        description="The concurrency limit the run waits for: `agent/<agent>` (the agent's "
+        "`max_runs`) or `key/<agent>/<concurrency key>` (`max_runs_per_key`)."
+    )
+    position: int = Field(description="Its place in that limit's queue (1: next).")
+    cap: int | None = Field(description="The limit's cap.")
 
 
 class MessageBody(_Strict):
@@ -166,6 +184,12 @@ class RunSummary(BaseModel):
     usd_paid: str
     error_class: str | None
     created_at: str
+    queued_for: str | None = Field(
+        default=None, description="Status `queued`: the concurrency limit the run waits for."
+    )
+    queue_position: int | None = Field(
+        default=None, description="Status `queued`: its place in that limit's queue."
+    )
 
 
 class ScheduledBy(BaseModel):
@@ -178,7 +202,9 @@ class Run(BaseModel):
     agent: str
     status: RunStatus = Field(
         description="`cancelled`: ended by a cancel (`error_class` `cancelled`), apart from "
-        "`failed`; a cancelled run is not retried."
+        "`failed`; a cancelled run is not retried. `queued`: the run waits for a slot of a "
+        "concurrency limit (`queued` says which); it starts when a run ahead of it parks or "
+        "ends."
     )
     input: str
     output: str | None
@@ -193,6 +219,12 @@ class Run(BaseModel):
     children: list[ChildRun] = Field(default_factory=list)
     schedule: ScheduledBy | None = Field(
         default=None, description="The schedule and slot that started this run, if one did."
+    )
+    concurrency_key: str | None = Field(
+        default=None, description="The concurrency key it was started with."
+    )
+    queued: Queued | None = Field(
+        default=None, description="Status `queued`: the limit it waits for, and where."
     )
 
 

@@ -43,6 +43,7 @@ from toren._surfaces.http.models import (
     FieldError,
     MessageBody,
     PendingApproval,
+    Queued,
     Receipt,
     RetryBody,
     Run,
@@ -55,6 +56,7 @@ from toren._surfaces.http.openapi import API_PARTS, run_part
 from toren._surfaces.http.states import STATES, RunStates
 from toren.runs import (
     DECISION_WAIT,
+    ENDED,
     RUN_KIND,
     STATUSES,
     AgentNotServed,
@@ -78,6 +80,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
 from toren.sandboxes.listing import approval_cwds
 
@@ -125,6 +128,7 @@ async def start(request: web.Request) -> web.Response:
             idempotency_key=body.idempotency_key,
             cap=request.app[OPTIONS].message_cap,
             by=principal(request),
+            concurrency_key=body.concurrency_key,
         )
     except AgentNotServed as exc:
         raise ProblemError(
@@ -250,7 +254,10 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 
 
 async def _run(app: web.Application, rid: str) -> Run:
-    state, created = await _state(app, rid)
+    state, row = await app[STATES].read_row(
+        app[CLIENT].pool, rid, ("args.concurrency_key", "args.schedule", "args.slot")
+    )
+    created = row.created_at
     r = receipt(state)
     client = app[CLIENT]
     waiting = await _pending(client.pool, rid, state.agent, waiting_on(state))
@@ -262,17 +269,19 @@ async def _run(app: web.Application, rid: str) -> Run:
         child, _ = await _state(app, below_rid)
         waiting.extend(await _pending(client.pool, below_rid, agent, waiting_on(child)))
     statuses = await _statuses(client.pool, [c.run_id for c in state.children.values()])
-    started = await actor_row(client.pool, rid, fields=("args.schedule", "args.slot"))
-    by = started.args_dict if started is not None else {}
+    by = row.args_dict
     scheduled = (
         ScheduledBy(name=by["schedule"], slot=by["slot"])
         if isinstance(by.get("schedule"), str) and isinstance(by.get("slot"), str)
         else None
     )
+    key = row.args_dict.get("concurrency_key")
+    # Only a run that has not ended may wait for a slot: an ended one costs no query here.
+    wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
     return Run(
         id=rid,
         agent=state.agent,
-        status=state.status,
+        status=QUEUED if wait is not None else state.status,
         input=state.input,
         output=state.output,
         error_class=state.error_class,
@@ -311,6 +320,10 @@ async def _run(app: web.Application, rid: str) -> Run:
             for call_id, c in state.children.items()
         ],
         schedule=scheduled,
+        concurrency_key=key if isinstance(key, str) else None,
+        queued=None
+        if wait is None
+        else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
     )
 
 

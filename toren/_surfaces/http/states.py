@@ -17,7 +17,7 @@ from aiohttp import web
 from toren._core.codec import decode
 from toren._core.journal import replay
 from toren._core.journal_reads import actor_and_events
-from toren._core.rows import actor_row
+from toren._core.rows import ActorRow, actor_row
 from toren._surfaces.http.common import ProblemError
 from toren.runs import RUN_KIND, SNAPSHOT_VERSION, RunState, fold
 
@@ -40,6 +40,18 @@ class RunStates:
         Raises:
             ProblemError: 404, no such run.
         """
+        state, row = await self.read_row(pool, rid)
+        return state, row.created_at
+
+    async def read_row(
+        self, pool: asyncpg.Pool, rid: str, fields: tuple[str, ...] = ()
+    ) -> tuple[RunState, ActorRow]:
+        """Run ``rid``'s state and its row (its small columns and ``fields``), in the one
+        statement that brings the state up to date.
+
+        Raises:
+            ProblemError: 404, no such run.
+        """
         held = self._states.get(rid)
         if held is None:
             # First read: from the run's snapshot, if it keeps one, then the events since.
@@ -48,7 +60,7 @@ class RunStates:
             rebuilt = await replay(pool, rid, RunState(), fold, snapshots=SNAPSHOTS)
             held = (rebuilt.seq, rebuilt.state)
         seq, state = held
-        found = await actor_and_events(pool, rid, after=seq)
+        found = await actor_and_events(pool, rid, after=seq, fields=fields)
         if found is None or found[0].kind != RUN_KIND:
             self._states.pop(rid, None)
             raise ProblemError(404, "Not found", f"no run {rid}")
@@ -56,7 +68,7 @@ class RunStates:
         if seq and entries and entries[0].seq != seq + 1:
             # Not the events after ours: the run was replaced under the same id. Start over.
             self._states.pop(rid, None)
-            return await self.read(pool, rid)
+            return await self.read_row(pool, rid, fields)
         for entry in entries:
             state = fold(state, decode(entry.type, entry.data))
             seq = entry.seq
@@ -66,4 +78,4 @@ class RunStates:
         self._states.move_to_end(rid)
         while len(self._states) > self.size:
             self._states.popitem(last=False)
-        return state, row.created_at
+        return state, row

@@ -153,7 +153,7 @@ async function loadRuns() {
     .map((a) => { const o = document.createElement("option"); o.value = a; return o; }));
   $("runs-body").innerHTML = page.runs.map((r) => `
     <tr data-run="${esc(r.id.slice(4))}">
-      <td><span class="badge ${esc(r.status)}">${esc(r.status)}</span></td>
+      <td><span class="badge ${esc(r.status)}"${r.queued_for ? ` title="waiting for ${escShown(r.queued_for)}, #${r.queue_position} in line"` : ""}>${esc(r.status)}${r.queue_position ? ` #${r.queue_position}` : ""}</span></td>
       <td>${escShown(r.agent)}</td><td>${escShown(r.input.slice(0, 80))}</td>
       <td>${r.calls_made}</td><td>$${Number(r.usd_paid).toFixed(4)}</td>
       <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
@@ -538,7 +538,10 @@ function brief(event) {
 
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
-  $("run-status").textContent = run.status;
+  // A queued run waits for a slot of a concurrency limit: which one, and its place in line.
+  $("run-status").textContent = run.queued
+    ? `queued: #${run.queued.position} for ${run.queued.limit}` + (run.queued.cap ? ` (cap ${run.queued.cap})` : "")
+    : run.status;
   $("run-status").className = `badge ${run.status}`;
   $("run-agent").textContent = run.agent;
   $("run-input").textContent = run.input;
