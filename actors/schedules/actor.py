@@ -20,6 +20,7 @@ from toren.kernel import Clock
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route
 from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
+from toren.schedules.client import OVERLAPS
 from toren.schedules.events import (
     SCHEDULE_PREFIX,
     Backfill,
@@ -268,5 +269,18 @@ class ScheduleActor(Actor[ScheduleState]):
         schedule = self._schedule(ctx)
         if schedule is None:
             return
-        for slot in schedule.spec.slots(msg.start, min(msg.end, now), FIRED_PER_STEP * 20):
+        # Checked where it was sent (toren.schedules.client.backfill): one that is not valid
+        # here came from elsewhere, and is ignored rather than retried into a dead letter.
+        try:
+            slots = (
+                schedule.spec.slots(msg.start, min(msg.end, now), FIRED_PER_STEP * 20)
+                if msg.overlap in OVERLAPS and msg.start < msg.end
+                else None
+            )
+        except ScheduleError:
+            slots = None
+        if slots is None:
+            log.warning("%s: a backfill that is not valid was ignored: %r", ctx.actor_id, msg)
+            return
+        for slot in slots:
             self._fire(ctx, schedule, slot, "backfill", msg.overlap, now, by=msg.by)

@@ -115,17 +115,29 @@ async def declare(
     client: Client, agent: str, schedule: Schedule, *, source: Source, by: Principal
 ) -> str:
     """Create the actor of ``agent``'s ``schedule`` if there is none, and send it this
-    declaration (once per declaration: a worker's every start re-sends what it declares, and
-    the same declaration is one message). Returns the schedule's name."""
+    declaration (once per declaration and state of the schedule: a worker's every start
+    re-sends what it declares, and the same declaration to the same schedule is one message).
+    Returns the schedule's name.
+
+    The dedupe key names the schedule's state as well as the declaration (when it was last
+    declared, whether it is deleted): a used key is remembered for days, and a declaration
+    sent again after a delete, or after another one replaced it (a rollback), must arrive.
+    Workers starting together read the same state and send one message; one that reads the
+    state after the actor took it sends a second, which the actor finds the same and records
+    nothing for.
+    """
     name = full_name(agent, schedule.name)
     address = schedule_id(name)
     body = schedule.to_json()
     async with client.pool.acquire() as conn, conn.transaction():
+        held = await actor_row(conn, address, fields=("summary",))
+        s = held.summary_dict if held is not None else {}
+        state = (s.get("declared_at"), bool(s.get("deleted")))
         await client.spawn(SCHEDULE_KIND, address, {"agent": agent}, conn=conn)
         await client.send(
             address,
             Declare(agent=agent, schedule=body, source=source, by=by),
-            dedupe_key=f"declare:{_digest(agent, body, source)}",
+            dedupe_key=f"declare:{_digest(agent, body, source, *state)}",
             conn=conn,
         )
     return name
