@@ -269,3 +269,162 @@ def test_a_template_that_outgrows_a_runs_input_once_filled_in_is_refused_when_de
     assert info.value.field == "input"
     # a template that fits however it is filled in is still taken
     Schedule(name="fits", every=HOUR, input="x" * (60 * 1024) + "{slot} {weekday} {schedule}")
+
+
+# --- hostile input on the CLI: exit 2, a clear error, nothing stored ---------------------------
+
+HOSTILE_CLI = [
+    ("create", "alpha", "digest", "--every", "nan"),
+    ("create", "alpha", "digest", "--every", "inf"),
+    ("create", "alpha", "digest", "--every", "1e308"),
+    ("create", "alpha", "digest", "--every", "-0.0"),
+    ("create", "alpha", "digest", "--every", "1h", "--jitter", "nan"),
+    ("create", "alpha", "digest", "--every", "1h", "--jitter", "-inf"),
+    ("create", "alpha", "digest", "--every", "1h", "--catch-up", "1e308"),
+    ("create", "alpha", "digest", "--every", "1h", "--input", "bad \udcff byte"),
+    ("create", "alpha", "digest", "--every", "1h", "--input", "{slot.__class__}"),
+    ("create", "alpha", "digest", "--every", "1h", "--input", "x" * 100_000),
+    ("create", "alpha", "digest", "--cron", "0 9 * * *", "--timezone", "../../etc/passwd"),
+    ("create", "alpha", "digest", "--cron", "0 0 * * * *"),
+    ("create", "alpha", "digest", "--cron", ",".join(["1"] * 200) + " * * * *"),
+    ("create", "al/pha", "digest", "--every", "1h"),
+    ("create", "alpha", "dig/est", "--every", "1h"),
+    ("create", "alpha", "dig.est", "--every", "1h"),
+    ("create", "álpha", "digest", "--every", "1h"),
+    ("create", "alpha", "digest", "--every", "1h", "--start", "2026-03-29T02:30:00"),
+    ("create", "alpha", "digest", "--every", "1h", "--overlap", "sometimes"),
+    ("pause", "alpha/digest/extra"),
+    ("pause", "alpha/digest", "--reason", "bad \udcff byte"),
+    ("trigger", "alpha/../digest"),
+    ("backfill", "alpha/digest", "--from", "nan", "--to", "2026-01-01T00:00:00Z"),
+    ("backfill", "alpha/digest", "--from", "2026-01-02T00:00:00Z", "--to", "2026-01-01T00:00:00Z"),
+    ("backfill", "alpha/digest", "--from", "2026-03-29T02:30:00", "--to", "2026-03-30T00:00:00Z"),
+]
+
+
+async def test_hostile_input_on_the_cli_exits_2_and_stores_nothing(
+    client: Client, db_url: str
+) -> None:
+    from tests.test_cli import toren
+
+    def run_all() -> list[Any]:
+        return [toren("schedules", *case, db_url=db_url) for case in HOSTILE_CLI]
+
+    done = await anyio.to_thread.run_sync(run_all)
+    wrong = [
+        (case[:5], d.returncode, d.stderr[-300:])
+        for case, d in zip(HOSTILE_CLI, done, strict=True)
+        if d.returncode != 2
+        or not d.stderr.startswith(("error:", "Usage:"))  # click's own usage errors
+        or "Traceback" in d.stderr
+    ]
+    assert not wrong
+    count = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.actors WHERE actor_id LIKE 'schedule/%'"
+    )
+    assert count == 0
+
+
+# --- hostile input over HTTP: 422 (or 400 for what is not JSON), nothing stored ---------------
+
+HOSTILE_BODIES: list[dict[str, Any]] = [
+    {"every": 1e308},
+    {"every": -0.0},
+    {"every": "nan"},
+    {"every": "inf"},
+    {"every": "1e308s"},
+    {"every": "1h", "jitter": 1e308},
+    {"every": "1h", "jitter": "-1s"},
+    {"every": "1h", "catch_up": -1e-300},
+    {"every": "1h", "catch_up": "infh"},
+    {"every": True},
+    {"every": "1h", "input": "x" * 100_000},
+    {"every": "1h", "input": "{slot}" * 10_000},  # fits, until it is filled in
+    {"every": "1h", "input": "{0.__class__}"},
+    {"every": "1h", "input": "   "},
+    {"cron": "0 9 * * *", "timezone": "../../etc/passwd"},
+    {"cron": "0 9 * * *", "timezone": "x" * 100_000},
+    {"cron": "0 0 * * * *"},
+    {"cron": ",".join(str(m) for m in range(60)) * 4 + " * * * *"},
+    {"cron": "@reboot"},
+    {"every": "1h", "start": "2026-03-29T02:30:00"},
+    {"every": "1h", "start": "0001-01-01T00:00:00+00:00"},
+    {"every": "1h", "end": "9999-12-31T23:59:59+00:00"},
+    {"every": "1h", "overlap": "sometimes"},
+    {"every": "1h", "pause_on_failure": "yes"},
+]
+
+
+async def test_hostile_bodies_over_http_are_422_and_store_nothing(
+    client: Client, db_url: str
+) -> None:
+    from tests.test_api import api, session
+    from toren._surfaces.tokens import SCOPES, create_token
+
+    _, token = await create_token(client.pool, "ops", scopes=SCOPES)
+    wrong = []
+    async with api(db_url) as base, session(token) as http:
+        for fields in HOSTILE_BODIES:
+            body = {"agent": "alpha", "name": "digest", **fields}
+            async with http.post(f"{base}/schedules", json=body) as r:
+                if r.status != 422:
+                    wrong.append((str(fields)[:80], r.status, (await r.text())[:200]))
+        for agent, slot in [("al.pha", "x.y"), ("%C3%A1lpha", "digest"), ("alpha", "%2e%2e")]:
+            async with http.post(f"{base}/schedules/{agent}/{slot}/trigger", json={}) as r:
+                if r.status != 404:
+                    wrong.append((f"{agent}/{slot}", r.status, (await r.text())[:200]))
+        for body in [
+            {"start": "nan", "end": "2026-01-01T00:00:00Z"},
+            {"start": "2026-01-01T00:00:00Z", "end": "2026-01-01T00:00:00Z", "overlap": "x"},
+            {"start": 1.0, "end": 2.0},
+        ]:
+            async with http.post(f"{base}/schedules/alpha/digest/backfill", json=body) as r:
+                if r.status not in (422, 404):
+                    wrong.append((str(body), r.status, (await r.text())[:200]))
+    assert not wrong
+    count = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.actors WHERE actor_id LIKE 'schedule/%'"
+    )
+    assert count == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (high, same root as the backfill's): a run started through POST /runs with "
+    "a slot's key (documented as finding the slot's run) before the slot comes is adopted by "
+    "the slot, input and all; it has no watcher, so the schedule never hears it end and skips "
+    "every later slot (overlap skip)",
+)
+@pytest.mark.usefixtures("model")
+async def test_a_run_started_by_hand_with_a_slots_key_does_not_stay_in_flight(
+    client: Client, db_url: str
+) -> None:
+    from toren.runs import read_run
+    from toren.runs.client import start_run
+    from toren.schedules import slot_key
+    from toren.schedules.events import slot_idempotency_key
+
+    clock = ShiftedClock.at(T0 - HOUR / 2)
+    name = "ticker/hourly"
+    hourly = Schedule(name="hourly", every=HOUR, input="tick {slot_utc}")
+    async with running_worker(db_url, agents_with(hourly), clock=clock):
+        await wait_for(lambda: live(client, name), what="declared")
+        key = slot_idempotency_key(name, slot_key(T0))
+        run = await start_run(client, "ticker", "mine", idempotency_key=key, by=ME)
+
+        async def completed() -> bool:
+            return (await read_run(client, run)).status == "completed"
+
+        await wait_for(completed, what="the hand-started run")
+        clock.advance(T0 - 1.0 - clock.now())
+        await client.send(schedule_id(name), Tick())
+
+        async def dealt() -> dict[str, Any] | None:
+            s = await live(client, name)
+            return s if s and s["started"] + s["skipped"] == 1 else None
+
+        s = await wait_for(dealt, what="the slot dealt with")
+        await settled(client, name)
+        s = await live(client, name)
+        assert s is not None
+        assert s["in_flight"] == [], "the hand-started run is in flight for ever"
