@@ -428,3 +428,36 @@ async def test_a_run_started_by_hand_with_a_slots_key_does_not_stay_in_flight(
         s = await live(client, name)
         assert s is not None
         assert s["in_flight"] == [], "the hand-started run is in flight for ever"
+
+
+# --- a declaration this version cannot read (a newer worker's) breaks no listing --------------
+
+
+@pytest.mark.usefixtures("model")
+async def test_a_declaration_from_a_newer_version_does_not_break_the_listing(
+    client: Client, db_url: str
+) -> None:
+    """In a rolling deploy a newer worker may record a declaration with a field this version
+    does not know. Listing (every schedule, every agent) re-reads each declaration: one it
+    cannot read must not make the whole listing fail."""
+    a = Schedule(name="a", every=HOUR, input="tick")
+    b = Schedule(name="b", every=HOUR, input="tock")
+    async with running_worker(db_url, agents_with(a, b)):
+        await wait_for(lambda: live(client, "ticker/a"), what="a declared")
+        await wait_for(lambda: live(client, "ticker/b"), what="b declared")
+    await client.pool.execute(
+        "UPDATE toren.actors SET summary = jsonb_set(summary, '{schedule,when_idle}', "
+        "'true'::jsonb) WHERE actor_id = $1",
+        schedule_id("ticker/b"),
+    )
+    views = await schedules.list_schedules(client)
+    assert [v.name for v in views] == ["ticker/a", "ticker/b"]
+    assert views[1].next == []  # not computed by a version that cannot read it
+    assert (await schedules.show(client, "ticker/b")).name == "ticker/b"
+    from tests.test_api import api, session
+    from toren._surfaces.tokens import SCOPES, create_token
+
+    _, token = await create_token(client.pool, "ops", scopes=SCOPES)
+    async with api(db_url) as base, session(token) as http, http.get(f"{base}/schedules") as r:
+        assert r.status == 200, await r.text()
+        assert len((await r.json())["schedules"]) == 2

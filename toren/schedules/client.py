@@ -371,9 +371,12 @@ def local_time(instant: float, timezone: str) -> datetime:
 
 def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:
     s = row.summary_dict
-    schedule = Schedule.from_json(s["schedule"])
     upcoming: list[float] = []
-    if not s.get("paused"):
+    try:
+        schedule: Schedule | None = Schedule.from_json(s["schedule"])
+    except ScheduleError:  # recorded by another version (a newer worker's field): no next
+        schedule = None
+    if schedule is not None and not s.get("paused"):
         after = max(float(s.get("cursor") or now), now)
         upcoming = next_fires(schedule, after)
     return ScheduleView(
