@@ -461,3 +461,50 @@ async def test_a_declaration_from_a_newer_version_does_not_break_the_listing(
     async with api(db_url) as base, session(token) as http, http.get(f"{base}/schedules") as r:
         assert r.status == 200, await r.text()
         assert len((await r.json())["schedules"]) == 2
+
+
+# --- an agent no worker runs -------------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (medium, design): a schedule whose agent no worker runs (removed from the "
+    "code, or created while no worker was live) is run by any worker and spawns runs no "
+    "worker can claim; each stays 'in flight' for ever and every later slot is skipped as "
+    "'still in flight', never saying that no worker runs the agent",
+)
+@pytest.mark.usefixtures("model")
+async def test_a_schedule_of_an_agent_no_worker_runs_says_so(client: Client, db_url: str) -> None:
+    ghost = Schedule(name="hourly", every=HOUR, input="tick")
+    await schedules.create(client, "ghost", ghost, by=ME)  # no worker live: not refused
+    clock = ShiftedClock.at(T0 - HOUR / 2)
+    name = "ghost/hourly"
+    async with running_worker(db_url, agents_with(), clock=clock):
+        await wait_for(lambda: live(client, name), what="declared")
+        for slot in (T0, T0 + HOUR):
+            clock.advance(slot + 1.0 - clock.now())
+            await client.send(schedule_id(name), Tick())
+            await settled(client, name)
+        s = await live(client, name)
+        assert s is not None
+        assert s["in_flight"] == [], "a run no worker can claim counts as in flight"
+        assert "ghost" in s["last_reason"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (low): creating at run time a declared schedule's exact declaration turns "
+    "it into a created one (source api); when the code stops declaring it, no worker's start "
+    "deletes it, and it runs until deleted by hand",
+)
+@pytest.mark.usefixtures("model")
+async def test_creating_a_declared_schedule_again_keeps_it_declared(
+    client: Client, db_url: str
+) -> None:
+    hourly = Schedule(name="hourly", every=HOUR, input="tick")
+    async with running_worker(db_url, agents_with(hourly)):
+        await wait_for(lambda: live(client, "ticker/hourly"), what="declared")
+        await schedules.create(client, "ticker", hourly, by=ME)
+        await settled(client, "ticker/hourly")
+    async with running_worker(db_url, agents_with()):  # the code declares it no more
+        await wait_for(lambda: deleted(client, "ticker/hourly"), timeout=10, what="deleted")
