@@ -508,3 +508,42 @@ async def test_creating_a_declared_schedule_again_keeps_it_declared(
         await settled(client, "ticker/hourly")
     async with running_worker(db_url, agents_with()):  # the code declares it no more
         await wait_for(lambda: deleted(client, "ticker/hourly"), timeout=10, what="deleted")
+
+
+@pytest.mark.usefixtures("model")
+async def test_two_backfills_of_one_range_buffer_each_slot_once(
+    client: Client, db_url: str
+) -> None:
+    """Each slot was buffered once per backfill: the count shown doubled, and under
+    ``buffer_one`` the second backfill's "a slot is waiting already" skip of a slot that was
+    itself the one waiting took it out of the line (its slot lost)."""
+    clock = ShiftedClock.at(T0 + 10.0)
+    name = "ticker/hourly"
+    hourly = Schedule(name="hourly", every=HOUR, input="park {slot_utc}")
+    other = Schedule(name="other", every=HOUR, input="park {slot_utc}")
+    async with running_worker(db_url, agents_with(hourly, other), clock=clock):
+        await wait_for(lambda: live(client, name), what="declared")
+        await schedules.trigger(client, name, by=ME, id="first")  # parks: in flight
+        for _ in range(2):
+            n = await schedules.backfill(
+                client, name, T0 - 3 * HOUR - 10, T0 - 10, by=ME, clock=clock
+            )
+            assert n == 3
+        await settled(client, name)
+        s = await live(client, name)
+        assert s is not None
+        assert len(s["in_flight"]) == 1
+        assert s["buffered"] == 3
+        assert s["skipped"] == 0
+        # buffer_one: the slot waiting stays in line through a second backfill over it
+        other = "ticker/other"
+        await wait_for(lambda: live(client, other), what="the other declared")
+        await schedules.trigger(client, other, by=ME, id="first")
+        for _ in range(2):
+            await schedules.backfill(
+                client, other, T0 - HOUR - 10, T0 - 10, overlap="buffer_one", by=ME, clock=clock
+            )
+        await settled(client, other)
+        s = await live(client, other)
+        assert s is not None
+        assert s["buffered"] == 1, "the slot waiting was taken out of the line"

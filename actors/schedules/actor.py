@@ -180,6 +180,8 @@ class ScheduleActor(Actor[ScheduleState]):
     ) -> None:
         """Start ``slot``'s run, or skip or buffer it, as ``overlap`` says."""
         key = slot_key(slot)
+        if any(b[1] == key for b in ctx.state.buffered):
+            return  # waiting already (a second backfill over it): one place in line is enough
         in_flight = ctx.state.in_flight
         if in_flight and overlap != "allow_all":
             if overlap == "skip":
