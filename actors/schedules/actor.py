@@ -16,11 +16,13 @@ import logging
 from typing import Any
 
 from toren import Actor, ChildFailed, Context, Principal
-from toren.kernel import Clock
+from toren.actors.schedules.runtime import Schedules
+from toren.kernel import Clock, actor_row
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route, agents_of
 from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
 from toren.runs.limits import child_limits, key_limit
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
+from toren.schedules.client import OVERLAPS
 from toren.schedules.events import (
     SCHEDULE_PREFIX,
     Backfill,
@@ -82,11 +84,11 @@ class ScheduleActor(Actor[ScheduleState]):
         clock = ctx.resources.find(Clock) or Clock()
         now = clock.now()
         if isinstance(msg, Declare):
-            self._declare(ctx, msg, now)
+            await self._declare(ctx, msg, now)
         elif isinstance(msg, Tick):
-            self._advance(ctx, now)
+            await self._advance(ctx, now)
         elif isinstance(msg, ChildEnded | ChildFailed):
-            self._ended(ctx, msg, now)
+            await self._ended(ctx, msg, now)
         elif isinstance(msg, Pause):
             if not ctx.state.paused and not ctx.state.deleted:
                 ctx.emit(Paused(reason=msg.reason, by=msg.by, at=now))
@@ -94,15 +96,15 @@ class ScheduleActor(Actor[ScheduleState]):
         elif isinstance(msg, Resume):
             if ctx.state.paused and not ctx.state.deleted:
                 ctx.emit(Resumed(by=msg.by, at=now))
-                self._drain(ctx, now)
-                self._advance(ctx, now)
+                await self._drain(ctx, now)
+                await self._advance(ctx, now)
         elif isinstance(msg, Trigger):
             schedule = self._schedule(ctx)
             if schedule is not None:
                 key = f"manual-{msg.id}"
-                self._start(ctx, schedule, now, key, "manual", now, by=msg.by)
+                await self._start(ctx, schedule, now, key, "manual", now, by=msg.by)
         elif isinstance(msg, Backfill):
-            self._backfill(ctx, msg, now)
+            await self._backfill(ctx, msg, now)
         elif isinstance(msg, Delete) and not ctx.state.deleted and ctx.state.schedule:
             ctx.emit(Deleted(by=msg.by, at=now))
             ctx.cancel_timer(TIMER)
@@ -113,9 +115,10 @@ class ScheduleActor(Actor[ScheduleState]):
         state = ctx.state
         if state.schedule is None or state.deleted:
             return None
-        return Schedule.from_json(state.schedule)
+        # Leniently: a declaration a newer version recorded may hold fields this one lacks.
+        return Schedule.from_json(state.schedule, strict=False)
 
-    def _declare(self, ctx: Context[ScheduleState], msg: Declare, now: float) -> None:
+    async def _declare(self, ctx: Context[ScheduleState], msg: Declare, now: float) -> None:
         try:
             Schedule.from_json(msg.schedule)
         except (ScheduleError, TypeError, ValueError) as exc:
@@ -130,9 +133,9 @@ class ScheduleActor(Actor[ScheduleState]):
                     agent=msg.agent, schedule=msg.schedule, source=msg.source, by=msg.by, at=now
                 )
             )
-        self._advance(ctx, now)
+        await self._advance(ctx, now)
 
-    def _advance(self, ctx: Context[ScheduleState], now: float) -> None:
+    async def _advance(self, ctx: Context[ScheduleState], now: float) -> None:
         """Deal with the slots due by ``now`` and set the timer for the next."""
         schedule = self._schedule(ctx)
         if schedule is None or ctx.state.paused:
@@ -155,7 +158,7 @@ class ScheduleActor(Actor[ScheduleState]):
         due = spec.slots(cursor, now, FIRED_PER_STEP)
         for slot in due:
             how: How = "on_time" if now - slot <= late else "catch_up"
-            self._fire(ctx, schedule, slot, how, schedule.overlap, now)
+            await self._fire(ctx, schedule, slot, how, schedule.overlap, now)
         if len(due) == FIRED_PER_STEP:
             ctx.set_timer(TIMER, 0.0, Tick())  # more are due: the next step takes them
             return
@@ -168,7 +171,7 @@ class ScheduleActor(Actor[ScheduleState]):
 
     # -- slots -----------------------------------------------------------------------------------
 
-    def _fire(
+    async def _fire(
         self,
         ctx: Context[ScheduleState],
         schedule: Schedule,
@@ -180,6 +183,8 @@ class ScheduleActor(Actor[ScheduleState]):
     ) -> None:
         """Start ``slot``'s run, or skip or buffer it, as ``overlap`` says."""
         key = slot_key(slot)
+        if any(b[1] == key for b in ctx.state.buffered):
+            return  # waiting already (a second backfill over it): one place in line is enough
         in_flight = ctx.state.in_flight
         if in_flight and overlap != "allow_all":
             if overlap == "skip":
@@ -200,9 +205,9 @@ class ScheduleActor(Actor[ScheduleState]):
                     # On the user lane, behind the run's start: a run started in this same step
                     # must start before it is cancelled (a run takes its system lane first).
                     ctx.send(run, cancel)
-        self._start(ctx, schedule, slot, key, how, now, by=by)
+        await self._start(ctx, schedule, slot, key, how, now, by=by)
 
-    def _start(
+    async def _start(
         self,
         ctx: Context[ScheduleState],
         schedule: Schedule,
@@ -216,7 +221,10 @@ class ScheduleActor(Actor[ScheduleState]):
         """Spawn the slot's run and send it its start, in this step (see the module)."""
         agent = ctx.state.agent
         run = keyed_run_id(agent, slot_idempotency_key(self.name, key))
-        if any(r.run == run for r in ctx.state.recent):
+        # A run under the slot's key exists already (a backfill over a slot that fired, a run
+        # started by hand with the key): it is not this slot's to start, nor to wait for.
+        known = any(r.run == run for r in ctx.state.recent)
+        if known or await actor_row(ctx.resources.get(Schedules).pool, run) is not None:
             reason = f"its run {run} was started already"
             ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
             return
@@ -241,7 +249,7 @@ class ScheduleActor(Actor[ScheduleState]):
     def _principal(self) -> Principal:
         return Principal(kind="schedule", id=self.actor_id, name=self.name, via="schedule")
 
-    def _ended(
+    async def _ended(
         self, ctx: Context[ScheduleState], msg: ChildEnded | ChildFailed, now: float
     ) -> None:
         run = msg.run_id if isinstance(msg, ChildEnded) else msg.actor_id
@@ -260,20 +268,33 @@ class ScheduleActor(Actor[ScheduleState]):
             ctx.emit(Paused(reason=reason, at=now))
             ctx.cancel_timer(TIMER)
             return
-        self._drain(ctx, now)
+        await self._drain(ctx, now)
 
-    def _drain(self, ctx: Context[ScheduleState], now: float) -> None:
+    async def _drain(self, ctx: Context[ScheduleState], now: float) -> None:
         """Start the oldest buffered slot if nothing is in flight."""
         schedule = self._schedule(ctx)
         state = ctx.state
         if schedule is None or state.paused or state.in_flight or not state.buffered:
             return
         slot, key, _ = state.buffered[0]
-        self._start(ctx, schedule, slot, key, "buffered", now)
+        await self._start(ctx, schedule, slot, key, "buffered", now)
 
-    def _backfill(self, ctx: Context[ScheduleState], msg: Backfill, now: float) -> None:
+    async def _backfill(self, ctx: Context[ScheduleState], msg: Backfill, now: float) -> None:
         schedule = self._schedule(ctx)
         if schedule is None:
             return
-        for slot in schedule.spec.slots(msg.start, min(msg.end, now), FIRED_PER_STEP * 20):
-            self._fire(ctx, schedule, slot, "backfill", msg.overlap, now, by=msg.by)
+        # Checked where it was sent (toren.schedules.client.backfill): one that is not valid
+        # here came from elsewhere, and is ignored rather than retried into a dead letter.
+        try:
+            slots = (
+                schedule.spec.slots(msg.start, min(msg.end, now), FIRED_PER_STEP * 20)
+                if msg.overlap in OVERLAPS and msg.start < msg.end
+                else None
+            )
+        except ScheduleError:
+            slots = None
+        if slots is None:
+            log.warning("%s: a backfill that is not valid was ignored: %r", ctx.actor_id, msg)
+            return
+        for slot in slots:
+            await self._fire(ctx, schedule, slot, "backfill", msg.overlap, now, by=msg.by)

@@ -10,21 +10,11 @@ import anyio
 
 from toren import Client
 from toren.actors.schedules.actor import ScheduleActor
+from toren.actors.schedules.runtime import Schedules
 from toren.kernel import Kind, Service, WorkerEnv
 from toren.runs import Agents
 from toren.schedules.reconcile import reconcile
 from toren.schedules.surfaces import SURFACES
-
-
-class Schedules:
-    """What the schedule kind keeps on a worker: a client on its pool, for reconciling."""
-
-    def __init__(self, client: Client, agents: Agents) -> None:
-        self.client = client
-        self.agents = agents
-
-    async def close(self) -> None:
-        """Nothing to release: the pool is the worker's."""
 
 
 async def _open(env: WorkerEnv) -> Schedules:

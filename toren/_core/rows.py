@@ -122,12 +122,21 @@ def row(r: asyncpg.Record) -> ActorRow:
 
 
 async def actor_row(
-    db: Db, actor_id: str, *, kind: str | None = None, fields: Iterable[str] = ()
+    db: Db,
+    actor_id: str,
+    *,
+    kind: str | None = None,
+    fields: Iterable[str] = (),
+    lock: bool = False,
 ) -> ActorRow | None:
-    """Actor ``actor_id``'s row, or ``None`` if there is none (or it is not of ``kind``)."""
+    """Actor ``actor_id``'s row, or ``None`` if there is none (or it is not of ``kind``).
+    With ``lock``, the row is locked for update until ``db``'s transaction ends (so that
+    checks of its ``args`` and their change serialize)."""
     sql = f"SELECT {columns(fields)} FROM toren.actors a WHERE a.actor_id = $1"
     if kind is not None:
         sql += f" AND a.kind = {_kind(kind)}"
+    if lock:
+        sql += " FOR UPDATE"
     found = await db.fetchrow(sql, actor_id)
     return row(found) if found is not None else None
 

@@ -12,12 +12,13 @@ next fire times from the clock.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import re
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import attrs
@@ -27,7 +28,7 @@ from toren._core.client import Client
 from toren._core.clock import Clock
 from toren._core.errors import TorenError
 from toren._core.json_text import dumps
-from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind
+from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren.runs.client import check_served, keyed_run_id
 from toren.runs.limits import ensure_key_limit
 from toren.schedules import SLOT_NAME, Schedule, ScheduleError, slot_key
@@ -45,7 +46,12 @@ from toren.schedules.events import (
     slot_idempotency_key,
 )
 
+if TYPE_CHECKING:
+    from toren._core.client import Connection
+
 OVERLAPS = ("skip", "buffer_one", "buffer_all", "cancel_other", "allow_all")
+PART = 50
+"""Slots a backfill's message covers at most: the schedule starts them in one step."""
 BACKFILL_SLOTS = 1000
 """Slots one backfill may start at most (a longer range is backfilled in parts)."""
 NEXT_SHOWN = 3
@@ -116,27 +122,62 @@ async def declare(
     client: Client, agent: str, schedule: Schedule, *, source: Source, by: Principal
 ) -> str:
     """Create the actor of ``agent``'s ``schedule`` if there is none, and send it this
-    declaration (once per declaration: a worker's every start re-sends what it declares, and
-    the same declaration is one message). Returns the schedule's name."""
-    name = full_name(agent, schedule.name)
-    address = schedule_id(name)
-    body = schedule.to_json()
+    declaration (once per declaration and state of the schedule: a worker's every start
+    re-sends what it declares, and the same declaration to the same schedule is one message).
+    Returns the schedule's name.
+
+    The dedupe key names the schedule's state as well as the declaration (when it was last
+    declared, whether it is deleted): a used key is remembered for days, and a declaration
+    sent again after a delete, or after another one replaced it (a rollback), must arrive.
+    Workers starting together read the same state and send one message; one that reads the
+    state after the actor took it sends a second, which the actor finds the same and records
+    nothing for.
+    """
     async with client.pool.acquire() as conn, conn.transaction():
-        if schedule.concurrency_key is not None:  # its runs are spawned under it, in steps
-            await ensure_key_limit(conn, agent, schedule.concurrency_key)
-        await client.spawn(SCHEDULE_KIND, address, {"agent": agent}, conn=conn)
-        await client.send(
-            address,
-            Declare(agent=agent, schedule=body, source=source, by=by),
-            dedupe_key=f"declare:{_digest(agent, body, source)}",
-            conn=conn,
-        )
-    return name
+        await _declare(client, conn, agent, schedule, source=source, by=by)
+    return full_name(agent, schedule.name)
+
+
+async def _declare(
+    client: Client,
+    conn: Connection,
+    agent: str,
+    schedule: Schedule,
+    *,
+    source: Source,
+    by: Principal,
+) -> ActorRow | None:
+    """:func:`declare` in ``conn``'s transaction; the schedule's row as it was (locked until
+    the transaction ends), ``None`` if it was created now. The row's ``args`` name the
+    declaration last sent (``declared``), so that two creates of one name serialize on it."""
+    address = schedule_id(full_name(agent, schedule.name))
+    body = schedule.to_json()
+    sent = _digest(agent, body)
+    if schedule.concurrency_key is not None:  # its runs are spawned under it, in steps
+        await ensure_key_limit(conn, agent, schedule.concurrency_key)
+    args = {"agent": agent, "declared": sent}
+    created = await client.spawn(SCHEDULE_KIND, address, args, conn=conn)
+    held = (
+        None if created else await actor_row(conn, address, fields=("summary", "args"), lock=True)
+    )
+    s = held.summary_dict if held is not None else {}
+    state = (s.get("declared_at"), bool(s.get("deleted")))
+    if held is not None and held.args_dict != args:
+        await set_args(conn, address, args)
+    await client.send(
+        address,
+        Declare(agent=agent, schedule=body, source=source, by=by),
+        dedupe_key=f"declare:{_digest(agent, body, source, *state)}",
+        conn=conn,
+    )
+    return held
 
 
 async def create(client: Client, agent: str, schedule: Schedule, *, by: Principal) -> str:
     """Create ``agent``'s ``schedule`` at run time (as ``toren schedules create`` and
-    ``POST /schedules`` do). Creating it again with the same declaration is a no-op.
+    ``POST /schedules`` do). Creating it again with the same declaration is a no-op (a
+    declared schedule stays declared); two creates of one name with different declarations,
+    at once or one after the other, are one created and one refused.
 
     Raises:
         AgentNotServed: workers are live and none runs ``agent``.
@@ -146,12 +187,24 @@ async def create(client: Client, agent: str, schedule: Schedule, *, by: Principa
         raise ScheduleError("agent", "an agent name: 1 to 100 letters, digits, _ . -")
     await check_served(client, agent)
     name = full_name(agent, schedule.name)
-    row = await actor_row(client.pool, schedule_id(name), fields=("summary",))
-    if row is not None:
-        held = row.summary_dict
-        if not held.get("deleted") and held.get("schedule") not in (None, schedule.to_json()):
-            raise ScheduleExists(name)
-    return await declare(client, agent, schedule, source="api", by=by)
+    body = schedule.to_json()
+    async with client.pool.acquire() as conn, conn.transaction():
+        address = schedule_id(name)
+        # Created now, or locked: a create of the same name at once waits for this one.
+        args = {"agent": agent, "declared": _digest(agent, body)}
+        held = None
+        if not await client.spawn(SCHEDULE_KIND, address, args, conn=conn):
+            held = await actor_row(conn, address, fields=("summary", "args"), lock=True)
+        if held is not None and not held.summary_dict.get("deleted"):
+            s, last = held.summary_dict, held.args_dict.get("declared")
+            if last is None and s.get("schedule") is not None:
+                last = _digest(agent, s["schedule"])
+            if last is not None and last != _digest(agent, body):
+                raise ScheduleExists(name)
+            if last is not None and s.get("source") == "declared":
+                return name  # what its agent declares already: it stays declared
+        await _declare(client, conn, agent, schedule, source="api", by=by)
+    return name
 
 
 async def _live(client: Client, name: str) -> ActorRow:
@@ -237,11 +290,15 @@ async def backfill(
         raise ScheduleError(
             "end", f"a range of at most {BACKFILL_SLOTS} slots: backfill it in parts"
         )
-    if slots:
-        await client.send(
-            schedule_id(name),
-            Backfill(by=by, start=float(start), end=float(end), overlap=overlap),
-        )
+    # In parts of at most FIRED_PER_STEP slots, each a message (one step each), sent together.
+    bounds = [float(start), *(slots[i - 1] for i in range(PART, len(slots), PART)), float(end)]
+    if not slots:
+        return 0
+    async with client.pool.acquire() as conn, conn.transaction():
+        for low, high in itertools.pairwise(bounds):
+            await client.send(
+                schedule_id(name), Backfill(by=by, start=low, end=high, overlap=overlap), conn=conn
+            )
     return len(slots)
 
 
@@ -362,9 +419,12 @@ def local_time(instant: float, timezone: str) -> datetime:
 
 def _view(row: ActorRow, status: dict[str, Any], now: float) -> ScheduleView:
     s = row.summary_dict
-    schedule = Schedule.from_json(s["schedule"])
     upcoming: list[float] = []
-    if not s.get("paused"):
+    try:
+        schedule: Schedule | None = Schedule.from_json(s["schedule"])
+    except ScheduleError:  # recorded by another version (a newer worker's field): no next
+        schedule = None
+    if schedule is not None and not s.get("paused"):
         after = max(float(s.get("cursor") or now), now)
         upcoming = next_fires(schedule, after)
     return ScheduleView(

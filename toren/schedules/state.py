@@ -149,6 +149,7 @@ def summary(state: ScheduleState) -> dict[str, Any]:
         "agent": state.agent,
         "schedule": state.schedule,
         "source": state.source,
+        "declared_at": state.declared_at,  # names the state a declaration is sent against
         "cursor": state.cursor,
         "paused": state.paused,
         "paused_reason": state.paused_reason,

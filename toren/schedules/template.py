@@ -21,13 +21,24 @@ import math
 import re
 from datetime import datetime
 
-from toren.schedules.spec import ScheduleError, check_text, slot_key, zone
+from toren.schedules.spec import TIMEZONE_CAP, ScheduleError, check_text, slot_key, zone
 
 INPUT_CAP = 64 * 1024
 """UTF-8 bytes a template may hold: a run's input cap by default (``max_message_bytes``)."""
 
 PLACEHOLDERS = ("slot", "slot_utc", "date", "time", "weekday", "timezone", "schedule")
 """The names a template may hold in braces."""
+
+_LONGEST = {
+    "slot": len("2026-03-29T03:00:00+00:53:28"),  # an offset in seconds: a zone's early years
+    "slot_utc": len("2026-03-29T01:00:00Z"),
+    "date": len("2026-03-29"),
+    "time": len("03:00"),
+    "weekday": len("Wednesday"),
+    "timezone": TIMEZONE_CAP,
+    "schedule": 100 + 1 + 63,  # AGENT/SLOT, each at its longest
+}
+"""The most bytes each placeholder is filled in with (all of them ASCII)."""
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
@@ -67,8 +78,8 @@ def _pieces(template: str) -> list[str | tuple[str]]:
 
 def check_template(template: object) -> str:
     """``template`` if it is a valid input template: text of at most :data:`INPUT_CAP`
-    bytes, no NUL or lone surrogate, known placeholders only, and not empty (a run needs an
-    input).
+    bytes, also once its placeholders are filled in at their longest, no NUL or lone
+    surrogate, known placeholders only, and not empty (a run needs an input).
 
     Raises:
         ScheduleError: it is not (``field`` is ``input``).
@@ -76,7 +87,14 @@ def check_template(template: object) -> str:
     text = check_text("input", template, INPUT_CAP, what="a text")
     if not text.strip():
         raise ScheduleError("input", "must not be empty: it is the run's input", hint=_HINT)
-    _pieces(text)
+    pieces = _pieces(text)
+    if "{" in text:  # filled in, it must still fit a run's input, whatever the slot
+        longest = sum(len(p.encode()) if isinstance(p, str) else _LONGEST[p[0]] for p in pieces)
+        if longest > INPUT_CAP:
+            raise ScheduleError(
+                "input",
+                f"filled in, it may reach {longest} bytes; a run's input holds at most {INPUT_CAP}",
+            )
     return text
 
 
