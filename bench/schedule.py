@@ -17,7 +17,7 @@ from bench._common import Bench, db_counters, median_ms, p99_ms, per_step
 from toren import Client
 from toren._agent.principal import Principal
 from toren.schedules import Schedule
-from toren.schedules.client import declare
+from toren.schedules.client import declare, delete
 
 SCHEDULES = 20
 
@@ -41,6 +41,8 @@ async def run(b: Bench) -> None:
                     await anyio.sleep(0.05)
             fired = await _fired(client) - started
             cost = await per_step(client.pool, before, fired)
+            for i in range(SCHEDULES):  # nothing fires on into the sections after
+                await delete(client, f"bench_unserved/s{i}", by=by)
             lateness = await client.pool.fetch(
                 "SELECT extract(epoch FROM created_at)::float8 - (data->>'slot')::float8 AS late "
                 "FROM toren.journal WHERE type = 'schedule.slot_started'"

@@ -347,4 +347,10 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/readyz",
         "/metrics",
         "/session",
+        "/schedules",
+        "/schedules/{agent}/{slot}",
+        "/schedules/{agent}/{slot}/pause",
+        "/schedules/{agent}/{slot}/resume",
+        "/schedules/{agent}/{slot}/trigger",
+        "/schedules/{agent}/{slot}/backfill",
     }

@@ -59,6 +59,8 @@ KEYS = {
     "claim_limits_ratio",
     "claim_50_ms_limits_loose",
     "claim_limits_loose_ratio",
+    "schedule_firing_wal_flushes",
+    "schedule_late_median_ms",
     "api_list_by_status_ms_100k",
     "metrics_scrape_ms_100k",
     "parked_10k_leases",

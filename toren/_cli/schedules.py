@@ -65,7 +65,10 @@ def register(main: click.Group) -> None:
 
     @main.group()
     def schedules() -> None:
-        """Agents that run on a clock: list, create, pause, resume, trigger, backfill, delete."""
+        """Start agents' runs on a clock.
+
+        Schedules fire at cron times in a time zone, or at intervals: list, create, pause,
+        resume, trigger, backfill and delete them."""
 
     @schedules.command("list")
     @click.option("--agent", help="Only this agent's schedules.")
@@ -73,8 +76,10 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def list_cmd(ctx: click.Context, agent: str | None, as_json: bool) -> None:
-        """Live schedules: their spec, next fire times (in each schedule's time zone), whether
-        paused, their last runs, missed slots and why the last slot did not start."""
+        """List schedules and their next fire times.
+
+        Each with its spec, next fire times (in its time zone), whether paused, its last runs,
+        missed slots and why the last slot did not start."""
         from toren.schedules.client import list_schedules
 
         async with await _client(ctx.obj["settings"]) as client:
@@ -103,7 +108,9 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def show_cmd(ctx: click.Context, name: str, as_json: bool) -> None:
-        """One schedule (NAME is AGENT/SLOT) with its declaration and recent slots."""
+        """Show one schedule (NAME is AGENT/SLOT).
+
+        Its declaration, next fire times and recent slots."""
         from toren.schedules.client import show
 
         async with await _client(ctx.obj["settings"]) as client:
@@ -131,8 +138,10 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def create_cmd(ctx: click.Context, /, agent: str, slot: str, **options: Any) -> None:
-        """Create AGENT's schedule SLOT (give --cron or --every); prints its name. Creating it
-        again with the same values is a no-op."""
+        """Create AGENT's schedule SLOT.
+
+        Give --cron or --every; prints its name. Creating it again with the same values is a
+        no-op."""
         from toren._cli.runs import who
         from toren.runs import AgentNotServed
         from toren.schedules.client import create, schedule_of
@@ -179,7 +188,9 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def trigger_cmd(ctx: click.Context, name: str) -> None:
-        """Start a run of NAME's agent now, whatever its slots; prints the run's id."""
+        """Start a run of NAME's agent now.
+
+        Whatever its slots and overlap policy; prints the run's id."""
         from toren._cli.runs import who
         from toren.schedules.client import trigger
 
@@ -197,7 +208,9 @@ def register(main: click.Group) -> None:
     async def backfill_cmd(
         ctx: click.Context, name: str, start: str, end: str, overlap: str
     ) -> None:
-        """Start NAME's slots in a past range (slots that started a run start none again)."""
+        """Start NAME's slots in a past range.
+
+        Slots that started a run already start none again."""
         from toren._cli.runs import who
         from toren.schedules.client import backfill
 
