@@ -24,7 +24,16 @@ import pytest
 
 from tests.conftest import running_worker, wait_for
 from toren import Agent, Client, ConfigError, Settings
-from toren.kernel import RateLimit, ShiftedClock, rate_windows, window_of
+from toren._cli.timeline import describe
+from toren.kernel import (
+    RateLimit,
+    Refusal,
+    ShiftedClock,
+    block_rate,
+    rate_windows,
+    take_rate,
+    window_of,
+)
 from toren.runs import Agents, RateWake, RunState, read_run, start_run
 from toren.testing import AnthropicServer, Fail, Reply
 
@@ -247,3 +256,31 @@ def test_good_rate_limits_are_read_and_the_cli_refuses_a_bad_one_with_exit_2(
     assert result.returncode == 2, result.stderr
     assert '[rate_limits."anthropic"]' in result.stderr
     assert "requests_per_minute must be a positive whole number" in result.stderr
+
+
+async def test_a_take_counts_tokens_and_takes_every_limit_or_none(client: Client) -> None:
+    model = RateLimit(name=MODEL, requests_per_minute=10)
+    key = RateLimit(name="anthropic", tokens_per_minute=100)
+    pool = client.pool
+    assert await take_rate(pool, (model, key), now=T0, tokens=60) is None
+    refusal = await take_rate(pool, (model, key), now=T0 + 1, tokens=60)
+    assert refusal == Refusal(limit=key, reason="tokens", until=(window_of(T0) + 1) * 60.0)
+    rows = {r["name"]: r for r in await rate_windows(pool)}
+    assert rows[MODEL]["requests"] == 1  # the model's limit gave back what the key refused
+    assert (rows["anthropic"]["requests"], rows["anthropic"]["tokens"]) == (1, 60)
+    # The next minute has room again; a call over the token cap goes alone in its minute.
+    assert await take_rate(pool, (model, key), now=T0 + 60, tokens=40) is None
+    assert await take_rate(pool, (key,), now=T0 + 120, tokens=500) is None
+    assert (await take_rate(pool, (key,), now=T0 + 121, tokens=1)) is not None
+    # A block holds every take of its limit until it ends, on the clock given.
+    await block_rate(pool, ["anthropic"], T0 + 200)
+    blocked = await take_rate(pool, (model, key), now=T0 + 190, tokens=1)
+    assert blocked == Refusal(limit=key, reason="blocked", until=T0 + 200)
+    assert await take_rate(pool, (model, key), now=T0 + 200.5, tokens=1) is None
+
+
+def test_the_timeline_says_which_limit_and_until_when() -> None:
+    data = {"limit": "anthropic", "caps": "50 requests/min", "reason": "requests", "until": T0}
+    assert describe("rate.waited", data) == (
+        "waiting for rate limit anthropic (50 requests/min) until 09:00:01 UTC: requests used up"
+    )
