@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
     )
     from toren._core.history import History, Ledger
     from toren._core.journal import JournalEntry
+    from toren._core.rates import RateLimit
     from toren._core.restarts import MemoryRestartStore, PostgresRestartStore, RestartStore
     from toren._settings import Settings
 
@@ -81,6 +82,7 @@ __all__ = [
     "PoisonMessage",
     "PostgresRestartStore",
     "Principal",
+    "RateLimit",
     "RestartStore",
     "Settings",
     "SupervisorEscalation",
@@ -128,6 +130,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "message",
     ),
     "toren._settings": ("Settings",),
+    "toren._core.rates": ("RateLimit",),
     "toren._core.errors": (
         "ActorAlreadyExists",
         "ActorNotLive",

@@ -3,7 +3,7 @@
 Each floor declares its own fields, the variables it reads and the tables it parses; this module
 only composes them: the kernel's :class:`~toren._core.config.WorkerSettings` (the database,
 leases, the worker), the agent layer's :class:`~toren._agent.settings.AgentSettings`
-(``[agents.NAME]`` tables, the message cap), the kinds'
+(``[agents.NAME]`` and ``[rate_limits.NAME]`` tables, the message cap), the kinds'
 :class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings` and
 :class:`~toren.channels._worker_settings.TelegramWorkerSettings` and
 :class:`~toren.schedules._worker_settings.ScheduleWorkerSettings`, and the HTTP surface's
@@ -37,7 +37,8 @@ class Settings(
     (:class:`~toren._core.config.WorkerSettings`: ``database_url``, ``home``, leases, polling,
     ``max_actors``, ``pool_size``, ``worker_name``, ``deploy_label``, restart limits, dedupe
     retention, ``snapshot_every``, ``config_file``), the agent layer's
-    (:class:`~toren._agent.settings.AgentSettings`: ``max_message_bytes``, ``agents``), the
+    (:class:`~toren._agent.settings.AgentSettings`: ``max_message_bytes``, ``agents``,
+    ``rate_limits``), the
     HTTP surface's (:class:`~toren._surfaces.http_settings.HttpSettings`: cookies, trusted
     proxies, streams, failed sign-ins, ``console_url``), sandboxes'
     (:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings`), Telegram's

@@ -31,6 +31,9 @@ from toren._core.leases import (
     waiting,
 )
 from toren._core.migrate import migrate, schema_status
+from toren._core.rates import RateLimit, Refusal, rate_windows, window_of
+from toren._core.rates import block as block_rate
+from toren._core.rates import take as take_rate
 from toren._core.resources import MissingResource, Resources
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
@@ -49,6 +52,8 @@ __all__ = [
     "LeaseClock",
     "MessageDeadLettered",
     "MissingResource",
+    "RateLimit",
+    "Refusal",
     "Resources",
     "Runtime",
     "Service",
@@ -60,6 +65,7 @@ __all__ = [
     "actor_row",
     "actor_rows",
     "actors_of_kind",
+    "block_rate",
     "claim",
     "code_version",
     "connect",
@@ -76,13 +82,16 @@ __all__ = [
     "migrate",
     "open_death_watch",
     "printable",
+    "rate_windows",
     "release",
     "release_claim",
     "renew",
     "safe_text",
     "schema_status",
     "set_args",
+    "take_rate",
     "utf8_size",
     "waiting",
     "watch_successor",
+    "window_of",
 ]

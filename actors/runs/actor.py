@@ -37,6 +37,7 @@ from toren.actors.runs import (
     deciding,
     inflight,
     models,
+    rates,
     request,
     sandboxing,
     steps,
@@ -58,6 +59,7 @@ from toren.runs import (
     MessageReceived,
     ModelCalled,
     ModelUnreadable,
+    RateWake,
     Retry,
     RunCompleted,
     RunFailed,
@@ -124,7 +126,10 @@ class RunActor(Actor[RunState]):
         if ctx.state.status in ("failed", "cancelled"):
             return
         kind = ctx.envelope.kind if ctx.envelope else "a message"
-        if isinstance(msg, Continue) and ctx.state.status == "running" and ctx.envelope:
+        steps_on = isinstance(msg, Continue) or (
+            isinstance(msg, RateWake) and rates.waiting(ctx.state)
+        )
+        if steps_on and ctx.state.status == "running" and ctx.envelope:
             # Each claim of a step given up may have sent its model call: counted lost. Past
             # max_deliveries this claim is not handled; past max_attempts it was.
             inflight.note_lost(ctx, handled=ctx.envelope.deliveries <= self.max_deliveries)
@@ -244,8 +249,10 @@ class RunActor(Actor[RunState]):
         if live and isinstance(msg, Cancel):
             ctx.emit(steps.cancelled(msg))
             return
+        # A wake for a call a rate limit held back makes the step, as a Continue does.
+        woken = isinstance(msg, RateWake) and rates.waiting(state)
         if live:
-            self._check_resume(ctx, go_on=not isinstance(msg, Continue))
+            self._check_resume(ctx, go_on=not (isinstance(msg, Continue) or woken))
         if isinstance(msg, Decide):
             deciding.decide(ctx, msg)  # answered whatever the run's status
             return
@@ -263,7 +270,9 @@ class RunActor(Actor[RunState]):
                 ctx.emit(ToolResulted(call_id=msg.call_id, content=f"slept {seconds:g}s"))
                 ctx.send(ctx.actor_id, Continue())
             return
-        if isinstance(msg, Continue) and ctx.state.status == "running":
+        if woken:
+            ctx.cancel_timer(rates.TIMER)  # woken before its timer: the timer is not needed
+        if (isinstance(msg, Continue) or woken) and ctx.state.status == "running":
             inflight.note_lost(ctx)  # the call announced for this step, sent by a stopped worker
             await self._next(ctx)
 
@@ -428,6 +437,9 @@ class RunActor(Actor[RunState]):
         sent = request.build_request(agent, context_messages(state), state.callees)
         digest = request.request_digest(state, sent)
         started = time.monotonic()
+        limits = models.rates_of(ctx)
+        if await rates.held_back(ctx, limits, agent, sent):
+            return  # not sent: the run waits for the limit (rate.waited), holding no lease
         try:
             provider = await models.provider(ctx, agent.model)
             started = time.monotonic()
@@ -450,6 +462,8 @@ class RunActor(Actor[RunState]):
                 )
                 ctx.emit(RunFailed(error_class="provider", message=str(exc)))
                 return
+            if await rates.refused(ctx, limits, agent, exc):
+                return  # a 429 under a shared limit: every worker waits it out
             if exc.too_large:  # over the window: compact and try once more
                 await compaction.after_refusal(ctx, agent, self._last_sent, exc)
                 return

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from toren.actors.runs.actor import RunActor
 from toren.actors.runs.models import Providers
-from toren.kernel import Kind, WorkerEnv
+from toren.actors.runs.rates import Rates
+from toren.kernel import Clock, Kind, WorkerEnv
 from toren.runs import Agents
 from toren.runs.limits import set_agent_caps
 from toren.runs.surfaces import SURFACES
@@ -15,7 +16,11 @@ async def _open(env: WorkerEnv) -> Providers:
     agents = env.resources.find(Agents)
     if agents is not None:
         await set_agent_caps(env.pool, agents.registered())
-    return Providers()  # a provider's client is made at its first call
+    # Declared rate limits are taken through the worker's pool on its clock; none: no rates.
+    limits = tuple(getattr(env.settings, "rate_limits", ()))
+    clock = env.resources.find(Clock) or Clock()
+    rates = Rates(limits=limits, pool=env.pool, clock=clock) if limits else None
+    return Providers(rates)  # a provider's client is made at its first call
 
 
 KIND = Kind(name="run", actors=(RunActor,), open=_open, surfaces=SURFACES)

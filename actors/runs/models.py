@@ -11,8 +11,10 @@ import os
 from decimal import Decimal
 
 import anyio
+import attrs
 
 from toren import Context
+from toren.actors.runs.rates import Rates
 from toren.kernel import MissingResource
 from toren.providers import ModelProvider, ProviderError, RetryPolicy, provider_for
 from toren.providers import price as library_price
@@ -27,21 +29,27 @@ _STEP_RETRY_CAP = 300.0
 class Providers:
     """One worker's model providers, one per model for the worker's life (they pool
     connections). The worker opens it at its start and closes it at its stop; runs find it in
-    their worker's resources (:func:`provider`)."""
+    their worker's resources (:func:`provider`). ``rates``: the worker's shared rate limits,
+    if it declares any (:mod:`toren.actors.runs.rates`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, rates: Rates | None = None) -> None:
         self._open: dict[str, ModelProvider] = {}
+        self.rates = rates
 
     async def get(self, model: str) -> ModelProvider:
         """The provider of ``model``, made at its first use.
 
         Its retry policy reads ``TOREN_MODEL_RETRY_ATTEMPTS`` (default 6) and
         ``TOREN_MODEL_RETRY_BASE_SECONDS`` (default 0.5); past those the run's own step retry
-        (a durable timer, up to the agent's ``max_attempts``) takes over.
+        (a durable timer, up to the agent's ``max_attempts``) takes over. A model under a
+        rate limit stops at a 429 with a retry-after: every worker waits it out
+        (:func:`toren.actors.runs.rates.refused`).
         """
         found = self._open.get(model)
         if found is None:
             policy = RetryPolicy.from_env(os.environ)
+            if self.rates is not None and self.rates.covering(model):
+                policy = attrs.evolve(policy, max_retry_after=0.0)
             # In a thread: the first use imports the provider's SDK, which takes seconds and
             # must not stall the worker's event loop (its lease renewals run there).
             created = await anyio.to_thread.run_sync(lambda: provider_for(model, retry=policy))
@@ -74,6 +82,12 @@ async def provider(ctx: Context[RunState], model: str) -> ModelProvider:
     if found is None:
         raise MissingResource(Providers)
     return await found.get(model)
+
+
+def rates_of(ctx: Context[RunState]) -> Rates | None:
+    """The shared rate limits of the worker running ``ctx``'s run, if it declares any."""
+    found = ctx.resources.find(Providers)
+    return found.rates if found is not None else None
 
 
 def price(provider: str, model_id: str, response: ModelResponse) -> Decimal | None:

@@ -1,4 +1,5 @@
-"""The agent layer's settings: the ``[agents.NAME]`` tables and the cap on a message's size."""
+"""The agent layer's settings: the ``[agents.NAME]`` and ``[rate_limits.NAME]`` tables and the
+cap on a message's size."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 
 from toren._core.config import Env, WorkerSettings, positive
+from toren._core.errors import ConfigError
+from toren._core.rates import RateLimit
 
 if TYPE_CHECKING:
     from toren._agent.parts import AgentPart
@@ -19,6 +22,12 @@ def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
     return types.MappingProxyType(
         {name: types.MappingProxyType(dict(table)) for name, table in value.items()}
     )
+
+
+def _distinct(inst: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
+    names = [limit.name for limit in value if isinstance(limit, RateLimit)]
+    if len(names) != len(value) or len(set(names)) != len(names):
+        raise ConfigError("rate_limits must be RateLimit values, one per name")
 
 
 @attrs.frozen(kw_only=True)
@@ -32,10 +41,16 @@ class AgentSettings(WorkerSettings):
         agents: The ``[agents.NAME]`` tables of the file, by agent name: values that replace
             those given in ``Agent(...)`` when the app's agents are registered (read-only).
             They come from the file only, never from variables (:mod:`toren._agent.tables`).
+        rate_limits: Provider rate limits shared by every worker (``[rate_limits.NAME]``
+            tables, :mod:`toren._agent.rate_tables`): a call takes from its model's and its
+            provider's. None by default: then a call takes nothing and writes nothing.
     """
 
     ENV: ClassVar[Env] = {"max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int)}
-    TABLES: ClassVar[Mapping[str, str]] = {"agents": "[agents.NAME] (one per agent)"}
+    TABLES: ClassVar[Mapping[str, str]] = {
+        "agents": "[agents.NAME] (one per agent)",
+        "rate_limits": "[rate_limits.NAME] (a model or a provider)",
+    }
     # The kinds' parts of an agent, by field: each kind's settings name theirs (loaded when a
     # file has agent tables), and toren.Settings, composed from them, reads them all.
     AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {}
@@ -43,6 +58,9 @@ class AgentSettings(WorkerSettings):
     max_message_bytes: int = attrs.field(default=64 * 1024, validator=positive)
     agents: Tables = attrs.field(
         factory=lambda: types.MappingProxyType({}), converter=_frozen_tables, hash=False
+    )
+    rate_limits: tuple[RateLimit, ...] = attrs.field(
+        default=(), converter=tuple, validator=_distinct
     )
 
     @classmethod
@@ -63,4 +81,8 @@ class AgentSettings(WorkerSettings):
 
             parts = {field: load() for field, load in cls.agent_parts().items()}
             values["agents"] = read_agent_tables(data.pop("agents"), source, parts)
+        if "rate_limits" in data:
+            from toren._agent.rate_tables import read_rate_tables
+
+            values["rate_limits"] = read_rate_tables(data.pop("rate_limits"), source)
         return values

@@ -9,6 +9,7 @@ line of its own is shown by its type name."""
 from __future__ import annotations
 
 import json
+import time
 import types
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -30,6 +31,7 @@ from toren.runs import (
     ModelCalled,
     ModelCalling,
     ModelLost,
+    RateWaited,
     RunCompleted,
     RunFailed,
     RunResumed,
@@ -143,6 +145,12 @@ def _message_received(e: MessageReceived) -> str:
 
 def _steps_invalidated(e: StepsInvalidated) -> str:
     return f"steps from {e.from_step} invalidated: {e.reason}"
+
+
+def _rate_waited(e: RateWaited) -> str:
+    why = "blocked after a 429" if e.reason == "blocked" else f"{e.reason} used up"
+    until = time.strftime("%H:%M:%S UTC", time.gmtime(e.until))
+    return f"waiting for rate limit {e.limit} ({e.caps}) until {until}: {why}"
 
 
 def _retrying(e: RunRetrying) -> str:
@@ -330,6 +338,7 @@ _LINES: Mapping[type, Callable[[Any], str]] = types.MappingProxyType(
             _on(RunStarted, _started),
             _on(MessageReceived, _message_received),
             _on(RunRetrying, _retrying),
+            _on(RateWaited, _rate_waited),
             _on(RunRetried, _retried),
             _on(StepsInvalidated, _steps_invalidated),
             _on(TimerSet, _timer_set),

@@ -133,17 +133,24 @@ WITH gone AS (
     WHERE restarts[cardinality(restarts)] < now() - interval '1 day' RETURNING 1
 ), sessions AS (
     DELETE FROM toren.sessions WHERE expires_at < now() RETURNING 1
+), rates AS (
+    -- rate windows are minutes of a worker's clock: gone an hour after their last take
+    DELETE FROM toren.rate_windows WHERE touched_at < now() - interval '1 hour' RETURNING 1
+), blocks AS (
+    DELETE FROM toren.rate_blocks WHERE noted_at < now() - interval '1 day' RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone) AS workers, (SELECT count(*) FROM keys) AS keys,
        (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows,
-       (SELECT count(*) FROM sessions) AS sessions
+       (SELECT count(*) FROM sessions) AS sessions, (SELECT count(*) FROM rates) AS rates,
+       (SELECT count(*) FROM blocks) AS blocks
 """
 
 
 async def housekeep(pool: asyncpg.Pool, *, dedupe_retention: float) -> dict[str, int]:
     """Delete what nobody will read again: registry rows of dead workers, dedupe keys past their
     retention (in batches), replies older than an hour (their ask() has long timed out),
-    restart windows whose last restart is a day old, expired console sessions.
+    restart windows whose last restart is a day old, expired console sessions, rate
+    windows untouched for an hour and 429 blocks noted a day ago.
 
     Returns:
         How many rows of each were deleted.

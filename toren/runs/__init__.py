@@ -124,6 +124,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         Wake,
         author,
     )
+    from toren.runs.rate_events import RateWaited, RateWake
     from toren.runs.state import (
         SNAPSHOT_VERSION,
         RunState,
@@ -182,6 +183,8 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "ModelUnreadable",
+    "RateWaited",
+    "RateWake",
     "Receipt",
     "Retry",
     "RunCompleted",
@@ -306,6 +309,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "start_run",
         "waiting_below",
     ),
+    "toren.runs.rate_events": ("RateWaited", "RateWake"),
     "toren.runs.events": (
         "ENDED",
         "FORMAT",

@@ -52,6 +52,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.rate_events import RateWaited
 
 if TYPE_CHECKING:
     from toren.runs.state import RunState
@@ -217,7 +218,11 @@ def _model_called(state: RunState, event: ModelCalled) -> RunState:
 
 
 def _model_calling(state: RunState, event: ModelCalling) -> RunState:
-    return attrs.evolve(state, calling=event)
+    return attrs.evolve(state, calling=event, rate_wait=None)
+
+
+def _rate_waited(state: RunState, event: RateWaited) -> RunState:
+    return attrs.evolve(state, rate_wait=event)
 
 
 def _model_lost(state: RunState, event: ModelLost) -> RunState:
@@ -497,6 +502,7 @@ _HANDLERS: Mapping[type, Handler] = types.MappingProxyType(
             _on(ModelCalled, _model_called),
             _on(ModelCalling, _model_calling),
             _on(ModelLost, _model_lost),
+            _on(RateWaited, _rate_waited),
             _on(MessageReceived, _message_received),
             _on(ModelUnreadable, _model_unreadable),
             _on(ContextCompacted, _compacted),

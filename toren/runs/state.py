@@ -33,6 +33,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.rate_events import RateWaited
 from toren.runs.receipt import receipt
 
 V = TypeVar("V")
@@ -81,8 +82,8 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead). 7: a
-# cancelled run's status is ``cancelled`` (it was ``failed``).
-SNAPSHOT_VERSION = 7
+# cancelled run's status is ``cancelled`` (it was ``failed``). 8: ``rate_wait``.
+SNAPSHOT_VERSION = 8
 
 
 @attrs.frozen(kw_only=True)
@@ -144,6 +145,8 @@ class RunState:
     # the model call announced for the next step and not answered yet (see ModelCalling), and
     # the calls lost in flight (see ModelLost) with their estimated cost
     calling: ModelCalling | None = None
+    # the rate limit the announced call waits on (cleared when a call is announced again)
+    rate_wait: RateWaited | None = None
     lost_calls: int = 0
     lost_usd: Decimal = Decimal(0)
     started_at: float = 0.0
