@@ -691,7 +691,11 @@ async def test_mcp_over_stdio_offers_decisions_only_when_allowed(db_url: str) ->
         tools = {t.name for t in (await mcp.list_tools()).tools}
         refused = await mcp.call_tool("approve", {"run_id": "run/x", "call_id": "r1"})
         assert refused.is_error
-    schedules = {"list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule"}
+    schedules = {"list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule"} | {
+        "create_schedule",
+        "backfill_schedule",
+        "delete_schedule",
+    }
     assert tools == {"list_runs", "read_run", "start_run", "send_message"} | schedules
     async with mcp_stdio(db_url, "--allow-decisions") as mcp:
         allowed = {t.name for t in (await mcp.list_tools()).tools}

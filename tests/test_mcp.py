@@ -65,6 +65,7 @@ async def test_a_client_over_stdio_lists_runs_and_approves_one(
             assert tools == {
                 "list_runs", "read_run", "start_run", "send_message", "approve", "deny",
                 "list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule",
+                "create_schedule", "backfill_schedule", "delete_schedule",
             }  # fmt: skip
             runs = _data(await mcp.call_tool("list_runs", {"status": "parked"}))
             assert [r["id"] for r in runs] == [run_id]

@@ -336,14 +336,25 @@ async def test_a_read_token_cannot_change_and_an_agent_token_touches_only_its_ag
     assert not (await show(client, "beta/digest")).paused
 
 
-async def test_mcp_lists_schedules_and_an_operator_pauses_and_triggers(
+async def test_mcp_lists_schedules_and_an_operator_creates_pauses_triggers_and_deletes(
     client: Client, db_url: str
 ) -> None:
     server = build(client)
     tools = {t.name for t in await server.list_tools()}
-    assert {"list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule"} <= tools
+    assert {
+        "list_schedules", "pause_schedule", "resume_schedule", "trigger_schedule",
+        "create_schedule", "backfill_schedule", "delete_schedule",
+    } <= tools  # fmt: skip
     async with worker(db_url):
-        await create(client, "alpha", Schedule(name="digest", **DAILY), by=_me())
+        with pytest.raises(Exception, match="cron: Bad hour"):  # the tool's error, named
+            await server.call_tool(
+                "create_schedule",
+                {"agent": "alpha", "name": "digest", "schedule": {"cron": "0 25 * * *"}},
+            )
+        assert await actor_row(client.pool, "schedule/alpha/digest") is None  # nothing stored
+        await server.call_tool(
+            "create_schedule", {"agent": "alpha", "name": "digest", "schedule": DAILY}
+        )
         await wait_for(lambda: declared(client, "alpha/digest"), what="declared")
         listed = await server.call_tool("list_schedules", {})
         assert "alpha/digest" in str(listed)
@@ -355,6 +366,21 @@ async def test_mcp_lists_schedules_and_an_operator_pauses_and_triggers(
         await wait_for(paused, what="paused")
         triggered = await server.call_tool("trigger_schedule", {"name": "alpha/digest"})
         assert "run/" in str(triggered)
+        filled = await server.call_tool(
+            "backfill_schedule",
+            {
+                "name": "alpha/digest",
+                "start": "2026-01-01T00:00:00Z",
+                "end": "2026-01-03T00:00:00Z",
+            },
+        )
+        assert '"slots": 2' in str(filled) or "'slots': 2" in str(filled), filled
+        await server.call_tool("delete_schedule", {"name": "alpha/digest"})
+
+        async def deleted() -> bool:
+            return not any(v.name == "alpha/digest" for v in await list_schedules(client))
+
+        await wait_for(deleted, what="deleted")
 
 
 # --- the console --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""The schedule kind's MCP tools: list schedules (``read``); pause, resume and trigger one
-(``operate``, on the schedules of the agents the caller may act on). The MCP server
-(:mod:`toren._surfaces.mcp_server`) adds them through the schedule kind's surfaces."""
+"""The schedule kind's MCP tools: list schedules (``read``); create, pause, resume, trigger,
+backfill and delete one (``operate``, on the schedules of the agents the caller may act on).
+The MCP server (:mod:`toren._surfaces.mcp_server`) adds them through the schedule kind's
+surfaces."""
 
 from __future__ import annotations
 
@@ -10,19 +11,26 @@ from mcp.server.mcpserver import Context
 
 from toren._surfaces.mcp_runs import _printable
 from toren._surfaces.mcp_server import McpTools, ToolError
+from toren.runs import AgentNotServed
 from toren.schedules import ScheduleError
 from toren.schedules.client import (
+    ScheduleExists,
     ScheduleNotFound,
     ScheduleView,
+    backfill,
+    create,
+    delete,
     local_time,
     pause,
     resume,
+    schedule_of,
     split_name,
     trigger,
 )
 from toren.schedules.client import (
     list_schedules as _list_schedules,
 )
+from toren.schedules.spec import aware
 
 
 def install(tools: McpTools) -> None:
@@ -74,6 +82,46 @@ def install(tools: McpTools) -> None:
         except (ScheduleError, ScheduleNotFound) as exc:
             raise ToolError(str(exc)) from exc
         return {"schedule": name, "run": run}
+
+    @server.tool(name="create_schedule")
+    async def create_tool(
+        agent: str, name: str, schedule: dict[str, Any], ctx: Context
+    ) -> dict[str, Any]:
+        """Create AGENT's schedule NAME: ``schedule`` holds its fields as POST /schedules
+        takes them (``cron`` or ``every``, ``timezone``, ``input``, ``overlap``, ...). The
+        same declaration again is a no-op; another one under a live name is refused."""
+        access = await caller(ctx, "operate", agent)
+        try:
+            declared = schedule_of(name, schedule)
+            full = await create(client, agent, declared, by=access.principal)
+        except (ScheduleError, ScheduleExists, AgentNotServed) as exc:
+            raise ToolError(str(exc)) from exc
+        return {"schedule": full}
+
+    @server.tool(name="backfill_schedule")
+    async def backfill_tool(
+        name: str, start: str, end: str, ctx: Context, overlap: str = "buffer_all"
+    ) -> dict[str, Any]:
+        """Start the slots of the schedule AGENT/SLOT in (start, end] (ISO 8601 with an
+        offset; end not in the future; at most 1,000 slots) under ``overlap``; returns how
+        many slots the range holds. A slot that started a run already starts none again."""
+        name, access = await _target(ctx, name)
+        try:
+            low, high = aware("start", start).timestamp(), aware("end", end).timestamp()
+            slots = await backfill(client, name, low, high, overlap=overlap, by=access.principal)
+        except (ScheduleError, ScheduleNotFound) as exc:
+            raise ToolError(str(exc)) from exc
+        return {"schedule": name, "slots": slots}
+
+    @server.tool(name="delete_schedule")
+    async def delete_tool(name: str, ctx: Context) -> str:
+        """Delete the schedule AGENT/SLOT: it starts nothing more (its runs go on)."""
+        name, access = await _target(ctx, name)
+        try:
+            await delete(client, name, by=access.principal)
+        except ScheduleNotFound as exc:
+            raise ToolError(str(exc)) from exc
+        return f"deleted {name}"
 
 
 def _shown(view: ScheduleView) -> dict[str, Any]:
