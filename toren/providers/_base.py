@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import email.utils
 import logging
+import math
 import random
 import re
 import time
@@ -169,7 +170,8 @@ class RetryPolicy:
 def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     """Seconds from ``retry-after-ms``, or ``Retry-After`` as seconds or an HTTP date.
 
-    Header names are matched case-insensitively; an unreadable value counts as absent.
+    Header names are matched case-insensitively; an unreadable value counts as absent, and so
+    does one that is no finite number (``nan``, ``inf``: no block or timer can be set from it).
     """
     if not headers:
         return None
@@ -177,16 +179,21 @@ def parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
     value = lowered.get("retry-after-ms")
     if value is not None:
         try:
-            return max(float(value) / 1000, 0.0)
+            ms = float(value)
         except ValueError:
             pass
+        else:
+            if math.isfinite(ms):
+                return max(ms / 1000, 0.0)
     value = lowered.get("retry-after")
     if value is None:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return max(seconds, 0.0) if math.isfinite(seconds) else None
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

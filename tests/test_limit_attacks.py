@@ -1,0 +1,89 @@
+"""Attacks on concurrency limits and shared rate limits (issue 30, items 3 to 5): hostile
+retry-after values, limit names that could confuse a family's prefix, and a repeated start that
+names another concurrency key. Each test states what a user is promised; one that the code
+does not yet keep is marked xfail (strict) with the reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from toren import Client
+from toren._core.limits import set_caps, set_family_cap, usage
+from toren.providers._base import parse_retry_after
+from toren.runs import IdempotencyConflict, start_run
+from toren.runs.limits import concurrency
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "nan"},
+        {"retry-after": "NaN"},
+        {"retry-after": "inf"},
+        {"retry-after": "-inf"},
+        {"retry-after": "1e400"},
+        {"retry-after-ms": "nan"},
+        {"retry-after-ms": "infinity"},
+    ],
+)
+def test_a_retry_after_that_is_no_number_of_seconds_counts_as_absent(
+    headers: dict[str, str],
+) -> None:
+    """A 429's retry-after of NaN or infinity would block every worker's calls for ever (or
+    fail the step at ``to_timestamp``): it is unreadable, so absent."""
+    assert parse_retry_after(headers) is None
+
+
+def test_a_negative_retry_after_is_no_wait() -> None:
+    assert parse_retry_after({"retry-after": "-5"}) == 0.0
+    assert parse_retry_after({"retry-after": "1e9"}) == 1e9  # see the report: not capped
+
+
+async def test_a_family_cap_changes_its_agents_keys_and_no_other_agents(client: Client) -> None:
+    """``set_family_cap`` matches its prefix literally: ``%`` and ``_`` are no wildcards, and an
+    agent whose name starts with another's is not in its family."""
+    names = {
+        "key/bot/a": 1,
+        "key/bot/%": 1,
+        "key/bot/_/x": 1,
+        "key/bot2/a": 1,
+        "key/bo_/a": 1,
+        "key/bo%/a": 1,
+        "keys/bot": 1,
+        "agent/bot": 1,
+    }
+    await set_caps(client.pool, names)
+    await set_family_cap(client.pool, "key/bot/", 3)
+    caps = {u.name: u.cap for u in await usage(client.pool)}
+    assert caps == {**names, "key/bot/a": 3, "key/bot/%": 3, "key/bot/_/x": 3}
+    await set_family_cap(client.pool, "key/bo_/", 5)
+    caps = {u.name: u.cap for u in await usage(client.pool)}
+    assert caps["key/bo_/a"] == 5 and caps["key/bot/a"] == 3 and caps["key/bot2/a"] == 1
+
+
+async def test_hostile_but_valid_keys_get_limits_of_their_own(client: Client) -> None:
+    """Keys with ``/``, ``%``, ``_`` and 200 bytes are limits of their own, each its own cap."""
+    keys = ["a/b", "a", "%", "_", "x" * 200, "é" * 100]
+    runs = [await start_run(client, "serial", "hi", concurrency_key=k) for k in keys]
+    for run, key in zip(runs, keys, strict=True):
+        c = await concurrency(client, run)
+        assert (c.key, c.wait) == (key, None)
+    names = {u.name for u in await usage(client.pool, prefix="key/serial/")}
+    assert names == {f"key/serial/{k}" for k in keys}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a repeated start is matched on (agent, input) only: another concurrency key is "
+    "silently ignored and the run goes on under the first one",
+)
+async def test_a_repeated_start_naming_another_concurrency_key_is_a_conflict(
+    client: Client,
+) -> None:
+    first = await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
+    with pytest.raises(IdempotencyConflict):
+        again = await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="b")
+        assert again == first
+        assert (await concurrency(client, again)).key == "a"
