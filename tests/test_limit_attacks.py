@@ -60,7 +60,7 @@ async def test_a_family_cap_changes_its_agents_keys_and_no_other_agents(client: 
     assert caps == {**names, "key/bot/a": 3, "key/bot/%": 3, "key/bot/_/x": 3}
     await set_family_cap(client.pool, "key/bo_/", 5)
     caps = {u.name: u.cap for u in await usage(client.pool)}
-    assert caps["key/bo_/a"] == 5 and caps["key/bot/a"] == 3 and caps["key/bot2/a"] == 1
+    assert (caps["key/bo_/a"], caps["key/bot/a"], caps["key/bot2/a"]) == (5, 3, 1)
 
 
 async def test_hostile_but_valid_keys_get_limits_of_their_own(client: Client) -> None:
@@ -82,8 +82,6 @@ async def test_hostile_but_valid_keys_get_limits_of_their_own(client: Client) ->
 async def test_a_repeated_start_naming_another_concurrency_key_is_a_conflict(
     client: Client,
 ) -> None:
-    first = await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
+    await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
     with pytest.raises(IdempotencyConflict):
-        again = await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="b")
-        assert again == first
-        assert (await concurrency(client, again)).key == "a"
+        await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="b")
