@@ -85,3 +85,41 @@ async def test_a_repeated_start_naming_another_concurrency_key_is_a_conflict(
     await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
     with pytest.raises(IdempotencyConflict):
         await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="b")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run waiting on a rate limit passivates (idle_seconds 0.5) and release_if_idle "
+    "gives its permits back: the next run of its key takes the slot, though the docs say a "
+    "rate wait keeps it",
+)
+async def test_a_run_waiting_on_a_rate_limit_keeps_its_keys_slot(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.conftest import running_worker, wait_for
+    from tests.test_rate_limits import T0, Counting, agents, model_server, waiting_now
+    from toren._core.limits import permits_of
+    from toren.kernel import RateLimit, ShiftedClock, take_rate
+    from toren.runs import read_run, run_status
+
+    model = "anthropic/claude-sonnet-4-6"
+    clock = ShiftedClock.at(T0)
+    limits = (RateLimit(name=model, requests_per_minute=1),)
+    assert await take_rate(client.pool, limits, now=clock.now(), tokens=1) is None  # used up
+    async with (
+        model_server(monkeypatch, Counting(clock)),
+        running_worker(db_url, agents(), clock=clock, rate_limits=limits),
+    ):
+        first = await start_run(client, "writer", "one", concurrency_key="k")
+        second = await start_run(client, "writer", "two", concurrency_key="k")
+
+        async def first_waits_and_rests() -> bool:
+            state = await read_run(client, first)
+            owner = await client.pool.fetchval(
+                "SELECT owner FROM toren.actors WHERE actor_id = $1", first
+            )
+            return waiting_now(state, clock) and owner is None
+
+        await wait_for(first_waits_and_rests, what="the first run waiting on the rate, passive")
+        assert await permits_of(client.pool, first) == ["key/writer/k"]
+        assert await run_status(client, second) == "queued"
