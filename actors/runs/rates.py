@@ -74,6 +74,10 @@ async def held_back(
     return True
 
 
+BLOCK_CAP = 3600.0
+"""Seconds a 429's retry-after blocks a limit at most."""
+
+
 async def refused(
     ctx: Context[RunState], rates: Rates | None, agent: Agent, exc: ProviderError
 ) -> bool:
@@ -82,7 +86,8 @@ async def refused(
     limits = rates.covering(agent.model) if rates is not None else ()
     if rates is None or not limits or exc.status != 429 or exc.retry_after is None:
         return False
-    until = rates.clock.now() + exc.retry_after
+    # A provider's word, bounded: a block outlives no hour, and no run waits longer for it.
+    until = rates.clock.now() + min(exc.retry_after, BLOCK_CAP)
     await block_rate(rates.pool, [limit.name for limit in limits], until)
     _wait(ctx, rates, Refusal(limit=limits[0], reason="blocked", until=until))
     return True
