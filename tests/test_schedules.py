@@ -11,7 +11,6 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
 import pytest
 
 from tests.conftest import person, running_worker, wait_for
@@ -283,7 +282,6 @@ async def test_declared_schedules_are_reconciled_at_each_start_without_firing_tw
 
         await wait_for(deleted, what="the schedule deleted")
         assert await schedules.list_schedules(client, clock=clock) == []
-    await anyio.sleep(0)
 
 
 async def test_a_schedules_runs_under_its_concurrency_key_go_one_at_a_time(
