@@ -120,11 +120,15 @@ def verify(
     journal); at the first difference, void that call and every later one.
 
     With ``checked_as`` (this code's :func:`parameters`), the calls the state says were already
-    checked against the same parameters are skipped: only those recorded since are checked."""
+    checked against the same parameters are skipped: only those recorded since are checked.
+    The state's ``settled_calls`` are never checked."""
     state = ctx.state
     first = 0
     if checked_as and state.checked_as == checked_as and state.checked_calls:
         first = min(state.checked_calls, len(state.calls))
+    # Calls taken by value (a fork's prefix, the calls of a version the run moved on from) are
+    # never checked again: the chain goes on from the last of them.
+    first = max(first, min(state.settled_calls, len(state.calls)))
     # The chain restarts at each compaction (see recomputed).
     for call, digest in recomputed(state, agent, builder(state.callees), first=first):
         if digest != call.digest:

@@ -139,6 +139,9 @@ class RunState:
     # ``checked_as`` (see RunResumed): an activation with the same parameters checks the rest
     checked_as: str = ""
     checked_calls: int = 0
+    # the first ``settled_calls`` calls are taken by value and never checked again: a fork's
+    # prefix, and the calls of a version a run moved on from (see docs/versioning.md)
+    settled_calls: int = 0
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
