@@ -1,7 +1,7 @@
 """Attacks on concurrency limits and shared rate limits (issue 30, items 3 to 5): hostile
 retry-after values, limit names that could confuse a family's prefix, and a repeated start that
 names another concurrency key. Each test states what a user is promised; one that the code
-does not yet keep is marked xfail (strict) with the reason."""
+does not yet keep would be marked xfail (strict) with the reason."""
 
 from __future__ import annotations
 
@@ -74,17 +74,18 @@ async def test_hostile_but_valid_keys_get_limits_of_their_own(client: Client) ->
     assert names == {f"key/serial/{k}" for k in keys}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a repeated start is matched on (agent, input) only: another concurrency key is "
-    "silently ignored and the run goes on under the first one",
-)
 async def test_a_repeated_start_naming_another_concurrency_key_is_a_conflict(
     client: Client,
 ) -> None:
     await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
     with pytest.raises(IdempotencyConflict):
         await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="b")
+    with pytest.raises(IdempotencyConflict):
+        await start_run(client, "serial", "hi", idempotency_key="i")
+    again = await start_run(client, "serial", "hi", idempotency_key="i", concurrency_key="a")
+    assert again == await start_run(
+        client, "serial", "hi", idempotency_key="i", concurrency_key="a"
+    )
 
 
 async def test_a_run_waiting_on_a_rate_limit_gives_its_keys_slot_back_once_passive(

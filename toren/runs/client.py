@@ -245,7 +245,8 @@ async def _keyed_run(
     here: it does not look for per-agent ids. Finish the rollout before retrying across it.)
 
     Raises:
-        IdempotencyConflict: the run was started with another input.
+        IdempotencyConflict: the run was started with another input, or another concurrency
+            key (or none where this start names one, or the other way round).
     """
 
     started = _start_digest(agent, input)
@@ -261,6 +262,10 @@ async def _keyed_run(
         found = await actor_row(conn, run_id, fields=("args",))
         args = found.args if found is not None else None
     if (args or {}).get("start", started) != started:
+        raise IdempotencyConflict(key, run_id)
+    if (args or {}).get("concurrency_key") != extra.get("concurrency_key"):
+        # Its run goes on under the key it was started with: another key (or none) is another
+        # start, refused rather than silently ignored.
         raise IdempotencyConflict(key, run_id)
     if "start" not in (args or {}):  # a run started by an earlier version
         existing = await _started(conn, run_id)
