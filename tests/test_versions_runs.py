@@ -188,3 +188,29 @@ async def test_upgrade_refuses_a_run_on_the_newest_version_or_one_nobody_serves(
 
 async def _waiting(client: Client, run_id: str) -> bool:
     return bool(waiting_on(await read_run(client, run_id)))
+
+
+async def test_a_conversation_waiting_on_a_gone_version_is_upgraded_once_a_message_waits(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    async with running_worker(db_url, agents=agents(FIXED)):
+        run_id = await start_run(client, "helper", "hello")
+        await wait_for(lambda: _completed(client, run_id), what="turn 1")
+    renewed = attrs.evolve(FIXED, system="Be kind.")
+    async with running_worker(db_url, agents=agents(renewed)):
+        await wait_for(lambda: published(client, agent_version(renewed)), what="new worker")
+        with pytest.raises(RunNotInState, match="has completed"):
+            await upgrade_run(client, run_id)  # a completed run, nothing waiting: done
+        await say(client, run_id, "again", by=person("ann"))
+        assert await upgrade_run(client, run_id) == agent_version(renewed)
+        await wait_for(lambda: _answered(client, run_id, "again"), what="turn 2, moved")
+    [move] = [e.data for e in await client.journal(run_id) if e.type == "run.upgraded"]
+    assert (move["from_version"], move["to_version"]) == (
+        agent_version(FIXED),
+        agent_version(renewed),
+    )
+
+
+async def _answered(client: Client, run_id: str, text: str) -> bool:
+    state = await read_run(client, run_id)
+    return state.status == "completed" and state.output.endswith(text)

@@ -19,7 +19,7 @@ from toren._agent.directory import card_version
 from toren._agent.principal import Principal
 from toren._agent.routes import route_version, version_route
 from toren._core.errors import TorenError, UnknownActor
-from toren._core.rows import actor_row, set_route
+from toren._core.rows import actor_row, queued, set_route
 from toren._core.workers import newest_card
 from toren.runs.client import RunNotInState, _caller
 from toren.runs.events import ENDED, RUN_KIND
@@ -98,11 +98,14 @@ async def upgrade_run(client: Client, run_id: str, *, by: Principal | None = Non
     Raises:
         UnknownActor: no such run.
         RunNotInState: the run has ended (completed, failed or cancelled: a failed run is moved
-            by ``retry(..., upgrade=True)``), or it is already on the newest version.
+            by ``retry(..., upgrade=True)``; a completed one with a human message waiting, a
+            conversation going on, is moved), or it is already on the newest version.
         VersionNotServed: no live worker runs its agent.
     """
     agent, version, status = await _where(client, run_id)
-    if status in ENDED:
+    # A completed conversation with a message waiting goes on: it is not over.
+    going_on = status == "completed" and bool(await queued(client.pool, [run_id], "run.say"))
+    if status in ENDED and not going_on:
         how = "failed: retry it with upgrade" if status == "failed" else status
         raise RunNotInState(run_id, f"has {how}; only a run that has not ended is upgraded")
     newest = await _target(client, run_id, agent)
