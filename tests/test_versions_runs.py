@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 import attrs
 import pytest
 
@@ -214,3 +215,61 @@ async def test_a_conversation_waiting_on_a_gone_version_is_upgraded_once_a_messa
 async def _answered(client: Client, run_id: str, text: str) -> bool:
     state = await read_run(client, run_id)
     return state.status == "completed" and state.output.endswith(text)
+
+
+def slow_agent(system: str, gate: anyio.Event) -> Agent:
+    @tool(effects="read", name="slow")
+    async def slow(ctx: ToolContext) -> str:
+        """Take a while."""
+        await gate.wait()
+        return "slept"
+
+    return Agent(name="slowpoke", model=MODEL, system=system, tools=[slow])
+
+
+def slow_answer(body: dict[str, Any], n: int) -> Reply:
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        return Reply("done " + str(body.get("system")))
+    return Reply([ToolCall(id=f"s{n}", name="slow", arguments={})])
+
+
+async def test_an_upgrade_sent_while_an_old_worker_holds_the_run_is_handed_to_the_new(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = anyio.Event()
+    old, new = slow_agent("old", gate), slow_agent("new", gate)
+    async with AnthropicServer(slow_answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        async with running_worker(db_url, agents=agents(old)):
+            run_id = await start_run(client, "slowpoke", "go")
+            await wait_for(lambda: _received(server, 1), what="the tool call asked for")
+            async with running_worker(db_url, agents=agents(new)):
+                await wait_for(lambda: _published(client, "slowpoke", new), what="new worker")
+                # The old worker is inside the tool's step, holding the run.
+                assert await upgrade_run(client, run_id, by=person("ops")) == agent_version(new)
+                gate.set()
+                await wait_for(lambda: _said(client, run_id, "done new"), what="done on new")
+    journal = await client.journal(run_id)
+    [move] = [e.data for e in journal if e.type == "run.upgraded"]
+    assert (move["from_version"], move["to_version"], move["by"]["name"]) == (
+        agent_version(old),
+        agent_version(new),
+        "ops",
+    )
+    # The tool's step committed on the old worker; the new one re-checked and re-asked step 1.
+    assert [e.data["from_step"] for e in journal if e.type == "steps.invalidated"] == [1]
+
+
+async def _received(server: AnthropicServer, count: int) -> bool:
+    return len(server.received) >= count
+
+
+async def _published(client: Client, name: str, agent: Agent) -> bool:
+    rows = await client.pool.fetch("SELECT stats FROM toren.workers")
+    version = agent_version(agent)
+    return any(
+        ((r["stats"] or {}).get("agents", {}).get(name) or {}).get("version") == version
+        for r in rows
+    )
