@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from tests.conftest import person, running_worker, wait_for
-from toren import Agent, Client, ToolContext, tool
+from toren import Agent, Client, ToolContext, durable_sleep, tool
 from toren.runs import (
     Agents,
     RunNotInState,
@@ -273,3 +273,43 @@ async def _published(client: Client, name: str, agent: Agent) -> bool:
         ((r["stats"] or {}).get("agents", {}).get(name) or {}).get("version") == version
         for r in rows
     )
+
+
+def sleep_answer(body: dict[str, Any], n: int) -> Reply:
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        return Reply("woke " + str(body.get("system")))
+    return Reply([ToolCall(id=f"z{n}", name="sleep", arguments={"seconds": 1.5})])
+
+
+async def test_a_next_turn_run_moves_when_its_timer_fires_and_pays_nothing_again(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def sleeper(system: str) -> Agent:
+        return Agent(
+            name="sleeper",
+            model=MODEL,
+            system=system,
+            tools=[durable_sleep],
+            version_policy="next_turn",
+        )
+
+    old, new = sleeper("old"), sleeper("new")
+    async with AnthropicServer(sleep_answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        async with running_worker(db_url, agents=agents(old)):
+            run_id = await start_run(client, "sleeper", "nap")
+            await wait_for(lambda: _received(server, 1), what="asked to sleep")
+            async with running_worker(db_url, agents=agents(new)):
+                await wait_for(lambda: _published(client, "sleeper", new), what="new worker")
+                await wait_for(lambda: _said(client, run_id, "woke new"), what="woke on new")
+    journal = await client.journal(run_id)
+    [move] = [e.data for e in journal if e.type == "run.upgraded"]
+    assert (move["from_version"], move["to_version"], move["how"]) == (
+        agent_version(old),
+        agent_version(new),
+        "value",
+    )
+    assert "steps.invalidated" not in [e.type for e in journal]
+    assert len(server.received) == 2  # the call that asked to sleep, the one after: no more
