@@ -100,7 +100,13 @@ async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | N
     ]
     if not published:
         return None
-    return {r.removeprefix("agent:") for routes in published for r in routes if r[:6] == "agent:"}
+    # An agent's pinned runs' routes (agent:NAME@VERSION) name the same agent.
+    return {
+        r.removeprefix("agent:").partition("@")[0]
+        for routes in published
+        for r in routes
+        if r[:6] == "agent:"
+    }
 
 
 async def route_served(conn: asyncpg.Connection | asyncpg.Pool, route: str) -> bool:
@@ -116,6 +122,17 @@ async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) ->
         name,
     )
     return [r["card"] for r in rows]
+
+
+async def newest_card(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> Any | None:
+    """What the most recently started live worker running agent ``name`` publishes about it
+    (``None``: no live worker has published it)."""
+    return await conn.fetchval(
+        f"SELECT w.stats->'agents'->$1 FROM toren.workers w "
+        f"WHERE w.worker_id IN ({LIVE_WORKERS}) AND w.stats->'agents' ? $1 "
+        f"ORDER BY w.started_at DESC LIMIT 1",
+        name,
+    )
 
 
 _HOUSEKEEP = f"""

@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         serve_route,
         served_routes,
     )
-    from toren._agent.routes import agent_route
+    from toren._agent.routes import agent_route, route_version, version_route
+    from toren._agent.version import agent_version
     from toren.runs.client import (
         AGENT_NAME,
         DECISION_WAIT,
@@ -138,6 +139,9 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         summary,
         waiting_on,
     )
+    from toren.runs.version_events import RunUpgraded, Upgrade, UpgradeHow
+    from toren.runs.version_moves import VersionNotServed, newest_version
+    from toren.runs.versions import upgrade_run
 
 __all__ = [
     "AGENT_NAME",
@@ -195,6 +199,7 @@ __all__ = [
     "RunRetrying",
     "RunStarted",
     "RunState",
+    "RunUpgraded",
     "SandboxFailed",
     "SandboxNoted",
     "SandboxRequested",
@@ -211,10 +216,14 @@ __all__ = [
     "ToolResult",
     "ToolResulted",
     "ToolSpec",
+    "Upgrade",
+    "UpgradeHow",
     "Usage",
+    "VersionNotServed",
     "Wake",
     "agent_named",
     "agent_route",
+    "agent_version",
     "agents_of",
     "author",
     "call_tool_name",
@@ -231,12 +240,14 @@ __all__ = [
     "final_text",
     "fold",
     "judge_decision",
+    "newest_version",
     "occurrence_key",
     "occurrences_of",
     "read_run",
     "receipt",
     "registered_agents",
     "retry",
+    "route_version",
     "run_agent",
     "run_status",
     "runs_below",
@@ -245,6 +256,8 @@ __all__ = [
     "served_routes",
     "start_run",
     "summary",
+    "upgrade_run",
+    "version_route",
     "waiting_below",
     "waiting_on",
 ]
@@ -259,7 +272,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ToolContext",
         "call_tool_name",
     ),
-    "toren._agent.routes": ("agent_route",),
+    "toren._agent.routes": ("agent_route", "route_version", "version_route"),
+    "toren._agent.version": ("agent_version",),
     "toren._agent.registry": (
         "PROCESS_AGENTS",
         "Agents",
@@ -310,6 +324,9 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "waiting_below",
     ),
     "toren.runs.rate_events": ("RateWaited", "RateWake"),
+    "toren.runs.version_events": ("RunUpgraded", "Upgrade", "UpgradeHow"),
+    "toren.runs.version_moves": ("VersionNotServed", "newest_version"),
+    "toren.runs.versions": ("upgrade_run",),
     "toren.runs.events": (
         "ENDED",
         "FORMAT",
