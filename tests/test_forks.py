@@ -189,7 +189,7 @@ def _fails_once(body: dict[str, Any], n: int, failed: list[int]) -> Reply | Fail
     return Reply("done")
 
 
-async def test_failed_and_cancelled_runs_fork_and_approvals_are_asked_again(
+async def test_failed_parked_and_cancelled_runs_fork_and_approvals_are_asked_again(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     load_app("tests.run_app")
@@ -215,15 +215,17 @@ async def test_failed_and_cancelled_runs_fork_and_approvals_are_asked_again(
                 return await run_status(client, asking) == "parked"
 
             await wait_for(parked, what="waiting for approval")
+            live = await fork_run(client, asking, at=1)  # a run not ended: what it committed
             await cancel(client, asking)
             assert await _ended(client, asking) == "cancelled"
             again = await fork_run(client, asking, at=1)
 
-            async def asks() -> list[ToolCall]:
-                return waiting_on(await read_run(client, again))
+            async def asks(run_id: str) -> list[ToolCall]:
+                return waiting_on(await read_run(client, run_id))
 
-            [call] = await wait_for(asks, what="the fork asking approval again")
-            assert call.name == "refund"
+            for run_id in (live, again):
+                [call] = await wait_for(lambda r=run_id: asks(r), what="asking approval again")
+                assert call.name == "refund"
     finally:
         await server.__aexit__(None, None, None)
     assert (await read_run(client, fork)).output == "done"
