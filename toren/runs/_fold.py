@@ -52,6 +52,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.fork_events import RunForked, forked
 from toren.runs.rate_events import RateWaited
 from toren.runs.version_events import RunUpgraded
 
@@ -508,6 +509,7 @@ _HANDLERS: Mapping[type, Handler] = types.MappingProxyType(
         [
             _on(RunStarted, _started),
             _on(RunUpgraded, _upgraded),
+            _on(RunForked, forked),
             _on(ModelCalled, _model_called),
             _on(ModelCalling, _model_calling),
             _on(ModelLost, _model_lost),
