@@ -14,6 +14,7 @@ from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
+from toren._cli.versions import register_jobs as register_version_commands
 from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
 from toren._settings import Settings
@@ -157,9 +158,11 @@ def register(main: click.Group) -> None:
                 plain(row.id),
                 plain(row.agent),
                 plain(
-                    row.status
-                    if row.queue_position is None
-                    else f"{row.status} #{row.queue_position} for {row.queued_for}"
+                    f"{row.status} #{row.queue_position} for {row.queued_for}"
+                    if row.queue_position is not None
+                    else f"{row.status}: {row.waiting_for}"
+                    if row.waiting_for
+                    else row.status
                 ),
                 str(row.calls_made),
                 f"{Decimal(row.usd_paid):.6f}",
@@ -207,6 +210,7 @@ def register(main: click.Group) -> None:
             over = state.status in ENDED
             limits = await concurrency(client, run_id)
             wait = None if over else limits.wait
+            version, stuck = await _pinned(client, run_id, check=not over and wait is None)
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
@@ -214,6 +218,10 @@ def register(main: click.Group) -> None:
                 shown = record(run_id, state)
                 if wait is not None:
                     shown["status"] = QUEUED
+                elif stuck is not None:
+                    shown["status"] = "parked"
+                shown["version"] = version
+                shown["waiting_for"] = stuck
                 shown = shown | {
                     "concurrency_key": limits.key,
                     "queued": attrs.asdict(wait) if wait is not None else None,
@@ -234,6 +242,13 @@ def register(main: click.Group) -> None:
                         f"--after {entries[-1].seq}"
                     )
                 )
+            if stuck is not None and not more:  # the timeline's last line: why it waits
+                out.print(
+                    plain(
+                        f"   --  parked: {stuck}; move it to the newest version with "
+                        f"{toren_command()} jobs upgrade {run_id}"
+                    )
+                )
             if sandbox is not None or calls:
                 out.print()
             if sandbox is not None:
@@ -251,6 +266,8 @@ def register(main: click.Group) -> None:
             if limits.key is not None:
                 out.print(plain(f"\nconcurrency key: {limits.key}"))
             status = state.status if wait is None else f"{QUEUED} ({reason(wait)})"
+            if stuck is not None and wait is None:
+                status = f"parked ({stuck})"
             r = receipt(state)
             out.print(
                 plain(
@@ -313,9 +330,15 @@ def register(main: click.Group) -> None:
             await client.close()
 
     def steer(
-        name: str, help_text: str, action: Any, *, text: bool = False, reason: bool = False
+        name: str,
+        help_text: str,
+        action: Any,
+        *,
+        text: bool = False,
+        reason: bool = False,
+        flags: tuple[click.Option, ...] = (),
     ) -> None:
-        params: list[click.Parameter] = [click.Argument(["run_id"])]
+        params: list[click.Parameter] = [click.Argument(["run_id"]), *flags]
         if text:
             params.append(click.Argument(["text"]))
         if reason:
@@ -347,14 +370,28 @@ def register(main: click.Group) -> None:
 
         await cancel(c, r, by=who(), reason=reason)
 
-    async def again(c: Client, r: str, settings: Settings) -> None:
+    async def again(c: Client, r: str, settings: Settings, upgrade: bool) -> None:
         from toren.runs import retry
 
-        await retry(c, r, by=who())
+        await retry(c, r, by=who(), upgrade=upgrade)
 
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
     steer("cancel", "Cancel RUN.", stop, reason=True)
-    steer("retry", "Resume failed RUN from its last good step.", again)
+    steer(
+        "retry",
+        "Resume failed RUN from its last good step; with --upgrade, on the newest version of "
+        "its agent (for a failure whose fix exists only there).",
+        again,
+        flags=(
+            click.Option(
+                ["--upgrade"],
+                is_flag=True,
+                help="Move the run to the newest version of its agent first (as `jobs "
+                "upgrade` does).",
+            ),
+        ),
+    )
+    register_version_commands(jobs)
 
     def decision(name: str, help_text: str, approved: bool) -> None:
         @jobs.command(name, help=help_text)
@@ -500,6 +537,19 @@ async def _parked(client: Client, run_id: str, state: RunState) -> list[str]:
         lines.append("parked: waiting for a timer or a message")
     lines.append(f"  its timeline: {toren} jobs show {run_id}")
     return lines
+
+
+async def _pinned(client: Client, run_id: str, *, check: bool) -> tuple[str | None, str | None]:
+    """The version run ``run_id`` is pinned to (from its row's route), and, when ``check`` (it
+    has not ended, nor waits for a slot), why it is parked if no live worker serves it."""
+    from toren._core.rows import actor_row
+    from toren.runs import RUN_KIND
+    from toren.runs.version_listing import parked_reason, pinned_version, stranded
+
+    row = await actor_row(client.pool, run_id, kind=RUN_KIND)
+    route = row.route if row is not None else None
+    stuck = (await stranded(client, {run_id: route})).get(run_id) if check else None
+    return pinned_version(route)[1], parked_reason(stuck) if stuck is not None else None
 
 
 async def _check_served(client: Client, agent: str) -> None:

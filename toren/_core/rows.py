@@ -167,6 +167,7 @@ async def actors_of_kind(
     fields: Iterable[str] = (),
     run_status: str | None = None,
     route: str | None = None,
+    versioned_route: str | None = None,
     args: Mapping[str, str] | None = None,
     summary_not: Mapping[str, str] | None = None,
     since: datetime | None = None,
@@ -176,7 +177,8 @@ async def actors_of_kind(
 ) -> list[ActorRow]:
     """The actors of ``kind``, in ``order`` (newest first, oldest first, or by id).
 
-    Only those whose run status is ``run_status``, whose route is ``route``, whose ``args``
+    Only those whose run status is ``run_status``, whose route is ``route``, whose route is
+    ``versioned_route`` or that route with a version (``ROUTE@VERSION``), whose ``args``
     hold each of ``args``'s keys with that (text) value, whose ``summary`` does not hold
     ``summary_not``'s values (a key it lacks is not one), created after ``since``, or, a
     keyset page, before ``before`` (the ``(created_at, actor_id)`` of the previous page's
@@ -201,6 +203,11 @@ async def actors_of_kind(
         where.append(f"a.run_status = {value(run_status)}")
     if route is not None:
         where.append(f"a.route = {value(route)}")
+    if versioned_route is not None:
+        where.append(
+            f"(a.route = {value(versioned_route)} OR "
+            f"starts_with(a.route, {value(versioned_route + '@')}))"
+        )
     for key, wanted in (args or {}).items():
         where.append(f"a.args->>'{json_key(key)}' = {value(wanted)}")
     for key, unwanted in (summary_not or {}).items():
@@ -307,6 +314,19 @@ async def revive(db: Db, actor_id: str, *, kind: str) -> bool:
         kind,
     )
     return str(done) != "UPDATE 0"
+
+
+async def count_by_route(db: Db, kind: str, *, run_statuses: Collection[str]) -> dict[str, int]:
+    """How many actors of ``kind`` whose run status is one of ``run_statuses`` each route has
+    (routes with none are left out; so are actors without a route). One statement: for runs,
+    it reads the index by status (``actors_runs_by_status``), so its cost follows the number of
+    runs in those statuses, not all runs."""
+    rows = await db.fetch(
+        f"SELECT a.route, count(*) AS n FROM toren.actors a WHERE a.kind = {_kind(kind)} "
+        "AND a.run_status = ANY($1::text[]) AND a.route IS NOT NULL GROUP BY a.route",
+        list(run_statuses),
+    )
+    return {r["route"]: r["n"] for r in rows}
 
 
 async def run_status_counts(db: Db) -> dict[str, int]:
