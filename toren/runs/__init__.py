@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         serve_route,
         served_routes,
     )
-    from toren._agent.routes import agent_route
+    from toren._agent.routes import agent_route, route_version, version_route
+    from toren._agent.version import agent_version
     from toren.runs.client import (
         AGENT_NAME,
         DECISION_WAIT,
@@ -215,6 +216,7 @@ __all__ = [
     "Wake",
     "agent_named",
     "agent_route",
+    "agent_version",
     "agents_of",
     "author",
     "call_tool_name",
@@ -237,6 +239,7 @@ __all__ = [
     "receipt",
     "registered_agents",
     "retry",
+    "route_version",
     "run_agent",
     "run_status",
     "runs_below",
@@ -245,6 +248,7 @@ __all__ = [
     "served_routes",
     "start_run",
     "summary",
+    "version_route",
     "waiting_below",
     "waiting_on",
 ]
@@ -259,7 +263,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ToolContext",
         "call_tool_name",
     ),
-    "toren._agent.routes": ("agent_route",),
+    "toren._agent.routes": ("agent_route", "route_version", "version_route"),
+    "toren._agent.version": ("agent_version",),
     "toren._agent.registry": (
         "PROCESS_AGENTS",
         "Agents",
