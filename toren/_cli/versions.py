@@ -53,9 +53,8 @@ def register_agents(agents: click.Group) -> None:
                 workers = ", ".join(f"{w.name} ({w.code_version})" for w in v.workers)
                 note = "newest" if v.newest else ""
                 if not v.served:
-                    note = "[red]NO WORKER[/red]" + (
-                        f"[red]: {v.unfinished_runs} run(s) parked[/red]" if v.unfinished_runs else ""
-                    )
+                    parked = f": {v.unfinished_runs} run(s) parked" if v.unfinished_runs else ""
+                    note = f"[red]NO WORKER{parked}[/red]"
                 table.add_row(
                     plain(a.agent),
                     plain(v.version),

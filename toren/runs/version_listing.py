@@ -22,7 +22,7 @@ from typing import Any
 import asyncpg
 import attrs
 
-from toren._agent.routes import agent_route
+from toren._agent.routes import route_version, version_route
 from toren._core.client import Client
 from toren._core.rows import count_by_route
 from toren._core.workers import live_workers, published_routes
@@ -42,8 +42,8 @@ def pinned_version(route: str | None) -> tuple[str, str | None]:
     not an agent's."""
     if route is None or not route.startswith("agent:"):
         return "", None
-    name, at, version = route.removeprefix("agent:").partition("@")
-    return name, (version if at and version else None)
+    name, version = route_version(route)
+    return name, version or None
 
 
 @attrs.frozen(kw_only=True)
@@ -171,7 +171,7 @@ async def agent_versions(
                 policy=s.policy,
                 newest=v == newest,
                 workers=tuple(s.workers),
-                unfinished_runs=counts.get(f"{agent_route(name)}@{v}", 0),
+                unfinished_runs=counts.get(version_route(name, v), 0),
             )
             for v, s in [*served, *unserved]
         )
