@@ -127,8 +127,8 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
 @click.pass_context
 @run_async
 async def workers(ctx: click.Context, as_json: bool) -> None:
-    """List live workers with their versions and statistics, and the agent versions that still
-    have runs not ended (flagged when no live worker serves one: its runs are parked)."""
+    """List live workers with their versions and statistics. Then the agent versions that
+    still have runs not ended, flagged when no live worker serves one (its runs are parked)."""
     from toren._cli.versions import version_lines
     from toren._core.db import connect
     from toren._core.workers import live_workers
@@ -272,7 +272,7 @@ register_up_command(main)
 
 @main.group()
 def agents() -> None:
-    """Inspect the agents an app defines, and the versions live workers serve."""
+    """Inspect agents: their tools and versions."""
 
 
 register_version_commands(agents)

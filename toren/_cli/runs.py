@@ -379,7 +379,7 @@ def register(main: click.Group) -> None:
     steer("cancel", "Cancel RUN.", stop, reason=True)
     steer(
         "retry",
-        "Resume failed RUN from its last good step; with --upgrade, on the newest version of "
+        "Resume failed RUN from its last good step. With --upgrade, on the newest version of "
         "its agent (for a failure whose fix exists only there).",
         again,
         flags=(

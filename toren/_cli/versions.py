@@ -30,8 +30,9 @@ def register_agents(agents: click.Group) -> None:
     @click.pass_context
     @run_async
     async def agents_versions(ctx: click.Context, agent: str | None, as_json: bool) -> None:
-        """Each agent's versions: the policy, the live workers serving each (with their code
-        version and deploy label), and the runs not ended that are pinned to each. A version
+        """List each agent's versions with workers and runs. For each: its policy, the live
+        workers serving it (with their code version and deploy label), and the runs not ended
+        that are pinned to it. A version
         no live worker serves is flagged: its runs are parked until a worker serving it
         starts, or `toren jobs upgrade RUN` moves them to the newest version."""
         from toren._core.client import Client
@@ -98,13 +99,14 @@ def register_jobs(jobs: click.Group) -> None:
     @click.pass_context
     @run_async
     async def jobs_upgrade(ctx: click.Context, run_id: str) -> None:
-        """Move RUN to the newest version of its agent (the version the most recently started
-        live worker serving it publishes), with its agent's policy's semantics: under
+        """Move RUN to the newest version of its agent. The newest is the version the most
+        recently started live worker serving the agent publishes; the move has the agent's
+        policy's semantics: under
         `next_turn` its calls are taken as recorded; otherwise they are checked again and
         invalidated from the first that differs. Exit 1 if the run has ended or is on the
         newest version already, or no live worker serves its agent; 2 if there is no such
         run."""
-        from toren._cli.runs import who
+        from toren._agent.principal import Principal
         from toren._core.client import Client
         from toren._core.rows import actor_row
         from toren.runs import RUN_KIND, upgrade_run
@@ -115,7 +117,7 @@ def register_jobs(jobs: click.Group) -> None:
             run_id = await resolve(client, run_id)
             row = await actor_row(client.pool, run_id, kind=RUN_KIND)
             was = pinned_version(row.route if row is not None else None)[1]
-            version = await upgrade_run(client, run_id, by=who())
+            version = await upgrade_run(client, run_id, by=Principal.os_user("cli"))
         finally:
             await client.close()
         moved = f"from version {was} " if was else ""

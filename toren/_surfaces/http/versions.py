@@ -40,7 +40,7 @@ from toren._surfaces.http.models import (
     VersionRuns,
     VersionWorker,
 )
-from toren.runs import RUN_KIND, upgrade_run
+from toren.runs import RUN_KIND
 from toren.runs.version_listing import AgentVersions as Found
 from toren.runs.version_listing import agent_versions, pinned_version
 
@@ -109,6 +109,8 @@ async def upgrade(request: web.Request) -> web.Response:
     if row is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
     require(request, "operate", str(row.args_dict.get("agent") or ""))
+    from toren.runs import upgrade_run
+
     try:
         to = await upgrade_run(client, rid, by=principal(request))
     except UnknownActor as exc:
