@@ -1,8 +1,9 @@
 """What the surfaces show of agent versions, with real workers of two apps whose agent ``twin``
 differs only in its system prompt (two versions): the listing (CLI, API, ``/healthz``,
 ``toren workers``), a pinned run whose version no live worker serves shown parked with the
-reason (list, show, API, the timeline's last line), and upgrading it from the CLI and the API;
-a ``read`` token refused (nothing sent), an ended run and an unknown one refused clearly."""
+reason (list, show, API, the console, the timeline's last line), and upgrading it from the CLI,
+the API and the console's button; a ``read`` token refused (nothing sent), an ended run and an
+unknown one refused clearly."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import functools
 import json
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,7 +21,8 @@ import pytest
 import toren.providers.anthropic  # noqa: F401  (the SDK import is paid here, not in a step)
 from tests.conftest import running_worker, wait_for
 from tests.test_api import api, session
-from tests.test_cli import toren
+from tests.test_cli import toren as run_toren
+from tests.test_console import _launch, _signed_in, chromium  # noqa: F401  (a fixture)
 from toren import Agent, Client, ToolContext, tool
 from toren._agent.model import ToolCall
 from toren._core.rows import actor_row
@@ -65,7 +68,7 @@ async def route(client: Client, run_id: str) -> str | None:
 
 async def cli(db_url: str, *args: str) -> Any:
     """``toren ARGS`` in a process of its own, off the event loop (the workers run on it)."""
-    return await anyio.to_thread.run_sync(functools.partial(toren, *args, db_url=db_url))
+    return await anyio.to_thread.run_sync(functools.partial(run_toren, *args, db_url=db_url))
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +78,10 @@ async def model() -> AsyncIterator[AnthropicServer]:
 
 
 async def test_a_run_on_a_version_no_worker_serves_is_parked_listed_and_upgraded(
-    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+    client: Client,
+    db_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    chromium: Path,  # noqa: F811  (the fixture imported above)
 ) -> None:
     a_agents, va = twin(PROMPT_A)
     b_agents, vb = twin(PROMPT_B)
@@ -86,12 +92,13 @@ async def test_a_run_on_a_version_no_worker_serves_is_parked_listed_and_upgraded
         for name, value in server.env().items():
             monkeypatch.setenv(name, value)
         async with running_worker(db_url, a_agents) as a:
-            # Two runs start on A and wait for an approval: pinned to A's version. A third
+            # Three runs start on A and wait for an approval: pinned to A's version. Another
             # completes there.
             first = await start_run(client, "twin", f"{ASK} (one)")
             second = await start_run(client, "twin", f"{ASK} (two)")
+            third = await start_run(client, "twin", f"{ASK} (three)")
             done = await start_run(client, "twin", "just answer")
-            for rid in (first, second):
+            for rid in (first, second, third):
                 await wait_for(
                     lambda rid=rid: _status(client, rid, "parked"), what=f"{rid} asks first"
                 )
@@ -102,6 +109,7 @@ async def test_a_run_on_a_version_no_worker_serves_is_parked_listed_and_upgraded
                 await wait_for(lambda: _served_only(client, vb), what="only B serves twin")
                 await _a_is_listed_without_a_worker(client, db_url, va, vb, first)
                 await _upgrades(client, db_url, operator, reader, first, second, done, va, vb)
+                await _console(client, db_url, operator, third, va, vb, chromium)
 
 
 async def _status(client: Client, run_id: str, status: str) -> bool:
@@ -118,24 +126,25 @@ async def _a_is_listed_without_a_worker(
 ) -> None:
     """Version A, with two runs and no worker, is flagged everywhere; B is the newest."""
     [found] = await agent_versions(client.pool)
-    assert found.agent == "twin" and found.newest == vb
+    assert (found.agent, found.newest) == ("twin", vb)
     [b, a] = found.versions
-    assert (b.version, b.newest, b.served, b.unfinished_runs, b.policy) == (vb, True, True, 0, "pin")
-    assert (a.version, a.newest, a.served, a.unfinished_runs) == (va, False, False, 2)
-    assert found.stranded_runs == 2
+    assert (b.version, b.newest, b.served, b.unfinished_runs) == (vb, True, True, 0)
+    assert b.policy == "pin"
+    assert (a.version, a.newest, a.served, a.unfinished_runs) == (va, False, False, 3)
+    assert found.stranded_runs == 3
 
     shown = await cli(db_url, "agents", "versions", "--json")
     assert shown.returncode == 0, shown.stderr
     [listed] = json.loads(shown.stdout)
     assert [(v["version"], v["served"], v["unfinished_runs"]) for v in listed["versions"]] == [
         (vb, True, 0),
-        (va, False, 2),
+        (va, False, 3),
     ]
     assert listed["versions"][0]["workers"][0]["code_version"]
     table = await cli(db_url, "agents", "versions")
-    assert "NO WORKER: 2 run(s) parked" in table.stdout, table.stdout
+    assert "NO WORKER: 3 run(s) parked" in table.stdout, table.stdout
     workers = await cli(db_url, "workers")
-    assert f"twin@{va}: 2 run(s), served by NO LIVE WORKER" in workers.stdout, workers.stdout
+    assert f"twin@{va}: 3 run(s), served by NO LIVE WORKER" in workers.stdout, workers.stdout
 
     # The run is parked, with the reason: in the list, its page, the API, the timeline.
     reason = f"waiting for a worker serving version {va}"
@@ -145,7 +154,8 @@ async def _a_is_listed_without_a_worker(
     lines = show.stdout.splitlines()
     assert f"status parked ({reason})" in show.stdout, show.stdout
     [last] = [line for line in lines if line.strip().startswith("--  parked")]
-    assert reason in last and f"jobs upgrade {first}" in last
+    assert reason in last
+    assert f"jobs upgrade {first}" in last
     as_json = json.loads((await cli(db_url, "jobs", "show", first, "--json")).stdout)
     assert (as_json["status"], as_json["version"], as_json["waiting_for"]) == ("parked", va, reason)
     async with api(db_url) as base, session(None) as anonymous:
@@ -158,10 +168,10 @@ async def _a_is_listed_without_a_worker(
             assert page[first]["waiting_for"] == reason
             async with http.get(f"{base}/agents/versions") as r:
                 [listed] = (await r.json())["agents"]
-            assert (listed["newest"], listed["stranded_runs"]) == (vb, 2)
+            assert (listed["newest"], listed["stranded_runs"]) == (vb, 3)
             async with http.get(f"{base}/healthz") as r:
                 health = await r.json()
-            assert {"agent": "twin", "version": va, "unfinished_runs": 2, "served": False} in (
+            assert {"agent": "twin", "version": va, "unfinished_runs": 3, "served": False} in (
                 health["agent_versions"]
             )
             async with http.get(f"{base}/agents/versions?agent=a%00b") as r:
@@ -184,10 +194,9 @@ async def _upgrades(
     async with api(db_url) as base:
         # A read token is refused, and nothing is sent: the run stays where it was.
         before = await client.journal(first)
-        async with session(reader) as http:
-            async with http.post(f"{base}/runs/{_uuid(first)}/upgrade") as r:
-                assert r.status == 403
-                assert "lacks the 'operate' scope" in (await r.json())["detail"]
+        async with session(reader) as http, http.post(f"{base}/runs/{_uuid(first)}/upgrade") as r:
+            assert r.status == 403
+            assert "lacks the 'operate' scope" in (await r.json())["detail"]
         assert await route(client, first) == f"agent:twin@{va}"
         assert len(await client.journal(first)) == len(before)
 
@@ -219,9 +228,9 @@ async def _upgrades(
     assert f"{second} moves from version {va} to version {vb}" in moved.stdout
     assert await route(client, second) == f"agent:twin@{vb}"
     ended = await cli(db_url, "jobs", "upgrade", done)
-    assert ended.returncode == 1 and "completed" in ended.stderr, ended.stderr
+    assert (ended.returncode, "completed" in ended.stderr) == (1, True), ended.stderr
     unknown = await cli(db_url, "jobs", "upgrade", str(uuid.uuid4()))
-    assert unknown.returncode == 2 and "no run" in unknown.stderr, unknown.stderr
+    assert (unknown.returncode, "no run" in unknown.stderr) == (2, True), unknown.stderr
 
     # Each records its move once a worker serving B takes it.
     for rid, who in ((first, "olga"), (second, None)):
@@ -229,6 +238,37 @@ async def _upgrades(
         assert (upgraded["from_version"], upgraded["to_version"]) == (va, vb)
         if who is not None:
             assert upgraded["by"]["name"] == who
+
+
+async def _console(
+    client: Client, db_url: str, operator: str, third: str, va: str, vb: str, browser_path: Path
+) -> None:
+    """The Versions page flags A; the parked run's page says why and upgrades it."""
+    from playwright.async_api import async_playwright
+
+    async with api(db_url) as base, async_playwright() as pw:
+        browser = await _launch(pw, browser_path)
+        try:
+            page = await _signed_in(browser, base, operator)
+            await page.wait_for_selector("#runs-body tr")
+            await page.goto(f"{base}/#/versions")
+            flagged = page.locator("#versions-list .bad")
+            await flagged.wait_for()
+            assert await flagged.inner_text() == "no live worker: 1 run(s) parked"
+            assert vb in await page.inner_text("#versions-list")
+            await page.goto(f"{base}/#/runs/{third}")
+            reason = f"waiting for a worker serving version {va}"
+            await page.wait_for_selector("#upgrade:not([hidden])")
+            assert await page.inner_text("#run-status") == f"parked: {reason}"
+            assert await page.inner_text("#run-waiting") == f"parked: {reason}"
+            await page.click("#upgrade")
+            await page.wait_for_selector("#steer-done:not([hidden])")
+            await page.wait_for_selector("#upgrade", state="hidden")
+        finally:
+            await browser.close()
+    assert await route(client, third) == f"agent:twin@{vb}"
+    [upgraded] = await wait_for(lambda: _upgraded(client, third), what="run.upgraded")
+    assert (upgraded["to_version"], upgraded["by"]["name"]) == (vb, "olga")
     [found] = await agent_versions(client.pool)
     assert found.stranded_runs == 0
 
