@@ -67,6 +67,7 @@ from toren.runs import (
     RunNotInState,
     RunState,
     ToolCall,
+    VersionNotServed,
     cancel,
     check_message,
     check_served,
@@ -478,7 +479,8 @@ async def cancel_run(request: web.Request) -> web.Response:
 async def retry_run(request: web.Request) -> web.Response:
     """Resume a failed run from its last good step (as ``toren jobs retry`` does; with
     ``upgrade``, on its agent's newest version): 202 once queued; 409 if the run has not
-    failed, was cancelled, or is a child whose end went to its parent."""
+    failed, was cancelled, or is a child whose end went to its parent, or (``upgrade``) if no
+    live worker runs its agent."""
     rid = run_id(request)
     body = await read_body(request, RetryBody)
     await _writable(request, rid, "operate")
@@ -489,7 +491,13 @@ async def retry_run(request: web.Request) -> web.Response:
 async def _send(sending: Awaitable[T]) -> T:
     try:
         return await sending
-    except (UnknownActor, ActorNotLive, RunNotInState, AmbiguousDecision) as exc:
+    except (
+        UnknownActor,
+        ActorNotLive,
+        RunNotInState,
+        AmbiguousDecision,
+        VersionNotServed,  # a retry with upgrade: no live worker runs the agent
+    ) as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     except AskError as exc:
         raise ProblemError(409, "Conflict", f"the run could not handle it: {exc}") from exc

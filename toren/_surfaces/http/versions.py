@@ -9,7 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
-from toren._core.errors import TorenError, UnknownActor
+from toren._core.errors import UnknownActor
 from toren._core.rows import actor_row
 from toren._surfaces.http.api_doc import (
     API_PARTS,
@@ -40,7 +40,7 @@ from toren._surfaces.http.models import (
     VersionRuns,
     VersionWorker,
 )
-from toren.runs import RUN_KIND
+from toren.runs import RUN_KIND, RunNotInState, VersionNotServed, upgrade_run
 from toren.runs.version_listing import AgentVersions as Found
 from toren.runs.version_listing import agent_versions, pinned_version
 
@@ -109,13 +109,11 @@ async def upgrade(request: web.Request) -> web.Response:
     if row is None:
         raise ProblemError(404, "Not found", f"no run {rid}")
     require(request, "operate", str(row.args_dict.get("agent") or ""))
-    from toren.runs import upgrade_run
-
     try:
         to = await upgrade_run(client, rid, by=principal(request))
     except UnknownActor as exc:
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
-    except TorenError as exc:  # ended, on the newest already, no worker serves its agent
+    except (RunNotInState, VersionNotServed) as exc:  # ended, newest already, no worker
         raise ProblemError(409, "Conflict", str(exc)) from exc
     was = pinned_version(row.route)[1]
     return json(Upgraded(run=rid, from_version=was, to_version=to), status=202)
