@@ -144,7 +144,7 @@ async def _a_is_listed_without_a_worker(
     table = await cli(db_url, "agents", "versions")
     assert "NO WORKER: 3 run(s) parked" in table.stdout, table.stdout
     workers = await cli(db_url, "workers")
-    assert f"twin@{va}: 3 run(s), served by NO LIVE WORKER" in workers.stdout, workers.stdout
+    assert f"twin@{va}: 3 run(s), NO LIVE WORKER serves it" in workers.stdout, workers.stdout
 
     # The run is parked, with the reason: in the list, its page, the API, the timeline.
     reason = f"waiting for a worker serving version {va}"

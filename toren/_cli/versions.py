@@ -86,8 +86,9 @@ def version_lines(found: list[AgentVersions]) -> list[str]:
         for v in a.versions:
             if not v.unfinished_runs:
                 continue
-            who = ", ".join(w.name for w in v.workers) or "NO LIVE WORKER: its runs are parked"
-            lines.append(f"  {a.agent}@{v.version}: {v.unfinished_runs} run(s), served by {who}")
+            who = ", ".join(w.name for w in v.workers)
+            served = f"served by {who}" if who else "NO LIVE WORKER serves it: they are parked"
+            lines.append(f"  {a.agent}@{v.version}: {v.unfinished_runs} run(s), {served}")
     return lines
 
 

@@ -15,6 +15,7 @@ from toren._surfaces.http.api_doc import (
     API_PARTS,
     AUTH_FAIL,
     INVALID,
+    RUN_PARAM,
     ApiPart,
     json_content,
     problem,
@@ -126,13 +127,6 @@ def version_part() -> ApiPart:
 
 
 def _paths() -> dict[str, Any]:
-    run = {
-        "name": "run",
-        "in": "path",
-        "required": True,
-        "description": "The run's uuid (its id without the `run/` prefix).",
-        "schema": {"type": "string"},
-    }
     return {
         "/agents/versions": {
             "get": {
@@ -162,7 +156,7 @@ def _paths() -> dict[str, Any]:
                 "and invalidated from the first that differs. Recorded as `run.upgraded` (both "
                 "versions, the caller's principal) when a worker serving the new version takes "
                 "the run. Needs `operate` for the run's agent.",
-                "parameters": [run],
+                "parameters": [RUN_PARAM],
                 "requestBody": {"required": False, **json_content(UpgradeBody)},
                 "responses": {
                     "202": {"description": "Moved; the run goes on.", **json_content(Upgraded)},
