@@ -63,8 +63,7 @@ async def list_runs(
         RUN_KIND,
         fields=("summary",),
         run_status=status,
-        # its runs pinned to a version too (agent:NAME@VERSION)
-        versioned_route=None if agent is None else agent_route(agent),
+        route=None if agent is None else agent_route(agent),  # its pinned runs' routes too
         before=before,
         limit=limit,
     )
