@@ -14,6 +14,7 @@ from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
+from toren._cli.versions import pinned
 from toren._cli.versions import register_jobs as register_version_commands
 from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
@@ -119,10 +120,14 @@ def register(main: click.Group) -> None:
                 err.print(plain(f"console: {link}"))
             if wait:
                 state = await _until_settled(client, run_id)
+                _, stuck = await pinned(client, run_id, check=state.status not in ENDED)
+                if stuck is not None:  # on a version no live worker serves
+                    out.print(plain(f"parked: {stuck}"))
+                    out.print(plain(f"  upgrade: {toren_command()} jobs upgrade {run_id}"))
                 if state.status == "parked":
                     for line in await _parked(client, run_id, state):
                         out.print(plain(line))
-                else:
+                elif stuck is None:
                     out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
         finally:
             await client.close()
@@ -210,7 +215,7 @@ def register(main: click.Group) -> None:
             over = state.status in ENDED
             limits = await concurrency(client, run_id)
             wait = None if over else limits.wait
-            version, stuck = await _pinned(client, run_id, check=not over and wait is None)
+            version, stuck = await pinned(client, run_id, check=not over and wait is None)
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
@@ -539,19 +544,6 @@ async def _parked(client: Client, run_id: str, state: RunState) -> list[str]:
     return lines
 
 
-async def _pinned(client: Client, run_id: str, *, check: bool) -> tuple[str | None, str | None]:
-    """The version run ``run_id`` is pinned to (from its row's route), and, when ``check`` (it
-    has not ended, nor waits for a slot), why it is parked if no live worker serves it."""
-    from toren._core.rows import actor_row
-    from toren.runs import RUN_KIND
-    from toren.runs.version_listing import parked_reason, pinned_version, stranded
-
-    row = await actor_row(client.pool, run_id, kind=RUN_KIND)
-    route = row.route if row is not None else None
-    stuck = (await stranded(client, {run_id: route})).get(run_id) if check else None
-    return pinned_version(route)[1], parked_reason(stuck) if stuck is not None else None
-
-
 async def _check_served(client: Client, agent: str) -> None:
     """Refuse a run no live worker could take; start it anyway when no worker is up at all."""
     from toren.runs import AgentNotServed, check_served
@@ -572,14 +564,19 @@ async def _check_served(client: Client, agent: str) -> None:
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:
-    """The run's state once it has ended (completed, failed, cancelled) or parked: its status is
-    polled from its row (nothing folded meanwhile), the state read once at the end."""
+    """The run's state once it has ended (completed, failed, cancelled) or parked, also on a
+    version no live worker serves (looked at every second): its status is polled from its row
+    (nothing folded meanwhile), the state read once at the end."""
     from toren.runs import read_run, run_status
 
     settled = (*ENDED, "parked")
+    polls = 0
     while True:
+        polls += 1
         if await run_status(client, run_id) in settled:
             state = await read_run(client, run_id)
             if state.status in settled:  # not gone on meanwhile
                 return state
+        if polls % 4 == 0 and (await pinned(client, run_id, check=True))[1] is not None:
+            return await read_run(client, run_id)
         await anyio.sleep(0.25)

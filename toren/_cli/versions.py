@@ -15,6 +15,7 @@ from toren._cli.run_ids import resolve
 from toren._core.terminal import plain
 
 if TYPE_CHECKING:
+    from toren._core.client import Client
     from toren.runs.version_listing import AgentVersions
 
 # The runs' and the kernel's modules are imported in the commands' bodies: `toren --help`
@@ -90,6 +91,19 @@ def version_lines(found: list[AgentVersions]) -> list[str]:
             served = f"served by {who}" if who else "NO LIVE WORKER serves it: they are parked"
             lines.append(f"  {a.agent}@{v.version}: {v.unfinished_runs} run(s), {served}")
     return lines
+
+
+async def pinned(client: Client, run_id: str, *, check: bool) -> tuple[str | None, str | None]:
+    """The version run ``run_id`` is pinned to (from its row's route), and, when ``check`` (it
+    has not ended, nor waits for a slot), why it is parked if no live worker serves it."""
+    from toren._core.rows import actor_row
+    from toren.runs import RUN_KIND
+    from toren.runs.version_listing import parked_reason, pinned_version, stranded
+
+    row = await actor_row(client.pool, run_id, kind=RUN_KIND)
+    route = row.route if row is not None else None
+    stuck = (await stranded(client, {run_id: route})).get(run_id) if check else None
+    return pinned_version(route)[1], parked_reason(stuck) if stuck is not None else None
 
 
 def register_jobs(jobs: click.Group) -> None:
