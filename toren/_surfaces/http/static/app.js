@@ -160,7 +160,7 @@ async function loadRuns() {
     .map((a) => { const o = document.createElement("option"); o.value = a; return o; }));
   $("runs-body").innerHTML = page.runs.map((r) => `
     <tr data-run="${esc(r.id.slice(4))}">
-      <td><span class="badge ${esc(r.status)}"${r.queued_for ? ` title="waiting for ${escShown(r.queued_for)}, #${r.queue_position} in line"` : ""}>${esc(r.status)}${r.queue_position ? ` #${r.queue_position}` : ""}</span></td>
+      <td><span class="badge ${esc(r.status)}"${r.queued_for ? ` title="waiting for ${escShown(r.queued_for)}, #${r.queue_position} in line"` : r.waiting_for ? ` title="${escShown(r.waiting_for)}"` : ""}>${esc(r.status)}${r.queue_position ? ` #${r.queue_position}` : ""}</span></td>
       <td>${escShown(r.agent)}</td><td>${escShown(r.input.slice(0, 80))}</td>
       <td>${r.calls_made}</td><td>$${Number(r.usd_paid).toFixed(4)}</td>
       <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
