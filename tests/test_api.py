@@ -340,6 +340,8 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/approvals",
         "/runs/{run}/cancel",
         "/runs/{run}/retry",
+        "/runs/{run}/upgrade",
+        "/agents/versions",
         "/channels",
         "/channels/{bot}/messages",
         "/telegram/{bot}",

@@ -23,6 +23,7 @@ from toren._cli.common import Unshown, database_url, out, print_error, run_async
 from toren._cli.init import register as register_init_command
 from toren._cli.serve import register as register_serve_commands
 from toren._cli.up import register as register_up_command
+from toren._cli.versions import register_agents as register_version_commands
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.logs import LEVELS, configure
@@ -126,13 +127,17 @@ async def worker(ctx: click.Context, /, app: str | None, migrate: bool, **overri
 @click.pass_context
 @run_async
 async def workers(ctx: click.Context, as_json: bool) -> None:
-    """List live workers with their versions and statistics."""
+    """List live workers with their versions and statistics. Then the agent versions that
+    still have runs not ended, flagged when no live worker serves one (its runs are parked)."""
+    from toren._cli.versions import version_lines
     from toren._core.db import connect
     from toren._core.workers import live_workers
+    from toren.runs.version_listing import agent_versions
 
     conn = await connect(database_url(_settings(ctx)))
     try:
         rows = await live_workers(conn)
+        found = [] if as_json else await agent_versions(conn)
     finally:
         await conn.close()
     items = [
@@ -140,6 +145,12 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
             "worker_id": str(r["worker_id"]),
             "name": r["name"],
             "version": r["version"],
+            "deploy_label": r["deploy_label"],
+            "agents": {  # each agent it serves: its version and policy
+                name: {k: card.get(k) for k in ("version", "version_policy")}
+                for name, card in (r["stats"].get("agents") or {}).items()
+                if isinstance(card, dict)
+            },
             "host": r["host"],
             "pid": r["pid"],
             "started_at": r["started_at"].isoformat(),
@@ -171,6 +182,11 @@ async def workers(ctx: click.Context, as_json: bool) -> None:
     out.print(table)
     if len(versions) > 1:
         out.print(plain("version skew:", style="yellow"), plain(", ".join(sorted(versions))))
+    lines = version_lines(found)
+    if lines:
+        out.print(plain("agent versions with runs not ended:"))
+        for line in lines:
+            out.print(plain(line, style="red" if "NO LIVE WORKER" in line else ""))
 
 
 @main.group(invoke_without_command=True)
@@ -256,7 +272,10 @@ register_up_command(main)
 
 @main.group()
 def agents() -> None:
-    """Inspect the agents an app defines."""
+    """Inspect agents: their tools and versions."""
+
+
+register_version_commands(agents)
 
 
 @agents.command("check")

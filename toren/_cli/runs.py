@@ -14,6 +14,8 @@ from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
+from toren._cli.versions import pinned
+from toren._cli.versions import register_jobs as register_version_commands
 from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
 from toren._settings import Settings
@@ -118,10 +120,14 @@ def register(main: click.Group) -> None:
                 err.print(plain(f"console: {link}"))
             if wait:
                 state = await _until_settled(client, run_id)
+                _, stuck = await pinned(client, run_id, check=state.status not in ENDED)
+                if stuck is not None:  # on a version no live worker serves
+                    out.print(plain(f"parked: {stuck}"))
+                    out.print(plain(f"  upgrade: {toren_command()} jobs upgrade {run_id}"))
                 if state.status == "parked":
                     for line in await _parked(client, run_id, state):
                         out.print(plain(line))
-                else:
+                elif stuck is None:
                     out.print(plain(f"{state.status}: {state.output or state.error or ''}"))
         finally:
             await client.close()
@@ -157,9 +163,11 @@ def register(main: click.Group) -> None:
                 plain(row.id),
                 plain(row.agent),
                 plain(
-                    row.status
-                    if row.queue_position is None
-                    else f"{row.status} #{row.queue_position} for {row.queued_for}"
+                    f"{row.status} #{row.queue_position} for {row.queued_for}"
+                    if row.queue_position is not None
+                    else f"{row.status}: {row.waiting_for}"
+                    if row.waiting_for
+                    else row.status
                 ),
                 str(row.calls_made),
                 f"{Decimal(row.usd_paid):.6f}",
@@ -207,6 +215,7 @@ def register(main: click.Group) -> None:
             over = state.status in ENDED
             limits = await concurrency(client, run_id)
             wait = None if over else limits.wait
+            version, stuck = await pinned(client, run_id, check=not over and wait is None)
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
@@ -214,6 +223,10 @@ def register(main: click.Group) -> None:
                 shown = record(run_id, state)
                 if wait is not None:
                     shown["status"] = QUEUED
+                elif stuck is not None:
+                    shown["status"] = "parked"
+                shown["version"] = version
+                shown["waiting_for"] = stuck
                 shown = shown | {
                     "concurrency_key": limits.key,
                     "queued": attrs.asdict(wait) if wait is not None else None,
@@ -234,6 +247,13 @@ def register(main: click.Group) -> None:
                         f"--after {entries[-1].seq}"
                     )
                 )
+            if stuck is not None and not more:  # the timeline's last line: why it waits
+                out.print(
+                    plain(
+                        f"   --  parked: {stuck}; move it to the newest version with "
+                        f"{toren_command()} jobs upgrade {run_id}"
+                    )
+                )
             if sandbox is not None or calls:
                 out.print()
             if sandbox is not None:
@@ -251,6 +271,8 @@ def register(main: click.Group) -> None:
             if limits.key is not None:
                 out.print(plain(f"\nconcurrency key: {limits.key}"))
             status = state.status if wait is None else f"{QUEUED} ({reason(wait)})"
+            if stuck is not None and wait is None:
+                status = f"parked ({stuck})"
             r = receipt(state)
             out.print(
                 plain(
@@ -313,9 +335,15 @@ def register(main: click.Group) -> None:
             await client.close()
 
     def steer(
-        name: str, help_text: str, action: Any, *, text: bool = False, reason: bool = False
+        name: str,
+        help_text: str,
+        action: Any,
+        *,
+        text: bool = False,
+        reason: bool = False,
+        flags: tuple[click.Option, ...] = (),
     ) -> None:
-        params: list[click.Parameter] = [click.Argument(["run_id"])]
+        params: list[click.Parameter] = [click.Argument(["run_id"]), *flags]
         if text:
             params.append(click.Argument(["text"]))
         if reason:
@@ -347,14 +375,28 @@ def register(main: click.Group) -> None:
 
         await cancel(c, r, by=who(), reason=reason)
 
-    async def again(c: Client, r: str, settings: Settings) -> None:
+    async def again(c: Client, r: str, settings: Settings, upgrade: bool) -> None:
         from toren.runs import retry
 
-        await retry(c, r, by=who())
+        await retry(c, r, by=who(), upgrade=upgrade)
 
     steer("send", "Send a message TEXT to RUN (applied at its next step).", send, text=True)
     steer("cancel", "Cancel RUN.", stop, reason=True)
-    steer("retry", "Resume failed RUN from its last good step.", again)
+    steer(
+        "retry",
+        "Resume failed RUN from its last good step. With --upgrade, on the newest version of "
+        "its agent (for a failure whose fix exists only there).",
+        again,
+        flags=(
+            click.Option(
+                ["--upgrade"],
+                is_flag=True,
+                help="Move the run to the newest version of its agent first (as `jobs "
+                "upgrade` does).",
+            ),
+        ),
+    )
+    register_version_commands(jobs)
 
     def decision(name: str, help_text: str, approved: bool) -> None:
         @jobs.command(name, help=help_text)
@@ -522,14 +564,19 @@ async def _check_served(client: Client, agent: str) -> None:
 
 
 async def _until_settled(client: Client, run_id: str) -> RunState:
-    """The run's state once it has ended (completed, failed, cancelled) or parked: its status is
-    polled from its row (nothing folded meanwhile), the state read once at the end."""
+    """The run's state once it has ended (completed, failed, cancelled) or parked, also on a
+    version no live worker serves (looked at every second): its status is polled from its row
+    (nothing folded meanwhile), the state read once at the end."""
     from toren.runs import read_run, run_status
 
     settled = (*ENDED, "parked")
+    polls = 0
     while True:
+        polls += 1
         if await run_status(client, run_id) in settled:
             state = await read_run(client, run_id)
             if state.status in settled:  # not gone on meanwhile
                 return state
+        if polls % 4 == 0 and (await pinned(client, run_id, check=True))[1] is not None:
+            return await read_run(client, run_id)
         await anyio.sleep(0.25)

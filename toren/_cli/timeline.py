@@ -39,6 +39,7 @@ from toren.runs import (
     RunRetrying,
     RunStarted,
     RunState,
+    RunUpgraded,
     SandboxFailed,
     SandboxNoted,
     SandboxRequested,
@@ -159,6 +160,12 @@ def _retrying(e: RunRetrying) -> str:
 
 def _retried(e: RunRetried) -> str:
     return f"retried by {e.who}"
+
+
+def _upgraded(e: RunUpgraded) -> str:
+    how = "history taken as recorded" if e.how == "value" else "history checked again"
+    by = f" by {e.by.name}" if e.by is not None else ""
+    return f"upgraded from version {e.from_version or '(unknown)'} to {e.to_version}{by} ({how})"
 
 
 def _resumed(e: RunResumed) -> str:
@@ -340,6 +347,7 @@ _LINES: Mapping[type, Callable[[Any], str]] = types.MappingProxyType(
             _on(RunRetrying, _retrying),
             _on(RateWaited, _rate_waited),
             _on(RunRetried, _retried),
+            _on(RunUpgraded, _upgraded),
             _on(StepsInvalidated, _steps_invalidated),
             _on(TimerSet, _timer_set),
             _on(TimerFired, _timer_fired),

@@ -312,6 +312,19 @@ async def revive(db: Db, actor_id: str, *, kind: str) -> bool:
     return str(done) != "UPDATE 0"
 
 
+async def count_by_route(db: Db, kind: str, *, run_statuses: Collection[str]) -> dict[str, int]:
+    """How many actors of ``kind`` whose run status is one of ``run_statuses`` each route has
+    (routes with none are left out; so are actors without a route). One statement: for runs,
+    it reads the index by status (``actors_runs_by_status``), so its cost follows the number of
+    runs in those statuses, not all runs."""
+    rows = await db.fetch(
+        f"SELECT a.route, count(*) AS n FROM toren.actors a WHERE a.kind = {_kind(kind)} "
+        "AND a.run_status = ANY($1::text[]) AND a.route IS NOT NULL GROUP BY a.route",
+        list(run_statuses),
+    )
+    return {r["route"]: r["n"] for r in rows}
+
+
 async def run_status_counts(db: Db) -> dict[str, int]:
     """How many runs have each run status (kept as runs change status: a few rows read,
     however many runs; see migration 0006)."""

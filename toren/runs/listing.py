@@ -12,6 +12,7 @@ from toren._core.client import Client
 from toren._core.rows import actors_of_kind
 from toren.runs.events import ENDED, RUN_KIND, STATUSES
 from toren.runs.limits import QUEUED, queued
+from toren.runs.version_listing import parked_reason, pinned_version, stranded
 
 
 @attrs.frozen(kw_only=True)
@@ -28,6 +29,8 @@ class RunRow:
     created_at: datetime
     queued_for: str | None = None  # status queued: the concurrency limit it waits for
     queue_position: int | None = None  # ... and where in its queue (1: next)
+    version: str | None = None  # the agent version it is pinned to (None: not pinned)
+    waiting_for: str | None = None  # parked on a version no live worker serves: the reason
 
     def to_json(self) -> dict[str, Any]:
         return {**attrs.asdict(self), "created_at": self.created_at.isoformat()}
@@ -44,7 +47,9 @@ async def list_runs(
     """Runs, newest first; ``before`` is the ``(created_at, id)`` of the last run of the
     previous page. A run whose start is still queued shows as running, with no input yet; one
     that waits for a slot of a concurrency limit shows as ``queued``, with the limit and its
-    place in line (one more query, for the page's runs that have not ended).
+    place in line (one more query, for the page's runs that have not ended). One pinned to an
+    agent version no live worker serves shows as ``parked``, with the reason (one more query,
+    when the page holds such runs; a ``status`` filter reads the status the runs recorded).
     Each combination of filters is its own statement, planned for the index it can use (by
     status, by agent's route, newest first overall), the page's start included.
 
@@ -58,21 +63,29 @@ async def list_runs(
         RUN_KIND,
         fields=("summary",),
         run_status=status,
-        route=None if agent is None else agent_route(agent),
+        route=None if agent is None else agent_route(agent),  # its pinned runs' routes too
         before=before,
         limit=limit,
     )
     out = []
     live = [r.actor_id for r in rows if r.summary_dict.get("status", "running") not in ENDED]
     waits = await queued(client, live)
+    routes = {r.actor_id: r.route for r in rows}
+    stuck = await stranded(client, {rid: routes[rid] for rid in live})
     for r in rows:
         s = r.summary_dict
         wait = waits.get(r.actor_id)
+        version = stuck.get(r.actor_id)
+        status = s.get("status", "running")
+        if wait is not None:
+            status = QUEUED
+        elif version is not None:
+            status = "parked"
         out.append(
             RunRow(
                 id=r.actor_id,
-                agent=s.get("agent") or (r.route or "").removeprefix("agent:"),
-                status=QUEUED if wait is not None else s.get("status", "running"),
+                agent=s.get("agent") or pinned_version(r.route)[0],
+                status=status,
                 input=s.get("input", ""),
                 calls_made=s.get("calls_made", 0),
                 usd_paid=s.get("usd_paid", "0"),
@@ -80,6 +93,8 @@ async def list_runs(
                 created_at=r.created_at,
                 queued_for=wait.limit if wait is not None else None,
                 queue_position=wait.position if wait is not None else None,
+                version=pinned_version(r.route)[1],
+                waiting_for=parked_reason(version) if version is not None else None,
             )
         )
     return out

@@ -18,7 +18,9 @@ from toren._core.rows import run_status_counts
 from toren._core.workers import live_worker_count, live_workers
 from toren._surfaces.http.common import ACCESS, CLIENT, json
 from toren._surfaces.http.models import Health, WorkerInfo
+from toren._surfaces.http.versions import with_runs
 from toren.runs.events import STATUSES
+from toren.runs.version_listing import agent_versions
 
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 _REQUESTS: web.AppKey[Counter] = web.AppKey("requests", Counter)
@@ -68,11 +70,15 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def healthz(request: web.Request) -> web.Response:
     """Whether the database answers and how many workers are live; to an authenticated caller
-    also which workers, their versions, and version skew."""
+    also which workers, their versions, version skew, and the agent versions that still have
+    runs (flagged when no live worker serves one)."""
     pool = request.app[CLIENT].pool
+    shown = ACCESS in request  # authenticated: the middleware passed optional credentials
     try:
         with anyio.fail_after(3):
             rows = await live_workers(pool)
+            # The agent versions that still have runs: only to a caller who may see them.
+            agents = with_runs(await agent_versions(pool)) if shown else None
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError):
         health = Health(
             status="degraded",
@@ -93,7 +99,6 @@ async def healthz(request: web.Request) -> web.Response:
         for r in rows
     ]
     versions = sorted({w.version for w in workers})
-    shown = ACCESS in request  # authenticated: the middleware passed optional credentials
     health = Health(
         status="ok",
         database=True,
@@ -101,5 +106,6 @@ async def healthz(request: web.Request) -> web.Response:
         workers=workers if shown else None,
         versions=versions if shown else None,
         version_skew=len(versions) > 1,
+        agent_versions=agents,
     )
     return json(health)

@@ -87,7 +87,14 @@ class CancelBody(_Strict):
 
 
 class RetryBody(_Strict):
-    """Nothing: a retry resumes the run as it failed (an empty object, or no body)."""
+    """A retry resumes the run as it failed (an empty object, or no body); with ``upgrade``,
+    on the newest version of its agent."""
+
+    upgrade: bool = Field(
+        default=False,
+        description="Move the run to the newest version of its agent first (as `POST "
+        "/runs/{uuid}/upgrade` does): for a failure whose fix exists only in that version.",
+    )
 
 
 class Receipt(BaseModel):
@@ -175,6 +182,17 @@ class ChildRun(BaseModel):
     )
 
 
+_VERSION = (
+    "The agent version the run is pinned to (its route `agent:NAME@VERSION`); null while it "
+    "is not pinned (not started yet, or run under the `upgrade` policy)."
+)
+_WAITING_FOR = (
+    "Status `parked` because no live worker serves the version the run is pinned to: "
+    "`waiting for a worker serving version V`. It goes on when a worker serving V starts, or "
+    "once upgraded (`POST /runs/{uuid}/upgrade`). Null otherwise."
+)
+
+
 class RunSummary(BaseModel):
     id: str = Field(description="The run's id: `run/<uuid>`; paths take the uuid.")
     agent: str
@@ -190,6 +208,8 @@ class RunSummary(BaseModel):
     queue_position: int | None = Field(
         default=None, description="Status `queued`: its place in that limit's queue."
     )
+    version: str | None = Field(default=None, description=_VERSION)
+    waiting_for: str | None = Field(default=None, description=_WAITING_FOR)
 
 
 class ScheduledBy(BaseModel):
@@ -226,6 +246,8 @@ class Run(BaseModel):
     queued: Queued | None = Field(
         default=None, description="Status `queued`: the limit it waits for, and where."
     )
+    version: str | None = Field(default=None, description=_VERSION)
+    waiting_for: str | None = Field(default=None, description=_WAITING_FOR)
 
 
 class RunList(BaseModel):
@@ -267,10 +289,19 @@ class WorkerInfo(BaseModel):
     heartbeat_at: str
 
 
+class VersionRuns(BaseModel):
+    """An agent version that still has runs not ended."""
+
+    agent: str
+    version: str
+    unfinished_runs: int
+    served: bool = Field(description="A live worker serves it; if not, its runs are parked.")
+
+
 class Health(BaseModel):
-    """Whether the database answers and workers are live. ``workers`` and ``versions`` are
-    shown only to an authenticated caller (they name hosts and versions); anonymously they are
-    null."""
+    """Whether the database answers and workers are live. ``workers``, ``versions`` and
+    ``agent_versions`` are shown only to an authenticated caller (they name hosts and
+    versions); anonymously they are null."""
 
     status: Literal["ok", "degraded"]
     database: bool
@@ -278,6 +309,70 @@ class Health(BaseModel):
     workers: list[WorkerInfo] | None
     versions: list[str] | None
     version_skew: bool
+    agent_versions: list[VersionRuns] | None = Field(
+        default=None,
+        description="The agent versions that still have runs not ended, each with whether a "
+        "live worker serves it (`served: false`: its runs are parked).",
+    )
+
+
+class VersionWorker(BaseModel):
+    """A live worker serving an agent version."""
+
+    worker_id: str
+    name: str
+    code_version: str = Field(
+        description="The worker's code version as `toren workers` shows it (Toren's version, "
+        "`+LABEL` with a deploy label)."
+    )
+    deploy_label: str | None
+    started_at: str
+
+
+class AgentVersionItem(BaseModel):
+    version: str = Field(description="The agent version: 12 hex characters.")
+    policy: str | None = Field(
+        description="`pin`, `upgrade` or `next_turn`, as its newest worker publishes it; null "
+        "when no live worker serves it."
+    )
+    newest: bool = Field(description="What an upgrade moves a run to.")
+    served: bool = Field(description="A live worker serves it; if not, its runs are parked.")
+    workers: list[VersionWorker]
+    unfinished_runs: int = Field(description="Runs not ended that are pinned to it.")
+
+
+class AgentVersions(BaseModel):
+    agent: str
+    newest: str | None = Field(
+        description="The version the most recently started live worker serving the agent "
+        "publishes; null when none does."
+    )
+    versions: list[AgentVersionItem] = Field(
+        description="The newest first, then the versions no live worker serves."
+    )
+    unpinned_runs: int = Field(
+        description="Runs not ended and not pinned to a version (not started yet, or run "
+        "under the `upgrade` policy)."
+    )
+    stranded_runs: int = Field(description="Runs pinned to a version no live worker serves.")
+
+
+class AgentVersionList(BaseModel):
+    agents: list[AgentVersions]
+
+
+class UpgradeBody(_Strict):
+    """Nothing: the run moves to the newest version of its agent (an empty object, or no
+    body)."""
+
+
+class Upgraded(BaseModel):
+    run: str
+    from_version: str | None = Field(
+        description="The version it was pinned to (null: it was not pinned)."
+    )
+    to_version: str = Field(description="The version it moves to: its agent's newest.")
+    accepted: Literal[True] = True
 
 
 WorkerState = Literal["starting", "running", "reconnecting", "draining"]

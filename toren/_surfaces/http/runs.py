@@ -67,6 +67,7 @@ from toren.runs import (
     RunNotInState,
     RunState,
     ToolCall,
+    VersionNotServed,
     cancel,
     check_message,
     check_served,
@@ -82,6 +83,7 @@ from toren.runs import (
 )
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
+from toren.runs.version_listing import parked_reason, pinned_version, stranded
 from toren.sandboxes.listing import approval_cwds
 
 T = TypeVar("T")
@@ -278,10 +280,14 @@ async def _run(app: web.Application, rid: str) -> Run:
     key = row.args_dict.get("concurrency_key")
     # Only a run that has not ended may wait for a slot: an ended one costs no query here.
     wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
+    # Pinned to a version no live worker serves: parked until one does, or it is upgraded.
+    check = state.status not in ENDED and wait is None
+    stuck = (await stranded(client, {rid: row.route})).get(rid) if check else None
+    status = QUEUED if wait is not None else "parked" if stuck is not None else state.status
     return Run(
         id=rid,
         agent=state.agent,
-        status=QUEUED if wait is not None else state.status,
+        status=status,
         input=state.input,
         output=state.output,
         error_class=state.error_class,
@@ -324,6 +330,8 @@ async def _run(app: web.Application, rid: str) -> Run:
         queued=None
         if wait is None
         else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
+        version=pinned_version(row.route)[1],
+        waiting_for=parked_reason(stuck) if stuck is not None else None,
     )
 
 
@@ -469,20 +477,27 @@ async def cancel_run(request: web.Request) -> web.Response:
 
 
 async def retry_run(request: web.Request) -> web.Response:
-    """Resume a failed run from its last good step (as ``toren jobs retry`` does): 202 once
-    queued; 409 if the run has not failed, was cancelled, or is a child whose end went to its
-    parent."""
+    """Resume a failed run from its last good step (as ``toren jobs retry`` does; with
+    ``upgrade``, on its agent's newest version): 202 once queued; 409 if the run has not
+    failed, was cancelled, or is a child whose end went to its parent, or (``upgrade``) if no
+    live worker runs its agent."""
     rid = run_id(request)
-    await read_body(request, RetryBody)
+    body = await read_body(request, RetryBody)
     await _writable(request, rid, "operate")
-    await _send(retry(request.app[CLIENT], rid, by=principal(request)))
+    await _send(retry(request.app[CLIENT], rid, by=principal(request), upgrade=body.upgrade))
     return json(Accepted(run=rid), status=202)
 
 
 async def _send(sending: Awaitable[T]) -> T:
     try:
         return await sending
-    except (UnknownActor, ActorNotLive, RunNotInState, AmbiguousDecision) as exc:
+    except (
+        UnknownActor,
+        ActorNotLive,
+        RunNotInState,
+        AmbiguousDecision,
+        VersionNotServed,  # a retry with upgrade: no live worker runs the agent
+    ) as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
     except AskError as exc:
         raise ProblemError(409, "Conflict", f"the run could not handle it: {exc}") from exc

@@ -63,7 +63,7 @@ async function api(path, options = {}) {
 }
 
 function show(section) {
-  for (const id of ["signin", "runs", "run", "channels", "schedules"]) $(id).hidden = id !== section;
+  for (const id of ["signin", "runs", "run", "channels", "schedules", "versions"]) $(id).hidden = id !== section;
 }
 
 async function start() {
@@ -89,6 +89,7 @@ async function start() {
   $("send").onclick = () => { if (view) steer(view, "messages", { text: $("message-text").value }); };
   $("cancel").onclick = () => { if (view) steer(view, "cancel", { reason: $("steer-reason").value }); };
   $("retry").onclick = () => { if (view) steer(view, "retry", {}); };
+  $("upgrade").onclick = () => { if (view) steer(view, "upgrade", {}); };
   $("more-button").onclick = () => { if (view) nextPage(view); };
   window.onhashchange = route;
   route();
@@ -112,6 +113,12 @@ function route() {
     show("channels");
     loadChannels();
     listTimer = setInterval(loadChannels, 2000);
+    return;
+  }
+  if (location.hash === "#/versions") {
+    show("versions");
+    loadVersions();
+    listTimer = setInterval(loadVersions, 2000);
     return;
   }
   if (location.hash === "#/schedules") {
@@ -153,7 +160,7 @@ async function loadRuns() {
     .map((a) => { const o = document.createElement("option"); o.value = a; return o; }));
   $("runs-body").innerHTML = page.runs.map((r) => `
     <tr data-run="${esc(r.id.slice(4))}">
-      <td><span class="badge ${esc(r.status)}"${r.queued_for ? ` title="waiting for ${escShown(r.queued_for)}, #${r.queue_position} in line"` : ""}>${esc(r.status)}${r.queue_position ? ` #${r.queue_position}` : ""}</span></td>
+      <td><span class="badge ${esc(r.status)}"${r.queued_for ? ` title="waiting for ${escShown(r.queued_for)}, #${r.queue_position} in line"` : r.waiting_for ? ` title="${escShown(r.waiting_for)}"` : ""}>${esc(r.status)}${r.queue_position ? ` #${r.queue_position}` : ""}</span></td>
       <td>${escShown(r.agent)}</td><td>${escShown(r.input.slice(0, 80))}</td>
       <td>${r.calls_made}</td><td>$${Number(r.usd_paid).toFixed(4)}</td>
       <td>${new Date(r.created_at).toLocaleString()}</td></tr>`).join("");
@@ -181,7 +188,7 @@ async function startRun(event) {
 // A message, a cancellation or a retry (the `operate` scope) sent to the run shown; what the
 // run does with it comes in on its event stream. A refusal is shown as the server gave it.
 async function steer(v, action, body) {
-  const buttons = ["send", "cancel", "retry"].map($);
+  const buttons = ["send", "cancel", "retry", "upgrade"].map($);
   for (const b of buttons) b.disabled = true;
   $("steer-error").hidden = true;
   try {
@@ -189,7 +196,8 @@ async function steer(v, action, body) {
     if (action === "messages") $("message-text").value = "";
     $("steer-done").textContent = { messages: "Message sent: the run reads it at its next step.",
       cancel: "Cancellation sent: the run stops at its next step, unless it ends first.",
-      retry: "Retry sent: the run resumes from its last good step." }[action];
+      retry: "Retry sent: the run resumes from its last good step.",
+      upgrade: "Upgraded: the run moves to the newest version of its agent." }[action];
     $("steer-done").hidden = false;
   } catch (e) {
     $("steer-done").hidden = true;
@@ -282,6 +290,35 @@ function channelView(c, messages) {
       ago((now - new Date(m.queued_at).getTime()) / 1000),
       m.text.length > 80 ? `${m.text.slice(0, 80)}...` : m.text]),
     "no outbound message yet"));
+  return box;
+}
+
+// The agents' versions: for each, the versions live workers serve (the newest first), the
+// workers serving each, and the runs not ended pinned to each. A version no live worker serves
+// is flagged: its runs are parked until one does, or until they are upgraded (on their pages).
+async function loadVersions() {
+  const { agents } = await api("/agents/versions");
+  $("versions-none").hidden = agents.length > 0;
+  $("versions-list").replaceChildren(...agents.map(versionsView));
+}
+
+function versionsView(a) {
+  const box = el("div", "agent-versions");
+  box.dataset.agent = a.agent;
+  const head = el("h2");
+  head.append(el("span", "", a.agent));
+  if (a.stranded_runs) {
+    head.append(" ", el("span", "badge failing", `${a.stranded_runs} run(s) parked: no worker`));
+  }
+  box.append(head, el("p", "facts", `newest version ${a.newest || "none (no live worker)"} · ` +
+    `${a.unpinned_runs} run(s) not pinned to a version`));
+  box.append(table(["Version", "Policy", "Workers", "Runs not ended", ""],
+    a.versions.map((v) => [v.version, v.policy || "-",
+      v.workers.map((w) => `${w.name} (${w.code_version})`).join(", ") || "-",
+      String(v.unfinished_runs),
+      v.served ? (v.newest ? "newest" : "")
+        : el("span", "bad", `no live worker${v.unfinished_runs ? `: ${v.unfinished_runs} run(s) parked` : ""}`)]),
+    "no version published"));
   return box;
 }
 
@@ -539,9 +576,13 @@ function brief(event) {
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
   // A queued run waits for a slot of a concurrency limit: which one, and its place in line.
+  // A run pinned to a version no live worker serves is parked: it says so (`waiting_for`).
   $("run-status").textContent = run.queued
     ? `queued: #${run.queued.position} for ${run.queued.limit}` + (run.queued.cap ? ` (cap ${run.queued.cap})` : "")
-    : run.status;
+    : run.waiting_for ? `${run.status}: ${run.waiting_for}` : run.status;
+  $("run-waiting").textContent = run.waiting_for ? `parked: ${run.waiting_for}` : "";
+  $("run-waiting").hidden = !run.waiting_for;
+  $("run-version").textContent = run.version ? `version ${run.version}` : "";
   $("run-status").className = `badge ${run.status}`;
   $("run-agent").textContent = run.agent;
   $("run-input").textContent = run.input;
@@ -612,6 +653,8 @@ async function refreshRun(uuid) {
     (ended && !!run.parent);
   $("cancel-form").hidden = ended;
   $("retry").hidden = !(run.status === "failed" && run.error_class !== "cancelled" && !run.parent);
+  // Parked on a version no live worker serves: moved to the newest version from here.
+  $("upgrade").hidden = !run.waiting_for;
   const r = run.receipt;
   $("receipt").innerHTML = [
     ["calls made", r.calls_made], ["calls replayed (not re-paid)", r.calls_replayed],
@@ -675,6 +718,9 @@ function drawTimeline(events) {
     } else if (e.type === "run.resumed") {
       replayed = Math.max(replayed, d.replayed);
       marks.push({ at: t(e), label: `resumed: ${d.replayed} replayed`, kind: "resume" });
+    } else if (e.type === "run.upgraded") {
+      marks.push({ at: t(e), label: `upgraded from version ${d.from_version || "?"} to ${d.to_version}`,
+        kind: "resume" });
     } else if (e.type === "steps.invalidated") {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
     } else if (e.type === "decision.refused") {
