@@ -90,6 +90,44 @@ class RetryBody(_Strict):
     """Nothing: a retry resumes the run as it failed (an empty object, or no body)."""
 
 
+class ForkBody(_Strict):
+    at: int = Field(
+        ge=1,
+        le=2**31 - 1,
+        description="The step to go back to: model call `at` (as the run's timeline numbers "
+        "them, from 1) is made again; the calls before it are copied from the run and "
+        "replayed, not paid again.",
+    )
+    upgrade: bool = Field(
+        default=False,
+        description="Run the rest on the agent's current version (else on the run's).",
+    )
+    message: str | None = Field(
+        default=None,
+        description="Replaces the last human message before the step. Up to "
+        "`max_message_bytes` in UTF-8; no NUL. Not with `input`.",
+    )
+    input: str | None = Field(
+        default=None,
+        description="Replaces the run's input. Up to `max_message_bytes` in UTF-8; no NUL. "
+        "Not with `message`.",
+    )
+
+
+class ForkedFrom(BaseModel):
+    run: str = Field(description="The run this one was forked from.")
+    step: int = Field(description="The step it was forked at: the first call made again.")
+    calls_replayed: int = Field(
+        description="The calls it took from that run by value: replayed, not paid again."
+    )
+    usd_not_repaid: str = Field(description="What those calls had cost.")
+
+
+class Forked(BaseModel):
+    id: str = Field(description="The new run: `run/<uuid>`.")
+    forked_from: ForkedFrom
+
+
 class Receipt(BaseModel):
     calls_made: int
     calls_replayed: int
@@ -225,6 +263,9 @@ class Run(BaseModel):
     )
     queued: Queued | None = Field(
         default=None, description="Status `queued`: the limit it waits for, and where."
+    )
+    forked_from: ForkedFrom | None = Field(
+        default=None, description="The run and step this run was forked from, if it is a fork."
     )
 
 

@@ -41,6 +41,7 @@ from toren._surfaces.http.models import (
     Event,
     EventList,
     FieldError,
+    ForkedFrom,
     MessageBody,
     PendingApproval,
     Queued,
@@ -80,6 +81,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
 from toren.sandboxes.listing import approval_cwds
@@ -255,7 +257,9 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 
 async def _run(app: web.Application, rid: str) -> Run:
     state, row = await app[STATES].read_row(
-        app[CLIENT].pool, rid, ("args.concurrency_key", "args.schedule", "args.slot")
+        app[CLIENT].pool,
+        rid,
+        ("args.concurrency_key", "args.schedule", "args.slot", "args.forked_from"),
     )
     created = row.created_at
     r = receipt(state)
@@ -278,6 +282,7 @@ async def _run(app: web.Application, rid: str) -> Run:
     key = row.args_dict.get("concurrency_key")
     # Only a run that has not ended may wait for a slot: an ended one costs no query here.
     wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
+    origin = forked_from(by, state)
     return Run(
         id=rid,
         agent=state.agent,
@@ -324,6 +329,7 @@ async def _run(app: web.Application, rid: str) -> Run:
         queued=None
         if wait is None
         else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
+        forked_from=ForkedFrom(**origin.to_json()) if origin is not None else None,
     )
 
 
