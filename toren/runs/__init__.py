@@ -124,6 +124,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         Wake,
         author,
     )
+    from toren.runs.fork import InvalidFork, fork_run
+    from toren.runs.fork_events import RunForked
     from toren.runs.rate_events import RateWaited, RateWake
     from toren.runs.state import (
         SNAPSHOT_VERSION,
@@ -173,6 +175,7 @@ __all__ = [
     "DecisionRefused",
     "DecisionsMuted",
     "IdempotencyConflict",
+    "InvalidFork",
     "InvalidStart",
     "Message",
     "MessageReceived",
@@ -189,6 +192,7 @@ __all__ = [
     "Retry",
     "RunCompleted",
     "RunFailed",
+    "RunForked",
     "RunNotInState",
     "RunResumed",
     "RunRetried",
@@ -230,6 +234,7 @@ __all__ = [
     "estimate_tokens",
     "final_text",
     "fold",
+    "fork_run",
     "judge_decision",
     "occurrence_key",
     "occurrences_of",
@@ -357,6 +362,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Wake",
         "author",
     ),
+    "toren.runs.fork": ("InvalidFork", "fork_run"),
+    "toren.runs.fork_events": ("RunForked",),
     "toren.runs.state": (
         "SNAPSHOT_VERSION",
         "RunState",
