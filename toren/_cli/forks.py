@@ -15,7 +15,6 @@ from toren._core.terminal import plain
 if TYPE_CHECKING:
     from toren._core.client import Client
     from toren._settings import Settings
-    from toren.runs import RunState
     from toren.runs.forked import ForkedFrom
 
 # The highest step a fork may name: a bound, so that 2**70 is a usage error, not an overflow.
@@ -70,7 +69,13 @@ def add_fork(jobs: click.Group) -> None:
         try:
             source = await resolve(client, run_id)
             forked = await _fork(
-                client, source, step, upgrade=upgrade, message=message, new_input=new_input
+                client,
+                source,
+                step,
+                upgrade=upgrade,
+                message=message,
+                new_input=new_input,
+                cap=settings.max_message_bytes,
             )
             made = await origin(client, forked)
         finally:
@@ -101,6 +106,7 @@ async def _fork(
     upgrade: bool,
     message: str | None,
     new_input: str | None,
+    cap: int,
 ) -> str:
     """Fork ``source`` at ``step``; a fork it refuses is a usage error (exit 2, nothing stored).
 
@@ -120,6 +126,7 @@ async def _fork(
             message=message,
             input=new_input,
             by=who(),
+            cap=cap,
         )
     except InvalidFork as exc:
         raise ConfigError(
@@ -129,14 +136,10 @@ async def _fork(
         raise ConfigError(f"no run {source!r}", hint="List runs with `toren jobs list`.") from None
 
 
-async def origin(client: Client, run_id: str, state: RunState | None = None) -> ForkedFrom | None:
-    """Where run ``run_id`` (whose state is ``state``, read here if not given) was forked
-    from, and what its prefix saved; ``None`` if it is not a fork."""
-    from toren._core.rows import actor_row
-    from toren.runs import RUN_KIND, read_run
+async def origin(client: Client, run_id: str) -> ForkedFrom | None:
+    """Where run ``run_id`` was forked from, and what its prefix saved; ``None`` if it is not
+    a fork."""
+    from toren.runs import read_run
     from toren.runs.forked import forked_from
 
-    row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.forked_from",))
-    if row is None or not isinstance(row.args_dict.get("forked_from"), dict):
-        return None
-    return forked_from(row.args_dict, state or await read_run(client, run_id))
+    return forked_from(await read_run(client, run_id))

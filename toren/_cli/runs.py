@@ -19,6 +19,7 @@ from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
 from toren._settings import Settings
 from toren.runs.events import ENDED, STATUSES
+from toren.runs.forked import forked_from
 from toren.runs.receipt import receipt
 
 if TYPE_CHECKING:
@@ -198,7 +199,6 @@ def register(main: click.Group) -> None:
         `events`, each with its timeline line, and `more_events` says whether more follow."""
         import attrs
 
-        from toren._cli.forks import origin
         from toren._cli.timeline import describe, event_record, record
         from toren.runs.limits import QUEUED, concurrency, reason
         from toren.sandboxes.listing import read_calls, sandbox_of
@@ -214,7 +214,7 @@ def register(main: click.Group) -> None:
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
-            forked = await origin(client, run_id, state)
+            forked = forked_from(state)
             if as_json:
                 shown = record(run_id, state)
                 shown["forked_from"] = forked.to_json() if forked else None

@@ -34,6 +34,7 @@ from toren.runs import (
     RateWaited,
     RunCompleted,
     RunFailed,
+    RunForked,
     RunResumed,
     RunRetried,
     RunRetrying,
@@ -159,6 +160,20 @@ def _retrying(e: RunRetrying) -> str:
 
 def _retried(e: RunRetried) -> str:
     return f"retried by {e.who}"
+
+
+def _forked(e: RunForked) -> str:
+    who = f" by {e.by.name}" if e.by is not None else ""
+    edit = ""
+    if e.message is not None:
+        edit = f"; the last message replaced: {e.message[:200]}"
+    elif e.input is not None:
+        edit = f"; the input replaced: {e.input[:200]}"
+    version = "; on the agent's current version" if e.upgrade else ""
+    return (
+        f"forked from {e.source} at step {e.step}{who}: the {e.calls} call(s) above copied, "
+        f"replayed and not paid again{edit}{version}"
+    )
 
 
 def _resumed(e: RunResumed) -> str:
@@ -344,6 +359,7 @@ _LINES: Mapping[type, Callable[[Any], str]] = types.MappingProxyType(
             _on(TimerSet, _timer_set),
             _on(TimerFired, _timer_fired),
             _on(RunResumed, _resumed),
+            _on(RunForked, _forked),
         ]
     )
 )

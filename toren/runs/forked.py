@@ -1,14 +1,16 @@
-"""Where a fork came from, as the surfaces show it: the run and step it was forked at (its row's
-``args.forked_from``, written when the fork was made) and what its copied prefix saved (the
-calls it took by value, never paid again, and what they had cost the source)."""
+"""Where a fork came from, as the surfaces show it: the run and step it was forked at (its
+``run.forked`` event) and what its copied prefix saved (the calls it took by value, never paid
+again, and what they had cost the source: its receipt's ``calls_inherited`` and
+``usd_inherited``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from toren.runs.receipt import receipt
 
 if TYPE_CHECKING:
     from toren.runs.state import RunState
@@ -48,17 +50,15 @@ class ForkedFrom:
         }
 
 
-def forked_from(args: Mapping[str, Any], state: RunState) -> ForkedFrom | None:
-    """Where the run with these row ``args`` and this ``state`` was forked from, or ``None``
-    for a run that is not a fork."""
-    origin = args.get("forked_from")
-    if not isinstance(origin, dict):
+def forked_from(state: RunState) -> ForkedFrom | None:
+    """Where the run whose state is ``state`` was forked from, or ``None`` if it is not a
+    fork."""
+    if state.forked is None:
         return None
-    run, step = origin.get("run"), origin.get("step")
-    if not isinstance(run, str) or not isinstance(step, int) or isinstance(step, bool):
-        return None
-    # The calls the fork took by value are the first ones it keeps; their cost is the running
-    # total the fold keeps call by call.
-    kept = min(state.settled_calls, len(state.kept_cost))
-    saved = state.kept_cost[kept - 1] if kept else Decimal(0)
-    return ForkedFrom(run=run, step=step, calls_replayed=kept, usd_not_repaid=saved)
+    r = receipt(state)
+    return ForkedFrom(
+        run=state.forked.source,
+        step=state.forked.step,
+        calls_replayed=r.calls_inherited,
+        usd_not_repaid=r.usd_inherited,
+    )

@@ -29,7 +29,7 @@ from toren._surfaces.http.common import (
     run_id,
 )
 from toren._surfaces.http.models import FieldError, ForkBody, Forked, ForkedFrom
-from toren.runs import RUN_KIND, MessageTooLarge, check_message, read_run, run_agent
+from toren.runs import read_run, run_agent
 from toren.runs.fork import InvalidFork, fork_run
 from toren.runs.forked import forked_from
 
@@ -55,24 +55,17 @@ async def fork(request: web.Request) -> web.Response:
     is no such run; 422 if the fork is refused (nothing is stored)."""
     rid = run_id(request)
     body = await _body(request)
-    if body.message is not None and body.input is not None:
-        _refuse(
-            "give `message` or `input`, not both",
-            [FieldError(field=f, message="not with the other") for f in ("message", "input")],
-        )
     client = request.app[CLIENT]
     try:
         agent = await run_agent(client, rid)
     except UnknownActor as exc:
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
     require(request, "operate", agent)
-    for field in ("message", "input"):
-        text = getattr(body, field)
-        if text is not None:
-            try:
-                check_message(text, request.app[OPTIONS].message_cap, field)
-            except MessageTooLarge as exc:
-                _refuse(str(exc), [FieldError(field=field, message=str(exc))])
+    if body.message is not None and body.input is not None:
+        _refuse(
+            "give `message` or `input`, not both",
+            [FieldError(field=f, message="not with the other") for f in ("message", "input")],
+        )
     try:
         new = await fork_run(
             client,
@@ -82,23 +75,17 @@ async def fork(request: web.Request) -> web.Response:
             message=body.message,
             input=body.input,
             by=principal(request),
+            cap=request.app[OPTIONS].message_cap,
         )
     except UnknownActor as exc:  # gone since it was looked up
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
     except InvalidFork as exc:
-        _refuse(str(exc), [FieldError(field=_field(body), message=str(exc))])
-    row = await client.actor(new)
-    args = row["args"] if isinstance(row["args"], dict) else {}
-    origin = forked_from(args, await read_run(client, new)) if row["kind"] == RUN_KIND else None
-    if origin is None:
+        _refuse(str(exc), [FieldError(field=exc.field, message=exc.detail)])
+    origin = forked_from(await read_run(client, new))
+    if origin is None:  # fork_run wrote run.forked in the transaction that made the run
         raise ProblemError(500, "Internal error", f"{new} does not say where it was forked from")
     shown = ForkedFrom(**origin.to_json())
     return json(Forked(id=new, forked_from=shown), status=201)
-
-
-def _field(body: ForkBody) -> str:
-    """The field a refused fork is most likely about: the text given, else the step."""
-    return "message" if body.message is not None else "input" if body.input is not None else "at"
 
 
 def _refuse(detail: str, errors: list[FieldError]) -> NoReturn:

@@ -257,9 +257,7 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 
 async def _run(app: web.Application, rid: str) -> Run:
     state, row = await app[STATES].read_row(
-        app[CLIENT].pool,
-        rid,
-        ("args.concurrency_key", "args.schedule", "args.slot", "args.forked_from"),
+        app[CLIENT].pool, rid, ("args.concurrency_key", "args.schedule", "args.slot")
     )
     created = row.created_at
     r = receipt(state)
@@ -282,7 +280,7 @@ async def _run(app: web.Application, rid: str) -> Run:
     key = row.args_dict.get("concurrency_key")
     # Only a run that has not ended may wait for a slot: an ended one costs no query here.
     wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
-    origin = forked_from(by, state)
+    origin = forked_from(state)
     return Run(
         id=rid,
         agent=state.agent,

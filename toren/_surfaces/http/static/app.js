@@ -571,7 +571,8 @@ async function refreshRun(uuid) {
   // A fork names the run and step it was forked from, and what it did not pay again.
   const f = run.forked_from;
   if (f) links.unshift(`forked from ${link(f.run, f.run)} at step ${esc(f.step)} ` +
-    `(${esc(f.calls_replayed)} calls replayed, $${esc(f.usd_not_repaid)} not paid again)`);
+    `(${esc(f.calls_replayed)} call${f.calls_replayed === 1 ? "" : "s"} replayed, ` +
+    `$${esc(f.usd_not_repaid)} not paid again)`);
   $("run-links").hidden = !links.length;
   $("run-links").innerHTML = links.join(" · ");
   // A call a child run waits on is shown (and decided) here too; the decision goes to it.
