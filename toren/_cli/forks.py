@@ -58,10 +58,12 @@ def add_fork(jobs: click.Group) -> None:
         new_input: str | None,
         as_json: bool,
     ) -> None:
-        """A new run from step STEP of RUN: what RUN did before the step is copied and replayed
-        free, the step and what follows run live. RUN is left as it is. Prints the new run's
-        id (with --json, its origin and what was replayed). Tool calls after the step run again
-        and ask their approvals again."""
+        """A new run from step STEP of RUN.
+
+        What RUN did before the step is copied and replayed free; the step and what follows
+        run live. RUN is left as it is. Prints the new run's id (with --json, its origin and
+        what was replayed). Tool calls after the step run again and ask their approvals
+        again."""
         if message is not None and new_input is not None:
             raise click.UsageError("give --message or --input, not both", ctx=ctx)
         settings: Settings = ctx.obj["settings"]
@@ -113,7 +115,7 @@ async def _fork(
     Raises:
         ConfigError: the fork is refused (the step, the text), or ``source`` is gone.
     """
-    from toren._cli.runs import who
+    from toren._agent.principal import Principal
     from toren._core.errors import UnknownActor
     from toren.runs.fork import InvalidFork, fork_run
 
@@ -125,7 +127,7 @@ async def _fork(
             upgrade=upgrade,
             message=message,
             input=new_input,
-            by=who(),
+            by=Principal.os_user("cli"),  # as every write of the CLI (toren._cli.runs.who)
             cap=cap,
         )
     except InvalidFork as exc:

@@ -77,6 +77,8 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "usd_lost_estimated": str(r.usd_lost_estimated),
         "child_calls_lost": r.child_calls_lost,
         "child_usd_lost_estimated": str(r.child_usd_lost_estimated),
+        "calls_inherited": r.calls_inherited,
+        "usd_inherited": str(r.usd_inherited),
     }
     return {
         "id": run_id,

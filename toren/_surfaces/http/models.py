@@ -170,6 +170,15 @@ class Receipt(BaseModel):
     child_usd_lost_estimated: str = Field(
         default="0", description="What the child runs' calls lost in flight cost, estimated."
     )
+    calls_inherited: int = Field(
+        default=0,
+        description="A fork's calls copied from the run it was forked from: replayed, not "
+        "made or paid by it (not in calls_made or usd_paid; in calls_replayed).",
+    )
+    usd_inherited: str = Field(
+        default="0",
+        description="What those calls cost the run they were copied from (in usd_not_repaid).",
+    )
 
 
 def _no_default(schema: dict[str, Any]) -> None:

@@ -310,6 +310,8 @@ async def _run(app: web.Application, rid: str) -> Run:
             usd_lost_estimated=str(r.usd_lost_estimated),
             child_calls_lost=r.child_calls_lost,
             child_usd_lost_estimated=str(r.child_usd_lost_estimated),
+            calls_inherited=r.calls_inherited,
+            usd_inherited=str(r.usd_inherited),
         ),
         parent=state.parent or None,
         children=[
