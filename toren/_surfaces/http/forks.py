@@ -13,6 +13,7 @@ from toren._surfaces.http.api_doc import (
     API_PARTS,
     AUTH_FAIL,
     INVALID,
+    RUN_PARAM,
     ApiPart,
     json_content,
     problem,
@@ -34,13 +35,6 @@ from toren.runs.fork import InvalidFork, fork_run
 from toren.runs.forked import forked_from
 
 PATH = "/runs/{run}/fork"
-_RUN_PARAM = {
-    "name": "run",
-    "in": "path",
-    "required": True,
-    "description": "The run's uuid (its id without the `run/` prefix).",
-    "schema": {"type": "string"},
-}
 
 
 def install(app: web.Application) -> None:
@@ -127,7 +121,7 @@ def fork_part() -> ApiPart:
                     "given. Tool calls after the step run again and ask their approvals "
                     "again. The run forked is not changed; ended and running runs can be "
                     "forked (a running one as far as it has committed).",
-                    "parameters": [_RUN_PARAM],
+                    "parameters": [RUN_PARAM],
                     "requestBody": {"required": True, **json_content(ForkBody)},
                     "responses": {
                         "201": {"description": "The new run.", **json_content(Forked)},

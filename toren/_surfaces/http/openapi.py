@@ -13,6 +13,7 @@ from toren._surfaces.http import models as m
 from toren._surfaces.http.api_doc import API_PARTS, ApiPart
 from toren._surfaces.http.api_doc import AUTH_FAIL as _AUTH_FAIL
 from toren._surfaces.http.api_doc import INVALID as _INVALID
+from toren._surfaces.http.api_doc import RUN_PARAM as _RUN_PARAM
 from toren._surfaces.http.api_doc import json_content as _json
 from toren._surfaces.http.api_doc import problem as _problem
 from toren._surfaces.http.api_doc import ref as _ref
@@ -25,13 +26,6 @@ __all__ = ["API_PARTS", "ApiPart", "channel_part", "document", "run_part"]
 _MODELS: tuple[type[pydantic.BaseModel], ...] = (m.Health, m.Readiness, m.Problem)
 
 
-_RUN_PARAM = {
-    "name": "run",
-    "in": "path",
-    "required": True,
-    "description": "The run's uuid (its id without the `run/` prefix).",
-    "schema": {"type": "string"},
-}
 _NOT_FOUND = {"404": _problem("No such run.")}
 _BOT_PARAM = {
     "name": "bot",
