@@ -189,7 +189,7 @@ def _fails_once(body: dict[str, Any], n: int, failed: list[int]) -> Reply | Fail
     return Reply("done")
 
 
-async def test_failed_and_cancelled_runs_fork_and_approvals_are_asked_again(
+async def test_failed_parked_and_cancelled_runs_fork_and_approvals_are_asked_again(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     load_app("tests.run_app")
@@ -215,15 +215,17 @@ async def test_failed_and_cancelled_runs_fork_and_approvals_are_asked_again(
                 return await run_status(client, asking) == "parked"
 
             await wait_for(parked, what="waiting for approval")
+            live = await fork_run(client, asking, at=1)  # a run not ended: what it committed
             await cancel(client, asking)
             assert await _ended(client, asking) == "cancelled"
             again = await fork_run(client, asking, at=1)
 
-            async def asks() -> list[ToolCall]:
-                return waiting_on(await read_run(client, again))
+            async def asks(run_id: str) -> list[ToolCall]:
+                return waiting_on(await read_run(client, run_id))
 
-            [call] = await wait_for(asks, what="the fork asking approval again")
-            assert call.name == "refund"
+            for run_id in (live, again):
+                [call] = await wait_for(lambda r=run_id: asks(r), what="asking approval again")
+                assert call.name == "refund"
     finally:
         await server.__aexit__(None, None, None)
     assert (await read_run(client, fork)).output == "done"
@@ -343,3 +345,78 @@ def test_a_fork_answers_to_no_parent_watcher_or_chat() -> None:
     assert state.depth_limit is None
     assert state.started_at == 9.0  # its wall clock starts at the fork
     assert state.budget_cap == Decimal("1.5")  # its own budget, for its own spend
+
+
+def _answer(step: int, text: str, sent: int) -> Any:
+    from toren.runs import ModelCalled, ModelResponse, Text, Usage
+
+    response = ModelResponse(
+        content=(Text(text=text),),
+        stop_reason="end",
+        usage=Usage(input_tokens=1, output_tokens=1),
+        model="m",
+    )
+    return ModelCalled(
+        step=step,
+        digest=f"d{step}",
+        model="m",
+        response=response,
+        cost_usd="0.5",
+        latency_ms=1,
+        messages_len=sent,
+    )
+
+
+async def test_a_fork_cuts_after_invalidations_and_keeps_messages_its_step_heard(
+    client: Client,
+) -> None:
+    """Step numbers are those of the calls in effect: after ``steps.invalidated``, step 2 is the
+    call made again. A human message heard between the step's announcement and its answer was in
+    its request: the fork keeps it. Nothing is asked of a worker here."""
+    from toren._core.codec import encode
+    from toren.runs import (
+        MessageReceived,
+        ModelCalling,
+        RunCompleted,
+        StepsInvalidated,
+    )
+
+    def calling(step: int) -> Any:
+        return ModelCalling(step=step, model="m", input_tokens=1, cost_usd=None)
+
+    said = MessageReceived(text="also this", who="ann", channel="cli", at=3.0)
+    journal = [
+        RunStarted(agent="support", input="go", at=1.0),
+        calling(1),
+        _answer(1, "one", 1),
+        RunCompleted(output="one", at=2.0),
+        MessageReceived(text="more", who="ann", channel="cli", at=2.5),
+        calling(2),
+        _answer(2, "two, voided", 3),
+        StepsInvalidated(from_step=2, reason="changed"),
+        calling(2),
+        said,
+        _answer(2, "two", 3),
+        RunCompleted(output="two", at=4.0),
+    ]
+    source = "run/00000000-0000-0000-0000-0000000000aa"
+    await client.spawn("toren.run", source, {"agent": "support"}, route="agent:support")
+    await client.pool.executemany(
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) VALUES ($1, $2, 1, $3, $4)",
+        [(source, seq, *encode(e)) for seq, e in enumerate(journal, 1)],
+    )
+    with pytest.raises(InvalidFork, match="2 model calls"):
+        await fork_run(client, source, at=3)
+    fork = await fork_run(client, source, at=2, message="edited")
+    state = await read_run(client, fork)
+    assert [c.response.content[0].text for c in state.calls] == ["one"]
+    assert [c.response.content[0].text for c in state.voided] == []  # the source's, not its
+    assert [t for _, t in state.heard] == ["more", "edited"]
+    assert state.messages[-1].content[-1].text == "edited"
+    assert [m.role for m in state.messages] == ["user", "assistant", "user"]
+    assert [b.text for b in state.messages[-1].content] == ["more", "edited"]
+    types = [e.type for e in await client.journal(fork)]
+    assert types[-3:] == ["steps.invalidated", "message.received", "run.forked"]
+    assert types.count("steps.invalidated") == 1
+    assert receipt(state).calls_made == 0
+    assert receipt(state).usd_inherited == Decimal("0.5")
