@@ -340,6 +340,7 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/approvals",
         "/runs/{run}/cancel",
         "/runs/{run}/retry",
+        "/runs/{run}/fork",
         "/channels",
         "/channels/{bot}/messages",
         "/telegram/{bot}",
