@@ -251,6 +251,16 @@ async def test_bad_forks_are_refused_by_the_cli_with_exit_2_and_nothing_is_store
         assert result.returncode == 2, (args[1:], stderr)
         assert said in stderr, (args[1:], stderr)
     assert await _stored(client) == stored
+    # A good one: the new run's id alone on stdout, what it replayed on stderr.
+    made = await anyio.to_thread.run_sync(
+        lambda: fork(source[4:12], "--at", "2", "--message", "the parcel is red")
+    )
+    assert made.returncode == 0, made.stderr
+    fork_id = made.stdout.decode().strip()
+    [forked] = [e for e in await client.journal(fork_id) if e.type == "run.forked"]
+    assert (forked.data["source"], forked.data["message"]) == (source, "the parcel is red")
+    line = f"forked from {source} at step 2 (1 call replayed, $0.000105 not paid again)"
+    assert line in made.stderr.decode()
 
 
 async def test_the_console_forks_from_a_model_call_with_an_edited_message(
