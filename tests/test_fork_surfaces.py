@@ -295,6 +295,8 @@ async def test_the_console_forks_from_a_model_call_with_an_edited_message(
             fork = "run/" + page.url.rsplit("/", 1)[1]
             assert fork != source
             assert f"forked from {source} at step 2" in await page.inner_text("#run-links")
+            # Its copied call is drawn as replayed from the journal, not paid.
+            await page.wait_for_selector("#timeline rect[fill='var(--replayed)']")
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             await page.screenshot(path=str(ARTIFACTS / "console-fork.png"), full_page=True)
         finally:

@@ -730,6 +730,10 @@ function drawTimeline(events) {
     } else if (e.type === "run.resumed") {
       replayed = Math.max(replayed, d.replayed);
       marks.push({ at: t(e), label: `resumed: ${d.replayed} replayed`, kind: "resume" });
+    } else if (e.type === "run.forked") {
+      // The calls above were copied from the source: replayed, not paid by this run.
+      replayed = Math.max(replayed, d.calls);
+      marks.push({ at: t(e), label: `forked from ${d.source} at step ${d.step}`, kind: "resume" });
     } else if (e.type === "steps.invalidated") {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
     } else if (e.type === "decision.refused") {
