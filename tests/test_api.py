@@ -342,6 +342,7 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/retry",
         "/runs/{run}/upgrade",
         "/agents/versions",
+        "/runs/{run}/fork",
         "/channels",
         "/channels/{bot}/messages",
         "/telegram/{bot}",

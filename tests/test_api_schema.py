@@ -106,4 +106,8 @@ def test_the_api_keeps_to_its_openapi_document(case: Any, live_api: dict[str, An
         # grammar, IANA time zones, exactly one of cron and every, ISO 8601 with an offset):
         # a body the schema allows may be refused with a 422 naming the field (documented).
         excluded.append(positive_data_acceptance)
+    if case.method == "POST" and case.path.endswith("/fork"):
+        # A fork's step is checked against the run's steps (and its text against NUL, lone
+        # surrogates and the cap): a body the schema allows may be a 422 naming the field.
+        excluded.append(positive_data_acceptance)
     case.validate_response(response, excluded_checks=excluded)

@@ -203,6 +203,7 @@ async def test_a_read_only_token_cannot_start_send_cancel_or_decide_over_http(
         (f"/runs/{run}/messages", {"text": "hi"}, "operate"),
         (f"/runs/{run}/cancel", {}, "operate"),
         (f"/runs/{run}/retry", {}, "operate"),
+        (f"/runs/{run}/fork", {"at": 1}, "operate"),
         (f"/runs/{run}/approvals", DECISION, "approve"),
     ]
     async with api(db_url) as base, bearer(token) as http:
@@ -291,7 +292,7 @@ async def test_an_operate_token_limited_to_one_agent_starts_and_steers_only_its_
     async with api(db_url) as base, bearer(token) as http:
         async with http.post(f"{base}/runs", json={"agent": "support", "input": "x"}) as r:
             await _problem(r, 403)
-        for action, body in (("messages", {"text": "hi"}), ("cancel", {})):
+        for action, body in (("messages", {"text": "hi"}), ("cancel", {}), ("fork", {"at": 1})):
             async with http.post(f"{base}/runs/{_uuid(support_run)}/{action}", json=body) as r:
                 await _problem(r, 403)
         async with http.post(f"{base}/runs", json={"agent": "strict", "input": "x"}) as r:

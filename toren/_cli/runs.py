@@ -12,6 +12,7 @@ from rich.table import Table
 
 from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
+from toren._cli.forks import add_fork
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
 from toren._cli.versions import pinned
@@ -20,6 +21,7 @@ from toren._core.errors import ConfigError, TorenError, UnknownActor
 from toren._core.terminal import plain
 from toren._settings import Settings
 from toren.runs.events import ENDED, STATUSES
+from toren.runs.forked import forked_from
 from toren.runs.receipt import receipt
 
 if TYPE_CHECKING:
@@ -136,6 +138,8 @@ def register(main: click.Group) -> None:
     def jobs() -> None:
         """Inspect and steer runs."""
 
+    add_fork(jobs)
+
     @jobs.command("list")
     @click.option("--status", type=click.Choice(STATUSES))
     @click.option("--agent")
@@ -219,8 +223,10 @@ def register(main: click.Group) -> None:
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]
+            forked = forked_from(state)
             if as_json:
                 shown = record(run_id, state)
+                shown["forked_from"] = forked.to_json() if forked else None
                 if wait is not None:
                     shown["status"] = QUEUED
                 elif stuck is not None:
@@ -238,6 +244,8 @@ def register(main: click.Group) -> None:
                 # ASCII escapes: any text a run holds prints, lone surrogates included.
                 click.echo(json.dumps(shown, indent=2, ensure_ascii=True))
                 return
+            if forked is not None:
+                out.print(plain(forked.line()))
             for entry in entries:
                 out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
             if more:

@@ -34,6 +34,7 @@ from toren.runs import (
     RateWaited,
     RunCompleted,
     RunFailed,
+    RunForked,
     RunResumed,
     RunRetried,
     RunRetrying,
@@ -77,6 +78,8 @@ def record(run_id: str, state: RunState) -> dict[str, Any]:
         "usd_lost_estimated": str(r.usd_lost_estimated),
         "child_calls_lost": r.child_calls_lost,
         "child_usd_lost_estimated": str(r.child_usd_lost_estimated),
+        "calls_inherited": r.calls_inherited,
+        "usd_inherited": str(r.usd_inherited),
     }
     return {
         "id": run_id,
@@ -166,6 +169,20 @@ def _upgraded(e: RunUpgraded) -> str:
     how = "history taken as recorded" if e.how == "value" else "history checked again"
     by = f" by {e.by.name}" if e.by is not None else ""
     return f"upgraded from version {e.from_version or '(unknown)'} to {e.to_version}{by} ({how})"
+
+
+def _forked(e: RunForked) -> str:
+    who = f" by {e.by.name}" if e.by is not None else ""
+    edit = ""
+    if e.message is not None:
+        edit = f"; the last message replaced: {e.message[:200]}"
+    elif e.input is not None:
+        edit = f"; the input replaced: {e.input[:200]}"
+    version = "; on the agent's current version" if e.upgrade else ""
+    return (
+        f"forked from {e.source} at step {e.step}{who}: the {e.calls} call(s) above copied, "
+        f"replayed and not paid again{edit}{version}"
+    )
 
 
 def _resumed(e: RunResumed) -> str:
@@ -352,6 +369,7 @@ _LINES: Mapping[type, Callable[[Any], str]] = types.MappingProxyType(
             _on(TimerSet, _timer_set),
             _on(TimerFired, _timer_fired),
             _on(RunResumed, _resumed),
+            _on(RunForked, _forked),
         ]
     )
 )

@@ -6,6 +6,10 @@ from toren._core.surfaces import Surfaces
 
 SURFACES = Surfaces(
     cli=("toren._cli.runs:register",),
-    http=("toren._surfaces.http.runs:install", "toren._surfaces.http.versions:install"),
+    http=(
+        "toren._surfaces.http.runs:install",
+        "toren._surfaces.http.versions:install",
+        "toren._surfaces.http.forks:install",
+    ),
     mcp=("toren._surfaces.mcp_runs:install",),
 )

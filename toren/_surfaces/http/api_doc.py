@@ -34,6 +34,8 @@ RUN_PARAM = {
     "description": "The run's uuid (its id without the `run/` prefix).",
     "schema": {"type": "string"},
 }
+"""The ``{run}`` of a run's paths."""
+
 AUTH_FAIL = {
     "401": problem("No token, or a malformed, unknown, revoked or expired one."),
     "403": problem("The token lacks the route's scope, or may not act on this run's agent."),

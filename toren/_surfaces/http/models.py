@@ -97,6 +97,44 @@ class RetryBody(_Strict):
     )
 
 
+class ForkBody(_Strict):
+    at: int = Field(
+        ge=1,
+        le=2**31 - 1,
+        description="The step to go back to: model call `at` (as the run's timeline numbers "
+        "them, from 1) is made again; the calls before it are copied from the run and "
+        "replayed, not paid again.",
+    )
+    upgrade: bool = Field(
+        default=False,
+        description="Run the rest on the agent's current version (else on the run's).",
+    )
+    message: str | None = Field(
+        default=None,
+        description="Replaces the last human message before the step. Up to "
+        "`max_message_bytes` in UTF-8; no NUL. Not with `input`.",
+    )
+    input: str | None = Field(
+        default=None,
+        description="Replaces the run's input. Up to `max_message_bytes` in UTF-8; no NUL. "
+        "Not with `message`.",
+    )
+
+
+class ForkedFrom(BaseModel):
+    run: str = Field(description="The run this one was forked from.")
+    step: int = Field(description="The step it was forked at: the first call made again.")
+    calls_replayed: int = Field(
+        description="The calls it took from that run by value: replayed, not paid again."
+    )
+    usd_not_repaid: str = Field(description="What those calls had cost.")
+
+
+class Forked(BaseModel):
+    id: str = Field(description="The new run: `run/<uuid>`.")
+    forked_from: ForkedFrom
+
+
 class Receipt(BaseModel):
     calls_made: int
     calls_replayed: int
@@ -138,6 +176,15 @@ class Receipt(BaseModel):
     )
     child_usd_lost_estimated: str = Field(
         default="0", description="What the child runs' calls lost in flight cost, estimated."
+    )
+    calls_inherited: int = Field(
+        default=0,
+        description="A fork's calls copied from the run it was forked from: replayed, not "
+        "made or paid by it (not in calls_made or usd_paid; in calls_replayed).",
+    )
+    usd_inherited: str = Field(
+        default="0",
+        description="What those calls cost the run they were copied from (in usd_not_repaid).",
     )
 
 
@@ -248,6 +295,9 @@ class Run(BaseModel):
     )
     version: str | None = Field(default=None, description=_VERSION)
     waiting_for: str | None = Field(default=None, description=_WAITING_FOR)
+    forked_from: ForkedFrom | None = Field(
+        default=None, description="The run and step this run was forked from, if it is a fork."
+    )
 
 
 class RunList(BaseModel):

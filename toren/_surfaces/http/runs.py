@@ -41,6 +41,7 @@ from toren._surfaces.http.models import (
     Event,
     EventList,
     FieldError,
+    ForkedFrom,
     MessageBody,
     PendingApproval,
     Queued,
@@ -81,6 +82,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
 from toren.runs.version_listing import parked_reason, pinned_version, stranded
@@ -284,6 +286,7 @@ async def _run(app: web.Application, rid: str) -> Run:
     check = state.status not in ENDED and wait is None
     stuck = (await stranded(client, {rid: row.route})).get(rid) if check else None
     status = QUEUED if wait is not None else "parked" if stuck is not None else state.status
+    origin = forked_from(state)
     return Run(
         id=rid,
         agent=state.agent,
@@ -313,6 +316,8 @@ async def _run(app: web.Application, rid: str) -> Run:
             usd_lost_estimated=str(r.usd_lost_estimated),
             child_calls_lost=r.child_calls_lost,
             child_usd_lost_estimated=str(r.child_usd_lost_estimated),
+            calls_inherited=r.calls_inherited,
+            usd_inherited=str(r.usd_inherited),
         ),
         parent=state.parent or None,
         children=[
@@ -332,6 +337,7 @@ async def _run(app: web.Application, rid: str) -> Run:
         else Queued(limit=wait.limit, position=wait.position, cap=wait.cap),
         version=pinned_version(row.route)[1],
         waiting_for=parked_reason(stuck) if stuck is not None else None,
+        forked_from=ForkedFrom(**origin.to_json()) if origin is not None else None,
     )
 
 

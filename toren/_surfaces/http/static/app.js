@@ -91,6 +91,8 @@ async function start() {
   $("retry").onclick = () => { if (view) steer(view, "retry", {}); };
   $("upgrade").onclick = () => { if (view) steer(view, "upgrade", {}); };
   $("more-button").onclick = () => { if (view) nextPage(view); };
+  $("fork-form").onsubmit = forkRun;
+  $("fork-close").onclick = () => { $("fork-form").hidden = true; };
   window.onhashchange = route;
   route();
 }
@@ -366,6 +368,7 @@ async function openRun(uuid) {
   leaveRun();
   show("run");
   $("steer-error").hidden = $("steer-done").hidden = true;
+  $("fork-form").hidden = true;
   const v = view = {
     uuid, last: 0, events: [], calls: { intents: {}, cwds: {}, sandboxed: new Set() },
     transcript: newTranscript($("transcript")), abort: new AbortController(), pending: null,
@@ -417,6 +420,13 @@ function addEvent(v, event) {
   const row = document.createElement("tr");
   const cell = document.createElement("td");
   cell.append(detail(event, v.calls));
+  if (event.type === "model.called" && may("operate", v.agent)) {
+    const fork = el("button", "fork-here", "Fork from here");
+    fork.type = "button";
+    fork.dataset.step = event.data.step;
+    fork.onclick = () => openFork(v, event.data.step);
+    cell.append(fork);
+  }
   row.append(el("td", "", event.seq), el("td", "", event.type),
     el("td", "", new Date(event.at).toLocaleTimeString()), cell);
   $("events-body").append(row);
@@ -575,6 +585,7 @@ function brief(event) {
 
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
+  if (view && view.uuid === uuid) view.agent = run.agent;
   // A queued run waits for a slot of a concurrency limit: which one, and its place in line.
   // A run pinned to a version no live worker serves is parked: it says so (`waiting_for`).
   $("run-status").textContent = run.queued
@@ -598,6 +609,11 @@ async function refreshRun(uuid) {
     ...run.children.map((c) => `child ${link(c.run, `${c.agent} (${c.status})`)}` +
       (c.usd_paid !== null ? ` $${esc(c.usd_paid)}` : "")),
   ];
+  // A fork names the run and step it was forked from, and what it did not pay again.
+  const f = run.forked_from;
+  if (f) links.unshift(`forked from ${link(f.run, f.run)} at step ${esc(f.step)} ` +
+    `(${esc(f.calls_replayed)} call${f.calls_replayed === 1 ? "" : "s"} replayed, ` +
+    `$${esc(f.usd_not_repaid)} not paid again)`);
   $("run-links").hidden = !links.length;
   $("run-links").innerHTML = links.join(" · ");
   // A call a child run waits on is shown (and decided) here too; the decision goes to it.
@@ -671,6 +687,45 @@ async function refreshRun(uuid) {
   ].map(([k, v]) => `<dt>${esc(k)}</dt><dd>${esc(v)}</dd>`).join("");
 }
 
+// Forking from model call `step` (the `operate` scope): the form offers the last human text
+// before the step to edit (a message, else the run's input); only a changed text is sent. The
+// new run's page opens once the server made it; a refusal is shown as the server gave it.
+function openFork(v, step) {
+  let text = "", field = "input";
+  for (const e of v.events) {
+    if (e.data.step === step && (e.type === "model.calling" || e.type === "model.called")) break;
+    if (e.type === "run.started") { text = e.data.input ?? ""; field = "input"; }
+    if (e.type === "message.received") { text = e.data.text ?? ""; field = "message"; }
+  }
+  v.fork = { step, field, text };
+  $("fork-title").textContent = `Fork from step ${step}`;
+  $("fork-text-label").textContent = field === "message"
+    ? "The last human message before this step (edit it to send the fork another):"
+    : "The run's input (edit it to start the fork from another):";
+  $("fork-text").value = text;
+  $("fork-upgrade").checked = false;
+  $("fork-error").hidden = true;
+  $("fork-form").hidden = false;
+  $("fork-form").scrollIntoView({ block: "nearest" });
+}
+
+async function forkRun(event) {
+  event.preventDefault();
+  const v = view;
+  if (!v || !v.fork) return;
+  const body = { at: v.fork.step, upgrade: $("fork-upgrade").checked };
+  if ($("fork-text").value !== v.fork.text) body[v.fork.field] = $("fork-text").value;
+  $("fork-submit").disabled = true;
+  $("fork-error").hidden = true;
+  try {
+    const made = await api(`/runs/${v.uuid}/fork`, { method: "POST", body: JSON.stringify(body) });
+    location.hash = `#/runs/${made.id.slice(4)}`;
+  } catch (e) {
+    $("fork-error").textContent = visible(e.message);
+    $("fork-error").hidden = false;
+  } finally { $("fork-submit").disabled = false; }
+}
+
 // The timeline: one lane per kind of work, bars from start to end, markers for resumes and
 // invalidations. Model calls served from the journal after a resume are drawn lighter.
 function drawTimeline(events) {
@@ -721,6 +776,10 @@ function drawTimeline(events) {
     } else if (e.type === "run.upgraded") {
       marks.push({ at: t(e), label: `upgraded from version ${d.from_version || "?"} to ${d.to_version}`,
         kind: "resume" });
+    } else if (e.type === "run.forked") {
+      // The calls above were copied from the source: replayed, not paid by this run.
+      replayed = Math.max(replayed, d.calls);
+      marks.push({ at: t(e), label: `forked from ${d.source} at step ${d.step}`, kind: "resume" });
     } else if (e.type === "steps.invalidated") {
       marks.push({ at: t(e), label: `invalidated from step ${d.from_step}`, kind: "bad" });
     } else if (e.type === "decision.refused") {

@@ -214,6 +214,16 @@ const ENTRIES = {
   "run.retrying": (t, e, d) => entry(t, e, "note", `Attempt ${d.attempt} failed, retrying in ${d.delay} s`,
     longText("div", "text", d.error)),
   "run.retried": (t, e, d) => entry(t, e, "note", `Retried by ${principalText(d)}`),
+  // A fork: the events above are a copy of the source's up to the step; what it replaced.
+  "run.forked": (t, e, d) => {
+    const from = el("p", "");
+    from.append("Forked from ", childLink(d.source, d.source), ` at step ${d.step} by ` +
+      `${principalText(d)}: ${d.calls} call(s) above copied and replayed, not paid again` +
+      `${d.upgrade ? "; on the agent's current version" : ""}`);
+    entry(t, e, "note", "Forked", from,
+      d.message != null ? longText("div", "text", `the last message replaced by: ${d.message}`) : "",
+      d.input != null ? longText("div", "text", `the input replaced by: ${d.input}`) : "");
+  },
   "sandbox.noted": (t, e, d) => entry(t, e, "note", "Sandbox", longText("div", "text", d.text)),
   "sandbox.failed": (t, e, d) => entry(t, e, "bad", "Sandbox failed", longText("div", "text", d.error)),
   "callees.described": (t, e, d) => entry(t, e, "note",
