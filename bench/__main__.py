@@ -3,8 +3,9 @@
 One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serves every
 section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, DBOS
 Transact as a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of
-a 1,000-step run, 10,000 parked runs, the HTTP API under ``wrk``, and sandboxes on real Docker
-(skipped, saying why, without a daemon or the sandbox image). Prints a table and writes
+a 1,000-step run, forks of a long run from its last step, 10,000 parked runs, the HTTP API under
+``wrk``, and sandboxes on real Docker (skipped, saying why, without a daemon or the sandbox
+image). Prints a table and writes
 ``bench/results.json``. ``--smoke`` runs every section with tiny counts: it checks the suite
 works and measures nothing (CI runs it).
 """
@@ -37,6 +38,7 @@ from bench import (
     dbos_peer,
     floor,
     fold,
+    fork,
     kernel,
     limits,
     listing,
@@ -59,6 +61,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "agent": agent.run,
     "takeover": takeover.run,
     "replay": replay.run,
+    "fork": fork.run,
     "fold": fold.run,
     "compaction": compaction.run,
     "activate": activate.run,

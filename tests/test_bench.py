@@ -42,6 +42,9 @@ KEYS = {
     "takeover_median_s",
     "takeover_max_s",
     "replay_1000_ms",
+    "fork_create_ms",
+    "fork_calls",
+    "fork_vs_live",
     "replay_vs_live",
     "fold_1k_ms",
     "fold_16k_ms",
@@ -112,6 +115,7 @@ def test_the_smoke_suite_runs_every_section_and_writes_every_key(tmp_path: Path)
     assert results["postgres"]["synchronous_commit"] == "on"
     assert results["parked_10k_leases"] == 0
     assert results["parked_10k_actors_in_memory"] == 0
+    assert results["fork_calls"] == 1  # a fork asks only its step again
     assert "Toren benchmarks (smoke" in done.stdout
     skipped = results.get("sandbox_skipped")
     if skipped is not None:
