@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from toren._agent.principal import Principal
-from toren._agent.routes import agent_route
+from toren._agent.routes import agent_route, version_route
 from toren._core.codec import decode
 from toren._core.errors import TorenError, UnknownActor
 from toren._core.journal_copy import copy_journal
@@ -44,6 +44,7 @@ from toren.runs.events import (
 from toren.runs.fork_events import RunForked, human_text
 from toren.runs.limits import impose_run
 from toren.runs.state import RunState, fold
+from toren.runs.version_moves import newest_version
 
 if TYPE_CHECKING:
     from toren._core.client import Client
@@ -122,7 +123,7 @@ async def fork_run(
             RUN_KIND,
             fork_id,
             {"agent": agent, "forked_from": {"run": run_id, "step": at}},
-            route=agent_route(agent) if upgrade or not row.route else row.route,
+            route=await _route(client, agent, row.route, upgrade=upgrade),
             conn=conn,
         )
         forked = RunForked(
@@ -148,6 +149,15 @@ async def fork_run(
         await client.send(fork_id, Continue(), conn=conn)
         await impose_run(conn, fork_id, agent, None)
     return fork_id
+
+
+async def _route(client: Client, agent: str, source: str | None, *, upgrade: bool) -> str:
+    """The fork's route: its source's (the same version), or with ``upgrade`` the agent's
+    newest version's (any worker running the agent while none has published a version)."""
+    if upgrade or not source:
+        newest = await newest_version(client, agent) if upgrade else None
+        return version_route(agent, newest) if newest else agent_route(agent)
+    return source
 
 
 @attrs.frozen(kw_only=True)
