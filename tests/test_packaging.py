@@ -177,7 +177,9 @@ def assert_each_package_is_its_owners(found: dict[str, Any], toren_dir: Path, ap
     assert found["actors"] == str(app / "actors" / "__init__.py")
     assert found["supervisors"] == str(app / "supervisors" / "__init__.py")
     assert found["app_uses_them"]
-    assert found["routes"] == ["agent:greeter"]
+    # The agent's route, and its version's (agent:NAME@VERSION: see docs/versioning.md).
+    assert found["routes"][0] == "agent:greeter", found["routes"]
+    assert [r.split("@")[0] for r in found["routes"]] == ["agent:greeter"] * 2
     # Nothing of Toren's was imported under a top-level name.
     assert found["top_level"] == ["actors", "actors.greeting", "supervisors"]
 
@@ -241,7 +243,8 @@ async def test_the_installed_toren_worker_runs_an_app_with_its_own_actors_and_su
             stats = await client.pool.fetchval(
                 "SELECT stats FROM toren.workers WHERE pid = $1", proc.pid
             )
-            return bool(stats) and stats.get("routes") == ["agent:greeter"]
+            routes = (stats or {}).get("routes") or []
+            return [r.split("@")[0] for r in routes] == ["agent:greeter"] * 2
 
         await wait_for(serving_the_apps_agent, timeout=30, what="the worker to register")
         proc.send_signal(signal.SIGTERM)
