@@ -313,3 +313,53 @@ async def test_a_next_turn_run_moves_when_its_timer_fires_and_pays_nothing_again
     )
     assert "steps.invalidated" not in [e.type for e in journal]
     assert len(server.received) == 2  # the call that asked to sleep, the one after: no more
+
+
+def talk_answer(body: dict[str, Any], n: int) -> Reply:
+    """Ask first on ``park``, else answer with the system prompt and what was said."""
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        return Reply(f"{body.get('system')}: asked")
+    text = last if isinstance(last, str) else " ".join(b.get("text", "") for b in last)
+    if "park" in text:
+        return Reply([ToolCall(id=f"a{n}", name="ask", arguments={})])
+    return Reply(f"{body.get('system')}: {text}")
+
+
+async def test_a_next_turn_conversation_left_on_a_drained_version_moves_by_itself(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def talker(system: str) -> Agent:
+        return Agent(
+            name="talker", model=MODEL, system=system, tools=[ask], version_policy="next_turn"
+        )
+
+    old, new = talker("old"), talker("new")
+    async with AnthropicServer(talk_answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        async with running_worker(db_url, agents=agents(old)):
+            await wait_for(lambda: _published(client, "talker", old), what="old worker")
+            chat = await start_run(client, "talker", "hello")
+            asking = await start_run(client, "talker", "park here")
+            await wait_for(lambda: _said(client, chat, "old: hello"), what="turn 1 on old")
+            await wait_for(lambda: _waiting(client, asking), what="parked on an approval")
+        # Every worker of the old version is gone: both wait with mail on a route nobody serves.
+        await say(client, chat, "again", by=person("ann"))
+        await say(client, asking, "meanwhile", by=person("ann"))
+        async with running_worker(db_url, agents=agents(new)):
+            await wait_for(lambda: _said(client, chat, "new: again"), what="turn 2 on new")
+            # The mid-turn run (an approval asked) was seen by the same move and left alone.
+            asking_route = (await client.actor(asking))["route"]
+    assert asking_route == version_route("talker", agent_version(old))
+    journal = await client.journal(chat)
+    [move] = [e.data for e in journal if e.type == "run.upgraded"]
+    assert (move["from_version"], move["to_version"], move["how"], move["by"]) == (
+        agent_version(old),
+        agent_version(new),
+        "value",
+        None,
+    )
+    assert "steps.invalidated" not in [e.type for e in journal]
+    assert (await client.actor(chat))["route"] == version_route("talker", agent_version(new))
+    assert len(server.received) == 3  # turn 1, the approval asked, turn 2: nothing paid again

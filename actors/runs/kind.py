@@ -1,11 +1,15 @@
-"""The run kind as a worker runs it: the run actor, and the model providers its runs share."""
+"""The run kind as a worker runs it: the run actor, the model providers its runs share, and the
+service that moves ``next_turn`` runs stranded on a version no live worker serves."""
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from toren.actors.runs.actor import RunActor
 from toren.actors.runs.models import Providers
 from toren.actors.runs.rates import Rates
-from toren.kernel import Clock, Kind, WorkerEnv
+from toren.actors.runs.strands import POLLS, run_mover
+from toren.kernel import Clock, Kind, Service, WorkerEnv
 from toren.runs import Agents
 from toren.runs.limits import set_agent_caps
 from toren.runs.surfaces import SURFACES
@@ -23,4 +27,15 @@ async def _open(env: WorkerEnv) -> Providers:
     return Providers(rates)  # a provider's client is made at its first call
 
 
-KIND = Kind(name="run", actors=(RunActor,), open=_open, surfaces=SURFACES)
+def _services(env: WorkerEnv, providers: Providers) -> Sequence[Service]:
+    agents = env.resources.find(Agents)
+    if agents is None:
+        return ()
+
+    async def move(started: Callable[[], None]) -> None:
+        await run_mover(env.pool, agents, env.settings.poll_seconds * POLLS, started)
+
+    return (Service(id="stranded_runs", run=move),)
+
+
+KIND = Kind(name="run", actors=(RunActor,), open=_open, services=_services, surfaces=SURFACES)

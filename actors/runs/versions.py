@@ -21,6 +21,8 @@ Under ``next_turn`` a run keeps its version for the turn in progress; at the ste
 waits for a human or a timer, or takes a human's message or a timer after one, it looks up the
 newest version (what the most recently started live worker running its agent publishes: one
 read, outside any transaction) and, if that is another, is re-routed to it and handed over.
+A run that was already waiting when its version's last worker was drained is moved by the
+workers of the newest version (:mod:`toren.actors.runs.strands`).
 """
 
 from __future__ import annotations

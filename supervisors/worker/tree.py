@@ -9,7 +9,8 @@
         ├── actors         simple_one_for_one: one child per claimed actor (ActorHost)
         ├── dispatcher     claims runnable actors (notifications + polling) up to the cap
         ├── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
-        └── reaper         (with Docker) removes sandbox containers whose run has ended
+        ├── reaper         (with Docker) removes sandbox containers whose run has ended
+        └── stranded_runs  moves next_turn runs left on a version no live worker serves
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
 its lock connection drops, or renewals keep failing until its leases could have expired, every

@@ -1,12 +1,14 @@
 """The registry of live workers, as others read it: the ring of death watches, the workers'
-published statistics and routes (what the agent directory and the surfaces read), and the
-housekeeping that deletes what dead workers and old requests left behind.
+published statistics and routes (what the agent directory and the surfaces read), the move of
+actors stranded on a route no live worker serves, and the housekeeping that deletes what dead
+workers and old requests left behind.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import asyncpg
@@ -148,6 +150,81 @@ async def newest_card(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> Any
         f"ORDER BY w.started_at DESC LIMIT 1",
         name,
     )
+
+
+_REROUTE_UNSERVED = f"""
+WITH live AS (
+    SELECT w.worker_id, w.started_at, w.stats->'routes' AS routes FROM toren.workers w
+    WHERE w.worker_id IN ({LIVE_WORKERS})
+), moves AS (
+    -- Only to a route that the most recently started live worker serving the base serves.
+    SELECT m.base, m.target FROM unnest($2::text[], $3::text[]) AS m(base, target)
+    WHERE (SELECT l.routes ? m.target FROM live l
+           WHERE jsonb_typeof(l.routes) = 'array' AND l.routes ? m.base
+           ORDER BY l.started_at DESC LIMIT 1)
+), moved AS (
+    UPDATE toren.actors a SET route = m.target, args = a.args - $6::text[]
+    FROM moves m
+    WHERE a.actor_id IN (SELECT mb.actor_id FROM toren.mailbox mb)
+      AND NOT EXISTS (SELECT 1 FROM toren.mailbox mb
+                      WHERE mb.actor_id = a.actor_id AND mb.kind = ANY($7::text[]))
+      AND a.kind = $1 AND a.status = 'live'
+      AND split_part(a.route, '@', 1) = m.base AND a.route <> m.base AND a.route <> m.target
+      AND a.run_status = ANY($4::text[])
+      AND NOT EXISTS (SELECT 1 FROM unnest($5::text[]) AS k(key)
+                      WHERE coalesce(a.summary->k.key, '[]'::jsonb) <> '[]'::jsonb)
+      -- Its route served by no live worker, and held by none, as this statement sees them;
+      -- nothing moves while a live worker has not said what it serves (one just started).
+      AND NOT EXISTS (SELECT 1 FROM live l WHERE l.routes ? a.route)
+      AND NOT EXISTS (SELECT 1 FROM live l WHERE jsonb_typeof(l.routes) IS DISTINCT FROM 'array')
+      AND (a.owner IS NULL OR a.owner NOT IN (SELECT l.worker_id FROM live l))
+    RETURNING a.actor_id
+)
+SELECT array_agg(actor_id ORDER BY actor_id) AS moved,
+       count(pg_notify('toren_mail', actor_id)) AS told
+FROM moved
+"""
+
+
+async def reroute_unserved(
+    db: asyncpg.Connection | asyncpg.Pool,
+    kind: str,
+    moves: Mapping[str, str],
+    *,
+    run_statuses: Collection[str],
+    empty: Collection[str] = (),
+    clear_args: Collection[str] = (),
+    unless_mail: Collection[str] = (),
+) -> list[str]:
+    """Re-route the actors stranded on a variant of a route (``BASE@VARIANT``) that no live
+    worker serves to another variant, in one statement; they are told of their mail at once.
+
+    ``moves`` maps a base route to the route its stranded actors go to; a move is made only if
+    the most recently started live worker serving the base serves that route. An actor moves
+    only if it is of ``kind``, live, has mail, its run status is one of ``run_statuses``, each
+    key of ``empty`` in its summary is an empty list (or absent), and no live worker serves its
+    route or holds it, all as the statement sees them (two callers at once move it once: the
+    second finds it on a served route). Nothing moves while a live worker has not published its
+    routes yet. An actor with a message of a kind in ``unless_mail`` waiting is left where it
+    is; ``clear_args`` are removed from the moved actors' arguments.
+
+    Returns:
+        The ids of the actors moved.
+    """
+    if not moves:
+        return []
+    bases = sorted(moves)
+    moved: list[str] | None = await db.fetchval(
+        _REROUTE_UNSERVED,
+        kind,
+        bases,
+        [moves[b] for b in bases],
+        list(run_statuses),
+        list(empty),
+        list(clear_args),
+        list(unless_mail),
+    )
+    return moved or []
 
 
 _HOUSEKEEP = f"""

@@ -1,6 +1,7 @@
 """Where a run is moved when it moves to its agent's newest version: the parts of
 :func:`toren.runs.upgrade_run` that :func:`toren.runs.retry` (``upgrade=True``) shares, in a
-module that does not import the client's (which imports it)."""
+module that does not import the client's (which imports it); and the move of ``next_turn``
+runs stranded on a version no live worker serves (:func:`move_stranded`)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,18 @@ import attrs
 
 from toren._agent.directory import card_version
 from toren._agent.principal import Principal
-from toren._agent.routes import route_version, version_route
+from toren._agent.routes import agent_route, route_version, version_route
 from toren._core.errors import TorenError, UnknownActor
 from toren._core.rows import actor_row, set_route
-from toren._core.workers import newest_card
+from toren._core.workers import newest_card, reroute_unserved
 from toren.runs.events import RUN_KIND
 from toren.runs.version_events import Upgrade
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import asyncpg
+
     from toren._core.client import Client, Connection
 
 
@@ -97,3 +102,35 @@ async def retry_target(client: Client, run_id: str) -> tuple[str, str] | None:
     agent, version, _ = await where(client, run_id)
     newest = await target(client, agent)
     return None if newest == version else (agent, newest)
+
+
+# A run that waits between turns: a conversation that answered (completed) or one parked on a
+# durable timer. A run parked on an approval or a child run waits inside its turn: never moved.
+_BETWEEN_TURNS = ("completed", "parked")
+_INSIDE_A_TURN = ("waiting_on", "children")  # summary keys: calls awaiting a decision, children
+_UPGRADE = "run.upgrade"  # the message kind of Upgrade
+
+
+async def move_stranded(pool: asyncpg.Pool, versions: Mapping[str, str]) -> list[str]:
+    """Move the ``next_turn`` runs stranded on a version no live worker serves: for each agent
+    named in ``versions`` (its ``next_turn`` agents, with the version the caller serves), its
+    runs pinned to a version served by no live worker, held by none, that wait between turns
+    (completed, or parked on a timer: not on an approval or a child run) and have mail (a human
+    message, a timer), are re-routed to ``agent:NAME@VERSION`` in one statement, if that version
+    is the newest (the most recently started live worker running the agent serves it). The
+    worker that takes such a run records ``run.upgraded`` (``how: value``, by nobody). A run
+    without mail stays where it is until it has some.
+
+    Returns:
+        The ids of the runs moved.
+    """
+    return await reroute_unserved(
+        pool,
+        RUN_KIND,
+        {agent_route(name): version_route(name, v) for name, v in versions.items()},
+        run_statuses=_BETWEEN_TURNS,
+        empty=_INSIDE_A_TURN,
+        clear_args=("upgrade",),  # an earlier request of toren jobs upgrade: not this move's
+        # An Upgrade on its way names where the run goes (its handler would hand it back).
+        unless_mail=(_UPGRADE,),
+    )
