@@ -270,7 +270,8 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         assert record["queued"] is None  # a run that waits for no slot: its wait's fields
         queued_fields = {"limit", "position", "cap"}  # are documented, not printed
         shown = set(record) | set(record["receipt"]) | {"class", "message"} | event_fields
-        assert shown | queued_fields == documented_json_fields()
+        forked_fields = {"step"}  # forked_from's, documented (null: not a fork)
+        assert shown | queued_fields | forked_fields == documented_json_fields()
 
         # "Your own agent, offline": Ctrl-C the demo, toren init, toren dev on the model script.
         dev.ctrl_c()
@@ -373,4 +374,5 @@ def documented_json_fields() -> set[str]:
         line for line in OPERATIONS.read_text().splitlines() if "| `toren jobs show RUN`" in line
     )
     listed = row.split("`--json`:", 1)[1]
-    return set(re.findall(r"`([a-z_]+)`", listed)) - {"null", "run", "call_id"}
+    # Values named beside the fields (null, a status) are not fields.
+    return set(re.findall(r"`([a-z_]+)`", listed)) - {"null", "run", "call_id", "parked"}
