@@ -1,0 +1,149 @@
+"""Attacks on versions and forks (issue 31's review): one test per finding, each against real
+Postgres and an in-process worker; a finding not fixed is an ``xfail(strict=True)`` naming why."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from tests.conftest import running_worker, wait_for
+from toren import Agent, Client, ToolContext, tool
+from toren.runs import (
+    Agents,
+    agent_version,
+    fork_run,
+    read_run,
+    start_run,
+    version_route,
+)
+from toren.runs.limits import concurrency
+from toren.testing import AnthropicServer, Reply, ToolCall
+
+pytestmark = pytest.mark.anyio
+
+MODEL = "anthropic/claude-sonnet-4-6"
+
+_GATES: dict[str, anyio.Event] = {}
+"""The gate the ``hold`` tool waits at (one per test: set by the ``gate`` fixture)."""
+
+
+@tool(effects="read")
+async def hold(ctx: ToolContext) -> str:
+    """Wait until let through (keeps its run working, so it holds its run permits)."""
+    await _GATES["gate"].wait()
+    return "held"
+
+
+@pytest.fixture
+async def gate() -> AsyncIterator[anyio.Event]:
+    _GATES["gate"] = event = anyio.Event()
+    try:
+        yield event
+    finally:
+        event.set()
+        _GATES.pop("gate", None)
+
+
+def agents(*defined: Agent) -> Agents:
+    registry = Agents()
+    registry.register(defined)
+    return registry
+
+
+def answer(body: dict[str, Any], n: int) -> Reply:
+    """``hold`` calls the tool; a tool's result is echoed; any other text is heard."""
+    last = body["messages"][-1]["content"]
+    if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
+        return Reply("result: " + json.dumps(last[-1].get("content")))
+    text = last if isinstance(last, str) else " ".join(b.get("text", "") for b in last)
+    if "hold" in text:
+        return Reply([ToolCall(id=f"h{n}", name="hold", arguments={})])
+    return Reply(f"heard {text}")
+
+
+@pytest.fixture
+async def model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
+    async with AnthropicServer(answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        yield server
+
+
+async def _in_tool(client: Client, run_id: str) -> bool:
+    return bool((await read_run(client, run_id)).calls)
+
+
+async def _output(client: Client, run_id: str) -> str | None:
+    state = await read_run(client, run_id)
+    return state.output if state.status == "completed" else None
+
+
+async def test_a_fork_keeps_its_sources_concurrency_key(
+    client: Client, db_url: str, model: AnthropicServer, gate: anyio.Event
+) -> None:
+    """Finding: ``fork_run`` dropped the source's ``concurrency_key``, so a fork of a keyed run
+    (one chat, one customer) ran beside the source under the same key, past
+    ``max_runs_per_key``. Fixed: the fork is started under the source's key."""
+    helper = Agent(name="helper", model=MODEL, tools=[hold])
+    async with running_worker(db_url, agents=agents(helper)):
+        source = await start_run(client, "helper", "hold on", concurrency_key="chat-1")
+        await wait_for(lambda: _in_tool(client, source), what="the source in its tool")
+        fork = await fork_run(client, source, at=1)
+        found = await concurrency(client, fork)
+        assert found.key == "chat-1"
+        assert found.wait is not None  # behind the source, which holds the key's one slot
+        gate.set()
+        await wait_for(lambda: _output(client, fork), what="the fork done after the source")
+    assert len(model.received) == 4  # two calls each: the fork made step 1 again, live
+
+
+def _limit(args: dict[str, Any], limit: int) -> bool:
+    return int(args.get("amount", 0)) > limit
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="agent_version names an approval predicate by module.qualname only: every "
+    "functools.partial is 'predicate:functools.partial' and every lambda '<lambda>', so "
+    "changing a partial's bound threshold (or a lambda's body) makes no new version and a "
+    "pinned run moves to a worker whose approval rule differs. A fix needs a stable name for "
+    "a predicate's configuration (e.g. the partial's func and canonical arguments).",
+)
+async def test_a_changed_approval_threshold_makes_a_new_version() -> None:
+    @tool(effects="external", approval=functools.partial(_limit, limit=1000))
+    async def pay(ctx: ToolContext, amount: int) -> str:
+        """Pay."""
+        return "paid"
+
+    lax = Agent(name="payer", model=MODEL, tools=[pay])
+    strict = Agent(
+        name="payer",
+        model=MODEL,
+        tools=[attrs.evolve(pay, approval=functools.partial(_limit, limit=10))],
+    )
+    assert agent_version(lax) != agent_version(strict)
+
+
+async def test_a_fork_on_the_current_version_is_pinned_to_it(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    """Finding: ``fork_run(..., upgrade=True)`` spawned the fork on the unpinned route
+    ``agent:NAME``; a worker of the source's own version took it, saw nothing to move, and
+    left it unpinned under ``pin`` (free to float between versions in a rolling deploy, each
+    move invalidating it; an old worker could take an "upgraded" fork). Fixed: the fork is
+    routed to the newest version a live worker serves."""
+    helper = Agent(name="helper", model=MODEL, tools=[hold])
+    pinned = version_route("helper", agent_version(helper))
+    async with running_worker(db_url, agents=agents(helper)):
+        source = await start_run(client, "helper", "hello")
+        await wait_for(lambda: _output(client, source), what="the source done")
+        fork = await fork_run(client, source, at=1, upgrade=True)
+        assert (await client.actor(fork))["route"] == pinned
+        await wait_for(lambda: _output(client, fork), what="the fork done")
+    assert (await client.actor(fork))["route"] == pinned
