@@ -12,17 +12,19 @@ import anyio
 import attrs
 import pytest
 
-from tests.conftest import running_worker, wait_for
+from tests.conftest import person, running_worker, wait_for
 from toren import Agent, Client, ToolContext, tool
 from toren.runs import (
     Agents,
     agent_version,
     fork_run,
     read_run,
+    say,
     start_run,
     version_route,
 )
 from toren.runs.limits import concurrency
+from toren.runs.version_moves import move
 from toren.testing import AnthropicServer, Reply, ToolCall
 
 pytestmark = pytest.mark.anyio
@@ -147,3 +149,38 @@ async def test_a_fork_on_the_current_version_is_pinned_to_it(
         assert (await client.actor(fork))["route"] == pinned
         await wait_for(lambda: _output(client, fork), what="the fork done")
     assert (await client.actor(fork))["route"] == pinned
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a stale Upgrade is never superseded: upgraded to V2 (whose worker then died "
+    "before taking the run) and then to V3, the run is taken by V3's worker, which handles "
+    "the first Upgrade by handing the run back to V2 (versions.check re-sends it and "
+    "re-routes to agent:NAME@V2) before it records anything: the run parks on the version "
+    "the operator moved it off, and with V2 and V3 workers both up the two Upgrades would "
+    "bounce it between them. A fix: an Upgrade whose to_version is not the latest request "
+    "(the row's args.upgrade) is dropped, not handed over; it needs care for a worker that "
+    "holds the run with older args.",
+)
+async def test_a_later_upgrade_supersedes_one_no_worker_took(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    old = Agent(name="helper", model=MODEL, tools=[hold])
+    new = attrs.evolve(old, system="Be brief.")
+    async with running_worker(db_url, agents=agents(old)):
+        run_id = await start_run(client, "helper", "hello")
+        await wait_for(lambda: _output(client, run_id), what="turn 1")
+    # Moved to a version whose worker died before taking it, then to the one deployed next.
+    async with client.pool.acquire() as conn, conn.transaction():
+        await move(client, conn, run_id, "helper", "0123456789ab", person("ops"))
+    async with client.pool.acquire() as conn, conn.transaction():
+        await move(client, conn, run_id, "helper", agent_version(new), person("ops"))
+    await say(client, run_id, "again", by=person("ann"))
+    async with running_worker(db_url, agents=agents(new)):
+        await wait_for(lambda: _said(client, run_id, "heard again"), timeout=20, what="turn 2")
+    assert (await client.actor(run_id))["route"] == version_route("helper", agent_version(new))
+
+
+async def _said(client: Client, run_id: str, output: str) -> bool:
+    state = await read_run(client, run_id)
+    return state.status == "completed" and state.output == output
