@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,9 @@ import attrs
 import pytest
 
 from tests.conftest import person, running_worker, wait_for
+from tests.test_api import api, session
 from toren import Agent, Client, ToolContext, tool
+from toren._surfaces.tokens import create_token
 from toren.runs import (
     Agents,
     agent_version,
@@ -184,3 +187,24 @@ async def test_a_later_upgrade_supersedes_one_no_worker_took(
 async def _said(client: Client, run_id: str, output: str) -> bool:
     state = await read_run(client, run_id)
     return state.status == "completed" and state.output == output
+
+
+async def test_a_deeply_nested_fork_body_is_a_bad_request_not_a_server_error(
+    client: Client, db_url: str
+) -> None:
+    """Finding: the fork route re-reads a body orjson refuses with the standard library's
+    reader (to take lone surrogates as text); a body of nested arrays deeper than orjson's
+    limit made that reader raise RecursionError, which escaped as a 500. Fixed: it is not
+    JSON, a 400, as on every route."""
+    _, token = await create_token(client.pool, "olga", scopes=["read", "operate"])
+    deep = b"[" * 100_000 + b"]" * 100_000
+    async with (
+        api(db_url) as base,
+        session(token) as http,
+        http.post(
+            f"{base}/runs/{uuid.uuid4()}/fork",
+            data=deep,
+            headers={"Content-Type": "application/json"},
+        ) as r,
+    ):
+        assert r.status == 400, await r.text()
