@@ -208,3 +208,34 @@ async def test_a_deeply_nested_fork_body_is_a_bad_request_not_a_server_error(
         ) as r,
     ):
         assert r.status == 400, await r.text()
+
+
+async def _parked_on(client: Client, run_id: str, route: str) -> bool:
+    row = await client.actor(run_id)
+    return bool(row["route"] == route and row["owner"] is None)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a run that has recorded nothing is pinned all the same: a worker that takes a new "
+    "run while a newer version runs elsewhere hands it to that version "
+    "(versions.handed_over re-routes it to agent:NAME@NEWEST before run.started), so if "
+    "those workers then go (a rollback, a crash, or within Directory.NEWEST_SECONDS of one) "
+    "the run parks on a version it never ran on and needs `toren jobs upgrade`, though a live "
+    "worker serves its agent. A fix: hand over on the agent's route with a preference, or "
+    "let a worker take a run that has not started when no live worker serves its pin.",
+)
+async def test_a_run_handed_to_a_newer_version_that_goes_away_still_starts(
+    client: Client, db_url: str, model: AnthropicServer, gate: anyio.Event
+) -> None:
+    old = Agent(name="helper", model=MODEL, tools=[hold])
+    new = attrs.evolve(old, system="Be brief.")
+    async with running_worker(db_url, agents=agents(old)):
+        async with running_worker(db_url, agents=agents(new), max_actors=1, grace_seconds=0.5):
+            held = await start_run(client, "helper", "hold on")  # fills the new worker
+            await wait_for(lambda: _in_tool(client, held), what="the new worker busy")
+            run_id = await start_run(client, "helper", "hello")  # the old worker takes it
+            pinned = version_route("helper", agent_version(new))
+            await wait_for(lambda: _parked_on(client, run_id, pinned), what="handed over")
+        # The new version rolled back: the old worker is the only one serving the agent.
+        await wait_for(lambda: _output(client, run_id), timeout=15, what="started on the old")
