@@ -20,11 +20,13 @@ from toren._surfaces.tokens import create_token
 from toren.runs import (
     Agents,
     agent_version,
+    cancel,
     fork_run,
     read_run,
     say,
     start_run,
     version_route,
+    waiting_on,
 )
 from toren.runs.limits import concurrency
 from toren.runs.version_moves import move
@@ -67,6 +69,8 @@ def answer(body: dict[str, Any], n: int) -> Reply:
     if isinstance(last, list) and any(b.get("type") == "tool_result" for b in last):
         return Reply("result: " + json.dumps(last[-1].get("content")))
     text = last if isinstance(last, str) else " ".join(b.get("text", "") for b in last)
+    if "park" in text:
+        return Reply([ToolCall(id=f"a{n}", name="ask", arguments={})])
     if "hold" in text:
         return Reply([ToolCall(id=f"h{n}", name="hold", arguments={})])
     return Reply(f"heard {text}")
@@ -239,3 +243,38 @@ async def test_a_run_handed_to_a_newer_version_that_goes_away_still_starts(
             await wait_for(lambda: _parked_on(client, run_id, pinned), what="handed over")
         # The new version rolled back: the old worker is the only one serving the agent.
         await wait_for(lambda: _output(client, run_id), timeout=15, what="started on the old")
+
+
+@tool(effects="external", approval="always")
+async def ask(ctx: ToolContext) -> str:
+    """Ask first."""
+    return "asked"
+
+
+async def _waiting(client: Client, run_id: str) -> bool:
+    return bool(waiting_on(await read_run(client, run_id)))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cancel() of a parked run (pinned to a version no live worker serves) is accepted "
+    "and never acted on: the Cancel waits in a mailbox only a worker of that version claims, "
+    "so the run stays parked, not cancelled, while the caller was told nothing. A fix: "
+    "cancel re-routes a parked run to its agent's route (any worker may end it), or refuses "
+    "with 'upgrade it first'.",
+)
+async def test_a_parked_run_can_be_cancelled(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    old = Agent(name="helper", model=MODEL, tools=[ask])
+    new = attrs.evolve(old, system="Be brief.")
+    async with running_worker(db_url, agents=agents(old)):
+        run_id = await start_run(client, "helper", "park here")
+        await wait_for(lambda: _waiting(client, run_id), what="waiting on an approval")
+    async with running_worker(db_url, agents=agents(new)):
+        await cancel(client, run_id, by=person("ops"))
+        await wait_for(lambda: _status_is(client, run_id, "cancelled"), timeout=15, what="gone")
+
+
+async def _status_is(client: Client, run_id: str, status: str) -> bool:
+    return (await read_run(client, run_id)).status == status
