@@ -278,3 +278,34 @@ async def test_a_parked_run_can_be_cancelled(
 
 async def _status_is(client: Client, run_id: str, status: str) -> bool:
     return (await read_run(client, run_id)).status == status
+
+
+async def _started_on(client: Client, run_id: str) -> str | None:
+    for entry in await client.journal(run_id):
+        if entry.type == "run.started":
+            return str(entry.data.get("version") or "")
+    return None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="'newest' is the version of the live worker that started last, so an old worker "
+    "that restarts during a ramp (a crash, an OOM kill, a node drain: any pod restart) makes "
+    "the old version the newest: every new run is then handed to the old code and next_turn "
+    "conversations move back to it by value, until a new worker restarts. A fix needs a "
+    "newest that a restart does not change (e.g. the version first published latest, kept "
+    "in a table, or an explicit `toren agents promote`).",
+)
+async def test_an_old_worker_restarting_during_a_ramp_does_not_take_new_runs(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    old = Agent(name="helper", model=MODEL, tools=[hold])
+    new = attrs.evolve(old, system="Be brief.")
+    async with (
+        running_worker(db_url, agents=agents(old)),
+        running_worker(db_url, agents=agents(new)),  # the ramp: new workers beside the old
+        running_worker(db_url, agents=agents(old)),  # an old pod restarted
+    ):
+        run_id = await start_run(client, "helper", "hello")
+        await wait_for(lambda: _output(client, run_id), what="done")
+    assert await _started_on(client, run_id) == agent_version(new)
