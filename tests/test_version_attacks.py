@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import person, running_worker, wait_for
 from tests.test_api import api, session
-from toren import Agent, Client, ToolContext, tool
+from toren import Agent, Client, ConfigError, ToolContext, tool
 from toren._surfaces.tokens import create_token
 from toren.runs import (
     Agents,
@@ -309,3 +309,12 @@ async def test_an_old_worker_restarting_during_a_ramp_does_not_take_new_runs(
         run_id = await start_run(client, "helper", "hello")
         await wait_for(lambda: _output(client, run_id), what="done")
     assert await _started_on(client, run_id) == agent_version(new)
+
+
+def test_an_agent_named_with_the_version_separator_is_refused() -> None:
+    """Finding: ``Agent(name="a@b")`` was accepted (though ``start_run`` refuses the name), and
+    a run of it (a child, a schedule's) is routed ``agent:a@b``, which ``route_version`` reads
+    as agent ``a`` pinned to version ``b`` and the listing's route filter (the route before
+    ``@``) misses. Fixed: the name is refused where the agent is defined."""
+    with pytest.raises(ConfigError, match="holds no '@'"):
+        Agent(name="a@b", model=MODEL)
