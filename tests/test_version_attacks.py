@@ -29,6 +29,7 @@ from toren.runs import (
     waiting_on,
 )
 from toren.runs.limits import concurrency
+from toren.runs.listing import list_runs
 from toren.runs.version_moves import move
 from toren.testing import AnthropicServer, Reply, ToolCall
 
@@ -318,3 +319,38 @@ def test_an_agent_named_with_the_version_separator_is_refused() -> None:
     ``@``) misses. Fixed: the name is refused where the agent is defined."""
     with pytest.raises(ConfigError, match="holds no '@'"):
         Agent(name="a@b", model=MODEL)
+
+
+async def test_a_conversation_whose_message_waits_on_a_gone_version_shows_parked(
+    client: Client, db_url: str, model: AnthropicServer
+) -> None:
+    """Finding: a completed conversation pinned to a version no live worker serves, with a
+    human's message waiting, was listed as ``completed``: only runs that had not ended were
+    checked, so the message waited forever with no reason shown (the Telegram case: drain
+    the old workers, and the next message to an old conversation goes unanswered, silently).
+    Fixed: such a run shows ``parked``, with the reason, in the listing and in its API view."""
+    old = Agent(name="helper", model=MODEL, tools=[hold])
+    new = attrs.evolve(old, system="Be brief.")
+    async with running_worker(db_url, agents=agents(old)):
+        run_id = await start_run(client, "helper", "hello")
+        await wait_for(lambda: _output(client, run_id), what="turn 1")
+    _, token = await create_token(client.pool, "olga", scopes=["read"])
+    async with running_worker(db_url, agents=agents(new)), api(db_url) as base:
+        await wait_for(lambda: _published(client, agent_version(new)), what="the new worker")
+        [row] = await list_runs(client, agent="helper")
+        assert row.status == "completed"  # nothing waits on it: an ended conversation
+        await say(client, run_id, "again", by=person("ann"))
+        [row] = await list_runs(client, agent="helper")
+        reason = f"waiting for a worker serving version {agent_version(old)}"
+        assert (row.status, row.waiting_for) == ("parked", reason)
+        async with session(token) as http, http.get(f"{base}/runs/{run_id[4:]}") as r:
+            shown = await r.json()
+        assert (shown["status"], shown["waiting_for"]) == ("parked", reason)
+
+
+async def _published(client: Client, version: str) -> bool:
+    rows = await client.pool.fetch("SELECT stats FROM toren.workers")
+    return any(
+        ((r["stats"] or {}).get("agents", {}).get("helper") or {}).get("version") == version
+        for r in rows
+    )
