@@ -159,20 +159,15 @@ async def test_a_fork_on_the_current_version_is_pinned_to_it(
     assert (await client.actor(fork))["route"] == pinned
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stale Upgrade is never superseded: upgraded to V2 (whose worker then died "
-    "before taking the run) and then to V3, the run is taken by V3's worker, which handles "
-    "the first Upgrade by handing the run back to V2 (versions.check re-sends it and "
-    "re-routes to agent:NAME@V2) before it records anything: the run parks on the version "
-    "the operator moved it off, and with V2 and V3 workers both up the two Upgrades would "
-    "bounce it between them. A fix: an Upgrade whose to_version is not the latest request "
-    "(the row's args.upgrade) is dropped, not handed over; it needs care for a worker that "
-    "holds the run with older args.",
-)
 async def test_a_later_upgrade_supersedes_one_no_worker_took(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
+    """Finding: upgraded to V2 (whose worker died before taking the run) and then to V3, the
+    run was taken by V3's worker, which handled the first Upgrade by handing the run back to
+    V2: it parked on the version the operator had moved it off (with V2 and V3 workers both
+    up, the two Upgrades would bounce it between them). Fixed: an Upgrade that a later
+    request superseded (the row's ``args.upgrade``, asked later by the database's clock) is
+    dropped."""
     old = Agent(name="helper", model=MODEL, tools=[hold])
     new = attrs.evolve(old, system="Be brief.")
     async with running_worker(db_url, agents=agents(old)):
@@ -185,8 +180,11 @@ async def test_a_later_upgrade_supersedes_one_no_worker_took(
         await move(client, conn, run_id, "helper", agent_version(new), person("ops"))
     await say(client, run_id, "again", by=person("ann"))
     async with running_worker(db_url, agents=agents(new)):
-        await wait_for(lambda: _said(client, run_id, "heard again"), timeout=20, what="turn 2")
+        # Moved by replay, the new prompt re-asks from step 1: both messages in one turn.
+        await wait_for(lambda: _said(client, run_id, "heard hello again"), what="turn 2")
     assert (await client.actor(run_id))["route"] == version_route("helper", agent_version(new))
+    [moved] = [e.data for e in await client.journal(run_id) if e.type == "run.upgraded"]
+    assert (moved["to_version"], moved["by"]["name"]) == (agent_version(new), "ops")
 
 
 async def _said(client: Client, run_id: str, output: str) -> bool:
