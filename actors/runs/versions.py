@@ -91,6 +91,17 @@ def asked_by(args: Mapping[str, Any], version: str) -> Principal | None:
         return None
 
 
+def superseded(args: Mapping[str, Any], msg: Upgrade) -> bool:
+    """Whether a later request (the one the run's ``args`` record, as of this worker's claim)
+    asked for another version than ``msg``: then ``msg`` is stale, and handing the run over to
+    it would undo the later move (or bounce the run between two versions' workers)."""
+    asked = args.get("upgrade")
+    if not isinstance(asked, Mapping) or asked.get("to_version") == msg.to_version:
+        return False
+    later = asked.get("asked_at")
+    return isinstance(later, (int, float)) and later > msg.asked_at
+
+
 def check(ctx: Context[RunState], msg: Any, args: Mapping[str, Any]) -> bool:
     """Before a message is handled: a run recorded on another version than this worker's
     moves to it (``run.upgraded``, with who asked for it: the :class:`~toren.runs.Upgrade`
@@ -99,7 +110,8 @@ def check(ctx: Context[RunState], msg: Any, args: Mapping[str, Any]) -> bool:
     handed to one that does.
 
     Returns:
-        Whether the message was handed over (then nothing else is done with it here).
+        Whether the message was handed over, or dropped as superseded (then nothing else is
+        done with it here).
     """
     state = ctx.state
     if not state.agent or state.status == "cancelled":
@@ -110,6 +122,8 @@ def check(ctx: Context[RunState], msg: Any, args: Mapping[str, Any]) -> bool:
     if agent is None or mine is None:
         return False
     if isinstance(msg, Upgrade) and msg.to_version != mine:
+        if superseded(args, msg):
+            return True  # a later request moved the run on (here): this one is dropped
         # Re-routed by toren jobs upgrade while this worker held it: the message goes with it.
         ctx.send(ctx.actor_id, msg, system=True)
         ctx.reroute(version_route(state.agent, msg.to_version), leave=True)

@@ -385,6 +385,11 @@ class Agent:
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
+        if "@" in self.name:  # the separator of a pinned route, agent:NAME@VERSION
+            raise ConfigError(
+                f"agent {self.name!r}: an agent's name holds no '@'",
+                hint="Name it with letters, digits, _ . - (as `toren run` takes it).",
+            )
         for field, value in (("sandbox", self.sandbox), ("telegram", self.telegram)):
             # A kind's value says which field it belongs in (toren._agent.parts): the agent
             # layer imports no kind.

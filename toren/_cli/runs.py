@@ -219,7 +219,12 @@ def register(main: click.Group) -> None:
             over = state.status in ENDED
             limits = await concurrency(client, run_id)
             wait = None if over else limits.wait
-            version, stuck = await pinned(client, run_id, check=not over and wait is None)
+            version, stuck = await pinned(
+                client,
+                run_id,
+                check=not over and wait is None,
+                completed=state.status == "completed",
+            )
             calls = await read_calls(client.pool, run_id, ended=over)
             entries = await client.journal(run_id, after=after, limit=limit + 1)
             more, entries = len(entries) > limit, entries[:limit]

@@ -93,16 +93,21 @@ def version_lines(found: list[AgentVersions]) -> list[str]:
     return lines
 
 
-async def pinned(client: Client, run_id: str, *, check: bool) -> tuple[str | None, str | None]:
+async def pinned(
+    client: Client, run_id: str, *, check: bool, completed: bool = False
+) -> tuple[str | None, str | None]:
     """The version run ``run_id`` is pinned to (from its row's route), and, when ``check`` (it
-    has not ended, nor waits for a slot), why it is parked if no live worker serves it."""
+    has not ended, nor waits for a slot) or ``completed`` (a conversation: parked if a human's
+    message waits), why it is parked if no live worker serves it."""
     from toren._core.rows import actor_row
     from toren.runs import RUN_KIND
     from toren.runs.version_listing import parked_reason, pinned_version, stranded
 
     row = await actor_row(client.pool, run_id, kind=RUN_KIND)
     route = row.route if row is not None else None
-    stuck = (await stranded(client, {run_id: route})).get(run_id) if check else None
+    given = {run_id: route}
+    found = await stranded(client, given if check else {}, completed=given if completed else None)
+    stuck = found.get(run_id)
     return pinned_version(route)[1], parked_reason(stuck) if stuck is not None else None
 
 

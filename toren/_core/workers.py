@@ -9,12 +9,15 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
 from toren._core.db import connect
 from toren._core.session import LIVE_WORKERS, LOCK_NAMESPACE
+
+if TYPE_CHECKING:
+    from toren._core.rows import Db
 
 log = logging.getLogger("toren.leases")  # the name operators' log filters know
 
@@ -141,7 +144,7 @@ async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) ->
     return [r["card"] for r in rows]
 
 
-async def newest_card(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> Any | None:
+async def newest_card(conn: Db, name: str) -> Any | None:
     """What the most recently started live worker running agent ``name`` publishes about it
     (``None``: no live worker has published it)."""
     return await conn.fetchval(

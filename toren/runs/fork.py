@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from toren._agent.directory import card_version
 from toren._agent.principal import Principal
 from toren._agent.routes import agent_route, version_route
 from toren._core.codec import decode
@@ -30,6 +32,7 @@ from toren._core.journal_copy import copy_journal
 from toren._core.journal_reads import events
 from toren._core.json_text import utf8_size
 from toren._core.rows import actor_row
+from toren._core.workers import newest_card
 from toren.runs.client import MESSAGE_CAP
 from toren.runs.events import (
     RUN_KIND,
@@ -49,6 +52,7 @@ from toren.runs.version_moves import newest_version
 if TYPE_CHECKING:
     from toren._core.client import Client
     from toren._core.journal import JournalEntry
+    from toren._core.rows import Db
 
 _STEP_EVENTS = (ModelCalling, ModelCalled, ModelUnreadable, ModelLost)
 """The events of a model call's step (its announcement, its answer, what it lost)."""
@@ -110,7 +114,7 @@ async def fork_run(
         raise UnknownActor(str(run_id))
     by = by if by is not None else Principal.os_user("python")
     async with client.pool.acquire() as conn, conn.transaction():
-        row = await actor_row(conn, run_id, fields=("args.agent",))
+        row = await actor_row(conn, run_id, fields=("args.agent", "args.concurrency_key"))
         if row is None:
             raise UnknownActor(run_id)
         if row.kind != RUN_KIND:
@@ -118,12 +122,17 @@ async def fork_run(
         cut = _cut(run_id, await events(conn, run_id), at)
         _check_edit(run_id, cut, at, message=message, input=input)
         agent = str(row.args_dict.get("agent") or cut.state.agent)
+        # The fork goes under its source's key (one chat, one customer): it waits its turn
+        # behind the source and the key's other runs, as a run started with the key would.
+        key = row.args_dict.get("concurrency_key")
+        key = key if isinstance(key, str) else None
+        keyed = {} if key is None else {"concurrency_key": key}
         fork_id = f"run/{uuid.uuid4()}"
         await client.spawn(
             RUN_KIND,
             fork_id,
-            {"agent": agent, "forked_from": {"run": run_id, "step": at}},
-            route=await _route(client, agent, row.route, upgrade=upgrade),
+            {"agent": agent, "forked_from": {"run": run_id, "step": at}, **keyed},
+            route=await _newest_route(conn, agent) if upgrade or not row.route else row.route,
             conn=conn,
         )
         forked = RunForked(
@@ -147,17 +156,21 @@ async def fork_run(
             then=(forked,),
         )
         await client.send(fork_id, Continue(), conn=conn)
-        await impose_run(conn, fork_id, agent, None)
+        await impose_run(conn, fork_id, agent, key)
     return fork_id
 
 
-async def _route(client: Client, agent: str, source: str | None, *, upgrade: bool) -> str:
-    """The fork's route: its source's (the same version), or with ``upgrade`` the agent's
-    newest version's (any worker running the agent while none has published a version)."""
-    if upgrade or not source:
-        newest = await newest_version(client, agent) if upgrade else None
-        return version_route(agent, newest) if newest else agent_route(agent)
-    return source
+async def _newest_route(conn: Db, agent: str) -> str:
+    """Where a fork on the agent's current version goes: pinned to the version the most
+    recently started live worker running it publishes (as ``upgrade_run`` moves a run), so that
+    a worker of the source's own version, which sees nothing to move, cannot take it and leave
+    it unpinned; on the agent's route if that worker's policy is ``upgrade`` or none serves it
+    (the first worker to come up takes it)."""
+    card = await newest_card(conn, agent)
+    version = card_version(card)
+    if version is None or (isinstance(card, Mapping) and card.get("version_policy") == "upgrade"):
+        return agent_route(agent)
+    return version_route(agent, version)
 
 
 @attrs.frozen(kw_only=True)

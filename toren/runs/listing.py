@@ -71,7 +71,12 @@ async def list_runs(
     live = [r.actor_id for r in rows if r.summary_dict.get("status", "running") not in ENDED]
     waits = await queued(client, live)
     routes = {r.actor_id: r.route for r in rows}
-    stuck = await stranded(client, {rid: routes[rid] for rid in live})
+    done = [r.actor_id for r in rows if r.summary_dict.get("status") == "completed"]
+    stuck = await stranded(
+        client,
+        {rid: routes[rid] for rid in live},
+        completed={rid: routes[rid] for rid in done},  # parked if a message waits
+    )
     for r in rows:
         s = r.summary_dict
         wait = waits.get(r.actor_id)

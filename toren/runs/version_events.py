@@ -25,10 +25,13 @@ UpgradeHow = Literal["replay", "value"]
 @attrs.frozen(kw_only=True)
 class Upgrade:
     """Move to ``to_version`` (sent by :func:`toren.runs.upgrade_run` with the run's row
-    re-routed to it, so that a worker serving that version handles it)."""
+    re-routed to it, so that a worker serving that version handles it). ``asked_at`` (the
+    database's clock; 0: not known) orders two requests: one a later request superseded
+    (the row's ``args.upgrade`` names another version, asked later) is dropped."""
 
     to_version: str
     by: Principal | None = None
+    asked_at: float = 0.0
 
 
 @message("run.upgraded")

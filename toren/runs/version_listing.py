@@ -24,9 +24,12 @@ import attrs
 
 from toren._agent.routes import route_version, version_route
 from toren._core.client import Client
-from toren._core.rows import count_by_route
+from toren._core.rows import count_by_route, queued
 from toren._core.workers import live_workers, published_routes
 from toren.runs.events import ENDED, RUN_KIND, STATUSES
+
+SAY = "run.say"
+"""The kind of a human's message to a run (what a completed conversation waits for)."""
 
 UNFINISHED = tuple(s for s in STATUSES if s not in ENDED)
 
@@ -183,16 +186,30 @@ async def agent_versions(
     return out
 
 
-async def stranded(client: Client, routes: Mapping[str, str | None]) -> dict[str, str]:
+async def stranded(
+    client: Client,
+    routes: Mapping[str, str | None],
+    *,
+    completed: Mapping[str, str | None] | None = None,
+) -> dict[str, str]:
     """Of the runs given (id to route; give only those that have not ended), those pinned to a
-    version no live worker serves, with that version. One statement, none when no run given is
-    pinned; none is stranded while a live worker has not said yet what it serves."""
-    pinned = {rid: route for rid, route in routes.items() if pinned_version(route)[1]}
+    version no live worker serves, with that version; also those of ``completed`` (completed
+    runs, id to route) that are, with a human's message waiting: a conversation that goes on
+    once a worker takes it, parked meanwhile. One statement, none when no run given is pinned;
+    none is stranded while a live worker has not said yet what it serves; one more, for the
+    mailboxes of the completed runs stranded so."""
+    given = {**routes, **(completed or {})}
+    pinned = {rid: route for rid, route in given.items() if pinned_version(route)[1]}
     if not pinned:
         return {}
     served = await published_routes(client.pool)
     if served is None:
         return {}
-    return {
+    found = {
         rid: str(pinned_version(route)[1]) for rid, route in pinned.items() if route not in served
     }
+    idle = [rid for rid in found if rid in (completed or {}) and rid not in routes]
+    if idle:
+        going_on = await queued(client.pool, idle, SAY)
+        found = {rid: v for rid, v in found.items() if rid not in idle or rid in going_on}
+    return found

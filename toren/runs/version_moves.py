@@ -82,10 +82,12 @@ async def move(
     Raises:
         UnknownActor: the run is gone.
     """
-    upgrade = Upgrade(to_version=to, by=by)
+    # The database's clock, the same for every client: it orders two requests for one run.
+    asked_at = float(await conn.fetchval("SELECT extract(epoch FROM clock_timestamp())"))
+    upgrade = Upgrade(to_version=to, by=by, asked_at=asked_at)
     # On the row too: a worker that takes the run at mail queued before the Upgrade message
-    # records who asked for the move all the same.
-    asked = {"upgrade": {"to_version": to, "by": attrs.asdict(by)}}
+    # records who asked for the move all the same, and drops an Upgrade a later one superseded.
+    asked = {"upgrade": {"to_version": to, "by": attrs.asdict(by), "asked_at": asked_at}}
     if not await set_route(conn, run_id, version_route(agent, to), args=asked):
         raise UnknownActor(run_id)
     await client.send(run_id, upgrade, system=True, conn=conn)

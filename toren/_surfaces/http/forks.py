@@ -96,7 +96,7 @@ async def _body(request: web.Request) -> ForkBody:
     except orjson.JSONDecodeError:
         try:
             data: Any = stdjson.loads(raw, parse_constant=_no_constant)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # (nested past any sense)
             return await read_body(request, ForkBody)  # not JSON: answered as every route does
         if isinstance(data, dict):
             return ForkBody.model_validate(data)

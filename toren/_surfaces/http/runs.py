@@ -284,7 +284,9 @@ async def _run(app: web.Application, rid: str) -> Run:
     wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
     # Pinned to a version no live worker serves: parked until one does, or it is upgraded.
     check = state.status not in ENDED and wait is None
-    stuck = (await stranded(client, {rid: row.route})).get(rid) if check else None
+    # A completed conversation with a message waiting is parked too, when it is pinned so.
+    done = {rid: row.route} if state.status == "completed" else None
+    stuck = (await stranded(client, {rid: row.route} if check else {}, completed=done)).get(rid)
     status = QUEUED if wait is not None else "parked" if stuck is not None else state.status
     origin = forked_from(state)
     return Run(
