@@ -254,14 +254,6 @@ async def _waiting(client: Client, run_id: str) -> bool:
     return bool(waiting_on(await read_run(client, run_id)))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cancel() of a parked run (pinned to a version no live worker serves) is accepted "
-    "and never acted on: the Cancel waits in a mailbox only a worker of that version claims, "
-    "so the run stays parked, not cancelled, while the caller was told nothing. A fix: "
-    "cancel re-routes a parked run to its agent's route (any worker may end it), or refuses "
-    "with 'upgrade it first'.",
-)
 async def test_a_parked_run_can_be_cancelled(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
@@ -273,6 +265,8 @@ async def test_a_parked_run_can_be_cancelled(
     async with running_worker(db_url, agents=agents(new)):
         await cancel(client, run_id, by=person("ops"))
         await wait_for(lambda: _status_is(client, run_id, "cancelled"), timeout=15, what="gone")
+        types = [e.type for e in await client.journal(run_id)]
+        assert "run.upgraded" not in types  # ended where it was taken, moved nowhere first
 
 
 async def _status_is(client: Client, run_id: str, status: str) -> bool:

@@ -34,6 +34,7 @@ from typing import Any
 from toren import Context, Principal
 from toren.directory import directory_of
 from toren.runs import (
+    Cancel,
     MessageReceived,
     RunCompleted,
     RunState,
@@ -114,7 +115,9 @@ def check(ctx: Context[RunState], msg: Any, args: Mapping[str, Any]) -> bool:
         done with it here).
     """
     state = ctx.state
-    if not state.agent or state.status == "cancelled":
+    if not state.agent or state.status == "cancelled" or isinstance(msg, Cancel):
+        # A cancel ends the run wherever it is taken (one sent to a parked run takes it off its
+        # version, see toren.runs.cancel): it moves it nowhere first.
         return False
     agents = agents_of(ctx)
     agent = agents.named(state.agent)

@@ -9,14 +9,14 @@ import uuid
 from typing import TYPE_CHECKING
 
 from toren._agent.principal import Principal
-from toren._agent.routes import agent_route
+from toren._agent.routes import agent_route, route_version
 from toren._core.codec import decode
 from toren._core.errors import AskTimeout, InternalError, TorenError, UnknownActor
 from toren._core.journal import replay
 from toren._core.journal_reads import events
 from toren._core.json_text import dumps, utf8_size
 from toren._core.restarts import forget_restarts
-from toren._core.rows import ActorRow, actor_row, descendants, revive
+from toren._core.rows import ActorRow, actor_row, descendants, revive, set_route
 from toren.runs.events import (
     ENDED,
     RUN_KIND,
@@ -534,7 +534,18 @@ async def cancel(
         done = "been cancelled" if status == "cancelled" else status
         raise RunNotInState(run_id, f"has already {done}; there is nothing to cancel")
     by = _caller(by)
-    await client.send(run_id, Cancel(by=by, who=by.name, reason=reason), system=True)
+    cancel_ = Cancel(by=by, who=by.name, reason=reason)
+    row = await actor_row(client.pool, run_id, fields=("args.agent",))
+    agent = str(row.args_dict.get("agent") or "") if row is not None else ""
+    if agent and row is not None and row.route and route_version(row.route)[1]:
+        # Pinned to a version: were no live worker to serve it (the run parked), only a worker
+        # of that version would take the cancel. Off its version, any worker running the agent
+        # takes it and ends the run there (a worker holding the run now keeps it to do so).
+        async with client.pool.acquire() as conn, conn.transaction():
+            await set_route(conn, run_id, agent_route(agent))
+            await client.send(run_id, cancel_, system=True, conn=conn)
+        return
+    await client.send(run_id, cancel_, system=True)
 
 
 async def retry(

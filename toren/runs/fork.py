@@ -47,7 +47,6 @@ from toren.runs.events import (
 from toren.runs.fork_events import RunForked, human_text
 from toren.runs.limits import impose_run
 from toren.runs.state import RunState, fold
-from toren.runs.version_moves import newest_version
 
 if TYPE_CHECKING:
     from toren._core.client import Client
