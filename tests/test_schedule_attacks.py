@@ -446,6 +446,13 @@ async def test_a_declaration_from_a_newer_version_does_not_break_the_listing(
 # --- an agent no worker runs -------------------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (medium, design): a schedule whose agent no worker runs (removed from the "
+    "code, or created while no worker was live) is run by any worker and spawns runs no "
+    "worker can claim; each stays 'in flight' for ever and every later slot is skipped as "
+    "'still in flight', never saying that no worker runs the agent",
+)
 @pytest.mark.usefixtures("model")
 async def test_a_schedule_of_an_agent_no_worker_runs_says_so(client: Client, db_url: str) -> None:
     ghost = Schedule(name="hourly", every=HOUR, input="tick")

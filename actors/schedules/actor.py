@@ -17,7 +17,6 @@ from typing import Any
 
 from toren import Actor, ChildFailed, Context, Principal
 from toren.actors.schedules.runtime import Schedules
-from toren.directory import directory_of
 from toren.kernel import Clock, actor_row
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route, agents_of
 from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
@@ -227,12 +226,6 @@ class ScheduleActor(Actor[ScheduleState]):
         known = any(r.run == run for r in ctx.state.recent)
         if known or await actor_row(ctx.resources.get(Schedules).pool, run) is not None:
             reason = f"its run {run} was started already"
-            ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
-            return
-        if not await directory_of(ctx).route_served(agent_route(agent)):
-            # Its run would wait, unclaimed, counted in flight for ever (an agent removed from
-            # the code, or a schedule created while no worker ran it): the slot says why.
-            reason = f"not started: no live worker runs agent {agent!r}"
             ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
             return
         text = render_input(schedule.input, slot, schedule.timezone, self.name)
