@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import anyio
@@ -17,11 +17,13 @@ from tests.conftest import person, running_worker, wait_for
 from tests.test_api import api, session
 from toren import Agent, Client, ConfigError, ToolContext, tool
 from toren._surfaces.tokens import create_token
+from toren.directory import Directory
 from toren.runs import (
     Agents,
     agent_version,
     cancel,
     fork_run,
+    newest_version,
     read_run,
     say,
     start_run,
@@ -30,6 +32,7 @@ from toren.runs import (
 )
 from toren.runs.limits import concurrency
 from toren.runs.listing import list_runs
+from toren.runs.version_listing import agent_versions
 from toren.runs.version_moves import move
 from toren.testing import AnthropicServer, Reply, ToolCall
 
@@ -280,28 +283,48 @@ async def _started_on(client: Client, run_id: str) -> str | None:
     return None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="'newest' is the version of the live worker that started last, so an old worker "
-    "that restarts during a ramp (a crash, an OOM kill, a node drain: any pod restart) makes "
-    "the old version the newest: every new run is then handed to the old code and next_turn "
-    "conversations move back to it by value, until a new worker restarts. A fix needs a "
-    "newest that a restart does not change (e.g. the version first published latest, kept "
-    "in a table, or an explicit `toren agents promote`).",
-)
 async def test_an_old_worker_restarting_during_a_ramp_does_not_take_new_runs(
     client: Client, db_url: str, model: AnthropicServer
 ) -> None:
+    """Finding: "newest" was the version of the live worker that started last, so an old
+    worker that restarted during a ramp (a crash, an OOM kill, a node drain) made the old
+    version the newest again: new runs went to the old code, ``next_turn`` conversations moved
+    back to it, until a new worker restarted. Fixed: the newest is, of the versions live
+    workers serve, the one first seen latest (``toren.agent_versions``); rolling back is
+    stopping the new workers."""
     old = Agent(name="helper", model=MODEL, tools=[hold])
     new = attrs.evolve(old, system="Be brief.")
-    async with (
-        running_worker(db_url, agents=agents(old)),
-        running_worker(db_url, agents=agents(new)),  # the ramp: new workers beside the old
-        running_worker(db_url, agents=agents(old)),  # an old pod restarted
-    ):
-        run_id = await start_run(client, "helper", "hello")
-        await wait_for(lambda: _output(client, run_id), what="done")
-    assert await _started_on(client, run_id) == agent_version(new)
+    async with running_worker(db_url, agents=agents(old)) as first:
+        async with (
+            running_worker(db_url, agents=agents(new)),  # the ramp: new workers beside the old
+            running_worker(db_url, agents=agents(old)),  # an old pod restarted
+        ):
+            await wait_for(lambda: _served_by(client, 3), what="three workers published")
+            assert await newest_version(client, "helper") == agent_version(new)
+            run_id = await start_run(client, "helper", "hello")
+            await wait_for(lambda: _output(client, run_id), what="done")
+            assert await _started_on(client, run_id) == agent_version(new)
+        # Rolling back: the new workers stopped, the old version is the newest again.
+        assert await newest_version(client, "helper") == agent_version(old)
+        [found] = await agent_versions(client.pool, agent="helper")
+        assert found.newest == agent_version(old)
+        directory = first.resources.get(Directory)  # as the old worker reads it (kept a moment)
+        await wait_for(
+            lambda: _is(directory.newest_version("helper"), agent_version(old)),
+            what="the old worker reads the old version as the newest",
+        )
+        back = await start_run(client, "helper", "again")
+        await wait_for(lambda: _output(client, back), what="done on the old version")
+        assert await _started_on(client, back) == agent_version(old)
+
+
+async def _is(value: Awaitable[str | None], expected: str) -> bool:
+    return await value == expected
+
+
+async def _served_by(client: Client, n: int) -> bool:
+    rows = await client.pool.fetch("SELECT stats FROM toren.workers")
+    return sum(1 for r in rows if "helper" in ((r["stats"] or {}).get("agents") or {})) >= n
 
 
 def test_an_agent_named_with_the_version_separator_is_refused() -> None:

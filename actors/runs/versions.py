@@ -6,8 +6,8 @@ policy is ``upgrade``, is pinned to it in the same step: its row is re-routed to
 deploy a run started on the old code finishes on the old workers, and one started on the new
 code on the new ones; nothing is checked or paid again.
 
-A run started on a worker while a newer version runs elsewhere (the newest: what the most
-recently started live worker running its agent publishes) is handed to that version before it
+A run started on a worker while a newer version runs elsewhere (the newest: of the versions
+live workers serve, the one first seen latest) is handed to that version before it
 records anything, so new runs start on the new code.
 
 A worker that handles a run recorded on another version (a run started before versions, one
@@ -19,8 +19,8 @@ that differs).
 
 Under ``next_turn`` a run keeps its version for the turn in progress; at the step where it
 waits for a human or a timer, or takes a human's message or a timer after one, it looks up the
-newest version (what the most recently started live worker running its agent publishes: one
-read, outside any transaction) and, if that is another, is re-routed to it and handed over.
+newest version (of the versions live workers serve, the one first seen latest: one read,
+outside any transaction) and, if that is another, is re-routed to it and handed over.
 A run that was already waiting when its version's last worker was drained is moved by the
 workers of the newest version (:mod:`toren.actors.runs.strands`).
 """

@@ -190,7 +190,9 @@ class Worker:
         if pool is None or lease_pool is None:
             raise ConfigError("worker pool is not open")
         settings = self.settings
-        session = await WorkerSession.open(self.url, settings)
+        cards = self.resources.get(Directory).local_cards()
+        versions = {name: str(card["version"]) for name, card in cards.items() if card["version"]}
+        session = await WorkerSession.open(self.url, settings, versions)
         hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all
         self.session, self.hosts = session, hosts

@@ -111,9 +111,9 @@ class Directory:
         return cards
 
     async def newest_version(self, name: str) -> str | None:
-        """The version of agent ``name`` that the most recently started live worker running it
-        publishes (``None``: none does; without a pool, this worker's own), as read at most
-        :attr:`NEWEST_SECONDS` ago."""
+        """The newest version of agent ``name``: of the versions live workers serve, the one
+        first seen latest (``None``: none does; without a pool, this worker's own), as read at
+        most :attr:`NEWEST_SECONDS` ago."""
         if self.pool is None:
             return self.agents.version(name)
         from toren._core.workers import newest_card

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 import asyncpg
@@ -39,6 +39,17 @@ _LOCK_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+_REGISTER = """
+WITH registered AS (
+    INSERT INTO toren.workers (worker_id, lock_key, name, version, deploy_label, host, pid)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)
+)
+INSERT INTO toren.agent_versions (agent, version)
+SELECT * FROM unnest($8::text[], $9::text[])
+ON CONFLICT DO NOTHING
+"""
+
+
 class WorkerSession:
     """A worker incarnation: its registry row and its advisory lock on a dedicated connection.
 
@@ -59,8 +70,13 @@ class WorkerSession:
         conn.add_termination_listener(self._on_termination)
 
     @classmethod
-    async def open(cls, url: str, settings: WorkerSettings) -> WorkerSession:
-        """Connect, take a fresh advisory lock and register this worker incarnation.
+    async def open(
+        cls, url: str, settings: WorkerSettings, versions: Mapping[str, str] | None = None
+    ) -> WorkerSession:
+        """Connect, take a fresh advisory lock and register this worker incarnation, with the
+        version of each agent it serves (``versions``, by agent): in the same statement, a
+        version not seen before is noted as first seen now (what makes it its agent's newest:
+        :func:`toren._core.workers.newest_card`); one seen before keeps its time.
 
         Raises:
             DatabaseUnavailable: Postgres cannot be reached.
@@ -70,9 +86,9 @@ class WorkerSession:
             lock_key: int = await conn.fetchval("SELECT nextval('toren.worker_lock_keys')")
             await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key)
             worker_id = uuid.uuid4()
+            agents = sorted(versions or {})
             await conn.execute(
-                "INSERT INTO toren.workers (worker_id, lock_key, name, version, deploy_label, "
-                "host, pid) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                _REGISTER,
                 worker_id,
                 lock_key,
                 settings.worker_name,
@@ -80,6 +96,8 @@ class WorkerSession:
                 settings.deploy_label,
                 socket.gethostname(),
                 os.getpid(),
+                agents,
+                [(versions or {})[a] for a in agents],
             )
             session = cls(conn, worker_id, lock_key)
         except BaseException:

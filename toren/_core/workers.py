@@ -144,27 +144,59 @@ async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) ->
     return [r["card"] for r in rows]
 
 
+LIVE_CARDS = f"""
+    SELECT c.agent, c.card, w.stats->'routes' AS routes, v.first_seen, w.started_at
+    FROM toren.workers w
+    CROSS JOIN LATERAL jsonb_each(CASE jsonb_typeof(w.stats->'agents')
+                                  WHEN 'object' THEN w.stats->'agents' ELSE '{{}}'::jsonb END)
+        AS c(agent, card)
+    LEFT JOIN toren.agent_versions v ON v.agent = c.agent AND v.version = c.card->>'version'
+    WHERE w.worker_id IN ({LIVE_WORKERS})
+"""
+"""What each live worker publishes about each agent it runs: ``agent``, ``card``, the worker's
+``routes`` and ``started_at``, and when the card's version was first seen (``first_seen``,
+from ``toren.agent_versions``, noted as workers register)."""
+
+NEWEST_FIRST = "c.first_seen DESC NULLS LAST, c.started_at DESC"
+"""The order of :data:`LIVE_CARDS` (as ``c``) that puts an agent's newest version first: the
+one definition of an agent's newest version. It is, among the versions live workers serve, the
+one first seen latest, so that a restarted worker of an older version does not make that
+version the newest again (it keeps the time it was first seen). A version no worker noted (one
+published by a worker of a release before the table) comes after; among workers of one
+version, the card of the latest started."""
+
+
 async def newest_card(conn: Db, name: str) -> Any | None:
-    """What the most recently started live worker running agent ``name`` publishes about it
-    (``None``: no live worker has published it)."""
+    """What a live worker running agent ``name`` publishes about its newest version (see
+    :data:`NEWEST_FIRST`; ``None``: no live worker has published it)."""
     return await conn.fetchval(
-        f"SELECT w.stats->'agents'->$1 FROM toren.workers w "
-        f"WHERE w.worker_id IN ({LIVE_WORKERS}) AND w.stats->'agents' ? $1 "
-        f"ORDER BY w.started_at DESC LIMIT 1",
+        f"SELECT c.card FROM ({LIVE_CARDS}) AS c WHERE c.agent = $1 "
+        f"ORDER BY {NEWEST_FIRST} LIMIT 1",
         name,
     )
 
 
+async def newest_cards(conn: Db) -> dict[str, Any]:
+    """The card of each agent's newest version (see :data:`NEWEST_FIRST`), by agent, in one
+    statement."""
+    rows = await conn.fetch(
+        f"SELECT DISTINCT ON (c.agent) c.agent, c.card FROM ({LIVE_CARDS}) AS c "
+        f"ORDER BY c.agent, {NEWEST_FIRST}"
+    )
+    return {r["agent"]: r["card"] for r in rows}
+
+
 _REROUTE_UNSERVED = f"""
 WITH live AS (
-    SELECT w.worker_id, w.started_at, w.stats->'routes' AS routes FROM toren.workers w
+    SELECT w.worker_id, w.stats->'routes' AS routes FROM toren.workers w
     WHERE w.worker_id IN ({LIVE_WORKERS})
 ), moves AS (
-    -- Only to a route that the most recently started live worker serving the base serves.
-    SELECT m.base, m.target FROM unnest($2::text[], $3::text[]) AS m(base, target)
-    WHERE (SELECT l.routes ? m.target FROM live l
-           WHERE jsonb_typeof(l.routes) = 'array' AND l.routes ? m.base
-           ORDER BY l.started_at DESC LIMIT 1)
+    -- Only to a route that a live worker publishing the agent's newest version serves.
+    SELECT m.base, m.target
+    FROM unnest($2::text[], $3::text[], $8::text[]) AS m(base, target, agent)
+    WHERE (SELECT c.routes ? m.target FROM ({LIVE_CARDS}) AS c
+           WHERE c.agent = m.agent AND jsonb_typeof(c.routes) = 'array' AND c.routes ? m.base
+           ORDER BY {NEWEST_FIRST} LIMIT 1)
 ), moved AS (
     UPDATE toren.actors a SET route = m.target, args = a.args - $6::text[]
     FROM moves m
@@ -192,7 +224,7 @@ FROM moved
 async def reroute_unserved(
     db: asyncpg.Connection | asyncpg.Pool,
     kind: str,
-    moves: Mapping[str, str],
+    moves: Mapping[str, tuple[str, str]],
     *,
     run_statuses: Collection[str],
     empty: Collection[str] = (),
@@ -202,8 +234,9 @@ async def reroute_unserved(
     """Re-route the actors stranded on a variant of a route (``BASE@VARIANT``) that no live
     worker serves to another variant, in one statement; they are told of their mail at once.
 
-    ``moves`` maps a base route to the route its stranded actors go to; a move is made only if
-    the most recently started live worker serving the base serves that route. An actor moves
+    ``moves`` maps an agent's base route to the agent and the route its stranded actors go
+    to; a move is made only if a live worker publishing the agent's newest version
+    (:data:`NEWEST_FIRST`) serves the base and that route. An actor moves
     only if it is of ``kind``, live, has mail, its run status is one of ``run_statuses``, each
     key of ``empty`` in its summary is an empty list (or absent), and no live worker serves its
     route or holds it, all as the statement sees them (two callers at once move it once: the
@@ -221,11 +254,12 @@ async def reroute_unserved(
         _REROUTE_UNSERVED,
         kind,
         bases,
-        [moves[b] for b in bases],
+        [moves[b][1] for b in bases],
         list(run_statuses),
         list(empty),
         list(clear_args),
         list(unless_mail),
+        [moves[b][0] for b in bases],
     )
     return moved or []
 

@@ -160,10 +160,11 @@ async def fork_run(
 
 
 async def _newest_route(conn: Db, agent: str) -> str:
-    """Where a fork on the agent's current version goes: pinned to the version the most
-    recently started live worker running it publishes (as ``upgrade_run`` moves a run), so that
-    a worker of the source's own version, which sees nothing to move, cannot take it and leave
-    it unpinned; on the agent's route if that worker's policy is ``upgrade`` or none serves it
+    """Where a fork on the agent's current version goes: pinned to its newest version (of the
+    versions live workers serve, the one first seen latest; as ``upgrade_run`` moves a run), so
+    that a worker of the source's own version, which sees nothing to move, cannot take it and
+    leave it unpinned; on the agent's route if that version's policy is ``upgrade`` or none
+    serves it
     (the first worker to come up takes it)."""
     card = await newest_card(conn, agent)
     version = card_version(card)

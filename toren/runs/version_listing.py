@@ -25,7 +25,7 @@ import attrs
 from toren._agent.routes import route_version, version_route
 from toren._core.client import Client
 from toren._core.rows import count_by_route, queued
-from toren._core.workers import live_workers, published_routes
+from toren._core.workers import live_workers, newest_cards, published_routes
 from toren.runs.events import ENDED, RUN_KIND, STATUSES
 
 SAY = "run.say"
@@ -71,7 +71,7 @@ class AgentVersion:
 
     version: str
     policy: str | None  # as its newest worker publishes it; None when no worker serves it
-    newest: bool  # what an upgrade moves a run to: the most recently started worker's
+    newest: bool  # what an upgrade moves a run to: of those served, the one first seen latest
     workers: tuple[ServingWorker, ...]
     unfinished_runs: int
 
@@ -126,8 +126,11 @@ async def agent_versions(
 ) -> list[AgentVersions]:
     """Each agent's versions (only ``agent``'s if named), by agent name: those live workers
     publish, with the workers serving each, and those runs that have not ended are pinned to,
-    with their count. Two statements, whatever the number of runs."""
+    with their count; the newest first (of those served, the one first seen latest: see
+    :data:`toren._core.workers.NEWEST_FIRST`), then the others served, the latest started
+    worker's first. Three statements, whatever the number of runs."""
     workers = await live_workers(db)
+    newest_of = await newest_cards(db)
     counts = await count_by_route(db, RUN_KIND, run_statuses=UNFINISHED)
     seen: dict[str, dict[str, _Seen]] = {}
     for w in workers:  # oldest first: a newer worker's policy replaces an older one's
@@ -161,13 +164,16 @@ async def agent_versions(
         seen.setdefault(name, {})
     out = []
     for name in sorted(seen):
+        card = newest_of.get(name)
+        newest = card.get("version") if isinstance(card, dict) else None
         served = sorted(
             ((v, s) for v, s in seen[name].items() if s.workers),
-            key=lambda vs: (vs[1].latest, vs[0]),
+            key=lambda vs: (vs[0] == newest, vs[1].latest, vs[0]),
             reverse=True,
         )
         unserved = sorted((v, s) for v, s in seen[name].items() if not s.workers)
-        newest = served[0][0] if served else None
+        if newest not in seen[name] or not seen[name][newest].workers:
+            newest = served[0][0] if served else None  # the two reads disagree: one changed
         versions = tuple(
             AgentVersion(
                 version=v,

@@ -39,8 +39,9 @@ class VersionNotServed(TorenError):
 
 
 async def newest_version(client: Client, agent: str) -> str | None:
-    """The version of ``agent`` that the most recently started live worker running it
-    publishes (``None``: no live worker runs it)."""
+    """The newest version of ``agent``: of the versions live workers serve, the one first seen
+    latest (``None``: no live worker runs it). A worker of an older version that restarts does
+    not make its version the newest again."""
     return card_version(await newest_card(client.pool, agent))
 
 
@@ -119,7 +120,7 @@ async def move_stranded(pool: asyncpg.Pool, versions: Mapping[str, str]) -> list
     runs pinned to a version served by no live worker, held by none, that wait between turns
     (completed, or parked on a timer: not on an approval or a child run) and have mail (a human
     message, a timer), are re-routed to ``agent:NAME@VERSION`` in one statement, if that version
-    is the newest (the most recently started live worker running the agent serves it). The
+    is the newest (see :func:`newest_version`). The
     worker that takes such a run records ``run.upgraded`` (``how: value``, by nobody). A run
     without mail stays where it is until it has some.
 
@@ -129,7 +130,7 @@ async def move_stranded(pool: asyncpg.Pool, versions: Mapping[str, str]) -> list
     return await reroute_unserved(
         pool,
         RUN_KIND,
-        {agent_route(name): version_route(name, v) for name, v in versions.items()},
+        {agent_route(name): (name, version_route(name, v)) for name, v in versions.items()},
         run_statuses=_BETWEEN_TURNS,
         empty=_INSIDE_A_TURN,
         clear_args=("upgrade",),  # an earlier request of toren jobs upgrade: not this move's

@@ -2,8 +2,8 @@
 the move :func:`toren.runs.retry` makes with ``upgrade=True``.
 
 A run pinned to a version (``pin``, ``next_turn``) is claimed only by workers serving it: its
-actor's row is routed to ``agent:NAME@VERSION``. Upgrading re-routes the row to the version the
-most recently started live worker running the agent publishes, and sends the run an
+actor's row is routed to ``agent:NAME@VERSION``. Upgrading re-routes the row to the newest
+version (of the versions live workers serve, the one first seen latest), and sends the run an
 :class:`~toren.runs.Upgrade` message, in one transaction: a worker serving that version takes
 the run and records ``run.upgraded`` (how its policy says: ``next_turn`` takes the history by
 value, the others check it and re-pay from the first call that differs).

@@ -394,8 +394,8 @@ class AgentVersionItem(BaseModel):
 class AgentVersions(BaseModel):
     agent: str
     newest: str | None = Field(
-        description="The version the most recently started live worker serving the agent "
-        "publishes; null when none does."
+        description="Of the versions live workers serve, the one first seen latest; null "
+        "when no live worker serves the agent."
     )
     versions: list[AgentVersionItem] = Field(
         description="The newest first, then the versions no live worker serves."

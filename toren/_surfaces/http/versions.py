@@ -150,8 +150,8 @@ def _paths() -> dict[str, Any]:
         "/runs/{run}/upgrade": {
             "post": {
                 "summary": "Move the run to the newest version of its agent",
-                "description": "The newest version is the one the most recently started live "
-                "worker serving the agent publishes. Under the agent's `next_turn` policy the "
+                "description": "The newest version is, of the versions live workers serve, the "
+                "one first seen latest. Under the agent's `next_turn` policy the "
                 "run's recorded calls are taken as they are; otherwise they are checked again "
                 "and invalidated from the first that differs. Recorded as `run.upgraded` (both "
                 "versions, the caller's principal) when a worker serving the new version takes "
