@@ -40,6 +40,7 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.versions import VersionExpected, clean_version_runs, version_cells
 
 console = Console()
 
@@ -52,6 +53,7 @@ async def _cells(
     sandbox: SandboxExpected | None,
     telegram: TelegramExpected,
     schedule: ScheduleExpected,
+    version: VersionExpected,
     label: str,
 ) -> list[CellResult]:
     results = []
@@ -77,6 +79,8 @@ async def _cells(
                 "at_most_once": telegram,
                 "interrupted": telegram,
                 "schedule": schedule,
+                "upgrade": version,
+                "fork": version,
             }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
@@ -104,6 +108,7 @@ async def main(
             call = await clean_call_run(harness)
             telegram = await clean_telegram_run(harness)
             schedule = await clean_schedule_run(harness)
+            version = await clean_version_runs(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -135,11 +140,15 @@ async def main(
                     "Kill matrix: schedules",
                     [c for c in schedule_cells() if only is None or only in c.point],
                 ),
+                (
+                    "Kill matrix: versions and forks",
+                    [c for c in version_cells() if only is None or only in c.point],
+                ),
             ):
                 if not todo:
                     continue
                 results = await _cells(
-                    harness, todo, expected, call, sandbox, telegram, schedule, "matrix"
+                    harness, todo, expected, call, sandbox, telegram, schedule, version, "matrix"
                 )
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
@@ -163,7 +172,7 @@ async def main(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
                     red = await _cells(
-                        mutated, todo, expected, call, sandbox, telegram, schedule, name
+                        mutated, todo, expected, call, sandbox, telegram, schedule, version, name
                     )
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))

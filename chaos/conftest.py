@@ -33,6 +33,7 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.versions import VersionExpected, clean_version_runs
 from toren._core.db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
@@ -43,6 +44,7 @@ MATRICES = (
     "Kill matrix: sandboxes",
     "Kill matrix: Telegram channels",
     "Kill matrix: schedules",
+    "Kill matrix: versions and forks",
 )
 SCENARIOS: list[ScenarioResult] = []
 SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
@@ -112,6 +114,11 @@ async def telegram_expected(harness: Harness) -> TelegramExpected:
 @pytest.fixture(scope="session")
 async def schedule_expected(harness: Harness) -> ScheduleExpected:
     return await clean_schedule_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def version_expected(harness: Harness) -> VersionExpected:
+    return await clean_version_runs(harness)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -297,6 +297,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "turn-ends-later": "never ended its turn",
     "early-message-dropped": "heard out of place",
     "schedule-slot-unkeyed": "the backfill started a second run for slot",
+    "fork-prefix-short": "the clean fork copied",
 }
 
 

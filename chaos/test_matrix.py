@@ -26,6 +26,7 @@ from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.versions import VersionExpected, version_cells
 from toren._core.db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +92,18 @@ async def test_schedule_cell(
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", version_cells(), ids=lambda c: f"{c.shape}-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_version_cell(
+    cell: Cell, harness: Harness, version_expected: VersionExpected
+) -> None:
+    result, _ = await harness.run_cell(cell, version_expected)
+    record(MATRICES[5], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
@@ -102,6 +115,8 @@ CLEAN: dict[Shape, str] = {
     "at_least_once": "telegram_expected",
     "at_most_once": "telegram_expected",
     "schedule": "schedule_expected",
+    "upgrade": "version_expected",
+    "fork": "version_expected",
 }
 
 
