@@ -328,6 +328,10 @@ class RunActor(Actor[RunState]):
             # of an earlier version, or a run retried): its answer is the output.
             ctx.emit(RunCompleted(output=final_text(state.calls[-1].response), at=time.time()))
             return
+        if inflight.calls_next(state):
+            # Not announced yet (a fork's first step): announced in this commit, made next.
+            ctx.send(ctx.actor_id, Continue())
+            return
         await self._model_step(ctx, agent)
 
     def _result(

@@ -73,12 +73,11 @@ async def send(
         if settings is None:  # a sandbox tool on an agent without one: not constructible
             ctx.emit(RunFailed(error_class="config", message=f"{agent.name} has no sandbox"))
             return
-        ctx.spawn(
-            SANDBOX_KIND,
-            address,
-            {"run": ctx.actor_id, "settings": settings.as_args()},
-            route=SANDBOX_ROUTE,
-        )
+        args = {"run": ctx.actor_id, "settings": settings.as_args()}
+        if state.forked is not None and state.forked.checkpoint:
+            # A fork's workspace starts as its source's was at the step it was forked from.
+            args["checkpoint"] = state.forked.checkpoint
+        ctx.spawn(SANDBOX_KIND, address, args, route=SANDBOX_ROUTE)
     ctx.emit(SandboxRequested(call_id=call.id, sandbox=address, at=time.time()))
     rerunnable = bool(agent.sandbox and agent.sandbox.rerunnable)
     ctx.send(

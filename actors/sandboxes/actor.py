@@ -100,13 +100,16 @@ class SandboxActor(Actor[SandboxState]):
         super().__init__(actor_id, args)
         self.run_id = str(args.get("run") or run_of(actor_id))
         self.settings = Sandbox.from_args(args.get("settings") or {})
+        # A fork's sandbox starts from its source's workspace at the step it was forked from.
+        start = args.get("checkpoint")
+        self._start = start if isinstance(start, str) and start else None
         self._attached = False  # this activation checked its container (leftovers killed)
         self._manifest: Manifest | None = None  # the last checkpoint's, once loaded
         self._records: list[str] = []  # markers of commands journaled here, records kept
         self._swept = False  # this activation dropped the record its predecessor left
 
     def initial_state(self) -> SandboxState:
-        return SandboxState()
+        return SandboxState(checkpoint=self._start)
 
     def apply(self, state: SandboxState, event: Any) -> SandboxState:
         return fold(state, event)

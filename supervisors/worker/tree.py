@@ -125,6 +125,8 @@ class Worker:
         """
         pool = await create_pool(self.url, size=self.settings.pool_size, name="toren-worker")
         self._pool = pool
+        # The policy of agents that name none: the settings' (toren dev's is "upgrade").
+        self.agents.default_version_policy = self.settings.default_version_policy
         self.resources.put(self.agents, as_type=Agents)
         self.resources.put(Directory(self.agents, pool))
         self.resources.put(self.clock, as_type=Clock)

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 Effects = Literal["read", "write", "external"]
 Idempotency = Literal["keyed", "unkeyed", "at_most_once"]
 ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
+VersionPolicy = Literal["pin", "upgrade", "next_turn"]
+VERSION_POLICIES: tuple[VersionPolicy, ...] = ("pin", "upgrade", "next_turn")
 
 _DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
 
@@ -348,6 +350,13 @@ class Agent:
             too, the model gets ``send_file`` (a workspace file sent to the chat).
         schedules: When runs of it start on a clock (:class:`toren.schedules.Schedule`, each
             named; also ``[agents.NAME.schedules.SLOT]``). Not part of a model request.
+        version_policy: What a run does when a deploy changes the agent's version
+            (:func:`toren.runs.agent_version`): ``"pin"`` (only workers serving the version it
+            started on run it), ``"upgrade"`` (it moves to whatever version claims it,
+            re-paying from the first step whose request differs) or ``"next_turn"`` (it keeps
+            its version for the turn in progress and moves to the newest when it next waits
+            for a human or a timer, its history taken as it is). ``None``: the worker's
+            ``default_version_policy`` (``pin``; ``upgrade`` under ``toren dev``).
     """
 
     name: str
@@ -372,6 +381,7 @@ class Agent:
     sandbox: Sandbox | None = None
     telegram: Telegram | None = None
     schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_schedules)
+    version_policy: VersionPolicy | None = None
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -394,6 +404,11 @@ class Agent:
             )
         if self.sandbox is not None:
             object.__setattr__(self, "_sandbox_tools", self.sandbox.agent_tools(self))
+        if self.version_policy is not None and self.version_policy not in VERSION_POLICIES:
+            raise ConfigError(
+                f"agent {self.name!r}: version_policy must be pin, upgrade or next_turn",
+                hint="Leave it out for the default (pin; upgrade under toren dev).",
+            )
         if "/" not in self.model:
             raise ConfigError(
                 f"agent {self.name!r}: model {self.model!r} needs a provider prefix",

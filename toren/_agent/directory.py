@@ -67,16 +67,19 @@ class Directory:
         self.pool = pool
 
     def local_cards(self) -> dict[str, dict[str, Any]]:
-        """The cards of the agents this worker runs, as published with each renewal."""
+        """The cards of the agents this worker runs, as published with each renewal: with
+        each agent's version and version policy (what ``toren agents versions`` reads)."""
         cards: dict[str, dict[str, Any]] = {}
-        for route in self.agents.served_routes():
-            agent = self.agents.named(route.removeprefix("agent:"))
-            if agent is not None:
+        served = set(self.agents.served_routes())
+        for agent in self.agents.registered():
+            if agent_route(agent.name) in served:
                 card = Card.of(agent)
                 cards[card.name] = {
                     "description": card.description,
                     "calls": list(card.calls),
                     "accepts": list(card.accepts),
+                    "version": self.agents.version(agent.name),
+                    "version_policy": self.agents.version_policy(agent),
                 }
         return cards
 

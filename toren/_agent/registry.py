@@ -10,9 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from toren._agent.agents import Agent
-from toren._agent.routes import agent_route
+from toren._agent.agents import Agent, VersionPolicy
+from toren._agent.routes import agent_route, version_route
 from toren._agent.tables import configured
+from toren._agent.version import agent_version
 from toren._core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,7 +34,10 @@ class Agents:
     def __init__(self) -> None:
         self._declared: dict[str, Agent] = {}  # each registered agent as its code declared it
         self._registry: dict[str, Agent] = {}
+        self._versions: dict[str, tuple[Agent, str]] = {}  # a registered agent's version
         self._capabilities: set[str] = set()
+        self.default_version_policy: VersionPolicy = "pin"
+        """The policy of an agent that names none (the worker sets its settings')."""
 
     def register(
         self,
@@ -74,9 +78,31 @@ class Agents:
             self._capabilities.discard(route)
 
     def served_routes(self) -> list[str]:
-        """The routes served: one per registered agent, then the capabilities."""
-        agents = [agent_route(name) for name in sorted(self._registry)]
+        """The routes served: two per registered agent (``agent:NAME``, which unpinned runs
+        are claimed on, and ``agent:NAME@VERSION``, which runs pinned to its version are),
+        then the capabilities."""
+        agents = [
+            route
+            for name in sorted(self._registry)
+            for route in (agent_route(name), version_route(name, self._version(name)))
+        ]
         return agents + sorted(self._capabilities)
+
+    def version(self, name: str) -> str | None:
+        """The version of the registered agent called ``name``
+        (:func:`toren.runs.agent_version`)."""
+        return self._version(name) if name in self._registry else None
+
+    def _version(self, name: str) -> str:
+        agent = self._registry[name]
+        known = self._versions.get(name)
+        if known is None or known[0] is not agent:  # digested once per registration
+            known = self._versions[name] = (agent, agent_version(agent))
+        return known[1]
+
+    def version_policy(self, agent: Agent) -> VersionPolicy:
+        """``agent``'s version policy: its own, else this worker's default."""
+        return agent.version_policy or self.default_version_policy
 
     def registered(self) -> list[Agent]:
         """Every agent registered, by name."""

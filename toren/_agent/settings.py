@@ -14,6 +14,7 @@ from toren._core.errors import ConfigError
 from toren._core.rates import RateLimit
 
 if TYPE_CHECKING:
+    from toren._agent.agents import VersionPolicy
     from toren._agent.parts import AgentPart
     from toren._agent.tables import Tables
 
@@ -22,6 +23,13 @@ def _frozen_tables(value: Mapping[str, Mapping[str, Any]]) -> Tables:
     return types.MappingProxyType(
         {name: types.MappingProxyType(dict(table)) for name, table in value.items()}
     )
+
+
+def _policy(inst: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value not in ("pin", "upgrade", "next_turn"):
+        raise ConfigError(
+            "default_version_policy must be pin, upgrade or next_turn (the value is not shown)"
+        )
 
 
 def _distinct(inst: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]) -> None:
@@ -44,9 +52,15 @@ class AgentSettings(WorkerSettings):
         rate_limits: Provider rate limits shared by every worker (``[rate_limits.NAME]``
             tables, :mod:`toren._agent.rate_tables`): a call takes from its model's and its
             provider's. None by default: then a call takes nothing and writes nothing.
+        default_version_policy: The version policy of an agent that names none
+            (``Agent.version_policy``): ``"pin"`` by default; ``toren dev`` sets ``"upgrade"``,
+            so that editing a prompt and restarting does not park every run.
     """
 
-    ENV: ClassVar[Env] = {"max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int)}
+    ENV: ClassVar[Env] = {
+        "max_message_bytes": ("TOREN_MAX_MESSAGE_BYTES", int),
+        "default_version_policy": ("TOREN_DEFAULT_VERSION_POLICY", str),
+    }
     TABLES: ClassVar[Mapping[str, str]] = {
         "agents": "[agents.NAME] (one per agent)",
         "rate_limits": "[rate_limits.NAME] (a model or a provider)",
@@ -62,6 +76,7 @@ class AgentSettings(WorkerSettings):
     rate_limits: tuple[RateLimit, ...] = attrs.field(
         default=(), converter=tuple, validator=_distinct
     )
+    default_version_policy: VersionPolicy = attrs.field(default="pin", validator=_policy)
 
     @classmethod
     def agent_parts(cls) -> dict[str, Callable[[], AgentPart]]:

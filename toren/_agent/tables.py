@@ -56,6 +56,7 @@ SETTABLE = (
     "sandbox",
     "telegram",
     "schedules",
+    "version_policy",
 )
 """The ``Agent`` fields an ``[agents.NAME]`` table may set. The model, the system prompt and
 the tools are code: changing them changes what the model is sent. ``sandbox`` is a sub-table
@@ -142,7 +143,10 @@ def _checked(
     if typing.get_origin(hint) not in unions:
         wanted = [hint]
     for typ in wanted:
-        if typing.get_origin(typ) is tuple:
+        if typing.get_origin(typ) is Literal:
+            if isinstance(value, str) and value in typing.get_args(typ):
+                return value
+        elif typing.get_origin(typ) is tuple:
             if isinstance(value, list) and all(isinstance(v, str) for v in value):
                 return tuple(value)
         elif typ is float:
@@ -166,6 +170,8 @@ def _field_types() -> dict[str, Any]:
 def _describe(typ: Any) -> str:
     if typing.get_origin(typ) is tuple:
         return "a list of agent names"
+    if typing.get_origin(typ) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(typ)))
     return {str: "a string", int: "an integer", float: "a number"}.get(typ, str(typ))
 
 

@@ -78,6 +78,9 @@ async def run_dev(
         DevAlreadyRunning: another ``toren dev`` holds this home or this data directory.
     """
     scripted = load_script(model_script) if model_script else None
+    # Under toren dev an edited prompt must not park every run: agents that name no version
+    # policy upgrade (toren.Settings.default_version_policy).
+    settings = attrs.evolve(settings, default_version_policy="upgrade")
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # The console polls the API every two seconds: its access log would drown the rest
         # (`toren serve` logs every request; `toren --log-level DEBUG dev` shows them here).

@@ -100,7 +100,13 @@ async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | N
     ]
     if not published:
         return None
-    return {r.removeprefix("agent:") for routes in published for r in routes if r[:6] == "agent:"}
+    # An agent's pinned runs' routes (agent:NAME@VERSION) name the same agent.
+    return {
+        r.removeprefix("agent:").partition("@")[0]
+        for routes in published
+        for r in routes
+        if r[:6] == "agent:"
+    }
 
 
 async def route_served(conn: asyncpg.Connection | asyncpg.Pool, route: str) -> bool:

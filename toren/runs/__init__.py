@@ -51,7 +51,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         serve_route,
         served_routes,
     )
-    from toren._agent.routes import agent_route
+    from toren._agent.routes import agent_route, route_version, version_route
+    from toren._agent.version import agent_version
     from toren.runs.client import (
         AGENT_NAME,
         DECISION_WAIT,
@@ -124,6 +125,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         Wake,
         author,
     )
+    from toren.runs.fork import InvalidFork, fork_run
+    from toren.runs.fork_events import RunForked
     from toren.runs.rate_events import RateWaited, RateWake
     from toren.runs.state import (
         SNAPSHOT_VERSION,
@@ -173,6 +176,7 @@ __all__ = [
     "DecisionRefused",
     "DecisionsMuted",
     "IdempotencyConflict",
+    "InvalidFork",
     "InvalidStart",
     "Message",
     "MessageReceived",
@@ -189,6 +193,7 @@ __all__ = [
     "Retry",
     "RunCompleted",
     "RunFailed",
+    "RunForked",
     "RunNotInState",
     "RunResumed",
     "RunRetried",
@@ -215,6 +220,7 @@ __all__ = [
     "Wake",
     "agent_named",
     "agent_route",
+    "agent_version",
     "agents_of",
     "author",
     "call_tool_name",
@@ -230,6 +236,7 @@ __all__ = [
     "estimate_tokens",
     "final_text",
     "fold",
+    "fork_run",
     "judge_decision",
     "occurrence_key",
     "occurrences_of",
@@ -237,6 +244,7 @@ __all__ = [
     "receipt",
     "registered_agents",
     "retry",
+    "route_version",
     "run_agent",
     "run_status",
     "runs_below",
@@ -245,6 +253,7 @@ __all__ = [
     "served_routes",
     "start_run",
     "summary",
+    "version_route",
     "waiting_below",
     "waiting_on",
 ]
@@ -259,7 +268,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ToolContext",
         "call_tool_name",
     ),
-    "toren._agent.routes": ("agent_route",),
+    "toren._agent.routes": ("agent_route", "route_version", "version_route"),
+    "toren._agent.version": ("agent_version",),
     "toren._agent.registry": (
         "PROCESS_AGENTS",
         "Agents",
@@ -357,6 +367,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "Wake",
         "author",
     ),
+    "toren.runs.fork": ("InvalidFork", "fork_run"),
+    "toren.runs.fork_events": ("RunForked",),
     "toren.runs.state": (
         "SNAPSHOT_VERSION",
         "RunState",

@@ -52,6 +52,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.fork_events import RunForked, forked
 from toren.runs.rate_events import RateWaited
 
 if TYPE_CHECKING:
@@ -499,6 +500,7 @@ _HANDLERS: Mapping[type, Handler] = types.MappingProxyType(
     dict(
         [
             _on(RunStarted, _started),
+            _on(RunForked, forked),
             _on(ModelCalled, _model_called),
             _on(ModelCalling, _model_calling),
             _on(ModelLost, _model_lost),

@@ -43,6 +43,11 @@ class Receipt:
     usd_lost_estimated: Decimal = Decimal(0)
     child_calls_lost: int = 0
     child_usd_lost_estimated: Decimal = Decimal(0)
+    # a fork's calls taken by value from the run it was forked from, and what they cost there:
+    # not made or paid by the fork (not in ``calls_made`` or ``usd_paid``), counted in
+    # ``calls_replayed`` and ``usd_not_repaid``
+    calls_inherited: int = 0
+    usd_inherited: Decimal = Decimal(0)
 
     @property
     def usd_total(self) -> Decimal:
@@ -58,8 +63,11 @@ def receipt(state: RunState) -> Receipt:
     not_repaid = state.kept_cost[replayed - 1] if replayed else Decimal(0)
     if compactions:  # summary calls served from the journal are not paid again either
         not_repaid += state.compaction_cost[compactions - 1]
+    inherited = state.forked.calls if state.forked else 0
+    made = len(state.voided) + len(state.calls) - inherited
+    paid_there = min(inherited, len(state.kept_cost))
     return Receipt(
-        calls_made=len(state.voided) + len(state.calls) + state.unreadable + state.summary_calls,
+        calls_made=made + state.unreadable + state.summary_calls,
         calls_replayed=state.replayed,
         input_tokens=state.input_tokens,
         output_tokens=state.output_tokens,
@@ -79,4 +87,6 @@ def receipt(state: RunState) -> Receipt:
         usd_lost_estimated=state.lost_usd,
         child_calls_lost=state.child_lost_calls,
         child_usd_lost_estimated=state.child_lost_usd,
+        calls_inherited=inherited,
+        usd_inherited=state.kept_cost[paid_there - 1] if paid_there else Decimal(0),
     )

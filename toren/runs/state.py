@@ -33,6 +33,7 @@ from toren.runs.events import (
     ToolIntended,
     ToolResulted,
 )
+from toren.runs.fork_events import RunForked
 from toren.runs.rate_events import RateWaited
 from toren.runs.receipt import receipt
 
@@ -82,8 +83,8 @@ _register_snapshot_hooks()
 
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead). 7: a
-# cancelled run's status is ``cancelled`` (it was ``failed``). 8: ``rate_wait``.
-SNAPSHOT_VERSION = 8
+# cancelled run's status is ``cancelled`` (it was ``failed``). 8: ``rate_wait``. 9: ``forked``.
+SNAPSHOT_VERSION = 9
 
 
 @attrs.frozen(kw_only=True)
@@ -142,6 +143,8 @@ class RunState:
     # the first ``settled_calls`` calls are taken by value and never checked again: a fork's
     # prefix, and the calls of a version a run moved on from (see docs/versioning.md)
     settled_calls: int = 0
+    # a fork: where it came from, the calls it took by value, its sandbox's starting checkpoint
+    forked: RunForked | None = None
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
