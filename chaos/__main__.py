@@ -40,7 +40,7 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import VersionExpected, clean_version_runs, version_cells
+from chaos.versions import ForkExpected, clean_fork_run, clean_upgrade_run, version_cells
 
 console = Console()
 
@@ -53,7 +53,8 @@ async def _cells(
     sandbox: SandboxExpected | None,
     telegram: TelegramExpected,
     schedule: ScheduleExpected,
-    version: VersionExpected,
+    upgrade: Expected,
+    fork: ForkExpected,
     label: str,
 ) -> list[CellResult]:
     results = []
@@ -79,8 +80,8 @@ async def _cells(
                 "at_most_once": telegram,
                 "interrupted": telegram,
                 "schedule": schedule,
-                "upgrade": version,
-                "fork": version,
+                "upgrade": upgrade,
+                "fork": fork,
             }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
@@ -108,7 +109,8 @@ async def main(
             call = await clean_call_run(harness)
             telegram = await clean_telegram_run(harness)
             schedule = await clean_schedule_run(harness)
-            version = await clean_version_runs(harness)
+            upgrade = await clean_upgrade_run(harness)
+            fork = await clean_fork_run(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -148,7 +150,16 @@ async def main(
                 if not todo:
                     continue
                 results = await _cells(
-                    harness, todo, expected, call, sandbox, telegram, schedule, version, "matrix"
+                    harness,
+                    todo,
+                    expected,
+                    call,
+                    sandbox,
+                    telegram,
+                    schedule,
+                    upgrade,
+                    fork,
+                    "matrix",
                 )
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
@@ -172,7 +183,16 @@ async def main(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
                     red = await _cells(
-                        mutated, todo, expected, call, sandbox, telegram, schedule, version, name
+                        mutated,
+                        todo,
+                        expected,
+                        call,
+                        sandbox,
+                        telegram,
+                        schedule,
+                        upgrade,
+                        fork,
+                        name,
                     )
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))

@@ -163,6 +163,7 @@ versioned = Agent(
     model="anthropic/claude-sonnet-4-6",
     system=versioned_system(os.environ.get(VERSION_ENV, "")),
     tools=[open_ticket, refund],
+    version_policy="next_turn",
 )
 
 _mutation = os.environ.get("CHAOS_MUTATION")

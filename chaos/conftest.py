@@ -33,7 +33,7 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import VersionExpected, clean_version_runs
+from chaos.versions import ForkExpected, clean_fork_run, clean_upgrade_run
 from toren._core.db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
@@ -117,8 +117,13 @@ async def schedule_expected(harness: Harness) -> ScheduleExpected:
 
 
 @pytest.fixture(scope="session")
-async def version_expected(harness: Harness) -> VersionExpected:
-    return await clean_version_runs(harness)
+async def upgrade_expected(harness: Harness) -> Expected:
+    return await clean_upgrade_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def fork_expected(harness: Harness) -> ForkExpected:
+    return await clean_fork_run(harness)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

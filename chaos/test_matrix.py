@@ -26,7 +26,7 @@ from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import VersionExpected, version_cells
+from chaos.versions import ForkExpected, fork_cells, upgrade_cells
 from toren._core.db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio
@@ -93,12 +93,20 @@ async def test_schedule_cell(
 
 
 @pytest.mark.parametrize(
-    "cell", version_cells(), ids=lambda c: f"{c.shape}-{c.point}#{c.occurrence}-{c.fault}"
+    "cell", upgrade_cells(), ids=lambda c: f"upgrade-{c.point}#{c.occurrence}-{c.fault}"
 )
-async def test_version_cell(
-    cell: Cell, harness: Harness, version_expected: VersionExpected
-) -> None:
-    result, _ = await harness.run_cell(cell, version_expected)
+async def test_upgrade_cell(cell: Cell, harness: Harness, upgrade_expected: Expected) -> None:
+    result, _ = await harness.run_cell(cell, upgrade_expected)
+    record(MATRICES[5], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
+@pytest.mark.parametrize(
+    "cell", fork_cells(), ids=lambda c: f"fork-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_fork_cell(cell: Cell, harness: Harness, fork_expected: ForkExpected) -> None:
+    result, _ = await harness.run_cell(cell, fork_expected)
     record(MATRICES[5], result)
     logs = harness.workdir / cell.slug
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
@@ -115,8 +123,8 @@ CLEAN: dict[Shape, str] = {
     "at_least_once": "telegram_expected",
     "at_most_once": "telegram_expected",
     "schedule": "schedule_expected",
-    "upgrade": "version_expected",
-    "fork": "version_expected",
+    "upgrade": "upgrade_expected",
+    "fork": "fork_expected",
 }
 
 

@@ -173,8 +173,16 @@ def test_a_clean_fork_passes() -> None:
     assert problems(_fork()) == ()
 
 
-def test_a_prefix_copied_one_event_short_is_red_for_the_mutation() -> None:
+def test_a_prefix_copied_one_event_short_is_red() -> None:
     found = problems(_fork(prefix=3))
+    assert any("the fork copied 3 events" in p and "the clean fork copied 4" in p for p in found)
+
+
+def test_a_fork_that_asks_its_sources_effect_again_is_red_for_the_mutation() -> None:
+    # One event short, the fork runs the ticket's call again under its source's key: the
+    # tracker counts a second request for the source's effect.
+    again = (("src-refund", "refund", 1), ("src-ticket", "ticket", 2))
+    found = problems(_fork(prefix=3, source_effects_after=again))
     assert any(MUTATION_EVIDENCE["fork-prefix-short"] in p for p in found)
 
 
@@ -216,11 +224,13 @@ def test_a_fork_that_does_not_ask_its_approval_again_is_red() -> None:
     assert any("asked 0 approvals" in p for p in problems(_fork(live=live)))
 
 
-def test_a_source_changed_or_its_effects_asked_again_is_red() -> None:
+def test_a_source_whose_journal_changed_is_red() -> None:
     after = (*RAW[:-1], (11, 1, "run.completed", "{'x': 1}", 10.0))
     assert any("rewritten: seq [11]" in p for p in problems(_fork(source_raw_after=after)))
-    again = (("src-refund", "refund", 1), ("src-ticket", "ticket", 2))
-    assert any("asked for again" in p for p in problems(_fork(source_effects_after=again)))
+    longer = (*RAW, (12, 1, "message.received", "{}", 11.0))
+    assert any(
+        "11 events before the fork, 12 after" in p for p in problems(_fork(source_raw_after=longer))
+    )
 
 
 def test_a_fork_unfinished_or_dead_lettered_is_red() -> None:

@@ -60,6 +60,7 @@ from chaos.harness import (
     _poll,
     _Recorder,
 )
+from chaos.mutations import applied_here
 from chaos.oracle import (
     Expected,
     Observed,
@@ -73,6 +74,7 @@ from chaos.oracle import (
 )
 from chaos.servers import Effect, EffectServer, case, position, system_of
 from toren import Client
+from toren._agent.routes import version_route
 from toren._core.workers import live_workers
 from toren.runs import RunState, decide, read_run, receipt, start_run, waiting_on
 from toren.testing import AnthropicServer
@@ -94,11 +96,17 @@ WITHIN = 15.0  # seconds for a worker to drain, register, or a run to park
 T = TypeVar("T")
 
 
+def upgrade_cells() -> list[Cell]:
+    return [Cell(p, k, "sigkill", shape="upgrade") for p, k in UPGRADE_POINTS]
+
+
+def fork_cells() -> list[Cell]:
+    return [Cell(p, k, "sigkill", shape="fork") for p, k in FORK_POINTS]
+
+
 def version_cells() -> list[Cell]:
     """SIGKILL at each point of each shape."""
-    return [Cell(p, k, "sigkill", shape="upgrade") for p, k in UPGRADE_POINTS] + [
-        Cell(p, k, "sigkill", shape="fork") for p, k in FORK_POINTS
-    ]
+    return upgrade_cells() + fork_cells()
 
 
 @attrs.frozen
@@ -110,14 +118,6 @@ class ForkExpected:
     prefix: tuple[str, ...]  # the types of the events it copied from its source
     effect_kinds: tuple[str, ...]  # the effects it applied itself
     asked: int  # the approvals it asked again
-
-
-@attrs.frozen
-class VersionExpected:
-    """What the clean cells did: the upgraded run (judged as a plain run), the fork."""
-
-    upgrade: Expected
-    fork: ForkExpected
 
 
 @attrs.frozen
@@ -176,7 +176,7 @@ def upgrade_problems(seen: UpgradeObserved) -> list[str]:
     invalidated = [r.data.get("from_step") for r in journal if r.type == "steps.invalidated"]
     if invalidated:
         problems.append(f"steps invalidated from {invalidated}: calls taken by value were re-asked")
-    pinned = f"agent:{NAME}@{seen.target}"
+    pinned = version_route(NAME, seen.target)
     if seen.route != pinned:
         problems.append(f"the run's route is {seen.route!r}, not {pinned!r}: not pinned")
     # The calls recorded before the move were made by version A, those after by B.
@@ -253,9 +253,9 @@ def prefix_problems(seen: ForkObserved, expected: ForkExpected) -> list[str]:
     step = forked[0].data.get("step", forked[0].data.get("at"))
     if step != seen.at:
         problems.append(f"run.forked names step {step}, the fork was made at {seen.at}")
-    # Its own events: contiguous after the prefix, never at a stale epoch (one SIGKILL: none).
-    problems += [f"fork: {p}" for p in journal_problems(seen.journal[cut:], None) if "epoch" in p]
-    problems += [f"fork: {p}" for p in journal_problems(seen.journal, None) if "contiguous" in p]
+    # Contiguous; the copied events and run.forked at epoch 0 (no claim wrote them), then its
+    # own, the epochs never going back.
+    problems += [f"fork: {p}" for p in journal_problems(seen.journal, None)]
     return problems
 
 
@@ -599,9 +599,10 @@ class ForkExecution(_VersionExecution):
 
 
 async def run_version_cell(
-    harness: Harness, cell: Cell, expected: VersionExpected | None
+    harness: Harness, cell: Cell, expected: Expected | ForkExpected | None
 ) -> tuple[CellResult, UpgradeObserved | ForkObserved]:
-    """Run an upgrade or fork cell (``expected`` None: the clean cell, its victim traced)."""
+    """Run an upgrade cell (judged against the clean upgrade, as a plain run) or a fork cell
+    (against the clean fork); ``expected`` None: the clean cell, its victim traced."""
     prefix = f"{harness.mutation}/" if harness.mutation else ""
     folder = harness.workdir / f"{prefix}{cell.slug}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -619,7 +620,8 @@ async def run_version_cell(
             evidence = ""
             with anyio.fail_after(harness.bound * 2 + 60):
                 try:
-                    evidence = await execution.run()
+                    with applied_here(harness.mutation):
+                        evidence = await execution.run()
                 except CellFailed as exc:
                     execution.problems.append(str(exc))
                 observed = await execution.observe()
@@ -629,11 +631,13 @@ async def run_version_cell(
             await client.close()
     problems = list(execution.problems)
     verdict = None
-    if expected is not None:
-        if isinstance(observed, UpgradeObserved):
-            verdict = judge_upgrade(observed, expected.upgrade)
-        else:
-            verdict = judge_fork(observed, expected.fork)
+    if isinstance(observed, UpgradeObserved) and isinstance(expected, Expected):
+        verdict = judge_upgrade(observed, expected)
+    elif isinstance(observed, ForkObserved) and isinstance(expected, ForkExpected):
+        verdict = judge_fork(observed, expected)
+    elif expected is not None:
+        raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")
+    if verdict is not None:
         problems.extend(verdict.problems)
     result = CellResult(
         cell,
@@ -652,44 +656,57 @@ def _unreached(folder: Path, points: Sequence[tuple[str, int]]) -> list[str]:
     return [f"{p}#{k} (reached {trace.get(p, 0)} times)" for p, k in points if trace.get(p, 0) < k]
 
 
-async def clean_version_runs(harness: Harness) -> VersionExpected:
-    """Run the upgrade and the fork without a fault (the expected results), check each against
-    its oracle, and that its victim reaches the points of its cells.
+async def clean_upgrade_run(harness: Harness) -> Expected:
+    """Run the upgrade without a fault (the expected result), check it against its oracle, and
+    that its victim reaches the points of its cells.
 
     Raises:
-        RuntimeError: a clean cell failed, or misses a point (the cells are out of date).
+        RuntimeError: the clean cell failed, or misses a point (the cells are out of date).
     """
     cell = Cell("clean", 0, None, shape="upgrade")
     result, seen = await harness.run_cell(cell, None)
     if not isinstance(seen, UpgradeObserved):
         raise TypeError("the clean upgrade observed as another shape")
     state = seen.run.state
-    upgrade = Expected(
+    expected = Expected(
         output=state.output or "",
         steps=len(state.calls),
         effect_kinds=tuple(sorted(e.kind for e in seen.run.effects)),
     )
-    problems = [*result.problems, *judge_upgrade(seen, upgrade).problems]
+    problems = [*result.problems, *judge_upgrade(seen, expected).problems]
     problems += _unreached(harness.workdir / cell.slug, UPGRADE_POINTS)
     if problems or state.status != "completed":
         raise RuntimeError(f"the clean upgrade failed: {problems} {state.error}")
+    return expected
+
+
+async def clean_fork_run(harness: Harness) -> ForkExpected:
+    """Run the fork without a fault (the expected result), check it against its oracle, and
+    that its victim reaches the points of its cells.
+
+    Raises:
+        RuntimeError: the clean cell failed, or misses a point (the cells are out of date).
+    """
     cell = Cell("clean", 0, None, shape="fork")
-    result, fork_seen = await harness.run_cell(cell, None)
-    if not isinstance(fork_seen, ForkObserved):
+    result, seen = await harness.run_cell(cell, None)
+    if not isinstance(seen, ForkObserved):
         raise TypeError("the clean fork observed as another shape")
-    cut = _cut(fork_seen.journal)
-    live = fork_seen.journal[cut + 1 :] if cut is not None else ()
-    fork = ForkExpected(
-        output=fork_seen.state.output or "",
-        steps=len(fork_seen.state.calls),
-        prefix=tuple(r.type for r in fork_seen.journal[: cut or 0]),
-        effect_kinds=tuple(sorted(e.kind for e in fork_seen.effects)),
+    cut = _cut(seen.journal)
+    live = seen.journal[cut + 1 :] if cut is not None else ()
+    expected = ForkExpected(
+        output=seen.state.output or "",
+        steps=len(seen.state.calls),
+        prefix=tuple(r.type for r in seen.journal[: cut or 0]),
+        effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
         asked=sum(1 for r in live if r.type == "approval.requested"),
     )
-    problems = [*result.problems, *judge_fork(fork_seen, fork).problems]
-    if fork.output != upgrade.output or fork.steps != upgrade.steps or not fork.effect_kinds:
-        problems.append(f"the clean fork {fork} is not the run it forked {upgrade}")
+    problems = [*result.problems, *judge_fork(seen, expected).problems]
+    source_calls = sum(1 for r in seen.source if r.type == "model.called")
+    if expected.steps != source_calls or not expected.effect_kinds or not expected.asked:
+        problems.append(
+            f"the clean fork {expected} is not the run it forked ({source_calls} calls)"
+        )
     problems += _unreached(harness.workdir / cell.slug, FORK_POINTS)
     if problems:
-        raise RuntimeError(f"the clean fork failed: {problems} {fork_seen.state.error}")
-    return VersionExpected(upgrade=upgrade, fork=fork)
+        raise RuntimeError(f"the clean fork failed: {problems} {seen.state.error}")
+    return expected
