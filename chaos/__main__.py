@@ -40,7 +40,8 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import ForkExpected, clean_fork_run, clean_upgrade_run, version_cells
+from chaos.version_oracle import ForkExpected
+from chaos.versions import clean_fork_run, clean_upgrade_run, version_cells
 
 console = Console()
 

@@ -33,7 +33,8 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import ForkExpected, clean_fork_run, clean_upgrade_run
+from chaos.version_oracle import ForkExpected
+from chaos.versions import clean_fork_run, clean_upgrade_run
 from toren._core.db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}

@@ -109,7 +109,7 @@ from toren.testing import AnthropicServer, Hold
 if TYPE_CHECKING:
     from chaos.schedules import ScheduleExpected, ScheduleObserved
     from chaos.telegram import TelegramExpected, TelegramObserved
-    from chaos.versions import ForkExpected, ForkObserved, UpgradeObserved
+    from chaos.version_oracle import ForkExpected, ForkObserved, UpgradeObserved
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
@@ -327,7 +327,8 @@ class Harness:
         what the clean run of the cell's shape did."""
         if cell.shape in ("upgrade", "fork"):
             # Imported here: chaos.versions builds on this module (its execution and faults).
-            from chaos.versions import ForkExpected, run_version_cell
+            from chaos.version_oracle import ForkExpected
+            from chaos.versions import run_version_cell
 
             if expected is not None and not isinstance(expected, Expected | ForkExpected):
                 raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")

@@ -26,7 +26,8 @@ from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
-from chaos.versions import ForkExpected, fork_cells, upgrade_cells
+from chaos.version_oracle import ForkExpected
+from chaos.versions import fork_cells, upgrade_cells
 from toren._core.db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio

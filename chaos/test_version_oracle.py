@@ -10,7 +10,7 @@ from chaos.app import versioned_system
 from chaos.matrix import MUTATION_EVIDENCE
 from chaos.oracle import Observed, Row
 from chaos.servers import Effect
-from chaos.versions import (
+from chaos.version_oracle import (
     DEPLOY,
     NAME,
     ForkExpected,
