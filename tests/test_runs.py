@@ -474,10 +474,12 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
     load_app("tests.run_app")
     script = [Reply("Hello."), Reply("Again."), Reply("Fresh."), Reply("Still fresh.")]
     async with anthropic(script, monkeypatch) as server:  # type: ignore[arg-type]
-        async with running_worker(db_url):
+        async with running_worker(db_url, default_version_policy="upgrade"):
             run_id = await start_run(client, "support", "hi")
             await wait_for(lambda: _output(client, run_id, "Hello."), what="first answer")
-        async with running_worker(db_url):  # a new activation, the same code
+        async with running_worker(
+            db_url, default_version_policy="upgrade"
+        ):  # a new activation, the same code
             await say(client, run_id, "again", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Again."), what="second answer")
         state = await read_run(client, run_id)
@@ -488,10 +490,12 @@ async def test_calls_checked_under_one_system_prompt_are_checked_again_under_ano
         assert support is not None
         changed = attrs.evolve(support, system="You are terse.")
         monkeypatch.setitem(toren._agent.registry.PROCESS_AGENTS._registry, "support", changed)
-        async with running_worker(db_url):  # the new prompt
+        async with running_worker(db_url, default_version_policy="upgrade"):  # the new prompt
             await say(client, run_id, "third", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Fresh."), what="third answer")
-        async with running_worker(db_url):  # the new prompt still: nothing voided again
+        async with running_worker(
+            db_url, default_version_policy="upgrade"
+        ):  # the new prompt still: nothing voided again
             await say(client, run_id, "fourth", by=person("dave"))
             await wait_for(lambda: _output(client, run_id, "Still fresh."), what="fourth answer")
         requests = server.requests

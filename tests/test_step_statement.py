@@ -51,6 +51,7 @@ STEP_TYPES = {
     "spawn_routes": "text[]",
     "spawn_limits": "text[]",
     "release": "bool",
+    "route": "text",
 }
 CLAIM_TYPES = {"actor_id": "text", "owner": "uuid", "epoch": "int8"}
 
@@ -82,11 +83,23 @@ STEP = step_sql.StepInputs(
     spawn_routes=[None],
     spawn_limits=['["agent/x"]'],
     release=True,
+    route="agent:x@0123456789ab",
 )
 CLAIM = step_sql.ClaimInputs(actor_id="a/1", owner=uuid.UUID(int=1), epoch=1)
 
 # Data-modifying CTEs are never inlined: each is in every plan of the step.
-WRITES = {"consumed", "claimed", "ev", "sp", "cancelled", "dd", "sent", "rep", "summed"}
+WRITES = {
+    "consumed",
+    "claimed",
+    "ev",
+    "sp",
+    "cancelled",
+    "dd",
+    "sent",
+    "rep",
+    "summed",
+    "routed",
+}
 
 
 @pytest.fixture
@@ -172,3 +185,26 @@ async def test_a_mutation_replaces_fragments_into_statements_postgres_takes(
     assert mutated["claim"] != step_sql.CLAIM
     assert await parameter_types(conn, mutated["step"]) == list(STEP_TYPES.values())
     assert await parameter_types(conn, mutated["claim"]) == list(CLAIM_TYPES.values())
+
+
+async def test_a_step_that_does_not_reroute_plans_no_work_for_the_route(
+    conn: asyncpg.Connection,
+) -> None:
+    plain = attrs.evolve(STEP, route=None)
+    plan = "\n".join(
+        r[0]
+        for r in await conn.fetch(
+            "EXPLAIN (COSTS OFF) " + step_sql.STEP, *step_sql.arguments(plain)
+        )
+    )
+    routed = plan[plan.index("CTE routed") :].split("\n  CTE ")[0]
+    # The update is cut off before it reads anything: its condition is false at plan time.
+    assert "One-Time Filter: false" in routed, routed
+    summed = plan[plan.index("CTE summed") :].split("\n  CTE ")[0]
+    assert "One-Time Filter: false" not in summed, summed
+    rerouting = "\n".join(
+        r[0]
+        for r in await conn.fetch("EXPLAIN (COSTS OFF) " + step_sql.STEP, *step_sql.arguments(STEP))
+    )
+    summed = rerouting[rerouting.index("CTE summed") :].split("\n  CTE ")[0]
+    assert "One-Time Filter: false" in summed, summed  # the route's update writes the summary

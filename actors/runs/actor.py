@@ -41,6 +41,7 @@ from toren.actors.runs import (
     request,
     sandboxing,
     steps,
+    versions,
 )
 from toren.actors.runs.bounds import bounded_response, cut_result, shown
 from toren.kernel import kill_point
@@ -146,6 +147,11 @@ class RunActor(Actor[RunState]):
     async def handle(self, ctx: Context[RunState], msg: Any) -> None:
         running = ctx.state.children_running
         was_live = ctx.state.status not in ENDED
+        was = ctx.state.status
+        if versions.check(ctx, msg):
+            return  # handed to a worker serving the version it moves to
+        if ctx.route is not None:  # it moved to this worker's version: check its calls again
+            self._verified_seq = None
         await self._handle(ctx, msg)
         # A child tells its parent that it ended or asks a human; a failed parent cancels the
         # children it waited on; an ended run's sandbox is reaped.
@@ -160,6 +166,7 @@ class RunActor(Actor[RunState]):
         inflight.announce(
             ctx, agents_of(ctx).named(ctx.state.agent), request.builder(ctx.state.callees)
         )
+        await versions.at_boundary(ctx, was)  # next_turn: to the newest version, if another
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
         agent = agents_of(ctx).named(ctx.state.agent)
@@ -211,8 +218,10 @@ class RunActor(Actor[RunState]):
                         budget_usd=msg.budget_usd,
                         depth_limit=msg.depth_limit,
                         watcher=msg.watcher,
+                        version=versions.started(ctx, msg.agent),
                     )
                 )
+                versions.pin(ctx)
                 if refused:  # its caller is not (or no longer) accepted here
                     ctx.emit(RunFailed(error_class="config", message=refused))
                     return

@@ -55,6 +55,12 @@ class Card:
             return None
 
 
+def card_version(card: object) -> str | None:
+    """The version a published card names (``None``: none, a worker of an earlier release)."""
+    version = card.get("version") if isinstance(card, Mapping) else None
+    return version if isinstance(version, str) and version else None
+
+
 class Directory:
     """The agent directory as one worker sees it: its own agents, and the cards other live
     workers publish (read through its pool; without one, only its own).
@@ -98,6 +104,15 @@ class Directory:
                 if card is not None:
                     cards.append(card)
         return cards
+
+    async def newest_version(self, name: str) -> str | None:
+        """The version of agent ``name`` that the most recently started live worker running it
+        publishes (``None``: none does; without a pool, this worker's own)."""
+        if self.pool is None:
+            return self.agents.version(name)
+        from toren._core.workers import newest_card
+
+        return card_version(await newest_card(self.pool, name))
 
     async def route_served(self, route: str) -> bool:
         """Whether this worker or a live one serves ``route`` (``sandbox``: it has Docker)."""

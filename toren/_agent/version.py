@@ -63,7 +63,7 @@ def _tool(tool: Tool) -> dict[str, Any]:
 def _sandbox(agent: Agent) -> dict[str, Any] | None:
     if agent.sandbox is None:
         return None
-    fields = attrs.asdict(agent.sandbox, recurse=False)  # type: ignore[arg-type]
+    fields = attrs.asdict(agent.sandbox, recurse=False)
     for name in _SANDBOX_NOT_IN_VERSION:
         fields.pop(name, None)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}

@@ -216,6 +216,8 @@ class Context(Generic[S]):
         self.cancelled_timers: list[str] = []
         self.spawns: list[SpawnRequest] = []
         self.reply_body: tuple[str, str] | None = None  # (type, JSON text)
+        self.route: str | None = None  # the actor's new route, set by reroute()
+        self.leaving = False  # the worker lets the actor go after this step (reroute())
 
     @property
     def state(self) -> S:
@@ -358,6 +360,24 @@ class Context(Generic[S]):
                 limits=tuple(limits),
             )
         )
+
+    def reroute(self, route: str, *, leave: bool = False) -> None:
+        """Give the actor ``route`` when this step commits: from then on only workers serving
+        it claim the actor. The last call in a step wins.
+
+        With ``leave`` (this worker does not serve ``route``), the worker lets the actor go
+        right after the step: it claims no further message of it, releases its claim, and a
+        worker serving the route takes it from there. Without, this worker keeps it until it
+        passivates.
+
+        Raises:
+            ValueError: ``route`` is empty or holds a NUL.
+        """
+        self._writable()
+        if not route or "\x00" in route:
+            raise ValueError("a route is a non-empty text without NUL")
+        self.route = route
+        self.leaving = leave
 
     def reply(self, msg: Any) -> None:
         """Answer the ask() that sent the message being handled (ignored if it was a send)."""

@@ -106,6 +106,7 @@ class ActorHost:
         self._stop = anyio.Event()
         self.idle = False
         self.steps = 0  # messages handled by this host, committed or charged
+        self._leaving = False  # the last step re-routed the actor away from this worker
         self._next: Envelope | None = None  # claimed by the last step's commit
 
     def wake(self) -> None:
@@ -237,6 +238,12 @@ class ActorHost:
             if self._snapshot_every and seq - snapshot_seq >= self._snapshot_every:
                 state = await self._snapshot(actor, state, seq)
                 snapshot_seq = seq  # written or not: tried again after as many events
+            if self._leaving:
+                # Re-routed where this worker does not serve: handed to a worker that does.
+                if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
+                    log.info("%s: re-routed; handed over", self.actor_id)
+                    return
+                raise FencedOut(self.actor_id, self.epoch)
         # Graceful stop: hand the actor back so another worker can claim it without waiting.
         if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
             log.info("%s: stopping; lease released", self.actor_id)
@@ -362,9 +369,10 @@ class ActorHost:
                     ctx,
                     retry=failures > 0,
                     summary=summary,
-                    claim=not self._stop.is_set(),
+                    claim=not self._stop.is_set() and not ctx.leaving,
                     release=release,
                 )
+                self._leaving = ctx.leaving
                 return
             except TRANSIENT_DB_ERRORS as exc:
                 failures += 1

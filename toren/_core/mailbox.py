@@ -199,6 +199,7 @@ async def commit_step(
         spawn_routes=[s.route for s in ctx.spawns],
         spawn_limits=[dumps(list(s.limits)) if s.limits else None for s in ctx.spawns],
         release=release,
+        route=ctx.route,
     )
     try:
         row = await pool.fetchrow(_COMMIT, *arguments(inputs))

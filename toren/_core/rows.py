@@ -314,3 +314,18 @@ async def run_status_counts(db: Db) -> dict[str, int]:
     however many runs; see migration 0006)."""
     rows = await db.fetch("SELECT status, n FROM toren.run_status_counts")
     return {r["status"]: r["n"] for r in rows}
+
+
+async def set_route(db: Db, actor_id: str, route: str) -> bool:
+    """Give actor ``actor_id`` ``route`` (joins ``db``'s transaction, if in one): only workers
+    serving it claim the actor from then on. A worker holding it keeps it until it lets it go.
+
+    Returns:
+        Whether the actor exists.
+    """
+    found: str | None = await db.fetchval(
+        "UPDATE toren.actors SET route = $2 WHERE actor_id = $1 RETURNING actor_id",
+        actor_id,
+        route,
+    )
+    return found is not None

@@ -19,7 +19,8 @@ before it)::
     send       dd         the dedupe keys of the messages sent, taken
                sent       the messages sent, inserted
     reply      rep        the reply to an ask()
-    summary    summed     the actor's summary
+    summary    summed     the actor's summary (unless the step re-routes it: then in routed)
+    route      routed     the actor's new route (Context.reroute), with its summary
     notify     woken      recipients, askers and journal followers notified
     next       next       the message claimed (queued or sent), handed back
     result     (SELECT)   what the step did, counted, and the message claimed
@@ -78,6 +79,7 @@ class StepInputs:
     # JSON text: the limits each child must hold to run (shorter than spawn_ids: none)
     spawn_limits: Sequence[str | None] = ()
     release: bool = False  # the actor no longer runs after this step: its permits go back
+    route: str | None = None  # None: the actor's route is left as it is
 
 
 @attrs.frozen(kw_only=True)
@@ -253,6 +255,16 @@ STEP_FRAGMENTS: Mapping[str, str] = MappingProxyType(
         "summary": """summed AS (
     UPDATE toren.actors a SET summary = {summary}::jsonb
     FROM consumed WHERE a.actor_id = {actor_id} AND {summary}::jsonb IS NOT NULL
+      AND {route}::text IS NULL
+    RETURNING 1
+)""",
+        "route": """routed AS (
+    -- Only a step that re-routes its actor (a run pinned to its agent's version): for every
+    -- other step {route} is NULL and this writes and reads nothing. One statement updates a
+    -- row once: the summary, if the step writes one, is written here with the route.
+    UPDATE toren.actors a SET route = {route}::text,
+                              summary = coalesce({summary}::jsonb, a.summary)
+    FROM consumed WHERE a.actor_id = {actor_id} AND {route}::text IS NOT NULL
     RETURNING 1
 )""",
         "notify": """woken AS (
@@ -278,7 +290,8 @@ SELECT (SELECT count(*) FROM fence) AS owned, (SELECT count(*) FROM consumed) AS
        (SELECT count(*) FROM ev) AS events,
        (SELECT count(*) FROM sp) AS spawned, (SELECT count(*) FROM cancelled) AS cancelled,
        (SELECT count(*) FROM sent) AS sent_count, (SELECT count(*) FROM woken) AS woken,
-       (SELECT count(*) FROM summed) AS summed, (SELECT count(*) FROM lim) AS limited, n.*
+       (SELECT count(*) FROM summed) AS summed, (SELECT count(*) FROM lim) AS limited,
+       (SELECT count(*) FROM routed) AS routed, n.*
 FROM (SELECT 1) AS one LEFT JOIN (SELECT * FROM next LIMIT 1) AS n ON true""",
     }
 )

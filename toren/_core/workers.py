@@ -124,6 +124,17 @@ async def published_cards(conn: asyncpg.Connection | asyncpg.Pool, name: str) ->
     return [r["card"] for r in rows]
 
 
+async def newest_card(conn: asyncpg.Connection | asyncpg.Pool, name: str) -> Any | None:
+    """What the most recently started live worker running agent ``name`` publishes about it
+    (``None``: no live worker has published it)."""
+    return await conn.fetchval(
+        f"SELECT w.stats->'agents'->$1 FROM toren.workers w "
+        f"WHERE w.worker_id IN ({LIVE_WORKERS}) AND w.stats->'agents' ? $1 "
+        f"ORDER BY w.started_at DESC LIMIT 1",
+        name,
+    )
+
+
 _HOUSEKEEP = f"""
 WITH gone AS (
     DELETE FROM toren.workers WHERE worker_id NOT IN ({LIVE_WORKERS}) RETURNING 1

@@ -141,6 +141,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         summary,
         waiting_on,
     )
+    from toren.runs.version_events import RunUpgraded, Upgrade, UpgradeHow
+    from toren.runs.versions import VersionNotServed, newest_version, upgrade_run
 
 __all__ = [
     "AGENT_NAME",
@@ -200,6 +202,7 @@ __all__ = [
     "RunRetrying",
     "RunStarted",
     "RunState",
+    "RunUpgraded",
     "SandboxFailed",
     "SandboxNoted",
     "SandboxRequested",
@@ -216,7 +219,10 @@ __all__ = [
     "ToolResult",
     "ToolResulted",
     "ToolSpec",
+    "Upgrade",
+    "UpgradeHow",
     "Usage",
+    "VersionNotServed",
     "Wake",
     "agent_named",
     "agent_route",
@@ -238,6 +244,7 @@ __all__ = [
     "fold",
     "fork_run",
     "judge_decision",
+    "newest_version",
     "occurrence_key",
     "occurrences_of",
     "read_run",
@@ -253,6 +260,7 @@ __all__ = [
     "served_routes",
     "start_run",
     "summary",
+    "upgrade_run",
     "version_route",
     "waiting_below",
     "waiting_on",
@@ -320,6 +328,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "waiting_below",
     ),
     "toren.runs.rate_events": ("RateWaited", "RateWake"),
+    "toren.runs.version_events": ("RunUpgraded", "Upgrade", "UpgradeHow"),
+    "toren.runs.versions": ("VersionNotServed", "newest_version", "upgrade_run"),
     "toren.runs.events": (
         "ENDED",
         "FORMAT",

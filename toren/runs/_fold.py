@@ -54,6 +54,7 @@ from toren.runs.events import (
 )
 from toren.runs.fork_events import RunForked, forked
 from toren.runs.rate_events import RateWaited
+from toren.runs.version_events import RunUpgraded
 
 if TYPE_CHECKING:
     from toren.runs.state import RunState
@@ -99,7 +100,14 @@ def _started(state: RunState, event: RunStarted) -> RunState:
         chain=tuple(event.chain),
         depth_limit=event.depth_limit,
         budget_cap=Decimal(event.budget_usd) if event.budget_usd is not None else None,
+        version=event.version,
     )
+
+
+def _upgraded(state: RunState, event: RunUpgraded) -> RunState:
+    # Taken by value: the calls so far are never checked (nor paid) again.
+    settled = len(state.calls) if event.how == "value" else state.settled_calls
+    return attrs.evolve(state, version=event.to_version, settled_calls=settled)
 
 
 def _message_received(state: RunState, event: MessageReceived) -> RunState:
@@ -501,6 +509,7 @@ _HANDLERS: Mapping[type, Handler] = types.MappingProxyType(
         [
             _on(RunStarted, _started),
             _on(RunForked, forked),
+            _on(RunUpgraded, _upgraded),
             _on(ModelCalled, _model_called),
             _on(ModelCalling, _model_calling),
             _on(ModelLost, _model_lost),

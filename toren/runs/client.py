@@ -532,15 +532,21 @@ async def cancel(
     await client.send(run_id, Cancel(by=by, who=by.name, reason=reason), system=True)
 
 
-async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> None:
+async def retry(
+    client: Client, run_id: str, *, by: Principal | None = None, upgrade: bool = False
+) -> None:
     """Resume a failed run from its last good step (completed calls are not paid again).
 
     A run the kernel gave up on (class ``crashloop``) is made runnable again first, with a
-    fresh restart window; if its cause is not fixed it will fail the same way.
+    fresh restart window; if its cause is not fixed it will fail the same way. With
+    ``upgrade``, a run not on its agent's newest version is moved to it first (as
+    :func:`toren.runs.upgrade_run` moves a live run), in the same transaction: for a fix that
+    exists only in the new version.
 
     Raises:
         UnknownActor: no such run.
         RunNotInState: the run has not failed, or was cancelled (a cancelled run stays so).
+        VersionNotServed: with ``upgrade``, no live worker runs the run's agent.
     """
     status, error_class = await _status(client, run_id)
     # (A row that says failed with class cancelled: written by a worker of an earlier version.)
@@ -552,7 +558,14 @@ async def retry(client: Client, run_id: str, *, by: Principal | None = None) -> 
         raise RunNotInState(run_id, f"is {status or 'not started'}; only a failed run is retried")
     await _not_an_ended_child(client, run_id, "retry")
     by = _caller(by)
+    moving = None
+    if upgrade:
+        from toren.runs.versions import move, retry_target  # it builds on this module
+
+        moving = await retry_target(client, run_id)
     async with client.pool.acquire() as conn, conn.transaction():
         await revive(conn, run_id, kind=RUN_KIND)
         await forget_restarts(conn, f"actors/{run_id}")
+        if moving is not None:  # its Upgrade is handled before the Retry (both system mail)
+            await move(client, conn, run_id, *moving, by)
         await client.send(run_id, Retry(by=by, who=by.name), system=True, conn=conn)

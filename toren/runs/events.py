@@ -202,6 +202,7 @@ class RunStarted:
     budget_usd: str | None = None
     depth_limit: int | None = None  # None in journals of earlier versions: no limit from above
     watcher: str = ""  # see StartRun
+    version: str = ""  # its agent's version (toren.runs.agent_version); "": not recorded
     v: int = FORMAT
 
 
@@ -421,9 +422,7 @@ class MessageReceived:
     who: str  # ``by.name``
     channel: str  # ``by.via``
     by: Principal | None = None
-    # When it was taken (0.0 in journals of earlier versions): to a completed run, it ends the
-    # wait since run.completed, which is not counted toward the wall clock.
-    at: float = 0.0
+    at: float = 0.0  # when taken (0.0: earlier journals); ends a completed run's human wait
     v: int = FORMAT
 
 

@@ -84,7 +84,8 @@ _register_snapshot_hooks()
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead). 7: a
 # cancelled run's status is ``cancelled`` (it was ``failed``). 8: ``rate_wait``. 9: ``forked``.
-SNAPSHOT_VERSION = 9
+# 10: ``version``.
+SNAPSHOT_VERSION = 10
 
 
 @attrs.frozen(kw_only=True)
@@ -145,6 +146,8 @@ class RunState:
     settled_calls: int = 0
     # a fork: where it came from, the calls it took by value, its sandbox's starting checkpoint
     forked: RunForked | None = None
+    # the agent version it runs on (run.started, run.upgraded); "": started before versions
+    version: str = ""
     failed_attempts: int = 0  # consecutive failed attempts at the current step
     tool_failures: int = 0  # consecutive model turns whose tool calls all failed
     unreadable: int = 0  # calls answered with something that could not be read (paid, unpriced)
@@ -294,6 +297,7 @@ def summary(state: RunState) -> dict[str, Any]:
         "error_class": state.error_class,
         "parent": state.parent or None,
         "children": [c.run_id for c in state.children_running],
+        "version": state.version,
     }
 
 
