@@ -37,6 +37,10 @@ switch for them. A mutation of the kernel's statements replaces their fragments 
 - ``schedule-slot-unkeyed``: a schedule starts each slot's run under a fresh id instead of one
   derived from the schedule and the slot (its idempotency key): a slot fired again (a backfill
   of a range whose slots ran) starts a second run.
+- ``upgrade-by-replay``: a run moved to another version records ``run.upgraded`` as a replay
+  whatever its agent's policy says (``next_turn`` takes the history by value): the calls made on
+  the old version are checked against the new version's requests, invalidated from the first
+  (the system prompt differs) and paid again.
 - ``fork-prefix-short``: a fork's journal is copied one event short of its step (the source's
   last event before it left out): the fork begins from a state its source never had (the ticket's
   call without its result), runs that call again under its source's key, and asks the
@@ -64,6 +68,7 @@ MUTATIONS = (
     "turn-ends-later",
     "early-message-dropped",
     "schedule-slot-unkeyed",
+    "upgrade-by-replay",
     "fork-prefix-short",
 )
 # The mutations of what the harness's own process runs (the client side): applied there too.
@@ -307,6 +312,17 @@ def _schedule_slot_unkeyed() -> None:
     actor.keyed_run_id = fresh_run_id  # type: ignore[attr-defined]
 
 
+def _upgrade_by_replay() -> None:
+    from toren.actors.runs import versions
+
+    recorded = versions.RunUpgraded
+
+    def by_replay(**fields: Any) -> Any:
+        return recorded(**{**fields, "how": "replay"})
+
+    versions.RunUpgraded = by_replay  # type: ignore[assignment,misc]
+
+
 def _fork_prefix_short() -> Callable[[], None]:
     import toren.runs.fork as forks
 
@@ -356,6 +372,7 @@ def load(name: str) -> None:
         "turn-ends-later": _turn_ends_later,
         "early-message-dropped": _early_message_dropped,
         "schedule-slot-unkeyed": _schedule_slot_unkeyed,
+        "upgrade-by-replay": _upgrade_by_replay,
         "fork-prefix-short": _fork_prefix_short,  # the workers make no fork: changes nothing
     }
     if name not in patches:

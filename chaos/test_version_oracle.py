@@ -64,7 +64,10 @@ def _upgrade(*events: tuple[str, dict[str, Any]], **changes: Any) -> UpgradeObse
         takeover=None,
     )
     seen = UpgradeObserved(
-        run=run, systems=((0, old), (1, old), (2, new)), target=NEW, route=f"agent:{NAME}@{NEW}"
+        run=run,
+        systems=((0.5, 0, old), (1.5, 1, old), (6.5, 2, new)),
+        target=NEW,
+        route=f"agent:{NAME}@{NEW}",
     )
     return attrs.evolve(seen, **changes)
 
@@ -86,10 +89,11 @@ def test_an_upgrade_by_replay_or_to_another_version_is_red() -> None:
     assert any("expected '0123" in p for p in upgrade_problems(_upgrade(elsewhere)))
 
 
-def test_steps_invalidated_by_the_move_are_red() -> None:
+def test_steps_invalidated_by_the_move_are_red_for_the_mutation() -> None:
     invalidated = ("steps.invalidated", {"from_step": 1, "reason": "differs"})
     found = upgrade_problems(_upgrade(UPGRADED, invalidated))
     assert any("steps invalidated from [1]" in p for p in found)
+    assert any(MUTATION_EVIDENCE["upgrade-by-replay"] in p for p in found)
 
 
 def test_a_run_left_unpinned_is_red() -> None:
@@ -99,8 +103,8 @@ def test_a_run_left_unpinned_is_red() -> None:
 
 def test_a_call_made_by_the_wrong_version_is_red() -> None:
     old = versioned_system("")
-    found = upgrade_problems(_upgrade(systems=((0, old), (1, old), (2, old))))
-    assert any("step 3 (after the move)" in p for p in found)
+    found = upgrade_problems(_upgrade(systems=((0.5, 0, old), (1.5, 1, old), (6.5, 2, old))))
+    assert any("step 3, asked after the move" in p for p in found)
 
 
 # -- the fork ------------------------------------------------------------------------------------

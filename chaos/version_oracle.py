@@ -52,7 +52,8 @@ class ForkExpected:
 @attrs.frozen
 class UpgradeObserved:
     run: Observed  # as a plain cell's run (chaos.oracle)
-    systems: tuple[tuple[int, str], ...]  # (position, system prompt) of each of its requests
+    # (when, position, system prompt) of each of its requests
+    systems: tuple[tuple[float, int, str], ...]
     target: str  # the version upgrade_run moved it to ("" if never called)
     route: str  # its row's route at the end
 
@@ -105,23 +106,16 @@ def upgrade_problems(seen: UpgradeObserved) -> list[str]:
     pinned = version_route(NAME, seen.target)
     if seen.route != pinned:
         problems.append(f"the run's route is {seen.route!r}, not {pinned!r}: not pinned")
-    # The calls recorded before the move were made by version A, those after by B.
-    moved_at = next(
-        (
-            sum(1 for r in journal[: i + 1] if r.type == "model.called")
-            for i, r in enumerate(journal)
-            if r.type == "run.upgraded"
-        ),
-        None,
-    )
-    if moved_at is not None:
+    # The requests sent before the move were version A's, those after it B's.
+    moved = next((r.at for r in journal if r.type == "run.upgraded"), None)
+    if moved is not None:
         old, new = versioned_system(""), versioned_system(DEPLOY)
-        for step, system in seen.systems:
-            want = old if step < moved_at else new
+        for when, step, system in seen.systems:
+            want = old if when < moved else new
             if system != want:
-                which = "before" if step < moved_at else "after"
+                which = "before" if when < moved else "after"
                 problems.append(
-                    f"step {step + 1} ({which} the move) was asked with system prompt "
+                    f"step {step + 1}, asked {which} the move, was asked with system prompt "
                     f"{system!r}, expected {want!r}"
                 )
     return problems

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 import anyio
 import asyncpg
+import orjson
 
 from chaos.harness import (
     CHAOS,
@@ -65,6 +66,7 @@ from chaos.version_oracle import (
     note,
 )
 from toren import Client
+from toren._agent.directory import card_version
 from toren._core.workers import live_workers
 from toren.runs import RunState, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
@@ -116,6 +118,13 @@ async def raw_journal(pool: asyncpg.Pool, actor_id: str) -> tuple[tuple[Any, ...
     return tuple(tuple(r) for r in rows)
 
 
+def _agents(stats: Any) -> dict[str, Any]:
+    """The agent cards in a worker's published statistics."""
+    stats = orjson.loads(stats) if isinstance(stats, str | bytes) else stats
+    agents = stats.get("agents") if isinstance(stats, dict) else None
+    return agents if isinstance(agents, dict) else {}
+
+
 async def approve_all(client: Client, run_id: str) -> None:
     """Approve every call the run waits on, once each, until cancelled."""
     decided: set[str] = set()
@@ -156,11 +165,15 @@ class _VersionExecution(_Execution):
             raise CellFailed(f"the {worker.role} worker did not exit within {WITHIN:g}s")
 
     async def _registered(self, worker: Worker) -> None:
-        """Wait until ``worker`` is a live worker (registered, its lock held)."""
+        """Wait until ``worker`` is a live worker that published its card of the agent (with
+        the version it serves)."""
         deadline = time.monotonic() + WITHIN
-        while not any(w["pid"] == worker.pid for w in await live_workers(self.client.pool)):
+        while not any(
+            w["pid"] == worker.pid and card_version(_agents(w["stats"]).get(NAME))
+            for w in await live_workers(self.client.pool)
+        ):
             if worker.exited or time.monotonic() > deadline:
-                raise CellFailed(f"the {worker.role} worker never registered")
+                raise CellFailed(f"the {worker.role} worker never published its {NAME} card")
             await anyio.sleep(0.05)
 
     async def _approving(self, run_id: str, body: Callable[[], Awaitable[T]]) -> T:
@@ -239,7 +252,9 @@ class UpgradeExecution(_VersionExecution):
             unsent=frozenset(step for run, step in self.unsent if run == self.run_id),
         )
         systems = tuple(
-            (position(r), system_of(r)) for _, r in self.recorder.arrivals if case(r) == state.input
+            (t, position(r), system_of(r))
+            for t, r in self.recorder.arrivals
+            if case(r) == state.input
         )
         route = (await self.client.actor(self.run_id))["route"]
         return UpgradeObserved(run=run, systems=systems, target=self.target, route=route)
