@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import attrs
@@ -19,7 +20,7 @@ from chaos.version_oracle import (
     judge_fork,
     upgrade_problems,
 )
-from toren.runs import RunState
+from toren.runs import Receipt, RunState
 
 OLD, NEW = "0123456789ab", "ba9876543210"
 
@@ -151,8 +152,20 @@ def _fork(
     refund = Effect(
         key="fork-refund", run="run/fork", kind="refund", detail="120", applied_at=100.0
     )
+    lost = sum(data["count"] for kind, data in live if kind == "model.lost")
     seen = ForkObserved(
         state=attrs.evolve(RunState(), status="completed", output="done"),
+        receipt=Receipt(
+            calls_made=len(positions) - lost,
+            calls_replayed=1,
+            input_tokens=0,
+            output_tokens=0,
+            usd_paid=Decimal(0),
+            usd_not_repaid=Decimal(0),
+            unpriced_calls=0,
+            calls_lost=lost,
+            calls_inherited=1,
+        ),
         journal=journal,
         source=SOURCE,
         source_raw=RAW,
@@ -207,8 +220,7 @@ def test_the_first_live_call_paid_twice_only_if_it_was_in_flight() -> None:
     lost = (("model.lost", {"step": 2, "count": 1}), *LIVE)  # received twice, one lost in flight
     twice = (1, 1, 2)
     assert any("paid again, 0 allowed" in p for p in problems(_fork(live=lost, positions=twice)))
-    counted = attrs.evolve(RunState(), status="completed", output="done", lost_calls=1)
-    assert problems(_fork(live=lost, positions=twice, allowed_repeats=1, state=counted)) == ()
+    assert problems(_fork(live=lost, positions=twice, allowed_repeats=1)) == ()
     # Received twice, and the journal counts one: a call lost without a trace.
     found = problems(_fork(positions=twice, allowed_repeats=1))
     assert any("received 2 requests, the journal counts 1 made and 0 lost" in p for p in found)
@@ -235,6 +247,14 @@ def test_a_source_whose_journal_changed_is_red() -> None:
     assert any(
         "11 events before the fork, 12 after" in p for p in problems(_fork(source_raw_after=longer))
     )
+
+
+def test_a_receipt_that_counts_the_inherited_calls_as_made_is_red() -> None:
+    seen = _fork()
+    paid = attrs.evolve(seen.receipt, calls_made=3, calls_inherited=0)
+    found = problems(attrs.evolve(seen, receipt=paid))
+    assert "fork receipt: 0 calls inherited, forked at 2" in found
+    assert any("3 calls made and 0 lost in flight, the server received 2" in p for p in found)
 
 
 def test_a_fork_unfinished_or_dead_lettered_is_red() -> None:

@@ -32,7 +32,7 @@ from chaos.app import versioned_system
 from chaos.oracle import Expected, Observed, Row, Verdict, duplicate_usd, journal_problems, judge
 from chaos.servers import Effect
 from toren._agent.routes import version_route
-from toren.runs import RunState, receipt
+from toren.runs import Receipt, RunState
 
 NAME = "versioned"  # the agent (chaos.app)
 DEPLOY = "2"  # the CHAOS_VERSION of the workers of the version a run is moved to
@@ -61,6 +61,7 @@ class UpgradeObserved:
 @attrs.frozen
 class ForkObserved:
     state: RunState  # the fork's
+    receipt: Receipt  # ... and its receipt
     journal: tuple[Row, ...]  # the fork's
     source: tuple[Row, ...]  # the source's journal when the fork was made
     source_raw: tuple[tuple[Any, ...], ...]  # ... byte for byte
@@ -206,9 +207,12 @@ def fork_call_problems(
     missing = sorted(set(range(seen.at, expected.steps + 1)) - set(made))
     if missing:
         problems.append(f"the fork never recorded the calls of steps {missing}")
+    over = 0  # announced, never sent, counted lost (see chaos.oracle.lost_problems)
     for step in sorted((set(received) | set(made) | set(lost)) - set(range(seen.at))):
         n, m, k = received[step], made[step], lost[step]
-        if m + k != n and not (m + k == n + 1 and step in seen.unsent):
+        if m + k == n + 1 and step in seen.unsent:
+            over += 1
+        elif m + k != n:
             problems.append(
                 f"fork step {step}: the server received {n} requests, the journal counts {m} "
                 f"made and {k} lost in flight"
@@ -224,10 +228,19 @@ def fork_call_problems(
     for when, pos in seen.arrivals:
         if pos + 1 in recorded and when > recorded[pos + 1]:
             problems.append(f"fork step {pos + 1} was sent again after it was recorded")
-    r = receipt(seen.state)
+    # Its receipt: the calls before the step inherited (not made, not paid), the others made or
+    # lost in flight as the server received them.
+    r = seen.receipt
+    if r.calls_inherited != seen.at - 1:
+        problems.append(f"fork receipt: {r.calls_inherited} calls inherited, forked at {seen.at}")
     if r.calls_lost != sum(lost.values()):
         problems.append(
             f"fork receipt: {r.calls_lost} lost in flight, the journal says {dict(lost)}"
+        )
+    elif r.calls_made + r.calls_lost != len(seen.arrivals) + over:
+        problems.append(
+            f"fork receipt: {r.calls_made} calls made and {r.calls_lost} lost in flight, the "
+            f"server received {len(seen.arrivals)} since the fork"
         )
     return problems, counts
 

@@ -68,7 +68,7 @@ from chaos.version_oracle import (
 from toren import Client
 from toren._agent.directory import card_version
 from toren._core.workers import live_workers
-from toren.runs import RunState, decide, read_run, start_run, waiting_on
+from toren.runs import RunState, decide, read_run, receipt, start_run, waiting_on
 from toren.testing import AnthropicServer
 
 FORK_AT = 2  # the fork's first live step: the refund's call (the ticket's is copied)
@@ -322,8 +322,10 @@ class ForkExecution(_VersionExecution):
 
     async def observe(self) -> ForkObserved:
         pool = self.client.pool
+        state = await read_run(self.client, self.run_id)
         return ForkObserved(
-            state=await read_run(self.client, self.run_id),
+            state=state,
+            receipt=receipt(state),
             journal=await journal_rows(pool, self.run_id),
             source=self.source_rows,
             source_raw=self.source_raw,
