@@ -315,26 +315,27 @@ def _schedule_slot_unkeyed() -> None:
 def _upgrade_by_replay() -> None:
     from toren.actors.runs import versions
 
-    recorded = versions.RunUpgraded
+    recorded = versions.RunUpgraded  # type: ignore[attr-defined]
 
     def by_replay(**fields: Any) -> Any:
         return recorded(**{**fields, "how": "replay"})
 
-    versions.RunUpgraded = by_replay  # type: ignore[assignment,misc]
+    versions.RunUpgraded = by_replay  # type: ignore[attr-defined,assignment]
 
 
 def _fork_prefix_short() -> Callable[[], None]:
     import toren.runs.fork as forks
 
-    copy = forks.copy_journal
+    copy = forks.copy_journal  # type: ignore[attr-defined]
 
     async def one_short(conn: Any, source: str, target: str, *, before: int, **more: Any) -> int:
-        return await copy(conn, source, target, before=before - 1, **more)
+        copied: int = await copy(conn, source, target, before=before - 1, **more)
+        return copied
 
-    forks.copy_journal = one_short  # type: ignore[assignment]
+    forks.copy_journal = one_short  # type: ignore[attr-defined]
 
     def undo() -> None:
-        forks.copy_journal = copy
+        forks.copy_journal = copy  # type: ignore[attr-defined]
 
     return undo
 

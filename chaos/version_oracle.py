@@ -93,11 +93,11 @@ def upgrade_problems(seen: UpgradeObserved) -> list[str]:
     if len(upgrades) != 1:
         problems.append(f"run.upgraded recorded {len(upgrades)} times, expected once")
     for row in upgrades:
-        moved = (row.data.get("from_version"), row.data.get("to_version"), row.data.get("how"))
-        if moved != (version, seen.target, "value"):
+        was, to, how = (row.data.get(k) for k in ("from_version", "to_version", "how"))
+        if (was, to, how) != (version, seen.target, "value"):
             problems.append(
-                f"run.upgraded at seq {row.seq} moved {moved[0]!r} to {moved[1]!r} by "
-                f"{moved[2]!r}; expected {version!r} to {seen.target!r} by 'value'"
+                f"run.upgraded at seq {row.seq} moved {was!r} to {to!r} by {how!r}; expected "
+                f"{version!r} to {seen.target!r} by 'value'"
             )
     if not version or version == seen.target:
         problems.append(f"the run started on version {version!r} and moved to {seen.target!r}")
