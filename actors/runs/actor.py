@@ -148,7 +148,7 @@ class RunActor(Actor[RunState]):
         running = ctx.state.children_running
         was_live = ctx.state.status not in ENDED
         was = ctx.state.status
-        if versions.check(ctx, msg):
+        if versions.check(ctx, msg, self.args):
             return  # handed to a worker serving the version it moves to
         if ctx.route is not None:  # it moved to this worker's version: check its calls again
             self._verified_seq = None
@@ -204,7 +204,7 @@ class RunActor(Actor[RunState]):
             calls.child_asked(ctx, msg)
             return
         if isinstance(msg, StartRun):
-            if not state.agent:
+            if not state.agent and not await versions.handed_over(ctx, msg):
                 refused = calls.refused_start(agents_of(ctx), msg)
                 ctx.emit(
                     RunStarted(

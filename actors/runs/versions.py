@@ -6,6 +6,10 @@ policy is ``upgrade``, is pinned to it in the same step: its row is re-routed to
 deploy a run started on the old code finishes on the old workers, and one started on the new
 code on the new ones; nothing is checked or paid again.
 
+A run started on a worker while a newer version runs elsewhere (the newest: what the most
+recently started live worker running its agent publishes) is handed to that version before it
+records anything, so new runs start on the new code.
+
 A worker that handles a run recorded on another version (a run started before versions, one
 under ``upgrade``, one moved by ``toren jobs upgrade`` or by ``next_turn``) records
 ``run.upgraded`` and pins the run to its own version (``upgrade``: unpins it). How the history
@@ -22,15 +26,17 @@ read, outside any transaction) and, if that is another, is re-routed to it and h
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
-from toren import Context
+from toren import Context, Principal
 from toren.directory import directory_of
 from toren.runs import (
     MessageReceived,
     RunCompleted,
     RunState,
     RunUpgraded,
+    StartRun,
     TimerFired,
     TimerSet,
     Upgrade,
@@ -46,6 +52,23 @@ def started(ctx: Context[RunState], agent: str) -> str:
     return agents_of(ctx).version(agent) or ""
 
 
+async def handed_over(ctx: Context[RunState], msg: StartRun) -> bool:
+    """At a run's start: a run whose agent's policy pins it, started here while a newer
+    version runs elsewhere, is handed to that version (its start message goes with it), so
+    that in a rolling deploy new runs start on the new code. Whether it was."""
+    agents = agents_of(ctx)
+    agent = agents.named(msg.agent)
+    mine = agents.version(msg.agent)
+    if agent is None or mine is None or agents.version_policy(agent) == "upgrade":
+        return False
+    newest = await directory_of(ctx).newest_version(msg.agent)
+    if newest is None or newest == mine:
+        return False
+    ctx.send(ctx.actor_id, msg)
+    ctx.reroute(version_route(msg.agent, newest), leave=True)
+    return True
+
+
 def pin(ctx: Context[RunState]) -> None:
     """Pin the run to the version it recorded, unless its agent's policy is ``upgrade``."""
     state = ctx.state
@@ -55,10 +78,23 @@ def pin(ctx: Context[RunState]) -> None:
         ctx.reroute(version_route(state.agent, state.version))
 
 
-def check(ctx: Context[RunState], msg: Any) -> bool:
+def asked_by(args: Mapping[str, Any], version: str) -> Principal | None:
+    """Who asked (``toren jobs upgrade``) to move the run to ``version``, as its row says."""
+    asked = args.get("upgrade")
+    if not isinstance(asked, Mapping) or asked.get("to_version") != version:
+        return None
+    try:
+        return Principal(**asked["by"])
+    except (KeyError, TypeError, ValueError):  # not one: the move is recorded without it
+        return None
+
+
+def check(ctx: Context[RunState], msg: Any, args: Mapping[str, Any]) -> bool:
     """Before a message is handled: a run recorded on another version than this worker's
-    moves to it (``run.upgraded``); an :class:`~toren.runs.Upgrade` to a version this worker
-    does not serve is handed to one that does.
+    moves to it (``run.upgraded``, with who asked for it: the :class:`~toren.runs.Upgrade`
+    in hand, or the request ``upgrade_run`` left in the run's ``args``, when mail queued
+    before that message moves it); an Upgrade to a version this worker does not serve is
+    handed to one that does.
 
     Returns:
         Whether the message was handed over (then nothing else is done with it here).
@@ -85,7 +121,7 @@ def check(ctx: Context[RunState], msg: Any) -> bool:
             from_version=state.version,
             to_version=mine,
             how=how,
-            by=msg.by if isinstance(msg, Upgrade) else None,
+            by=msg.by if isinstance(msg, Upgrade) else asked_by(args, mine),
             at=time.time(),
         )
     )

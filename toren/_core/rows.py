@@ -176,7 +176,8 @@ async def actors_of_kind(
 ) -> list[ActorRow]:
     """The actors of ``kind``, in ``order`` (newest first, oldest first, or by id).
 
-    Only those whose run status is ``run_status``, whose route is ``route``, whose ``args``
+    Only those whose run status is ``run_status``, whose route is ``route`` (or ``route@...``:
+    an agent's route pinned to a version), whose ``args``
     hold each of ``args``'s keys with that (text) value, whose ``summary`` does not hold
     ``summary_not``'s values (a key it lacks is not one), created after ``since``, or, a
     keyset page, before ``before`` (the ``(created_at, actor_id)`` of the previous page's
@@ -200,7 +201,9 @@ async def actors_of_kind(
     if run_status is not None:
         where.append(f"a.run_status = {value(run_status)}")
     if route is not None:
-        where.append(f"a.route = {value(route)}")
+        # Its versions too: an agent's runs pinned to a version are routed NAME@VERSION.
+        given = value(route)
+        where.append(f"(a.route = {given} OR starts_with(a.route, {given} || '@'))")
     for key, wanted in (args or {}).items():
         where.append(f"a.args->>'{json_key(key)}' = {value(wanted)}")
     for key, unwanted in (summary_not or {}).items():
@@ -316,16 +319,21 @@ async def run_status_counts(db: Db) -> dict[str, int]:
     return {r["status"]: r["n"] for r in rows}
 
 
-async def set_route(db: Db, actor_id: str, route: str) -> bool:
+async def set_route(
+    db: Db, actor_id: str, route: str, *, args: Mapping[str, Any] | None = None
+) -> bool:
     """Give actor ``actor_id`` ``route`` (joins ``db``'s transaction, if in one): only workers
     serving it claim the actor from then on. A worker holding it keeps it until it lets it go.
+    ``args`` are merged into the actor's arguments (key by key) in the same statement.
 
     Returns:
         Whether the actor exists.
     """
     found: str | None = await db.fetchval(
-        "UPDATE toren.actors SET route = $2 WHERE actor_id = $1 RETURNING actor_id",
+        "UPDATE toren.actors SET route = $2, args = coalesce(args, '{}'::jsonb) || $3::jsonb "
+        "WHERE actor_id = $1 RETURNING actor_id",
         actor_id,
         route,
+        dict(args or {}),
     )
     return found is not None

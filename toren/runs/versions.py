@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import attrs
+
 from toren._agent.directory import card_version
 from toren._agent.principal import Principal
 from toren._agent.routes import route_version, version_route
@@ -73,14 +75,18 @@ async def move(
     client: Client, conn: Connection, run_id: str, agent: str, to: str, by: Principal
 ) -> None:
     """Re-route run ``run_id`` of ``agent`` to version ``to`` and send it :class:`Upgrade`,
-    in ``conn``'s transaction.
+    in ``conn``'s transaction (the request is also kept in the run's args, ``upgrade``).
 
     Raises:
         UnknownActor: the run is gone.
     """
-    if not await set_route(conn, run_id, version_route(agent, to)):
+    upgrade = Upgrade(to_version=to, by=by)
+    # On the row too: a worker that takes the run at mail queued before the Upgrade message
+    # records who asked for the move all the same.
+    asked = {"upgrade": {"to_version": to, "by": attrs.asdict(by)}}
+    if not await set_route(conn, run_id, version_route(agent, to), args=asked):
         raise UnknownActor(run_id)
-    await client.send(run_id, Upgrade(to_version=to, by=by), system=True, conn=conn)
+    await client.send(run_id, upgrade, system=True, conn=conn)
 
 
 async def upgrade_run(client: Client, run_id: str, *, by: Principal | None = None) -> str:
