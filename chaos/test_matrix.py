@@ -4,6 +4,7 @@ reason it stands for (``MUTATION_EVIDENCE``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,15 +134,23 @@ def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
     assert set(MUTATION_CELLS) == set(MUTATIONS) == set(MUTATION_EVIDENCE)
 
 
+@pytest.fixture
+def clean(request: pytest.FixtureRequest) -> dict[Shape, Any]:
+    """The clean runs a mutation's cells are judged against, by shape. Asked for here, before
+    the test runs: an async fixture asked for from a running async test cannot be set up (the
+    mutation alone, ``-k NAME``, failed so unless the clean run was already made)."""
+    name = request.node.callspec.params["name"]
+    shapes = {cell.shape for cell in MUTATION_CELLS[name]}
+    return {shape: request.getfixturevalue(CLEAN[shape]) for shape in shapes}
+
+
 @pytest.mark.parametrize("name", MUTATIONS)
 async def test_mutation_turns_cells_red(
     name: str,
     chaos_server: EmbeddedPostgres,
     chaos_workdir: Path,
-    request: pytest.FixtureRequest,
+    clean: dict[Shape, Any],
 ) -> None:
-    shapes = {cell.shape for cell in MUTATION_CELLS[name]}
-    clean = {shape: request.getfixturevalue(CLEAN[shape]) for shape in shapes}
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
         results = [(await h.run_cell(cell, clean[cell.shape]))[0] for cell in MUTATION_CELLS[name]]
     record(f"Mutation {name}", *results)
