@@ -253,7 +253,10 @@ def fork_effect_problems(seen: ForkObserved, expected: ForkExpected) -> list[str
     kinds = Counter(e.kind for e in seen.effects)
     if sorted(kinds.elements()) != sorted(expected.effect_kinds):
         problems.append(f"the fork applied {dict(kinds)}, expected each of {expected.effect_kinds}")
-    own = {r.data["idempotency_key"]: r for r in live if r.type == "tool.intent"}
+    own: dict[str, Row] = {}  # each key's first intent (as in chaos.oracle.effect_problems)
+    for r in live:
+        if r.type == "tool.intent":
+            own.setdefault(r.data["idempotency_key"], r)
     inherited = {r.data["idempotency_key"] for r in seen.source if r.type == "tool.intent"}
     for effect in seen.effects:
         intent = own.get(effect.key)
