@@ -20,6 +20,8 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from toren._agent.principal import Principal
 from toren._agent.routes import agent_route
 from toren._core.codec import decode
@@ -107,7 +109,7 @@ async def fork_run(
         raise UnknownActor(str(run_id))
     by = by if by is not None else Principal.os_user("python")
     async with client.pool.acquire() as conn, conn.transaction():
-        row = await actor_row(conn, run_id, fields=("args.agent", "args.concurrency_key"))
+        row = await actor_row(conn, run_id, fields=("args.agent",))
         if row is None:
             raise UnknownActor(run_id)
         if row.kind != RUN_KIND:
@@ -148,16 +150,16 @@ async def fork_run(
     return fork_id
 
 
+@attrs.frozen(kw_only=True)
 class _Cut:
     """Where a fork from a step cuts its source's journal: ``start``, the seq of the step's
     first event; ``end``, that of its answer; the state the copy folds to; the source's sandbox
     checkpoint at the step."""
 
-    def __init__(self, start: int, end: int, state: RunState, checkpoint: str | None) -> None:
-        self.start = start
-        self.end = end
-        self.state = state
-        self.checkpoint = checkpoint
+    start: int
+    end: int
+    state: RunState
+    checkpoint: str | None
 
 
 def _cut(run_id: str, entries: list[JournalEntry], at: int) -> _Cut:
@@ -198,7 +200,7 @@ def _cut(run_id: str, entries: list[JournalEntry], at: int) -> _Cut:
         ):
             checkpoint = event.checkpoint
         state = fold(state, event)
-    return _Cut(start, end, state, checkpoint)
+    return _Cut(start=start, end=end, state=state, checkpoint=checkpoint)
 
 
 def _check_edit(run_id: str, cut: _Cut, at: int, *, message: str | None, input: str | None) -> None:
