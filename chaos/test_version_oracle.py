@@ -39,7 +39,8 @@ def _intent(key: str) -> tuple[str, dict[str, Any]]:
 
 # -- the upgrade ---------------------------------------------------------------------------------
 
-UPGRADED = ("run.upgraded", {"from_version": OLD, "to_version": NEW, "how": "value"})
+BY = {"kind": "os_user", "id": "chaos", "name": "chaos", "via": "chaos"}
+UPGRADED = ("run.upgraded", {"from_version": OLD, "to_version": NEW, "how": "value", "by": BY})
 
 
 def _upgrade(*events: tuple[str, dict[str, Any]], **changes: Any) -> UpgradeObserved:
@@ -84,10 +85,12 @@ def test_an_upgrade_recorded_twice_or_never_is_red() -> None:
 
 
 def test_an_upgrade_by_replay_or_to_another_version_is_red() -> None:
-    replay = ("run.upgraded", {"from_version": OLD, "to_version": NEW, "how": "replay"})
+    replay = ("run.upgraded", {"from_version": OLD, "to_version": NEW, "how": "replay", "by": BY})
     assert any("by 'replay'" in p for p in upgrade_problems(_upgrade(replay)))
-    elsewhere = ("run.upgraded", {"from_version": NEW, "to_version": OLD, "how": "value"})
+    elsewhere = ("run.upgraded", {"from_version": NEW, "to_version": OLD, "how": "value", "by": BY})
     assert any("expected '0123" in p for p in upgrade_problems(_upgrade(elsewhere)))
+    unasked = ("run.upgraded", {"from_version": OLD, "to_version": NEW, "how": "value", "by": None})
+    assert any("names None as who asked" in p for p in upgrade_problems(_upgrade(unasked)))
 
 
 def test_steps_invalidated_by_the_move_are_red_for_the_mutation() -> None:

@@ -4,9 +4,9 @@ After an **upgrade** cell (:func:`judge_upgrade`): every check of the plain cell
 (:func:`chaos.oracle.judge`: the clean cell's output, no model call paid twice but the one in
 flight, each effect once, the journal contiguous, one approval, nothing dead-lettered), and one
 ``run.upgraded``, from the version the run started on to the one ``upgrade_run`` named, by value
-(the policy is ``next_turn``); no step invalidated; the run's row routed to the new version
-(pinned); the requests made before the move carry the old version's system prompt, those after
-the new one's.
+(the policy is ``next_turn``), naming the harness as who asked; no step invalidated; the run's
+row routed to the new version (pinned); the requests made before the move carry the old
+version's system prompt, those after the new one's.
 
 After a **fork** cell (:func:`judge_fork`): the fork completed with the clean fork's output; its
 journal starts with the events the clean fork copied, each equal by value to its source's (seq,
@@ -36,6 +36,7 @@ from toren.runs import Receipt, RunState
 
 NAME = "versioned"  # the agent (chaos.app)
 DEPLOY = "2"  # the CHAOS_VERSION of the workers of the version a run is moved to
+ASKED_BY = "chaos"  # the id of the principal the harness upgrades runs as (chaos.harness.CHAOS)
 
 
 @attrs.frozen
@@ -98,6 +99,11 @@ def upgrade_problems(seen: UpgradeObserved) -> list[str]:
             problems.append(
                 f"run.upgraded at seq {row.seq} moved {was!r} to {to!r} by {how!r}; expected "
                 f"{version!r} to {seen.target!r} by 'value'"
+            )
+        who = (row.data.get("by") or {}).get("id")
+        if who != ASKED_BY:
+            problems.append(
+                f"run.upgraded at seq {row.seq} names {who!r} as who asked, not the harness"
             )
     if not version or version == seen.target:
         problems.append(f"the run started on version {version!r} and moved to {seen.target!r}")
