@@ -9,6 +9,7 @@ it is made, against the cards live workers publish.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,9 +69,13 @@ class Directory:
     The worker makes one at its start and lends it to its actors (:func:`directory_of`).
     """
 
+    NEWEST_SECONDS = 1.0
+    """How long a worker keeps the newest version it read (cards change at renewals anyway)."""
+
     def __init__(self, agents: Agents, pool: asyncpg.Pool | None = None) -> None:
         self.agents = agents
         self.pool = pool
+        self._newest: dict[str, tuple[float, str | None]] = {}  # by agent: (read at, version)
 
     def local_cards(self) -> dict[str, dict[str, Any]]:
         """The cards of the agents this worker runs, as published with each renewal: with
@@ -107,12 +112,21 @@ class Directory:
 
     async def newest_version(self, name: str) -> str | None:
         """The version of agent ``name`` that the most recently started live worker running it
-        publishes (``None``: none does; without a pool, this worker's own)."""
+        publishes (``None``: none does; without a pool, this worker's own), as read at most
+        :attr:`NEWEST_SECONDS` ago."""
         if self.pool is None:
             return self.agents.version(name)
         from toren._core.workers import newest_card
 
-        return card_version(await newest_card(self.pool, name))
+        now = time.monotonic()
+        known = self._newest.get(name)
+        if known is not None and now - known[0] < self.NEWEST_SECONDS:
+            return known[1]
+        # Read at a run's start and at a next_turn run's waits: kept a moment, so that a burst
+        # of starts reads the registry (and pg_locks) once.
+        version = card_version(await newest_card(self.pool, name))
+        self._newest[name] = (now, version)
+        return version
 
     async def route_served(self, route: str) -> bool:
         """Whether this worker or a live one serves ``route`` (``sandbox``: it has Docker)."""
