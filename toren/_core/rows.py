@@ -201,9 +201,9 @@ async def actors_of_kind(
     if run_status is not None:
         where.append(f"a.run_status = {value(run_status)}")
     if route is not None:
-        # Its versions too: an agent's runs pinned to a version are routed NAME@VERSION.
-        given = value(route)
-        where.append(f"(a.route = {given} OR starts_with(a.route, {given} || '@'))")
+        # Its versions too: an agent's runs pinned to a version are routed NAME@VERSION (the
+        # index actors_runs_by_route is on this expression).
+        where.append(f"split_part(a.route, '@', 1) = {value(route)}")
     for key, wanted in (args or {}).items():
         where.append(f"a.args->>'{json_key(key)}' = {value(wanted)}")
     for key, unwanted in (summary_not or {}).items():

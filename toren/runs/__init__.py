@@ -142,7 +142,8 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         waiting_on,
     )
     from toren.runs.version_events import RunUpgraded, Upgrade, UpgradeHow
-    from toren.runs.versions import VersionNotServed, newest_version, upgrade_run
+    from toren.runs.version_moves import VersionNotServed, newest_version
+    from toren.runs.versions import upgrade_run
 
 __all__ = [
     "AGENT_NAME",
@@ -329,7 +330,8 @@ _HOMES: dict[str, tuple[str, ...]] = {
     ),
     "toren.runs.rate_events": ("RateWaited", "RateWake"),
     "toren.runs.version_events": ("RunUpgraded", "Upgrade", "UpgradeHow"),
-    "toren.runs.versions": ("VersionNotServed", "newest_version", "upgrade_run"),
+    "toren.runs.version_moves": ("VersionNotServed", "newest_version"),
+    "toren.runs.versions": ("upgrade_run",),
     "toren.runs.events": (
         "ENDED",
         "FORMAT",

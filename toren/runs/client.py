@@ -560,7 +560,7 @@ async def retry(
     by = _caller(by)
     moving = None
     if upgrade:
-        from toren.runs.versions import move, retry_target  # it builds on this module
+        from toren.runs.version_moves import move, retry_target
 
         moving = await retry_target(client, run_id)
     async with client.pool.acquire() as conn, conn.transaction():
