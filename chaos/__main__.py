@@ -10,6 +10,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import anyio
 import click
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chaos.calls import CallExpected
-from chaos.harness import SANDBOX_SHAPES, Cell, CellResult, Harness
+from chaos.harness import SANDBOX_SHAPES, Cell, CellResult, Harness, Shape
 from chaos.matrix import (
     MUTATION_CELLS,
     call_cells,
@@ -40,20 +41,41 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult, postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.version_oracle import ForkExpected
+from chaos.versions import clean_fork_run, clean_upgrade_run, version_cells
 
 console = Console()
 
 
-async def _cells(
-    harness: Harness,
-    todo: list[Cell],
+# What each shape's cells are judged against: its clean run's result.
+Clean = dict[Shape, Any]
+
+
+def _clean(
     expected: Expected,
     call: CallExpected,
     sandbox: SandboxExpected | None,
     telegram: TelegramExpected,
     schedule: ScheduleExpected,
-    label: str,
-) -> list[CellResult]:
+    upgrade: Expected,
+    fork: ForkExpected,
+) -> Clean:
+    return {
+        "chaos": expected,
+        "early": expected,
+        "call": call,
+        "sandbox": sandbox,
+        "rerunnable": sandbox,
+        "at_least_once": telegram,
+        "at_most_once": telegram,
+        "interrupted": telegram,
+        "schedule": schedule,
+        "upgrade": upgrade,
+        "fork": fork,
+    }
+
+
+async def _cells(harness: Harness, todo: list[Cell], clean: Clean, label: str) -> list[CellResult]:
     results = []
     columns = (
         TextColumn("{task.description}"),
@@ -67,17 +89,6 @@ async def _cells(
             progress.update(
                 task, description=f"{label}: {cell.point}#{cell.occurrence} {cell.fault}"
             )
-            clean = {
-                "chaos": expected,
-                "early": expected,
-                "call": call,
-                "sandbox": sandbox,
-                "rerunnable": sandbox,
-                "at_least_once": telegram,
-                "at_most_once": telegram,
-                "interrupted": telegram,
-                "schedule": schedule,
-            }
             result, _ = await harness.run_cell(cell, clean[cell.shape])
             if not result.passed and label == "matrix":
                 console.print(f"[red]FAIL[/red] {cell.slug}: {'; '.join(result.problems)}")
@@ -104,6 +115,8 @@ async def main(
             call = await clean_call_run(harness)
             telegram = await clean_telegram_run(harness)
             schedule = await clean_schedule_run(harness)
+            upgrade = await clean_upgrade_run(harness)
+            fork = await clean_fork_run(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -113,6 +126,7 @@ async def main(
                 verdict = "[red]FAIL[/red] (CI=true)" if in_ci else "skipped"
                 console.print(f"sandbox cells {verdict}: no Docker or no sandbox image: {missing}")
                 ok = ok and not in_ci
+            clean = _clean(expected, call, sandbox, telegram, schedule, upgrade, fork)
             for title, todo in (
                 ("Kill matrix", [c for c in cells() if only is None or only in c.point]),
                 (
@@ -135,12 +149,14 @@ async def main(
                     "Kill matrix: schedules",
                     [c for c in schedule_cells() if only is None or only in c.point],
                 ),
+                (
+                    "Kill matrix: versions and forks",
+                    [c for c in version_cells() if only is None or only in c.point],
+                ),
             ):
                 if not todo:
                     continue
-                results = await _cells(
-                    harness, todo, expected, call, sandbox, telegram, schedule, "matrix"
-                )
+                results = await _cells(harness, todo, clean, "matrix")
                 console.print(table(results, f"{title}: kill point x fault"))
                 console.print(summary(results))
                 ok = ok and all(r.passed for r in results)
@@ -162,9 +178,7 @@ async def main(
                 async with Harness(
                     server.url, workdir / "cells", mutation=name, bound=10
                 ) as mutated:
-                    red = await _cells(
-                        mutated, todo, expected, call, sandbox, telegram, schedule, name
-                    )
+                    red = await _cells(mutated, todo, clean, name)
                 reds = sum(not r.passed for r in red)
                 console.print(table(red, f"Mutation {name}: {reds} of {len(red)} cells red"))
                 for r in red:

@@ -10,7 +10,10 @@ script into its workspace and runs it twice (see :data:`chaos.servers.SANDBOX_CA
 cells' run; ``rerunnable`` is the same with its sandbox declared rerunnable. ``chatty`` and
 ``chatty_once`` answer a Telegram chat (the Telegram cells), delivering at least once and at most
 once. ``ticker`` starts a run every second on its ``tick`` schedule (the schedule cells), each
-run a one-line answer; its workers alone declare it (``CHAOS_SCHEDULES``). The effects go to
+run a one-line answer; its workers alone declare it (``CHAOS_SCHEDULES``). ``versioned`` opens a
+ticket and refunds (the version cells: a run upgraded to another version, a run forked); a
+worker's ``CHAOS_VERSION`` changes its system prompt, so workers with and without it serve two
+versions of it. The effects go to
 the harness's :class:`chaos.servers.EffectServer`, which applies each idempotency key once and
 counts every request.
 
@@ -142,6 +145,25 @@ ticker = Agent(
     model="anthropic/claude-sonnet-4-6",
     system="schedule: You note each tick of a clock.",
     schedules=[TICK] if os.environ.get("CHAOS_SCHEDULES") else [],
+)
+
+# The version cells' agent: the chaos agent's ticket and refund (its run parks on the refund's
+# approval), without the timer. A worker started with ``CHAOS_VERSION`` serves another version
+# of it (another system prompt); under ``next_turn`` a run moved to it takes its calls by value.
+VERSION_ENV = "CHAOS_VERSION"
+
+
+def versioned_system(deploy: str) -> str:
+    """The ``versioned`` agent's system prompt on workers whose ``CHAOS_VERSION`` is ``deploy``."""
+    return "versioned: You resolve support cases." + (f" (deploy {deploy})" if deploy else "")
+
+
+versioned = Agent(
+    name="versioned",
+    model="anthropic/claude-sonnet-4-6",
+    system=versioned_system(os.environ.get(VERSION_ENV, "")),
+    tools=[open_ticket, refund],
+    version_policy="next_turn",
 )
 
 _mutation = os.environ.get("CHAOS_MUTATION")

@@ -33,6 +33,8 @@ from chaos.sandbox import SandboxExpected, docker_missing
 from chaos.scenarios import ScenarioResult
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.version_oracle import ForkExpected
+from chaos.versions import clean_fork_run, clean_upgrade_run
 from toren._core.db import EmbeddedPostgres
 
 RESULTS: dict[str, list[CellResult]] = {}
@@ -43,6 +45,7 @@ MATRICES = (
     "Kill matrix: sandboxes",
     "Kill matrix: Telegram channels",
     "Kill matrix: schedules",
+    "Kill matrix: versions and forks",
 )
 SCENARIOS: list[ScenarioResult] = []
 SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
@@ -112,6 +115,16 @@ async def telegram_expected(harness: Harness) -> TelegramExpected:
 @pytest.fixture(scope="session")
 async def schedule_expected(harness: Harness) -> ScheduleExpected:
     return await clean_schedule_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def upgrade_expected(harness: Harness) -> Expected:
+    return await clean_upgrade_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def fork_expected(harness: Harness) -> ForkExpected:
+    return await clean_fork_run(harness)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -26,7 +26,9 @@ tools run in its sandbox on real Docker (``sandbox`` cells, and ``rerunnable`` o
 may run a command again; judged by :mod:`chaos.sandbox`), a Telegram chat whose bot delivers
 ``at_least_once`` or ``at_most_once`` (driven and judged by :mod:`chaos.telegram`, with this
 module's faults), or a schedule firing a slot a second (``schedule`` cells, three workers;
-driven and judged by :mod:`chaos.schedules`). The points' occurrences count in the victim
+driven and judged by :mod:`chaos.schedules`), or a run moved to another version of its agent
+(``upgrade`` cells) or forked from a step (``fork`` cells; both driven and judged by
+:mod:`chaos.versions`). The points' occurrences count in the victim
 process, which runs caller and child, run and sandbox, or channel and conversation alike. A
 third point on the harness's side is ``sandbox.in_flight``: the long command runs in the
 container (its first line is in the workspace); the Telegram cells add ``telegram.in_flight``
@@ -107,6 +109,7 @@ from toren.testing import AnthropicServer, Hold
 if TYPE_CHECKING:
     from chaos.schedules import ScheduleExpected, ScheduleObserved
     from chaos.telegram import TelegramExpected, TelegramObserved
+    from chaos.version_oracle import ForkExpected, ForkObserved, UpgradeObserved
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
@@ -121,6 +124,8 @@ Shape = Literal[
     "at_most_once",
     "interrupted",
     "schedule",
+    "upgrade",
+    "fork",
 ]
 SANDBOX_SHAPES = ("sandbox", "rerunnable")
 # A Telegram cell's shape is its bot's delivery; the run is started by the chat, not the harness.
@@ -140,6 +145,8 @@ AGENTS: dict[Shape, str] = {
     "at_least_once": "chatty",
     "at_most_once": "chatty_once",
     "schedule": "ticker",
+    "upgrade": "versioned",
+    "fork": "versioned",
 }
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
 # telegram.in_flight: the Bot API server holds a send before it takes effect; telegram.delivered:
@@ -298,14 +305,34 @@ class Harness:
         self,
         cell: Cell,
         expected: (
-            Expected | CallExpected | SandboxExpected | TelegramExpected | ScheduleExpected | None
+            Expected
+            | CallExpected
+            | SandboxExpected
+            | TelegramExpected
+            | ScheduleExpected
+            | ForkExpected
+            | None
         ),
     ) -> tuple[
         CellResult,
-        Observed | CallObserved | SandboxObserved | TelegramObserved | ScheduleObserved,
+        Observed
+        | CallObserved
+        | SandboxObserved
+        | TelegramObserved
+        | ScheduleObserved
+        | UpgradeObserved
+        | ForkObserved,
     ]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
+        if cell.shape in ("upgrade", "fork"):
+            # Imported here: chaos.versions builds on this module (its execution and faults).
+            from chaos.version_oracle import ForkExpected
+            from chaos.versions import run_version_cell
+
+            if expected is not None and not isinstance(expected, Expected | ForkExpected):
+                raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")
+            return await run_version_cell(self, cell, expected)
         if cell.shape == "schedule":
             # Imported here: chaos.schedules builds on this module (its execution and faults).
             from chaos.schedules import ScheduleExpected, run_schedule_cell

@@ -279,6 +279,12 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     "schedule-slot-unkeyed": (
         Cell("committed:schedule.slot_started", 3, "sigkill", shape="schedule"),
     ),
+    # The move to another version taken by replay though the policy says by value: the calls
+    # of the old version are checked against the new one's requests and paid again.
+    "upgrade-by-replay": (Cell("committed:run.upgraded", 1, "sigkill", shape="upgrade"),),
+    # The fork's journal copied one event short (the ticket's result left out): the fork runs
+    # the ticket's call again, under its source's key, whatever the fault.
+    "fork-prefix-short": (Cell("committed:model.called", 1, "sigkill", shape="fork"),),
 }
 
 
@@ -297,6 +303,8 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "turn-ends-later": "never ended its turn",
     "early-message-dropped": "heard out of place",
     "schedule-slot-unkeyed": "the backfill started a second run for slot",
+    "upgrade-by-replay": "calls taken by value were re-asked",
+    "fork-prefix-short": "the source's effects were asked for again",
 }
 
 

@@ -37,10 +37,22 @@ switch for them. A mutation of the kernel's statements replaces their fragments 
 - ``schedule-slot-unkeyed``: a schedule starts each slot's run under a fresh id instead of one
   derived from the schedule and the slot (its idempotency key): a slot fired again (a backfill
   of a range whose slots ran) starts a second run.
+- ``upgrade-by-replay``: a run moved to another version records ``run.upgraded`` as a replay
+  whatever its agent's policy says (``next_turn`` takes the history by value): the calls made on
+  the old version are checked against the new version's requests, invalidated from the first
+  (the system prompt differs) and paid again.
+- ``fork-prefix-short``: a fork's journal is copied one event short of its step (the source's
+  last event before it left out): the fork begins from a state its source never had (the ticket's
+  call without its result), runs that call again under its source's key, and asks the
+  tracker for an effect its source applied. Forks are made by the client that asks for one
+  (``toren.runs.fork_run``), so the harness applies it in its own process, for the cell's
+  duration (:func:`applied_here`).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 MUTATIONS = (
@@ -56,7 +68,11 @@ MUTATIONS = (
     "turn-ends-later",
     "early-message-dropped",
     "schedule-slot-unkeyed",
+    "upgrade-by-replay",
+    "fork-prefix-short",
 )
+# The mutations of what the harness's own process runs (the client side): applied there too.
+HERE = frozenset({"fork-prefix-short"})
 
 # The fence without its check of owner and epoch (still typed by them: a parameter the statement
 # does not name has no type).
@@ -296,6 +312,48 @@ def _schedule_slot_unkeyed() -> None:
     actor.keyed_run_id = fresh_run_id  # type: ignore[attr-defined]
 
 
+def _upgrade_by_replay() -> None:
+    from toren.actors.runs import versions
+
+    recorded = versions.RunUpgraded  # type: ignore[attr-defined]
+
+    def by_replay(**fields: Any) -> Any:
+        return recorded(**{**fields, "how": "replay"})
+
+    versions.RunUpgraded = by_replay  # type: ignore[attr-defined,assignment]
+
+
+def _fork_prefix_short() -> Callable[[], None]:
+    import toren.runs.fork as forks
+
+    copy = forks.copy_journal  # type: ignore[attr-defined]
+
+    async def one_short(conn: Any, source: str, target: str, *, before: int, **more: Any) -> int:
+        copied: int = await copy(conn, source, target, before=before - 1, **more)
+        return copied
+
+    forks.copy_journal = one_short  # type: ignore[attr-defined]
+
+    def undo() -> None:
+        forks.copy_journal = copy  # type: ignore[attr-defined]
+
+    return undo
+
+
+@contextlib.contextmanager
+def applied_here(name: str | None) -> Iterator[None]:
+    """Apply mutation ``name`` in this process for the block's duration, if it mutates the
+    client side (:data:`HERE`); else do nothing (the workers load it)."""
+    if name not in HERE:
+        yield
+        return
+    undo = _fork_prefix_short()
+    try:
+        yield
+    finally:
+        undo()
+
+
 def load(name: str) -> None:
     """Apply mutation ``name`` to this process.
 
@@ -315,6 +373,8 @@ def load(name: str) -> None:
         "turn-ends-later": _turn_ends_later,
         "early-message-dropped": _early_message_dropped,
         "schedule-slot-unkeyed": _schedule_slot_unkeyed,
+        "upgrade-by-replay": _upgrade_by_replay,
+        "fork-prefix-short": _fork_prefix_short,  # the workers make no fork: changes nothing
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -313,7 +313,12 @@ def effect_problems(
     kinds = Counter(e.kind for e in effects)
     if sorted(kinds) != sorted(kinds_expected) or any(n != 1 for n in kinds.values()):
         problems.append(f"effects applied {dict(kinds)}, expected each of {kinds_expected}")
-    intents = {r.data["idempotency_key"]: r for r in journal if r.type == "tool.intent"}
+    # A key's first intent: a call made again after an invalidation records its intent again,
+    # under the same key, after the effect its first intent announced.
+    intents: dict[str, Row] = {}
+    for r in journal:
+        if r.type == "tool.intent":
+            intents.setdefault(r.data["idempotency_key"], r)
     for effect in effects:
         intent = intents.get(effect.key)
         if intent is None:

@@ -35,11 +35,8 @@ def case(request: dict[str, Any]) -> str:
 def agent_of(request: dict[str, Any]) -> str:
     """The agent a request comes from, for the call script (its system prompt starts with its
     name and a colon); ``""`` for the ``chaos`` agent."""
-    system = request.get("system") or ""
-    if isinstance(system, list):
-        system = "".join(b.get("text", "") for b in system)
-    name, colon, _ = str(system).partition(":")
-    known = ("caller", "callee", "sandbox", "telegram", "schedule")
+    name, colon, _ = system_of(request).partition(":")
+    known = ("caller", "callee", "sandbox", "telegram", "schedule", "versioned")
     return name if colon and name in known else ""
 
 
@@ -147,8 +144,36 @@ def schedule_answer(run_input: str) -> str:
     return f"Noted: {run_input}."
 
 
+# The version cells' run: the chaos run's ticket and refund, then the answer (no timer).
+VERSIONED_FINAL = "Ticket opened and refund made."
+VERSIONED_LATENCY = 0.05
+
+
+def versioned_script(request: dict[str, Any]) -> Reply:
+    """The version cells: a ticket (keyed, external), a refund (keyed, external, approved by a
+    person), the answer; by position, whatever the system prompt's version."""
+    step = position(request)
+    calls = {
+        0: ToolCall(id="t0", name="open_ticket", arguments={"title": case(request)}),
+        1: ToolCall(id="t1", name="refund", arguments={"amount": 120}),
+    }
+    if step in calls:
+        return Reply([Text(text=f"Step {step}."), calls[step]], latency=VERSIONED_LATENCY)
+    return Reply(VERSIONED_FINAL, latency=VERSIONED_LATENCY)
+
+
+def system_of(request: dict[str, Any]) -> str:
+    """A request's system prompt, as text."""
+    system = request.get("system") or ""
+    if isinstance(system, list):
+        system = "".join(b.get("text", "") for b in system)
+    return str(system)
+
+
 def script(request: dict[str, Any], _n: int) -> Reply:
     """Answer by conversation position, so a call repeated after a crash gets the same answer."""
+    if agent_of(request) == "versioned":
+        return versioned_script(request)
     if agent_of(request) == "schedule":
         return Reply(schedule_answer(case(request)), latency=SCHEDULE_LATENCY)
     if agent_of(request) == "sandbox":

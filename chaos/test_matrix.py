@@ -4,6 +4,7 @@ reason it stands for (``MUTATION_EVIDENCE``)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,8 @@ from chaos.sandbox import SandboxExpected
 from chaos.scenarios import postgres_restart, restarter, soak
 from chaos.schedules import ScheduleExpected
 from chaos.telegram import TelegramExpected
+from chaos.version_oracle import ForkExpected
+from chaos.versions import fork_cells, upgrade_cells
 from toren._core.db import EmbeddedPostgres
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +94,26 @@ async def test_schedule_cell(
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", upgrade_cells(), ids=lambda c: f"upgrade-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_upgrade_cell(cell: Cell, harness: Harness, upgrade_expected: Expected) -> None:
+    result, _ = await harness.run_cell(cell, upgrade_expected)
+    record(MATRICES[5], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
+@pytest.mark.parametrize(
+    "cell", fork_cells(), ids=lambda c: f"fork-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_fork_cell(cell: Cell, harness: Harness, fork_expected: ForkExpected) -> None:
+    result, _ = await harness.run_cell(cell, fork_expected)
+    record(MATRICES[5], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
@@ -102,6 +125,8 @@ CLEAN: dict[Shape, str] = {
     "at_least_once": "telegram_expected",
     "at_most_once": "telegram_expected",
     "schedule": "schedule_expected",
+    "upgrade": "upgrade_expected",
+    "fork": "fork_expected",
 }
 
 
@@ -109,15 +134,23 @@ def test_every_mutation_has_cells_and_the_evidence_that_catches_it() -> None:
     assert set(MUTATION_CELLS) == set(MUTATIONS) == set(MUTATION_EVIDENCE)
 
 
+@pytest.fixture
+def clean(request: pytest.FixtureRequest) -> dict[Shape, Any]:
+    """The clean runs a mutation's cells are judged against, by shape. Asked for here, before
+    the test runs: an async fixture asked for from a running async test cannot be set up (the
+    mutation alone, ``-k NAME``, failed so unless the clean run was already made)."""
+    name = request.node.callspec.params["name"]
+    shapes = {cell.shape for cell in MUTATION_CELLS[name]}
+    return {shape: request.getfixturevalue(CLEAN[shape]) for shape in shapes}
+
+
 @pytest.mark.parametrize("name", MUTATIONS)
 async def test_mutation_turns_cells_red(
     name: str,
     chaos_server: EmbeddedPostgres,
     chaos_workdir: Path,
-    request: pytest.FixtureRequest,
+    clean: dict[Shape, Any],
 ) -> None:
-    shapes = {cell.shape for cell in MUTATION_CELLS[name]}
-    clean = {shape: request.getfixturevalue(CLEAN[shape]) for shape in shapes}
     async with Harness(chaos_server.url, chaos_workdir / "cells", mutation=name, bound=10) as h:
         results = [(await h.run_cell(cell, clean[cell.shape]))[0] for cell in MUTATION_CELLS[name]]
     record(f"Mutation {name}", *results)

@@ -225,3 +225,16 @@ def test_an_early_message_dropped_heard_twice_or_before_the_start_is_caught() ->
     assert "heard out of place" in early_problems(run(early, started), EARLY)[0]
     twice = early_problems(run(started, early, early), EARLY)
     assert "expected the early message once" in twice[0]
+
+
+def test_an_effect_is_judged_against_the_first_intent_of_its_key() -> None:
+    from chaos.oracle import effect_problems
+
+    ticket = Effect(key="k", run="r", kind="ticket", detail="x", applied_at=2.0)
+    first = _row(1, "tool.intent", 1.0, idempotency_key="k")
+    again = _row(5, "tool.intent", 4.0, idempotency_key="k")  # made again after an invalidation
+    assert effect_problems((ticket,), (first, again), ("ticket",)) == []
+    late = _row(1, "tool.intent", 3.0, idempotency_key="k")  # the effect before any intent
+    assert effect_problems((ticket,), (late, again), ("ticket",)) == [
+        "ticket applied before its tool.intent was recorded"
+    ]
