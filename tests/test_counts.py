@@ -315,9 +315,12 @@ async def test_one_agent_step_with_a_tool_call(
 # GET /runs/{id} of a completed run, its token's check and the run's state cached by the first
 # read. A change that needs more must update the number here and in docs/performance.md.
 API_READ = Cost(
-    statements=1,  # the run's events since the cached state (no runs below: it has no child)
-    round_trips=1,
-    commits=1,  # a read-only (implicit) transaction: nothing written
+    # the run's events since the cached state (no runs below: it has no child); then, the run
+    # being pinned to a version, whether a live worker serves it (or, completed, a message
+    # waits for it: docs/versioning.md's parked runs)
+    statements=2,
+    round_trips=2,
+    commits=2,  # read-only (implicit) transactions: nothing written
     writing_commits=0,
     rows={},
 )

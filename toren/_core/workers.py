@@ -129,6 +129,41 @@ async def published_routes(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] 
     return routes
 
 
+_UNSERVED = f"""
+WITH live AS (
+    SELECT w.stats->'routes' AS routes FROM toren.workers w
+    WHERE w.worker_id IN ({LIVE_WORKERS})
+)
+SELECT EXISTS (SELECT 1 FROM live WHERE jsonb_typeof(live.routes) IS DISTINCT FROM 'array')
+           AS unknown,
+       ARRAY(SELECT r.id FROM unnest($1::text[], $2::text[]) AS r(id, route)
+             WHERE NOT EXISTS (SELECT 1 FROM live WHERE jsonb_typeof(live.routes) = 'array'
+                                                   AND live.routes ? r.route)
+               AND (r.id <> ALL($3::text[])
+                    OR EXISTS (SELECT 1 FROM toren.mailbox m
+                               WHERE m.actor_id = r.id AND m.kind = $4))) AS ids
+"""
+
+
+async def unserved(
+    conn: asyncpg.Connection | asyncpg.Pool,
+    routes: Mapping[str, str],
+    *,
+    unless_idle: Collection[str] = (),
+    mail_kind: str = "",
+) -> set[str] | None:
+    """Of the actors given (id to route), those whose route no live worker publishes, in one
+    statement; those of ``unless_idle`` only if a message of ``mail_kind`` waits for them.
+    ``None`` while a live worker has not published its routes yet (what it serves is not
+    known)."""
+    found = await conn.fetchrow(
+        _UNSERVED, list(routes), list(routes.values()), list(unless_idle), mail_kind
+    )
+    if found is None or found["unknown"]:
+        return None
+    return set(found["ids"])
+
+
 async def route_served(conn: asyncpg.Connection | asyncpg.Pool, route: str) -> bool:
     """Whether a live worker publishes ``route`` (``sandbox``: it has Docker)."""
     return any(route in ((w["stats"] or {}).get("routes") or ()) for w in await live_workers(conn))

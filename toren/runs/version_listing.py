@@ -24,8 +24,8 @@ import attrs
 
 from toren._agent.routes import route_version, version_route
 from toren._core.client import Client
-from toren._core.rows import count_by_route, queued
-from toren._core.workers import live_workers, newest_cards, published_routes
+from toren._core.rows import count_by_route
+from toren._core.workers import live_workers, newest_cards, unserved
 from toren.runs.events import ENDED, RUN_KIND, STATUSES
 
 SAY = "run.say"
@@ -201,21 +201,15 @@ async def stranded(
     """Of the runs given (id to route; give only those that have not ended), those pinned to a
     version no live worker serves, with that version; also those of ``completed`` (completed
     runs, id to route) that are, with a human's message waiting: a conversation that goes on
-    once a worker takes it, parked meanwhile. One statement, none when no run given is pinned;
-    none is stranded while a live worker has not said yet what it serves; one more, for the
-    mailboxes of the completed runs stranded so."""
+    once a worker takes it, parked meanwhile. One statement (mailboxes included), none when no
+    run given is pinned; none is stranded while a live worker has not said yet what it
+    serves."""
     given = {**routes, **(completed or {})}
-    pinned = {rid: route for rid, route in given.items() if pinned_version(route)[1]}
+    pinned = {rid: route for rid, route in given.items() if route and pinned_version(route)[1]}
     if not pinned:
         return {}
-    served = await published_routes(client.pool)
-    if served is None:
+    idle = [rid for rid in pinned if rid in (completed or {}) and rid not in routes]
+    found = await unserved(client.pool, pinned, unless_idle=idle, mail_kind=SAY)
+    if found is None:
         return {}
-    found = {
-        rid: str(pinned_version(route)[1]) for rid, route in pinned.items() if route not in served
-    }
-    idle = [rid for rid in found if rid in (completed or {}) and rid not in routes]
-    if idle:
-        going_on = await queued(client.pool, idle, SAY)
-        found = {rid: v for rid, v in found.items() if rid not in idle or rid in going_on}
-    return found
+    return {rid: str(pinned_version(pinned[rid])[1]) for rid in found}
