@@ -277,7 +277,13 @@ def _calls_unannounced() -> None:
     def announce_nothing(ctx: Any, agent: Any, build: Any) -> None:
         """Announces nothing: a call lost in flight leaves no trace."""
 
+    def never_unannounced(state: Any) -> bool:
+        """A call found unannounced is made at once (not announced first, in a step of its
+        own): without announcements every call is."""
+        return False
+
     inflight.announce = announce_nothing
+    inflight.calls_next = never_unannounced
 
 
 def _turn_ends_later() -> None:
