@@ -103,17 +103,30 @@ async def last_seq(db: Db, actor_id: str) -> int | None:
 
 
 async def actor_and_events(
-    db: Db, actor_id: str, *, after: int, fields: Iterable[str] = ()
+    db: Db,
+    actor_id: str,
+    *,
+    after: int,
+    fields: Iterable[str] = (),
+    mail_kind: str | None = None,
 ) -> tuple[ActorRow, list[JournalEntry]] | None:
     """Actor ``actor_id``'s row (its small columns, and ``fields`` as :func:`actor_row` reads
     them) and its events after ``seq`` ``after``, in one query; ``None`` if there is no such
-    actor."""
+    actor. With ``mail_kind``, the row's ``mail_waiting`` says whether a message of that kind
+    waits in its mailbox (in the same query)."""
+    waiting = (
+        ", EXISTS (SELECT 1 FROM toren.mailbox m WHERE m.actor_id = a.actor_id "
+        "AND m.kind = $3) AS mail_waiting"
+        if mail_kind is not None
+        else ""
+    )
     rows = await db.fetch(
-        f"SELECT {columns(fields)}, {_ENTRY} FROM toren.actors a "
+        f"SELECT {columns(fields)}{waiting}, {_ENTRY} FROM toren.actors a "
         "LEFT JOIN toren.journal j ON j.actor_id = a.actor_id AND j.seq > $2 "
         "WHERE a.actor_id = $1 ORDER BY j.seq",
         actor_id,
         after,
+        *(() if mail_kind is None else (mail_kind,)),
     )
     if not rows:
         return None

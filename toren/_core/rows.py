@@ -50,6 +50,7 @@ class ActorRow:
     args: Any = None  # as spawned (or only the keys asked for)
     summary: Any = None  # what its last step recorded (or only the keys asked for)
     failure: str | None = None
+    mail_waiting: bool | None = None  # when asked: whether a message of a given kind waits
 
     @property
     def args_dict(self) -> Mapping[str, Any]:
@@ -118,6 +119,7 @@ def row(r: asyncpg.Record) -> ActorRow:
         run_status=r["run_status"],
         created_at=r["created_at"],
         **{c: r[c] for c in _LARGE if c in found},
+        mail_waiting=r["mail_waiting"] if "mail_waiting" in found else None,
     )
 
 

@@ -114,6 +114,21 @@ async def served_agents(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | N
     }
 
 
+async def published_routes(conn: asyncpg.Connection | asyncpg.Pool) -> set[str] | None:
+    """Every route some live worker publishes; ``None`` while a live worker has not published
+    its routes yet (one that has only just started: what it serves is not known)."""
+    rows = await conn.fetch(
+        f"SELECT w.stats->'routes' AS routes FROM toren.workers w "
+        f"WHERE w.worker_id IN ({LIVE_WORKERS})"
+    )
+    routes: set[str] = set()
+    for r in rows:
+        if not isinstance(r["routes"], list):
+            return None
+        routes.update(route for route in r["routes"] if isinstance(route, str))
+    return routes
+
+
 _UNSERVED = f"""
 WITH live AS (
     SELECT w.stats->'routes' AS routes FROM toren.workers w

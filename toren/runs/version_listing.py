@@ -15,7 +15,7 @@ will claim it until one serving that version starts, or until it is upgraded
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -190,6 +190,20 @@ async def agent_versions(
             )
         )
     return out
+
+
+def parked_on(
+    route: str | None, served: Collection[str] | None, *, ended: bool, say_waiting: bool
+) -> str | None:
+    """The version a run is parked on, if it is: pinned by ``route`` to a version outside
+    ``served`` (the routes live workers publish; ``None`` while one has not said yet: nothing
+    is parked), and either not ended or a completed conversation with a human's message
+    waiting (``say_waiting``). What :func:`stranded` finds, for one run whose mail and
+    workers' routes the caller has read already."""
+    version = pinned_version(route)[1]
+    if version is None or served is None or route in served:
+        return None
+    return version if not ended or say_waiting else None
 
 
 async def stranded(

@@ -54,7 +54,7 @@ from toren._surfaces.http.models import (
     StartRunBody,
 )
 from toren._surfaces.http.openapi import API_PARTS, run_part
-from toren._surfaces.http.states import STATES, RunStates
+from toren._surfaces.http.states import SERVED, STATES, RunStates, ServedRoutes
 from toren.runs import (
     DECISION_WAIT,
     ENDED,
@@ -85,7 +85,7 @@ from toren.runs import (
 from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
-from toren.runs.version_listing import parked_reason, pinned_version, stranded
+from toren.runs.version_listing import SAY, parked_on, parked_reason, pinned_version
 from toren.sandboxes.listing import approval_cwds
 
 T = TypeVar("T")
@@ -97,6 +97,7 @@ def install(app: web.Application) -> None:
     """The run kind's routes; deciding asks for the ``approve`` scope, and starting, sending
     and cancelling for ``operate`` (as every other write)."""
     app[STATES] = RunStates()
+    app[SERVED] = ServedRoutes()
     app[API_PARTS].append(run_part())
     app[ROUTE_ACCESS].ask(
         {
@@ -259,7 +260,7 @@ async def _state(app: web.Application, rid: str) -> tuple[RunState, datetime]:
 
 async def _run(app: web.Application, rid: str) -> Run:
     state, row = await app[STATES].read_row(
-        app[CLIENT].pool, rid, ("args.concurrency_key", "args.schedule", "args.slot")
+        app[CLIENT].pool, rid, ("args.concurrency_key", "args.schedule", "args.slot"), mail_kind=SAY
     )
     created = row.created_at
     r = receipt(state)
@@ -282,11 +283,14 @@ async def _run(app: web.Application, rid: str) -> Run:
     key = row.args_dict.get("concurrency_key")
     # Only a run that has not ended may wait for a slot: an ended one costs no query here.
     wait = (await queued(client, [rid])).get(rid) if state.status not in ENDED else None
-    # Pinned to a version no live worker serves: parked until one does, or it is upgraded.
-    check = state.status not in ENDED and wait is None
-    # A completed conversation with a message waiting is parked too, when it is pinned so.
-    done = {rid: row.route} if state.status == "completed" else None
-    stuck = (await stranded(client, {rid: row.route} if check else {}, completed=done)).get(rid)
+    # Pinned to a version no live worker serves: parked until one does, or it is upgraded;
+    # so is a completed conversation pinned so with a message waiting (read with its events).
+    check = wait is None and (state.status not in ENDED or state.status == "completed")
+    pinned = check and pinned_version(row.route)[1] is not None
+    served = await app[SERVED].read(client.pool) if pinned else None
+    stuck = parked_on(
+        row.route, served, ended=state.status in ENDED, say_waiting=bool(row.mail_waiting)
+    )
     status = QUEUED if wait is not None else "parked" if stuck is not None else state.status
     origin = forked_from(state)
     return Run(
