@@ -345,6 +345,8 @@ NOT_KERNEL_TABLES = {
     "tokens": "the HTTP API's tokens (toren/_surfaces/tokens.py)",
     "sessions": "the console's sessions (toren/_surfaces/tokens.py)",
     "pairing_key": "the channels' pairing key (toren/channels/pairing.py)",
+    "run_audit": "pruned runs' audit records (toren/runs/audit.py, toren/runs/costs.py)",
+    "prune_log": "what each prune removed (toren/runs/audit.py)",
 }
 _SQL = re.compile(r"\b(SELECT|INSERT|UPDATE|DELETE|FROM|JOIN)\b", re.IGNORECASE)
 

@@ -17,6 +17,7 @@ from toren._core.journal_reads import events
 from toren._core.json_text import dumps, utf8_size
 from toren._core.restarts import forget_restarts
 from toren._core.rows import ActorRow, actor_row, descendants, revive, set_route
+from toren.runs.audit import PrunedStart, refuse_pruned, unknown_run
 from toren.runs.events import (
     ENDED,
     RUN_KIND,
@@ -200,27 +201,30 @@ async def start_run(
         raise InvalidStart("concurrency_key", problem)
     started = _start_digest(agent, input)
     extra = {} if concurrency_key is None else {"concurrency_key": concurrency_key}
-    async with client.pool.acquire() as conn, conn.transaction():
-        if idempotency_key is None:
-            run_id = f"run/{uuid.uuid4()}"
-            await client.spawn(
-                RUN_KIND,
+    try:
+        async with client.pool.acquire() as conn, conn.transaction():
+            if idempotency_key is None:
+                run_id = f"run/{uuid.uuid4()}"
+                args = {"agent": agent, "start": started, **extra}
+                await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn)
+                created = True
+            else:
+                run_id, created = await _keyed_run(
+                    client, conn, agent, input, idempotency_key, extra
+                )
+            await client.send(
                 run_id,
-                {"agent": agent, "start": started, **extra},
-                route=agent_route(agent),
+                StartRun(agent=agent, input=input, by=_caller(by)),
+                dedupe_key="start",
                 conn=conn,
             )
-            created = True
-        else:
-            run_id, created = await _keyed_run(client, conn, agent, input, idempotency_key, extra)
-        await client.send(
-            run_id,
-            StartRun(agent=agent, input=input, by=_caller(by)),
-            dedupe_key="start",
-            conn=conn,
-        )
-        if created:  # after its start message: a run that waits has it hidden with it
-            await impose_run(conn, run_id, agent, concurrency_key)
+            if created:  # after its start message: a run that waits has it hidden with it
+                await impose_run(conn, run_id, agent, concurrency_key)
+    except PrunedStart as pruned:  # the key's run was pruned: it is the answer, as before
+        kept = pruned.record.args
+        if (kept.get("start", started), kept.get("concurrency_key")) != (started, concurrency_key):
+            raise IdempotencyConflict(str(idempotency_key), pruned.record.run_id) from None
+        return pruned.record.run_id
     return run_id
 
 
@@ -258,6 +262,7 @@ async def _keyed_run(
         run_id = keyed_run_id(agent, key)
         args = {"agent": agent, "start": started, **extra}
         if await client.spawn(RUN_KIND, run_id, args, route=agent_route(agent), conn=conn):
+            await refuse_pruned(conn, (run_id, old_id), agent)  # rolled back if it was
             return run_id, True
         found = await actor_row(conn, run_id, fields=("args",))
         args = found.args if found is not None else None
@@ -331,6 +336,8 @@ async def decide(
         answer = await client.ask(run_id, msg, timeout=wait, system=True)
     except AskTimeout:
         return None
+    except UnknownActor:
+        raise await unknown_run(client.pool, run_id) from None
     if not isinstance(answer, DecisionOutcome):
         raise InternalError(f"{run_id} answered a decision with {answer!r}")
     return answer
@@ -390,7 +397,7 @@ async def decision_target(
         client.pool, run_id, kind=RUN_KIND, fields=("args.agent", "summary.waiting_on")
     )
     if row is None:
-        raise UnknownActor(run_id)
+        raise await unknown_run(client.pool, run_id)
     own = (run_id, str(row.args_dict.get("agent") or ""))
     if run == run_id:
         return own
@@ -415,7 +422,10 @@ async def read_run(client: Client, run_id: str) -> RunState:
     Raises:
         UnknownActor: no such run.
     """
-    row = await client.actor(run_id)
+    try:
+        row = await client.actor(run_id)
+    except UnknownActor:
+        raise await unknown_run(client.pool, run_id) from None
     if row["kind"] != RUN_KIND:
         raise UnknownActor(run_id)
     rebuilt = await replay(
@@ -462,7 +472,7 @@ async def run_agent(client: Client, run_id: str) -> str:
     """
     row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("args.agent",))
     if row is None:
-        raise UnknownActor(run_id)
+        raise await unknown_run(client.pool, run_id)
     return str(row.args_dict.get("agent") or "")
 
 
@@ -505,7 +515,7 @@ async def _status(client: Client, run_id: str) -> tuple[str | None, str | None]:
         client.pool, run_id, kind=RUN_KIND, fields=("summary.status", "summary.error_class")
     )
     if row is None:
-        raise UnknownActor(run_id)
+        raise await unknown_run(client.pool, run_id)
     return _text(row.summary_dict.get("status")), _text(row.summary_dict.get("error_class"))
 
 

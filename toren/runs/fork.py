@@ -33,6 +33,7 @@ from toren._core.journal_reads import events
 from toren._core.json_text import utf8_size
 from toren._core.rows import actor_row
 from toren._core.workers import newest_card
+from toren.runs.audit import RunPruned, unknown_run
 from toren.runs.client import MESSAGE_CAP
 from toren.runs.events import (
     RUN_KIND,
@@ -115,7 +116,12 @@ async def fork_run(
     async with client.pool.acquire() as conn, conn.transaction():
         row = await actor_row(conn, run_id, fields=("args.agent", "args.concurrency_key"))
         if row is None:
-            raise UnknownActor(run_id)
+            missing = await unknown_run(conn, run_id)
+            if isinstance(missing, RunPruned):  # its journal is gone: nothing to copy
+                when = missing.pruned_at.date().isoformat() if missing.pruned_at else "?"
+                detail = f"run was pruned on {when}; restore it first (toren jobs restore)"
+                raise InvalidFork(run_id, "run", detail)
+            raise missing
         if row.kind != RUN_KIND:
             raise InvalidFork(run_id, "run", f"it is not a run (an actor of kind {row.kind})")
         cut = _cut(run_id, await events(conn, run_id), at)

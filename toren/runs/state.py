@@ -293,6 +293,9 @@ def summary(state: RunState) -> dict[str, Any]:
         "calls_made": r.calls_made,
         "calls_replayed": r.calls_replayed,
         "usd_paid": str(r.usd_paid),
+        # for the costs surface (toren.runs.costs), which sums rows without folding journals
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens,
         "waiting_on": [] if state.status in ENDED else sorted(waiting_ids(state)),
         "error_class": state.error_class,
         "parent": state.parent or None,

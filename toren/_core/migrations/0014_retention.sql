@@ -43,3 +43,8 @@ CREATE TABLE toren.prune_log (
     skipped   integer NOT NULL,    -- candidates left for a later batch (locked, changed)
     took      double precision NOT NULL  -- seconds, the whole batch
 );
+
+-- A tree's actors are found by their parent (a run's child runs and its sandbox): without an
+-- index each level of the search would read every actor. Parents are never updated, so a
+-- step's update of its row stays HOT.
+CREATE INDEX actors_parent ON toren.actors (parent) WHERE parent IS NOT NULL;

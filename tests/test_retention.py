@@ -1,0 +1,310 @@
+"""Retention (issue 32): a batch prunes ended run trees whole, keeps an audit record of each run,
+never touches a run that works, waits, is queued or has mail, keeps the newest ``keep_last``,
+answers a retried keyed start with the pruned run, and takes its locks as documented.
+
+Runs here are written as a worker would leave them (their journal, their row's summary), so that
+each test builds in milliseconds what a model server would take seconds for; the pruner actor
+and the surfaces are tested end to end in tests/test_costs.py.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from tests.conftest import person
+from toren import Client, ConfigError, Retention
+from toren._agent.model import ModelResponse, Text, Usage
+from toren._core.codec import encode
+from toren._core.pruning import DELETE_STATEMENT, LOCK_STATEMENT, lock_timeout_statement
+from toren.runs import RUN_KIND, start_run
+from toren.runs.audit import RunPruned, audit_record
+from toren.runs.client import IdempotencyConflict, cancel, keyed_run_id, read_run, say, start_args
+from toren.runs.events import ModelCalled, RunCompleted, RunFailed, RunStarted
+from toren.runs.fork import InvalidFork, fork_run
+from toren.runs.prune import PRUNE_BATCH, PRUNE_LOCK_TIMEOUT, prune_batch
+from toren.runs.state import RunState, fold, summary
+
+pytestmark = pytest.mark.anyio
+
+ALL = Retention(keep_last=0)  # every ended run may go at once
+
+
+async def ended_run(
+    client: Client,
+    agent: str,
+    *,
+    status: str = "completed",
+    usd: str = "0.25",
+    parent: str | None = None,
+    run_id: str | None = None,
+    input: str = "go",
+    args: dict[str, Any] | None = None,
+) -> str:
+    """A run as a worker leaves it: started by alice, one paid model call, ended."""
+    import uuid
+
+    run_id = run_id or f"run/{uuid.uuid4()}"
+    response = ModelResponse(
+        content=(Text(text="done"),),
+        stop_reason="end",
+        usage=Usage(input_tokens=100, output_tokens=7),
+        model="m",
+    )
+    ending: Any = (
+        RunCompleted(output="done", at=2.0)
+        if status == "completed"
+        else RunFailed(error_class="cancelled" if status == "cancelled" else "tool", message="x")
+    )
+    events = [
+        RunStarted(agent=agent, input=input, at=1.0, by=person("alice"), parent=parent or ""),
+        ModelCalled(step=1, digest="d", model="m", response=response, cost_usd=usd, latency_ms=5),
+        ending,
+    ]
+    await client.spawn(
+        RUN_KIND,
+        run_id,
+        args or {"agent": agent, **({"parent": parent} if parent else {})},
+        route=f"agent:{agent}",
+        parent=parent,
+    )
+    state = RunState()
+    rows = []
+    for seq, event in enumerate(events, 1):
+        name, data = encode(event)
+        rows.append((run_id, seq, name, data))
+        state = fold(state, event)
+    await client.pool.executemany(
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) VALUES ($1, $2, 1, $3, $4)",
+        rows,
+    )
+    await client.pool.execute(
+        "UPDATE toren.actors SET summary = $2 WHERE actor_id = $1", run_id, summary(state)
+    )
+    return run_id
+
+
+async def exists(client: Client, actor_id: str) -> bool:
+    return bool(
+        await client.pool.fetchval(
+            "SELECT count(*) FROM toren.actors WHERE actor_id = $1", actor_id
+        )
+    )
+
+
+async def journal_rows(client: Client, actor_id: str) -> int:
+    n: int = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.journal WHERE actor_id = $1", actor_id
+    )
+    return n
+
+
+async def test_a_parent_and_its_children_are_pruned_together_with_their_audit_records(
+    client: Client,
+) -> None:
+    root = await ended_run(client, "desk", usd="0.5")
+    child = await ended_run(client, "researcher", parent=root, usd="0.125")
+    grandchild = await ended_run(client, "researcher", parent=child, status="failed")
+    # the child's sandbox, stopped: it goes with its run
+    await client.spawn("toren.sandbox", "sandbox/x", {}, parent=child)
+    before = await read_run(client, root)
+
+    result = await prune_batch(client.pool, "desk", ALL)
+
+    assert (result.trees, result.runs, result.events, result.skipped) == ((root,), 3, 9, 0)
+    assert result.bytes > 0
+    for gone in (root, child, grandchild, "sandbox/x"):
+        assert not await exists(client, gone)
+        assert await journal_rows(client, gone) == 0
+    record = await audit_record(client.pool, root)
+    assert record is not None
+    assert (record.agent, record.status, record.root_id, record.parent) == (
+        "desk",
+        "completed",
+        root,
+        None,
+    )
+    assert record.started_by == {
+        "kind": "os_user",
+        "id": "test-alice",
+        "name": "alice",
+        "via": "test",
+    }
+    assert Decimal(record.receipt["usd_paid"]) == before.usd_paid == Decimal("0.5")
+    assert (record.receipt["calls_made"], record.events) == (1, 3)
+    assert (record.args, record.archive) == ({"agent": "desk"}, None)
+    kid = await audit_record(client.pool, grandchild)
+    assert kid is not None
+    assert (kid.root_id, kid.parent, kid.status) == (root, child, "failed")
+    # the batch is logged
+    logged = await client.pool.fetchrow("SELECT runs, events FROM toren.prune_log")
+    assert (logged["runs"], logged["events"]) == (3, 9)
+    # pruning again finds nothing and writes nothing
+    again = await prune_batch(client.pool, "desk", ALL)
+    assert (again.runs, again.trees) == (0, ())
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.run_audit") == 3
+
+
+async def test_working_waiting_queued_and_mailed_runs_are_never_pruned(client: Client) -> None:
+    running = await start_run(client, "desk", "work")  # a start waiting in its mailbox
+    parked = await ended_run(client, "desk")
+    await client.pool.execute(
+        'UPDATE toren.actors SET summary = summary || \'{"status": "parked"}\' WHERE actor_id = $1',
+        parked,
+    )
+    mailed = await ended_run(client, "desk")
+    await say(client, mailed, "one more thing", by=person("bob"))  # continues the conversation
+    # a tree with one run still working below an ended root
+    root = await ended_run(client, "desk")
+    working_child = await ended_run(client, "researcher", parent=root)
+    await client.pool.execute(
+        'UPDATE toren.actors SET summary = summary || \'{"status": "running"}\' '
+        "WHERE actor_id = $1",
+        working_child,
+    )
+    # a channel's conversation run: never pruned by age or count
+    await client.spawn("toren.channel", "channel/telegram/bot", {})
+    chat = await ended_run(client, "desk", parent="channel/telegram/bot")
+    done = await ended_run(client, "desk")
+
+    result = await prune_batch(client.pool, "desk", ALL)
+
+    assert result.trees == (done,)
+    for kept in (running, parked, mailed, root, working_child, chat):
+        assert await exists(client, kept), kept
+
+
+async def test_keep_last_and_keep_for_keep_what_they_say(client: Client) -> None:
+    runs = [await ended_run(client, "desk") for _ in range(5)]
+    failed = await ended_run(client, "desk", status="failed")
+    # their creation in order; the journals of the first three ended two days ago
+    for n, run_id in enumerate([*runs, failed]):
+        await client.pool.execute(
+            "UPDATE toren.actors SET created_at = now() - make_interval(hours => 100 - $2) "
+            "WHERE actor_id = $1",
+            run_id,
+            n,
+        )
+    await client.pool.execute(
+        "UPDATE toren.journal SET created_at = now() - interval '2 days' "
+        "WHERE actor_id = ANY($1::text[])",
+        [*runs[:3], failed],
+    )
+    # keep_for a day, failed runs a week: the three old completed runs go, the failed one stays
+    by_age = await prune_batch(client.pool, "desk", Retention(keep_for="1d", keep_failed_for="7d"))
+    assert by_age.trees == tuple(runs[:3])
+    # keep the newest 2 of the ended runs left (runs[3], runs[4], failed): runs[3] goes
+    by_count = await prune_batch(client.pool, "desk", Retention(keep_last=2))
+    assert by_count.trees == (runs[3],)
+    # both rules: only what both let go (the failed run is old but among the newest 2)
+    both = await prune_batch(client.pool, "desk", Retention(keep_for="1d", keep_last=2))
+    assert both.trees == ()
+    # another agent's runs are not this agent's to prune
+    assert (await prune_batch(client.pool, "other", ALL)).trees == ()
+    # a dry run says what would go and deletes nothing
+    dry = await prune_batch(client.pool, "desk", ALL, dry_run=True)
+    assert dry.dry_run
+    assert set(dry.trees) == {runs[4], failed}
+    assert await exists(client, failed)
+
+
+async def test_a_keyed_start_retried_after_pruning_answers_with_the_pruned_run(
+    client: Client,
+) -> None:
+    run_id = keyed_run_id("desk", "order-17")
+    args = {**start_args("desk", "refund order 17"), "concurrency_key": "c"}
+    await ended_run(client, "desk", run_id=run_id, input="refund order 17", args=args)
+    assert (await prune_batch(client.pool, "desk", ALL)).trees == (run_id,)
+
+    again = await start_run(
+        client, "desk", "refund order 17", idempotency_key="order-17", concurrency_key="c"
+    )
+    assert again == run_id
+    assert not await exists(client, run_id)  # no second run: the insert was undone
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
+    with pytest.raises(IdempotencyConflict):
+        await start_run(client, "desk", "something else", idempotency_key="order-17")
+    with pytest.raises(IdempotencyConflict):  # the same input without its concurrency key
+        await start_run(client, "desk", "refund order 17", idempotency_key="order-17")
+    # the same key for another agent is that agent's own run
+    assert await start_run(client, "other", "x", idempotency_key="order-17") != run_id
+    # a pruned run takes nothing more, and says why
+    for act in (
+        lambda: say(client, run_id, "hello"),
+        lambda: cancel(client, run_id),
+        lambda: read_run(client, run_id),
+    ):
+        with pytest.raises(RunPruned, match=r"was pruned on \d{4}-\d\d-\d\d"):
+            await act()
+    with pytest.raises(InvalidFork, match=r"run was pruned on \d{4}-\d\d-\d\d; restore it first"):
+        await fork_run(client, run_id, at=1, message="again")
+
+
+async def test_a_batch_locks_with_skip_locked_under_a_short_lock_timeout(client: Client) -> None:
+    """Structural: the numbers and the statements, not timing."""
+    assert (PRUNE_BATCH, PRUNE_LOCK_TIMEOUT) == (100, 0.2)
+    assert lock_timeout_statement(200) == "SET LOCAL lock_timeout = '200ms'"
+    assert "FOR UPDATE OF a SKIP LOCKED" in LOCK_STATEMENT
+    assert "FOR UPDATE" not in DELETE_STATEMENT  # the delete takes only the rows locked before
+    # What a batch's transaction sets and takes, seen from inside it: a run another transaction
+    # holds (a step's statement locks its row) is skipped, never waited for.
+    held = await ended_run(client, "desk")
+    free = await ended_run(client, "desk")
+    seen: list[str] = []
+    original = client.pool.acquire
+
+    async with client.pool.acquire() as step, step.transaction():
+        await step.execute("SELECT 1 FROM toren.actors WHERE actor_id = $1 FOR UPDATE", held)
+
+        class Spy:
+            def __init__(self, conn: Any) -> None:
+                self._conn = conn
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._conn, name)
+
+            async def fetch(self, sql: str, *args: Any) -> Any:
+                if "SKIP LOCKED" in sql:
+                    seen.append(await self._conn.fetchval("SHOW lock_timeout"))
+                return await self._conn.fetch(sql, *args)
+
+        class Acquired:
+            def __init__(self) -> None:
+                self._cm = original()
+
+            async def __aenter__(self) -> Any:
+                return Spy(await self._cm.__aenter__())
+
+            async def __aexit__(self, *exc: Any) -> Any:
+                return await self._cm.__aexit__(*exc)
+
+        class SpyPool:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(client.pool, name)
+
+            def acquire(self) -> Any:
+                return Acquired()
+
+        result = await prune_batch(SpyPool(), "desk", ALL, lock_timeout=0.2)  # type: ignore[arg-type]
+
+    assert seen == ["200ms"]
+    assert (result.trees, result.skipped) == ((free,), 1)
+    assert await exists(client, held)
+    assert (await prune_batch(client.pool, "desk", ALL)).trees == (held,)  # later, it goes
+
+
+def test_a_retention_policy_that_is_not_one_is_refused() -> None:
+    with pytest.raises(ConfigError, match="needs keep_for, keep_failed_for, keep_last"):
+        Retention()
+    with pytest.raises(ConfigError, match="keep_last must be a whole number"):
+        Retention(keep_last=-1)
+    with pytest.raises(ConfigError, match="not a duration"):
+        Retention(keep_for="a while")
+    with pytest.raises(ConfigError, match="conversation_keep_for needs archive"):
+        Retention(conversation_keep_for="1d")
+    assert Retention(keep_for="30d").keep_for == 30 * 86400.0
+    assert Retention.from_json(Retention(keep_last=3, archive=True).to_json()) == Retention(
+        keep_last=3, archive=True
+    )

@@ -1,0 +1,312 @@
+"""Pruning an agent's ended runs, one batch at a time (issue 32).
+
+A batch (:func:`prune_batch`, what the pruner actor and ``toren jobs prune`` run):
+
+1. selects up to ``batch`` trees (:func:`toren._core.pruning.ended_trees`: a root run that
+   ended, every run below it ended, no message waiting for any, past the agent's
+   :class:`~toren.Retention`), taking no lock;
+2. reads what each run's audit record keeps (its state folded, its start and decisions) and,
+   with ``archive``, writes its journal to the archive store and reads it back
+   (``toren._core.archive.archive_journal``), still taking no lock;
+3. in one short transaction, under ``SET LOCAL lock_timeout`` (``lock_timeout``, 200 ms by
+   default), locks the trees' rows ``FOR UPDATE SKIP LOCKED``, checks each again (every row
+   locked, still ended, no mail, its journal's last event the one read in 2, so the archive
+   and the record cover it all), writes the audit records, deletes the trees and logs the
+   batch. A tree that fails a check is left whole for a later batch.
+
+Every step may be killed: nothing is deleted before 3 commits, and 3 is one transaction. A
+batch run again selects again, archives again (the same key: the same object) and writes no
+audit record twice (``ON CONFLICT DO NOTHING``). So a batch is idempotent and the pruner
+resumable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from toren._agent.retention import Retention
+from toren._agent.routes import agent_route
+from toren._core.errors import ConfigError, TorenError
+from toren._core.journal import ReplayFailed, replay
+from toren._core.journal_reads import events, last_seq
+from toren._core.pruning import EndedTree, delete_trees, ended_trees, lock_trees
+from toren._core.rows import actor_rows
+from toren.runs.audit import AuditRecord, insert_audit, log_prune, receipt_json
+from toren.runs.events import ENDED, RUN_KIND
+from toren.runs.receipt import receipt
+from toren.runs.state import SNAPSHOT_VERSION, RunState, fold
+
+if TYPE_CHECKING:
+    import asyncpg
+
+log = logging.getLogger("toren.retention")
+
+PRUNE_BATCH = 100
+"""Trees (a root run and the runs below it) one batch prunes at most, by default."""
+
+PRUNE_LOCK_TIMEOUT = 0.2
+"""Seconds a batch's transaction waits for a lock at most, by default (its rows are taken
+``SKIP LOCKED``: it waits for none of them)."""
+
+SPARE_UNDER = ("toren.channel",)
+"""Runs started by actors of these kinds are never pruned by age or count: a chat's run goes on
+with the chat's next message (bounded by ``conversation_keep_for`` instead)."""
+
+
+@attrs.frozen(kw_only=True)
+class PruneResult:
+    """What one batch did (or, dry, would do).
+
+    Attributes:
+        agent: The agent whose runs it pruned.
+        runs: Runs pruned (roots and the runs below them); dry: that would be.
+        trees: The roots of the trees pruned (dry: that would be).
+        events: Journal rows deleted; ``bytes`` their stored size (roughly).
+        archived: Runs whose journal was archived first.
+        skipped: Trees found but left for a later batch (a row held by a step, a run that
+            changed since it was read, no archive store where one is needed).
+        took: Seconds the batch took.
+        dry_run: Nothing was deleted.
+    """
+
+    agent: str
+    runs: int = 0
+    trees: tuple[str, ...] = ()
+    events: int = 0
+    bytes: int = 0
+    archived: int = 0
+    skipped: int = 0
+    took: float = 0.0
+    dry_run: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class _Read:
+    """A run of a tree as step 2 read it."""
+
+    run_id: str
+    last_seq: int
+    record: AuditRecord | None  # None: not a run (a sandbox): nothing is kept of it
+
+
+def keep_for(retention: Retention) -> dict[str, float | None]:
+    """Seconds each ended status is kept after the end (``None``: no age rule for it)."""
+    return {status: retention.age_limit(status) for status in ENDED}
+
+
+async def candidates(
+    pool: asyncpg.Pool, agent: str, retention: Retention, *, batch: int = PRUNE_BATCH
+) -> list[EndedTree]:
+    """The trees a batch for ``agent`` would prune now, oldest first (no lock taken)."""
+    if not retention.prunes_runs:
+        return []
+    return await ended_trees(
+        pool,
+        kind=RUN_KIND,
+        route=agent_route(agent),
+        keep_for=keep_for(retention),
+        keep_last=retention.keep_last,
+        limit=batch,
+        spare_under=SPARE_UNDER,
+    )
+
+
+async def prune_batch(
+    pool: asyncpg.Pool,
+    agent: str,
+    retention: Retention,
+    *,
+    batch: int = PRUNE_BATCH,
+    lock_timeout: float = PRUNE_LOCK_TIMEOUT,
+    store: Any = None,
+    dry_run: bool = False,
+) -> PruneResult:
+    """Prune one batch of ``agent``'s ended runs under ``retention`` (see the module).
+
+    Args:
+        pool: The database.
+        agent: The agent whose runs are pruned.
+        retention: Its policy.
+        batch: Trees at most.
+        lock_timeout: Seconds the deleting transaction waits for a lock at most.
+        store: The archive store (an ``ObjectStore``), needed when ``retention.archive``.
+        dry_run: Only say what would go.
+
+    Raises:
+        ConfigError: ``batch`` or ``lock_timeout`` is out of range.
+    """
+    if not 1 <= batch <= 10_000:
+        raise ConfigError(f"prune_batch must be 1 to 10000 runs, not {batch}")
+    started = time.monotonic()
+    trees = await candidates(pool, agent, retention, batch=batch)
+    if dry_run:
+        runs = sum(k == RUN_KIND for t in trees for k in t.kinds)
+        return PruneResult(agent=agent, runs=runs, trees=tuple(t.root for t in trees), dry_run=True)
+    if not trees:
+        return PruneResult(agent=agent, took=time.monotonic() - started)
+    archiving = retention.archive
+    if archiving and store is None:
+        log.warning(
+            "retention of %s archives journals and no archive store is open: nothing pruned "
+            "(set archive_store)",
+            agent,
+        )
+        return PruneResult(agent=agent, skipped=len(trees), took=time.monotonic() - started)
+    read: dict[str, list[_Read]] = {}
+    skipped = 0
+    archived = 0
+    for tree in trees:
+        try:
+            tree_runs = await _read_tree(pool, tree, store if archiving else None)
+        except (ReplayFailed, TorenError) as exc:  # a journal not folded here, a store failing
+            log.warning("%s: not pruned now: %s", tree.root, exc)
+            skipped += 1
+            continue
+        read[tree.root] = tree_runs
+        archived += sum(r.record is not None and r.record.archive is not None for r in tree_runs)
+    return await _delete(pool, agent, read, lock_timeout, skipped, archived, started)
+
+
+async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_Read]:
+    """Each actor of ``tree`` as its audit record keeps it (its journal archived first when
+    ``store`` is given)."""
+    rows = {r.actor_id: r for r in await actor_rows(pool, tree.actors, fields=("args",))}
+    out: list[_Read] = []
+    for actor_id, kind in zip(tree.actors, tree.kinds, strict=True):
+        row = rows.get(actor_id)
+        if row is None:
+            raise TorenError(f"{actor_id} is gone")
+        if kind != RUN_KIND:
+            seq = await last_seq(pool, actor_id) or 0
+            out.append(_Read(run_id=actor_id, last_seq=seq, record=None))
+            continue
+        rebuilt = await replay(
+            pool, actor_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+        )
+        state: RunState = rebuilt.state
+        if state.status not in ENDED:
+            raise TorenError(f"{actor_id} is {state.status}")
+        archive = None
+        if store is not None:
+            archiving = importlib.import_module("toren._core.archive")
+            archive = await archiving.archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
+        record = await _record(pool, tree.root, row, state, rebuilt.seq, archive)
+        out.append(_Read(run_id=actor_id, last_seq=rebuilt.seq, record=record))
+    return out
+
+
+async def _record(
+    pool: asyncpg.Pool, root: str, row: Any, state: RunState, seq: int, archive: Any
+) -> AuditRecord:
+    """The audit record of a run read as ``state`` through event ``seq``."""
+    found = await events(
+        pool,
+        row.actor_id,
+        types=("run.started", "tool.intent", "approval.decided"),
+        keys=("by", "call_id", "name", "approved", "who", "reason", "channel", "at"),
+    )
+    started_by = next((e.data.get("by") for e in found if e.type == "run.started"), None)
+    tools = {e.data.get("call_id"): e.data.get("name") for e in found if e.type == "tool.intent"}
+    decisions = tuple(
+        {
+            "call_id": e.data.get("call_id"),
+            "tool": tools.get(e.data.get("call_id")),
+            "approved": e.data.get("approved"),
+            "by": e.data.get("by"),
+            "who": e.data.get("who"),
+            "reason": e.data.get("reason"),
+            "channel": e.data.get("channel"),
+            "at": e.data.get("at"),
+        }
+        for e in found
+        if e.type == "approval.decided"
+    )
+    last = await events(pool, row.actor_id, after=seq - 1, keys=(), limit=1) if seq else []
+    return AuditRecord(
+        run_id=row.actor_id,
+        root_id=root,
+        parent=state.parent or None,
+        agent=state.agent or str(row.args_dict.get("agent") or ""),
+        version=state.version,
+        args=row.args_dict,
+        started_by=started_by,
+        decisions=decisions,
+        receipt=receipt_json(receipt(state)),
+        status=state.status,
+        error_class=state.error_class,
+        error=state.error,
+        created_at=row.created_at,
+        ended_at=last[0].at if last else None,
+        pruned_at=None,
+        archive=archive,
+        events=seq,
+    )
+
+
+async def _delete(
+    pool: asyncpg.Pool,
+    agent: str,
+    read: dict[str, list[_Read]],
+    lock_timeout: float,
+    skipped: int,
+    archived: int,
+    started: float,
+) -> PruneResult:
+    """Step 3: lock, check again, record and delete, in one short transaction."""
+    ids = [r.run_id for runs in read.values() for r in runs]
+    pruned: list[str] = []
+    deleted = (0, 0, 0)
+    async with pool.acquire() as conn, conn.transaction():
+        locked = await lock_trees(conn, ids, lock_timeout_ms=max(1, round(lock_timeout * 1000)))
+        keep: list[AuditRecord] = []
+        gone: list[str] = []
+        for root, runs in read.items():
+            if all(_unchanged(locked.get(r.run_id), r) for r in runs):
+                pruned.append(root)
+                keep.extend(r.record for r in runs if r.record is not None)
+                gone.extend(r.run_id for r in runs)
+            else:
+                skipped += 1
+                archived -= sum(r.record is not None and r.record.archive is not None for r in runs)
+        if gone:
+            await insert_audit(conn, keep)
+            deleted = await delete_trees(conn, gone)
+            took = time.monotonic() - started
+            await log_prune(
+                conn,
+                agent,
+                runs=len(keep),
+                events=deleted[1],
+                bytes=deleted[2],
+                archived=archived,
+                skipped=skipped,
+                took=took,
+            )
+    took = time.monotonic() - started
+    count = sum(1 for root in pruned for r in read[root] if r.record is not None)
+    if pruned:
+        log.info("pruned %d runs of %s (%d events) in %.3fs", count, agent, deleted[1], took)
+    return PruneResult(
+        agent=agent,
+        runs=count,
+        trees=tuple(pruned),
+        events=deleted[1],
+        bytes=deleted[2],
+        archived=archived,
+        skipped=skipped,
+        took=took,
+    )
+
+
+def _unchanged(locked: Any, read: _Read) -> bool:
+    """Whether a row locked now is as step 2 read it: ended, no mail, no event since."""
+    if locked is None:  # held by another transaction (skipped), or gone
+        return False
+    if locked.mail or locked.last_seq != read.last_seq:
+        return False
+    return locked.kind != RUN_KIND or locked.run_status in ENDED
