@@ -233,7 +233,7 @@ def test_torens_kinds_name_the_surfaces_the_cli_api_and_mcp_serve() -> None:
     # kinds' actors, and the CLI should not pay for them): it is the same as the kinds'.
     assert tuple(k.surfaces for k in KINDS) == surfaces_of_torens_kinds.SURFACES
     commands = set(_toren(KINDS).commands)
-    assert commands == {"run", "jobs", "sandboxes", "channels", "schedules"}
+    assert commands == {"run", "jobs", "sandboxes", "channels", "schedules", "costs"}
     assert commands <= set(toren_main.commands)
 
 

@@ -109,6 +109,7 @@ def _floor(module: str) -> int | None:
         "toren.channels",
         "toren.sandboxes",
         "toren.schedules",
+        "toren.retention",
         "toren.actors",
         "toren.supervisors",
     )

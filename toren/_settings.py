@@ -17,6 +17,7 @@ import attrs
 from toren._agent.settings import AgentSettings
 from toren._surfaces.http_settings import HttpSettings
 from toren.channels._worker_settings import TelegramWorkerSettings
+from toren.retention._worker_settings import RetentionWorkerSettings
 from toren.sandboxes._worker_settings import SandboxWorkerSettings
 from toren.schedules._worker_settings import ScheduleWorkerSettings
 
@@ -28,6 +29,7 @@ class Settings(
     SandboxWorkerSettings,
     TelegramWorkerSettings,
     ScheduleWorkerSettings,
+    RetentionWorkerSettings,
 ):
     """Runtime settings of a worker or a client.
 
@@ -44,5 +46,7 @@ class Settings(
     (:class:`~toren.sandboxes._worker_settings.SandboxWorkerSettings`), Telegram's
     (:class:`~toren.channels._worker_settings.TelegramWorkerSettings`) and schedules'
     (:class:`~toren.schedules._worker_settings.ScheduleWorkerSettings`: their
-    ``[agents.NAME.schedules.SLOT]`` tables).
+    ``[agents.NAME.schedules.SLOT]`` tables) and retention's
+    (:class:`~toren.retention._worker_settings.RetentionWorkerSettings`: ``prune_batch``,
+    ``prune_lock_timeout``, ``prune_every``).
     """

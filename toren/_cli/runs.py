@@ -207,6 +207,7 @@ def register(main: click.Group) -> None:
         `events`, each with its timeline line, and `more_events` says whether more follow."""
         import attrs
 
+        from toren._cli.retention import show_pruned
         from toren._cli.timeline import describe, event_record, record
         from toren.runs.limits import QUEUED, concurrency, reason
         from toren.sandboxes.listing import read_calls, sandbox_of
@@ -214,6 +215,8 @@ def register(main: click.Group) -> None:
         client = await _client(ctx.obj["settings"])
         try:
             run_id = await resolve(client, run_id)
+            if await show_pruned(client, run_id, as_json):
+                return  # its journal was pruned: its audit record answers
             state = await _read(client, run_id)
             sandbox = await sandbox_of(client.pool, run_id)
             over = state.status in ENDED

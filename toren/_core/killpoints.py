@@ -65,6 +65,8 @@ POINTS: dict[str, str] = {
     "telegram.sending": "a channel is about to send a message whose record is queued",
     "telegram.sent": "Telegram accepted a channel's message, its delivery not yet recorded",
     "telegram.enqueued": "the webhook route enqueued an update for its channel, not yet answered",
+    "prune.read": "a prune batch read (and archived) its trees, before its deleting transaction",
+    "prune.deleting": "a prune batch wrote its audit records and deleted, not yet committed",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"

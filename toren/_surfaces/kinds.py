@@ -7,9 +7,10 @@ their command groups, the HTTP app installs their routes, the MCP server adds th
 """
 
 from toren.channels.surfaces import SURFACES as CHANNEL
+from toren.retention.surfaces import SURFACES as RETENTION
 from toren.runs.surfaces import SURFACES as RUN
 from toren.sandboxes.surfaces import SURFACES as SANDBOX
 from toren.schedules.surfaces import SURFACES as SCHEDULE
 
-SURFACES = (RUN, SANDBOX, CHANNEL, SCHEDULE)
-"""The surfaces of Toren's kinds: run, sandbox, channel, schedule."""
+SURFACES = (RUN, SANDBOX, CHANNEL, SCHEDULE, RETENTION)
+"""The surfaces of Toren's kinds: run, sandbox, channel, schedule, retention."""

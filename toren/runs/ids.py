@@ -21,6 +21,7 @@ import attrs
 
 from toren._core.errors import TorenError
 from toren._core.rows import actors_in_range
+from toren.runs.audit import audit_record
 from toren.runs.events import RUN_KIND
 
 CANDIDATES = 10
@@ -121,6 +122,8 @@ async def find_run(conn: asyncpg.Pool | asyncpg.Connection, text: str) -> str:
         limit=CANDIDATES + 1,
     )
     if not rows:
+        if lowest == highest and await audit_record(conn, lowest) is not None:
+            return lowest  # a pruned run, named whole: its audit record answers for it
         raise RunNotFound(text, prefix, whole=lowest == highest)
     if len(rows) > 1:
         found = [

@@ -34,6 +34,7 @@ from toren._agent.routes import agent_route
 from toren._core.errors import ConfigError, TorenError
 from toren._core.journal import ReplayFailed, replay
 from toren._core.journal_reads import events, last_seq
+from toren._core.killpoints import kill_point
 from toren._core.pruning import EndedTree, delete_trees, ended_trees, lock_trees
 from toren._core.rows import actor_rows
 from toren.runs.audit import AuditRecord, insert_audit, log_prune, receipt_json
@@ -169,6 +170,7 @@ async def prune_batch(
             continue
         read[tree.root] = tree_runs
         archived += sum(r.record is not None and r.record.archive is not None for r in tree_runs)
+    kill_point("prune.read")
     return await _delete(pool, agent, read, lock_timeout, skipped, archived, started)
 
 
@@ -276,6 +278,7 @@ async def _delete(
         if gone:
             await insert_audit(conn, keep)
             deleted = await delete_trees(conn, gone)
+            kill_point("prune.deleting")
             took = time.monotonic() - started
             await log_prune(
                 conn,

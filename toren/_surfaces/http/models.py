@@ -264,6 +264,22 @@ class ScheduledBy(BaseModel):
     slot: str = Field(description="Its slot: an instant in UTC, or `manual-ID` for a trigger.")
 
 
+class Pruned(BaseModel):
+    """What the audit record of a pruned run keeps beyond a run's fields (its journal is
+    gone: no events, no timeline; ``toren jobs restore`` reads its archive, if any)."""
+
+    pruned_at: str = Field(description="When its journal and row were deleted.")
+    events: int = Field(description="How many events its journal held.")
+    archive: dict[str, Any] | None = Field(
+        description="Where its journal was archived (location, sha256, seqs, bytes), or null."
+    )
+    started_by: dict[str, Any] | None = Field(description="Who started it, and via what.")
+    decisions: list[dict[str, Any]] = Field(
+        description="Each decision on its calls: call_id, tool, approved, by, who, reason, "
+        "channel, at."
+    )
+
+
 class Run(BaseModel):
     id: str
     agent: str
@@ -297,6 +313,11 @@ class Run(BaseModel):
     waiting_for: str | None = Field(default=None, description=_WAITING_FOR)
     forked_from: ForkedFrom | None = Field(
         default=None, description="The run and step this run was forked from, if it is a fork."
+    )
+    pruned: Pruned | None = Field(
+        default=None,
+        description="Set when the run was pruned (retention): it is shown from its audit "
+        "record; `input` and `output` are not kept (empty and null).",
     )
 
 

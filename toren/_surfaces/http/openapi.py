@@ -53,17 +53,19 @@ def _write(summary: str, body: type[pydantic.BaseModel], ok: dict[str, Any]) -> 
 
 def document(parts: Sequence[ApiPart] | None = None) -> dict[str, Any]:
     """The document of the API with the routes of these kinds' ``parts`` (Toren's own unless
-    given: runs, channels, schedules), then the server's own."""
+    given: runs, channels, schedules, costs), then the server's own."""
     return _torens() if parts is None else _document(parts)
 
 
 @functools.cache
 def _torens() -> dict[str, Any]:
     from toren._surfaces.http.forks import fork_part
+    from toren._surfaces.http.retention import cost_part
     from toren._surfaces.http.schedule_api import schedule_part
     from toren._surfaces.http.versions import version_part
 
-    return _document((run_part(), version_part(), fork_part(), channel_part(), schedule_part()))
+    parts = (run_part(), version_part(), fork_part(), channel_part(), schedule_part())
+    return _document((*parts, cost_part()))
 
 
 def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:

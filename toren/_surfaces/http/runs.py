@@ -54,6 +54,7 @@ from toren._surfaces.http.models import (
     StartRunBody,
 )
 from toren._surfaces.http.openapi import API_PARTS, run_part
+from toren._surfaces.http.retention import pruned_problem, pruned_run
 from toren._surfaces.http.states import SERVED, STATES, RunStates, ServedRoutes
 from toren.runs import (
     DECISION_WAIT,
@@ -82,6 +83,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.audit import RunPruned
 from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
@@ -229,7 +231,15 @@ def _cursor(raw: str | None, errors: list[FieldError]) -> tuple[datetime, str] |
 
 
 async def show(request: web.Request) -> web.Response:
-    return json(await _run(request.app, run_id(request)))
+    rid = run_id(request)
+    try:
+        return json(await _run(request.app, rid))
+    except ProblemError as exc:  # a pruned run is shown from its audit record
+        gone = exc.problem.status == 404
+        pruned = await pruned_run(request.app[CLIENT].pool, rid) if gone else None
+        if pruned is None:
+            raise
+        return json(pruned)
 
 
 async def _created(pool: asyncpg.Pool, rid: str) -> datetime:
@@ -248,6 +258,8 @@ async def _writable(request: web.Request, rid: str, scope: str) -> None:
     """404 if there is no run ``rid``; 403 if the caller may not act on its agent's runs."""
     try:
         agent = await run_agent(request.app[CLIENT], rid)
+    except RunPruned as exc:
+        raise pruned_problem(exc) from exc
     except UnknownActor as exc:
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
     require(request, scope, agent)

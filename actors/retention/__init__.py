@@ -1,0 +1,1 @@
+"""The retention kind: one pruner per agent with a retention policy, pruning its ended runs."""

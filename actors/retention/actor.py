@@ -1,0 +1,80 @@
+"""The pruner: prunes its agent's ended runs on a timer, batch by batch (``retention/<agent>``).
+
+Each wake (its timer every ``prune_every``, a worker's start, ``toren jobs prune``) it runs
+batches (:func:`toren.runs.prune.prune_batch`) while they come back full, at most
+``BATCHES_PER_STEP`` in one step (then it wakes itself again at once, so that a long backlog
+never holds one message for long), and sets its timer. A batch is idempotent: a pruner killed
+in the middle of one runs it again, and two pruners of one agent at once (a lease taken over
+while the old worker still ran) skip each other's rows. So it needs no fencing of its own, and
+it records no events (see :mod:`toren.retention.messages`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+
+from toren import Actor, Context
+from toren.retention.messages import PRUNER_KIND, PRUNER_PREFIX, PruneNow, PruneTick
+from toren.retention.runtime import Pruners
+from toren.runs.prune import prune_batch
+
+log = logging.getLogger("toren.retention")
+
+BATCHES_PER_STEP = 10
+"""Full batches one step runs at most before it lets its mailbox in again."""
+
+TIMER = "prune"
+
+
+@attrs.frozen
+class PrunerState:
+    """Nothing: a pruner's work is in the prune log and the audit records."""
+
+
+class Pruner(Actor[PrunerState]):
+    kind = PRUNER_KIND
+    idle_seconds = 1.0  # it sleeps on its timer
+    state_type = PrunerState
+
+    def initial_state(self) -> PrunerState:
+        return PrunerState()
+
+    def apply(self, state: PrunerState, event: Any) -> PrunerState:
+        return state
+
+    @property
+    def agent(self) -> str:
+        return self.actor_id.removeprefix(PRUNER_PREFIX)
+
+    async def handle(self, ctx: Context[PrunerState], msg: Any) -> None:
+        if not isinstance(msg, PruneTick | PruneNow):
+            return
+        pruners = ctx.resources.get(Pruners)
+        policy = pruners.policy(self.agent)
+        if policy is None or not policy.prunes_runs:
+            # No policy here any more (a deploy took it away): it sleeps until a worker that
+            # has one starts and wakes it.
+            log.info(
+                "%s: agent %s has no retention policy here: not pruning", self.actor_id, self.agent
+            )
+            ctx.cancel_timer(TIMER)
+            return
+        store = await pruners.store() if policy.archive else None
+        for _ in range(BATCHES_PER_STEP):
+            result = await prune_batch(
+                pruners.pool,
+                self.agent,
+                policy,
+                batch=pruners.batch,
+                lock_timeout=pruners.lock_timeout,
+                store=store,
+            )
+            if len(result.trees) < pruners.batch:
+                break
+        else:
+            ctx.set_timer(TIMER, 0.0, PruneTick())  # more to prune: the next step goes on
+            return
+        ctx.set_timer(TIMER, pruners.every, PruneTick())
