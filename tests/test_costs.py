@@ -29,6 +29,8 @@ from toren.testing import Reply
 
 pytestmark = pytest.mark.anyio
 
+BY = {"by": "agent,day"}
+
 
 async def cli(db_url: str, *args: str) -> Any:
     env = {"TOREN_DATABASE_URL": db_url}
@@ -56,10 +58,9 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
         by_day = await costs(client.pool, ("agent", "day"))
         assert [(r.agent, r.runs, r.pruned) for r in by_agent] == [("boss", 2, 0), ("helper", 2, 0)]
         assert all(r.usd_paid > 0 for r in by_agent)
-        async with session(token) as http:
-            async with http.get(f"{base}/costs", params={"by": "agent,day"}) as r:
-                assert r.status == 200, await r.text()
-                api_before = (await r.json())["costs"]
+        async with session(token) as http, http.get(f"{base}/costs", params=BY) as r:
+            assert r.status == 200, await r.text()
+            api_before = (await r.json())["costs"]
         dry = await cli(db_url, "jobs", "prune", "--dry-run")
         assert dry.exit_code == 0, dry.output
         assert "boss: 0 runs in 0 trees would be pruned" in dry.output  # kept an hour
@@ -98,7 +99,7 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
             r.usd_paid for r in by_day
         )
         async with session(token) as http:
-            async with http.get(f"{base}/costs", params={"by": "agent,day"}) as r:
+            async with http.get(f"{base}/costs", params=BY) as r:
                 api_after = (await r.json())["costs"]
             assert [{**c, "pruned": 0} for c in api_after] == api_before
             assert Decimal(api_after[0]["usd_paid"]) == by_agent[0].usd_paid
@@ -119,13 +120,15 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
 
     shown = await cli(db_url, "jobs", "show", runs[0])
     assert shown.exit_code == 0, shown.output
-    assert "journal pruned on" in shown.output and "status completed" in shown.output
+    assert "journal pruned on" in shown.output
+    assert "status completed" in shown.output
     table = await cli(db_url, "costs", "--by", "agent")
     assert table.exit_code == 0, table.output
     assert f"${after[0].usd_paid}" in table.output
     as_json = await cli(db_url, "costs", "--by", "agent", "--json")
     assert json.loads(as_json.output)["costs"][0]["usd_paid"] == str(after[0].usd_paid)
     stats = await cli(db_url, "jobs", "prune", "--stats")
-    assert "toren.journal" in stats.output and "last prune of boss" in stats.output
+    assert "toren.journal" in stats.output
+    assert "last prune of boss" in stats.output
     bad = await cli(db_url, "costs", "--by", "week")
     assert bad.exit_code == 2
