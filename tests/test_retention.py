@@ -9,22 +9,30 @@ and the surfaces are tested end to end in tests/test_costs.py.
 
 from __future__ import annotations
 
+import uuid
 from decimal import Decimal
 from typing import Any
 
+import anyio
 import pytest
 
-from tests.conftest import person
+from tests.conftest import person, wait_for
 from toren import Client, ConfigError, Retention
 from toren._agent.model import ModelResponse, Text, Usage
 from toren._core.codec import encode
-from toren._core.pruning import DELETE_STATEMENT, LOCK_STATEMENT, lock_timeout_statement
+from toren._core.pruning import (
+    DELETE_STATEMENT,
+    LOCK_STATEMENT,
+    delete_trees,
+    lock_timeout_statement,
+    lock_trees,
+)
 from toren.runs import RUN_KIND, start_run
-from toren.runs.audit import RunPruned, audit_record
+from toren.runs.audit import RunPruned, audit_record, insert_audit
 from toren.runs.client import IdempotencyConflict, cancel, keyed_run_id, read_run, say, start_args
 from toren.runs.events import ModelCalled, RunCompleted, RunFailed, RunStarted
 from toren.runs.fork import InvalidFork, fork_run
-from toren.runs.prune import PRUNE_BATCH, PRUNE_LOCK_TIMEOUT, prune_batch
+from toren.runs.prune import PRUNE_BATCH, PRUNE_LOCK_TIMEOUT, _read_tree, candidates, prune_batch
 from toren.runs.state import RunState, fold, summary
 
 pytestmark = pytest.mark.anyio
@@ -44,8 +52,6 @@ async def ended_run(
     args: dict[str, Any] | None = None,
 ) -> str:
     """A run as a worker leaves it: started by alice, one paid model call, ended."""
-    import uuid
-
     run_id = run_id or f"run/{uuid.uuid4()}"
     response = ModelResponse(
         content=(Text(text="done"),),
@@ -308,3 +314,37 @@ def test_a_retention_policy_that_is_not_one_is_refused() -> None:
     assert Retention.from_json(Retention(keep_last=3, archive=True).to_json()) == Retention(
         keep_last=3, archive=True
     )
+
+
+async def test_a_keyed_start_racing_a_prune_waits_for_it_and_answers_with_the_pruned_run(
+    client: Client,
+) -> None:
+    run_id = keyed_run_id("desk", "k")
+    await ended_run(client, "desk", run_id=run_id, input="go", args=start_args("desk", "go"))
+    [tree] = await candidates(client.pool, "desk", ALL)
+    read = await _read_tree(client.pool, tree, None)
+    answers: list[str] = []
+    async with client.pool.acquire() as conn:
+        prune = conn.transaction()
+        await prune.start()
+        assert set(await lock_trees(conn, [run_id], lock_timeout_ms=200)) == {run_id}
+        await insert_audit(conn, [r.record for r in read if r.record is not None])
+        await delete_trees(conn, [run_id])
+
+        async def start() -> None:
+            answers.append(await start_run(client, "desk", "go", idempotency_key="k"))
+
+        async def waiting() -> bool:  # the start's insert waits on the row the prune deleted
+            n = await client.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%INSERT INTO toren.actors%'"
+            )
+            return bool(n)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(start)
+            await wait_for(waiting, what="the start waiting for the prune")
+            await prune.commit()
+    assert answers == [run_id]
+    assert not await exists(client, run_id)  # no second run under the key
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
