@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import uuid
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import anyio
+import attrs
 import pytest
 
 from tests.conftest import person, wait_for
-from toren import Client, ConfigError, Retention
+from toren import Agent, Client, ConfigError, Retention, Settings
+from toren._agent.registry import Agents
 from toren._agent.model import ModelResponse, Text, Usage
 from toren._core.codec import encode
 from toren._core.pruning import (
@@ -348,3 +351,43 @@ async def test_a_keyed_start_racing_a_prune_waits_for_it_and_answers_with_the_pr
     assert answers == [run_id]
     assert not await exists(client, run_id)  # no second run under the key
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
+
+
+def test_the_retention_table_merges_into_the_codes_policy_and_bad_ones_are_refused(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "toren.toml"
+    code = Agent(
+        name="boss", model="anthropic/claude-sonnet-4-6", retention=Retention(keep_for="1h")
+    )
+    config.write_text('[agents.boss.retention]\nkeep_last = 5\nkeep_failed_for = "30d"\n')
+    settings = Settings.load(config_file=config, env={})
+    (merged,) = Agents().register([code], settings.agents)
+    assert merged.retention == Retention(keep_for=3600, keep_last=5, keep_failed_for="30d")
+    # a table alone gives an agent without one in its code a policy
+    (plain_agent,) = Agents().register([attrs.evolve(code, retention=None)], settings.agents)
+    assert plain_agent.retention == Retention(keep_last=5, keep_failed_for="30d")
+    bad = {
+        'keep_last = "many"': "keep_last must be a whole number",
+        'keep_for = "soon"': "not a duration",
+        "keep_for = -3": "duration must be positive",
+        "archive = 1": "archive must be true or false",
+        "forever = true": r"unknown key\(s\) in the retention table",
+    }
+    for line, message in bad.items():
+        config.write_text(f"[agents.boss.retention]\n{line}\n")
+        with pytest.raises(ConfigError, match=message):
+            Settings.load(config_file=config, env={})
+    # the settings of the batches, with the numbers docs/operations.md gives
+    defaults = Settings()
+    assert (defaults.prune_batch, defaults.prune_lock_timeout, defaults.prune_every) == (
+        100,
+        0.2,
+        600.0,
+    )
+    env = {"TOREN_PRUNE_LOCK_TIMEOUT": "50ms", "TOREN_PRUNE_EVERY": "1h"}
+    config.write_text("")
+    loaded = Settings.load(config_file=config, env=env)
+    assert (loaded.prune_lock_timeout, loaded.prune_every) == (0.05, 3600.0)
+    with pytest.raises(ConfigError, match="prune_batch must be"):
+        Settings(prune_batch=0)
