@@ -105,6 +105,10 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
             assert Decimal(api_after[0]["usd_paid"]) == by_agent[0].usd_paid
             async with http.get(f"{base}/costs", params={"by": "week"}) as r:
                 assert r.status == 422
+            async with http.get(f"{base}/metrics") as r:
+                metrics = await r.text()
+            assert 'toren_last_prune{agent="boss",what="runs"} 4.0' in metrics
+            assert 'toren_table_bytes{table="journal"}' in metrics
             async with http.get(f"{base}/runs/{runs[0].removeprefix('run/')}") as r:
                 assert r.status == 200, await r.text()
                 shown = await r.json()

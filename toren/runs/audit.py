@@ -189,6 +189,9 @@ async def insert_audit(conn: Any, records: Sequence[AuditRecord]) -> None:
 
 
 _LOG = """
+WITH old AS (  -- the log keeps a month: it is what /metrics and --stats show, not an archive
+    DELETE FROM toren.prune_log WHERE at < now() - interval '30 days'
+)
 INSERT INTO toren.prune_log (agent, runs, events, bytes, archived, skipped, took)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
 """

@@ -14,11 +14,13 @@ from prometheus_client import (
     generate_latest,
 )
 
+from toren._core.pruning import table_sizes
 from toren._core.rows import run_status_counts
 from toren._core.workers import live_worker_count, live_workers
 from toren._surfaces.http.common import ACCESS, CLIENT, json
 from toren._surfaces.http.models import Health, WorkerInfo
 from toren._surfaces.http.versions import with_runs
+from toren.runs.audit import last_prunes
 from toren.runs.events import STATUSES
 from toren.runs.version_listing import agent_versions
 
@@ -27,6 +29,8 @@ _REQUESTS: web.AppKey[Counter] = web.AppKey("requests", Counter)
 _LATENCY: web.AppKey[Histogram] = web.AppKey("latency", Histogram)
 _RUNS: web.AppKey[Gauge] = web.AppKey("runs", Gauge)
 _WORKERS: web.AppKey[Gauge] = web.AppKey("workers", Gauge)
+_TABLES: web.AppKey[Gauge] = web.AppKey("tables", Gauge)
+_PRUNED: web.AppKey[Gauge] = web.AppKey("pruned", Gauge)
 
 
 def install(app: web.Application) -> None:
@@ -46,6 +50,19 @@ def install(app: web.Application) -> None:
     )
     app[_RUNS] = Gauge("toren_runs", "Runs by status.", ["status"], registry=registry)
     app[_WORKERS] = Gauge("toren_workers_live", "Live workers.", registry=registry)
+    app[_TABLES] = Gauge(
+        "toren_table_bytes",
+        "Bytes each table of schema toren takes (pg_total_relation_size: indexes, TOAST).",
+        ["table"],
+        registry=registry,
+    )
+    app[_PRUNED] = Gauge(
+        "toren_last_prune",
+        "What the last prune batch of each agent that removed something removed: runs, "
+        "events, bytes (journal rows), archived runs, seconds it took, and when (unix time).",
+        ["agent", "what"],
+        registry=registry,
+    )
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
 
@@ -63,6 +80,13 @@ async def metrics(request: web.Request) -> web.Response:
     for status in STATUSES:
         app[_RUNS].labels(status).set(counts.get(status, 0))
     app[_WORKERS].set(await live_worker_count(pool))
+    # Retention: sizes from the catalog, the last prunes from a small log (no table is scanned).
+    for table, size in (await table_sizes(pool)).items():
+        app[_TABLES].labels(table).set(size)
+    for last in await last_prunes(pool):
+        for what in ("runs", "events", "bytes", "archived", "took"):
+            app[_PRUNED].labels(last["agent"], what).set(last[what])
+        app[_PRUNED].labels(last["agent"], "at").set(last["at"].timestamp())
     return web.Response(
         body=generate_latest(app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
