@@ -379,6 +379,8 @@ async function openRun(uuid) {
   $("more").hidden = true;
   try {
     await refreshRun(uuid);
+    // A pruned run has no journal: its page shows its audit record, no events to read.
+    if (v.pruned) return;
   } catch (e) {
     if (v !== view || e.message === "signed out") return;
     leaveRun();
@@ -585,7 +587,15 @@ function brief(event) {
 
 async function refreshRun(uuid) {
   const run = await api(`/runs/${uuid}`);
-  if (view && view.uuid === uuid) view.agent = run.agent;
+  if (view && view.uuid === uuid) { view.agent = run.agent; view.pruned = !!run.pruned; }
+  // Pruned (retention): shown from its audit record; it takes nothing more.
+  const p = run.pruned;
+  $("run-pruned").hidden = !p;
+  $("run-pruned").textContent = p ? `journal pruned on ${p.pruned_at.slice(0, 10)} ` +
+    `(${p.events} events; ${p.archive ? `archived at ${p.archive.location}` : "not archived"}); ` +
+    `started by ${p.started_by ? `${p.started_by.name} via ${p.started_by.via}` : "?"}` +
+    p.decisions.map((d) => `; call ${d.call_id} (${d.tool}) ${d.approved ? "approved" : "denied"} ` +
+      `by ${d.who}${d.reason ? `: ${d.reason}` : ""}`).join("") : "";
   // A queued run waits for a slot of a concurrency limit: which one, and its place in line.
   // A run pinned to a version no live worker serves is parked: it says so (`waiting_for`).
   $("run-status").textContent = run.queued
@@ -663,6 +673,7 @@ async function refreshRun(uuid) {
   // neither a message nor a retry: its end went to its parent (the server refuses both).
   const mayOperate = may("operate", run.agent);
   const ended = ["completed", "failed", "cancelled"].includes(run.status);
+  $("steer").hidden = !!p;
   $("steer-controls").hidden = !mayOperate;
   $("steer-not-allowed").hidden = mayOperate;
   $("message-form").hidden = run.status === "failed" || run.status === "cancelled" ||
