@@ -18,10 +18,10 @@ import anyio
 import attrs
 import pytest
 
-from tests.conftest import person, wait_for
+from tests.conftest import WorkerFactory, person, wait_for
 from toren import Agent, Client, ConfigError, Retention, Settings
-from toren._agent.registry import Agents
 from toren._agent.model import ModelResponse, Text, Usage
+from toren._agent.registry import Agents
 from toren._core.codec import encode
 from toren._core.pruning import (
     DELETE_STATEMENT,
@@ -391,3 +391,48 @@ def test_the_retention_table_merges_into_the_codes_policy_and_bad_ones_are_refus
     assert (loaded.prune_lock_timeout, loaded.prune_every) == (0.05, 3600.0)
     with pytest.raises(ConfigError, match="prune_batch must be"):
         Settings(prune_batch=0)
+
+
+async def test_a_pruner_killed_or_cut_off_mid_batch_loses_nothing_and_resumes(
+    client: Client, workers: WorkerFactory, tmp_path: Path
+) -> None:
+    """SIGKILL, then ``pg_terminate_backend``, at ``prune.deleting`` (audit records written and
+    rows deleted, not committed): nothing is pruned by the cut batch, and the pruner (taken over
+    by another worker, or retried on its own) prunes it all once."""
+    trees = [await ended_run(client, "boss") for _ in range(3)]
+    children = [await ended_run(client, "helper", parent=t) for t in trees]
+    await client.pool.execute("UPDATE toren.journal SET created_at = now() - interval '2 hours'")
+    points = tmp_path / "killed"
+    points.mkdir()
+    armed = {"kill_point": "prune.deleting", "kill_point_dir": str(points)}
+
+    first = workers("tests.retention_app", **armed)
+    await wait_for(lambda: _exists(points / "hit"), timeout=30, what="the batch at its commit")
+    first.kill()
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.run_audit") == 0
+    for run_id in trees + children:
+        assert await exists(client, run_id)
+        assert await journal_rows(client, run_id) == 3
+
+    (points / "hit").unlink()
+    second = workers("tests.retention_app", **armed)
+    await wait_for(lambda: _exists(points / "hit"), timeout=30, what="the retried batch")
+    assert await client.pool.fetchval(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE application_name LIKE 'toren-worker%' AND datname = current_database()"
+    )
+    (points / "go").touch()
+
+    async def pruned() -> bool:
+        n = await client.pool.fetchval("SELECT count(*) FROM toren.run_audit")
+        return n == 6 and not await exists(client, trees[0])
+
+    await wait_for(pruned, timeout=30, what="the pruner resumed")
+    for run_id in trees + children:
+        assert not await exists(client, run_id)
+        assert await journal_rows(client, run_id) == 0
+    assert await client.pool.fetchval("SELECT sum(runs) FROM toren.prune_log") == 6
+
+
+async def _exists(path: Path) -> bool:
+    return path.exists()
