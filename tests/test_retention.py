@@ -415,7 +415,7 @@ async def test_a_pruner_killed_or_cut_off_mid_batch_loses_nothing_and_resumes(
         assert await journal_rows(client, run_id) == 3
 
     (points / "hit").unlink()
-    second = workers("tests.retention_app", **armed)
+    workers("tests.retention_app", **armed)
     await wait_for(lambda: _exists(points / "hit"), timeout=30, what="the retried batch")
     assert await client.pool.fetchval(
         "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
