@@ -3,7 +3,7 @@ run as ``GET /runs/{id}`` shows it (from its audit record: :func:`pruned_run`)."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -18,7 +18,8 @@ from toren.runs.costs import InvalidCosts, costs, groups
 if TYPE_CHECKING:
     import asyncpg
 
-_DAY = r"^\d{4}-\d{2}-\d{2}([T ][0-9:.]+([+-]\d{2}:\d{2}|Z)?)?$"
+BY = ("agent", "day", "agent,day", "day,agent", "")
+"""What ``by`` may be (empty: one row of totals)."""
 
 
 class Cost(BaseModel):
@@ -43,15 +44,16 @@ def install(app: web.Application) -> None:
 
 
 def _moment(request: web.Request, name: str) -> datetime | None:
+    """``since``/``until``: a date (``YYYY-MM-DD``), midnight UTC."""
     text = request.query.get(name)
     if text is None:
         return None
     try:
-        moment = datetime.fromisoformat(text)
+        day = date.fromisoformat(text)
     except ValueError:
-        error = FieldError(field=name, message="an ISO-8601 date, e.g. 2026-12-01")
+        error = FieldError(field=name, message="a date, YYYY-MM-DD (UTC)")
         raise ProblemError(422, "Invalid request", f"{name} is not a date", [error]) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return datetime(day.year, day.month, day.day, tzinfo=UTC)
 
 
 async def show_costs(request: web.Request) -> web.Response:
@@ -115,14 +117,14 @@ def cost_part() -> ApiPart:
             "name": "by",
             "in": "query",
             "description": "`agent`, `day`, `agent,day` (default `agent`), or empty for totals.",
-            "schema": {"type": "string", "maxLength": 20},
+            "schema": {"type": "string", "enum": list(BY)},
         },
         *(
             {
                 "name": name,
                 "in": "query",
-                "description": f"Runs started {how} this UTC date (ISO 8601).",
-                "schema": {"type": "string", "pattern": _DAY, "maxLength": 40},
+                "description": f"Runs started {how} this day (UTC).",
+                "schema": {"type": "string", "format": "date"},
             }
             for name, how in (("since", "on or after"), ("until", "before"))
         ),
