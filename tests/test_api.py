@@ -356,4 +356,5 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/schedules/{agent}/{slot}/resume",
         "/schedules/{agent}/{slot}/trigger",
         "/schedules/{agent}/{slot}/backfill",
+        "/costs",
     }

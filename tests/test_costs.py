@@ -54,6 +54,15 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
         runs = [await start_run(client, "boss", f"task {n}") for n in range(2)]
         for run_id in runs:
             await wait_for(lambda run_id=run_id: ended(client, run_id), what="ended")
+        dry = await cli(db_url, "jobs", "prune", "--dry-run")
+        assert dry.exit_code == 0, dry.output
+        assert "boss: 0 runs in 0 trees would be pruned" in dry.output  # kept an hour
+
+        # Two hours later (the runs and their journals aged), the pruner is asked to prune now.
+        for table in ("journal", "actors"):
+            await client.pool.execute(
+                f"UPDATE toren.{table} SET created_at = created_at - interval '2 hours'"
+            )
         by_agent = await costs(client.pool, ("agent",))
         by_day = await costs(client.pool, ("agent", "day"))
         assert [(r.agent, r.runs, r.pruned) for r in by_agent] == [("boss", 2, 0), ("helper", 2, 0)]
@@ -61,14 +70,6 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
         async with session(token) as http, http.get(f"{base}/costs", params=BY) as r:
             assert r.status == 200, await r.text()
             api_before = (await r.json())["costs"]
-        dry = await cli(db_url, "jobs", "prune", "--dry-run")
-        assert dry.exit_code == 0, dry.output
-        assert "boss: 0 runs in 0 trees would be pruned" in dry.output  # kept an hour
-
-        # An hour later (their journals aged), the pruner is asked to prune now.
-        await client.pool.execute(
-            "UPDATE toren.journal SET created_at = created_at - interval '2 hours'"
-        )
         dry = await cli(db_url, "jobs", "prune", "--dry-run", "--agent", "boss")
         assert "boss: 4 runs in 2 trees would be pruned" in dry.output, dry.output
         await prune_now(client, "boss")

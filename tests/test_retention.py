@@ -401,7 +401,10 @@ async def test_a_pruner_killed_or_cut_off_mid_batch_loses_nothing_and_resumes(
     by another worker, or retried on its own) prunes it all once."""
     trees = [await ended_run(client, "boss") for _ in range(3)]
     children = [await ended_run(client, "helper", parent=t) for t in trees]
-    await client.pool.execute("UPDATE toren.journal SET created_at = now() - interval '2 hours'")
+    for table in ("journal", "actors"):
+        await client.pool.execute(
+            f"UPDATE toren.{table} SET created_at = now() - interval '2 hours'"
+        )
     points = tmp_path / "killed"
     points.mkdir()
     armed = {"kill_point": "prune.deleting", "kill_point_dir": str(points)}

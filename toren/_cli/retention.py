@@ -92,8 +92,8 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def jobs_prune(ctx: click.Context, agent: str | None, dry_run: bool, stats: bool) -> None:
-        """Prune ended runs now, as each agent's retention policy says (batch after batch,
-        each under prune_lock_timeout). An audit record stays of each run pruned."""
+        """Prune ended runs now, as retention policies say. Batch after batch, each under
+        prune_lock_timeout, as each agent's policy says; an audit record stays of each run."""
         settings: Settings = ctx.obj["settings"]
         client = await _client(settings)
         try:
@@ -124,7 +124,7 @@ def register(main: click.Group) -> None:
     async def costs_command(
         ctx: click.Context, by: str, since: str | None, until: str | None, as_json: bool
     ) -> None:
-        """What runs cost, by agent and/or day: live and pruned runs alike, dollars exact."""
+        """What runs cost, by agent and day. Live and pruned runs alike, dollars exact."""
         from toren.runs.costs import InvalidCosts, costs, groups
 
         try:

@@ -67,6 +67,8 @@ WITH RECURSIVE boundary AS (
                       AND (up.kind = {kind} OR up.kind = ANY($6::text[])))
       AND (coalesce($4::int, 0) = 0
            OR (a.created_at, a.actor_id) < (SELECT b.created_at, b.actor_id FROM boundary b))
+      -- ended before its keep ran out, so made before too: bounds the scan by the index
+      AND ($7::float8 IS NULL OR a.created_at < now() - make_interval(secs => $7))
       AND (p.keep IS NOT NULL OR $4::int IS NOT NULL)
       AND (p.keep IS NULL OR last.created_at < now() - make_interval(secs => p.keep))
     ORDER BY a.created_at, a.actor_id
@@ -108,14 +110,18 @@ async def ended_trees(
     and has no message waiting.
     """
     statuses = list(keep_for)
+    ages = [keep_for[s] for s in statuses]
+    # Every status kept for an age: no run made since the shortest of them may go yet.
+    made_before = min(a for a in ages if a is not None) if None not in ages else None
     rows = await db.fetch(
         _TREES.format(kind=_kind(kind)),
         route,
         statuses,
-        [keep_for[s] for s in statuses],
+        ages,
         keep_last,
         int(limit),
         list(spare_under),
+        made_before,
     )
     return [
         EndedTree(
