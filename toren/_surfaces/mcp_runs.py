@@ -31,6 +31,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
+from toren.runs.audit import RunPruned, unknown_run
 from toren.runs.listing import list_runs as _list_runs
 
 
@@ -207,7 +208,9 @@ async def _state(client: Client, rid: str) -> Any:
     try:
         row = await client.actor(rid)
     except UnknownActor as exc:
-        raise ToolError(f"no run {rid}") from exc
+        missing = await unknown_run(client.pool, rid)  # a pruned run says when it was pruned
+        shown = str(missing) if isinstance(missing, RunPruned) else f"no run {rid}"
+        raise ToolError(shown) from exc
     if row["kind"] != "toren.run":
         raise ToolError(f"no run {rid}")
     return await read_run(client, rid)
