@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,14 +18,16 @@ import toren.providers.anthropic  # noqa: F401  (an SDK import takes seconds: pa
 from tests.conftest import running_worker, wait_for
 from tests.test_api import api, session
 from tests.test_calls import Plan, model, relay
-from toren import Client
+from tests.test_console import _console, _journal_run, chromium  # noqa: F401  (a fixture)
+from toren import Client, Retention
 from toren._agent.app import load_app
 from toren._agent.model import Usage
 from toren._surfaces.tokens import SCOPES, create_token
 from toren.cli import main
 from toren.retention import prune_now, pruner_id
-from toren.runs import ENDED, run_status, start_run
+from toren.runs import ENDED, RunCompleted, run_status, start_run
 from toren.runs.costs import costs
+from toren.runs.prune import prune_batch
 from toren.testing import Reply
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +140,20 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
     assert "last prune of boss" in stats.output
     bad = await cli(db_url, "costs", "--by", "week")
     assert bad.exit_code == 2
+
+
+async def test_the_console_shows_a_pruned_run_from_its_audit_record(
+    client: Client,
+    db_url: str,
+    chromium: Path,  # noqa: F811  (the fixture imported above)
+) -> None:
+    for _ in range(2):
+        await _journal_run(client, "tr-kept", [RunCompleted(output="done")])
+    result = await prune_batch(client.pool, "tr-kept", Retention(keep_last=1))
+    [pruned] = result.trees
+    async with _console(client, db_url, chromium) as (base, page):
+        await page.goto(f"{base}/#/runs/{pruned.removeprefix('run/')}")
+        await page.wait_for_selector("#run-pruned >> text=journal pruned on")
+        assert "completed" in await page.inner_text("#run-status")
+        assert await page.is_hidden("#steer")
+        assert "paid" in await page.inner_text("#receipt")
