@@ -19,6 +19,7 @@ from toren import Actor, ChildFailed, Context, Principal
 from toren.actors.schedules.runtime import Schedules
 from toren.kernel import Clock, actor_row
 from toren.runs import RUN_KIND, Cancel, ChildEnded, StartRun, agent_route, agents_of
+from toren.runs.audit import audit_record
 from toren.runs.client import MessageTooLarge, check_message, keyed_run_id, start_args
 from toren.runs.limits import child_limits, key_limit
 from toren.schedules import Schedule, ScheduleError, render_input, slot_key
@@ -223,8 +224,10 @@ class ScheduleActor(Actor[ScheduleState]):
         run = keyed_run_id(agent, slot_idempotency_key(self.name, key))
         # A run under the slot's key exists already (a backfill over a slot that fired, a run
         # started by hand with the key): it is not this slot's to start, nor to wait for.
+        # (A run pruned since, by its agent's retention, was started too: its audit record says.)
         known = any(r.run == run for r in ctx.state.recent)
-        if known or await actor_row(ctx.resources.get(Schedules).pool, run) is not None:
+        pool = ctx.resources.get(Schedules).pool
+        if known or await actor_row(pool, run) is not None or await audit_record(pool, run):
             reason = f"its run {run} was started already"
             ctx.emit(SlotSkipped(slot=slot, key=key, reason=reason, at=now))
             return
