@@ -32,7 +32,16 @@ from toren._core.pruning import (
 )
 from toren.runs import RUN_KIND, start_run
 from toren.runs.audit import RunPruned, audit_record, insert_audit
-from toren.runs.client import IdempotencyConflict, cancel, keyed_run_id, read_run, say, start_args
+from toren.runs.client import (
+    IdempotencyConflict,
+    cancel,
+    decide,
+    keyed_run_id,
+    read_run,
+    retry,
+    say,
+    start_args,
+)
 from toren.runs.events import ModelCalled, RunCompleted, RunFailed, RunStarted
 from toren.runs.fork import InvalidFork, fork_run
 from toren.runs.prune import PRUNE_BATCH, PRUNE_LOCK_TIMEOUT, _read_tree, candidates, prune_batch
@@ -243,6 +252,8 @@ async def test_a_keyed_start_retried_after_pruning_answers_with_the_pruned_run(
     for act in (
         lambda: say(client, run_id, "hello"),
         lambda: cancel(client, run_id),
+        lambda: retry(client, run_id),
+        lambda: decide(client, run_id, call_id="c1", approved=True),
         lambda: read_run(client, run_id),
     ):
         with pytest.raises(RunPruned, match=r"was pruned on \d{4}-\d\d-\d\d"):
