@@ -42,7 +42,14 @@ from toren.runs.client import (
     say,
     start_args,
 )
-from toren.runs.events import ModelCalled, RunCompleted, RunFailed, RunStarted
+from toren.runs.events import (
+    ApprovalDecided,
+    ModelCalled,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    ToolIntended,
+)
 from toren.runs.fork import InvalidFork, fork_run
 from toren.runs.prune import PRUNE_BATCH, PRUNE_LOCK_TIMEOUT, _read_tree, candidates, prune_batch
 from toren.runs.state import RunState, fold, summary
@@ -62,6 +69,8 @@ async def ended_run(
     run_id: str | None = None,
     input: str = "go",
     args: dict[str, Any] | None = None,
+    error: str = "x",
+    decided: str | None = None,
 ) -> str:
     """A run as a worker leaves it: started by alice, one paid model call, ended."""
     run_id = run_id or f"run/{uuid.uuid4()}"
@@ -74,11 +83,26 @@ async def ended_run(
     ending: Any = (
         RunCompleted(output="done", at=2.0)
         if status == "completed"
-        else RunFailed(error_class="cancelled" if status == "cancelled" else "tool", message="x")
+        else RunFailed(error_class="cancelled" if status == "cancelled" else "tool", message=error)
     )
+    decisions: list[Any] = []
+    if decided is not None:  # a refund approved by bob, with ``decided`` as his reason
+        decisions = [
+            ToolIntended(call_id="c1", name="refund", arguments={}, idempotency_key="k"),
+            ApprovalDecided(
+                call_id="c1",
+                approved=True,
+                who="bob",
+                reason=decided,
+                channel="test",
+                at=1.5,
+                by=person("bob"),
+            ),
+        ]
     events = [
         RunStarted(agent=agent, input=input, at=1.0, by=person("alice"), parent=parent or ""),
         ModelCalled(step=1, digest="d", model="m", response=response, cost_usd=usd, latency_ms=5),
+        *decisions,
         ending,
     ]
     await client.spawn(
@@ -124,14 +148,17 @@ async def test_a_parent_and_its_children_are_pruned_together_with_their_audit_re
 ) -> None:
     root = await ended_run(client, "desk", usd="0.5")
     child = await ended_run(client, "researcher", parent=root, usd="0.125")
-    grandchild = await ended_run(client, "researcher", parent=child, status="failed")
+    hostile = "bad \x00 text \ud800 here"
+    grandchild = await ended_run(
+        client, "researcher", parent=child, status="failed", error=hostile, decided=hostile
+    )
     # the child's sandbox, stopped: it goes with its run
     await client.spawn("toren.sandbox", "sandbox/x", {}, parent=child)
     before = await read_run(client, root)
 
     result = await prune_batch(client.pool, "desk", ALL)
 
-    assert (result.trees, result.runs, result.events, result.skipped) == ((root,), 3, 9, 0)
+    assert (result.trees, result.runs, result.events, result.skipped) == ((root,), 3, 11, 0)
     assert result.bytes > 0
     for gone in (root, child, grandchild, "sandbox/x"):
         assert not await exists(client, gone)
@@ -156,9 +183,13 @@ async def test_a_parent_and_its_children_are_pruned_together_with_their_audit_re
     kid = await audit_record(client.pool, grandchild)
     assert kid is not None
     assert (kid.root_id, kid.parent, kid.status) == (root, child, "failed")
+    assert kid.error == "bad \\u0000 text \\ud800 here"  # a text column: escaped readably
+    [decision] = kid.decisions  # jsonb: kept exactly
+    assert (decision["tool"], decision["who"], decision["reason"]) == ("refund", "bob", hostile)
+    assert decision["by"]["id"] == "test-bob"
     # the batch is logged
     logged = await client.pool.fetchrow("SELECT runs, events FROM toren.prune_log")
-    assert (logged["runs"], logged["events"]) == (3, 9)
+    assert (logged["runs"], logged["events"]) == (3, 11)
     # pruning again finds nothing and writes nothing
     again = await prune_batch(client.pool, "desk", ALL)
     assert (again.runs, again.trees) == (0, ())

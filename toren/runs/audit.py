@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from toren._core.errors import UnknownActor
+from toren._core.json_text import safe_text
 from toren.runs.receipt import Receipt
 
 if TYPE_CHECKING:
@@ -172,20 +173,46 @@ _INSERTED = _COLUMNS.replace(" pruned_at,", "")
 
 _INSERT = f"""
 INSERT INTO toren.run_audit ({_INSERTED})
-SELECT {_INSERTED} FROM jsonb_to_recordset($1::jsonb) AS x(
-    run_id text, root_id text, parent text, agent text, version text, args jsonb,
-    started_by jsonb, decisions jsonb, receipt jsonb, status text, error_class text,
-    error text, created_at timestamptz, ended_at timestamptz, archive jsonb, events integer)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
 ON CONFLICT (run_id) DO NOTHING
 """
+
+
+def _text(value: str | None) -> str | None:
+    """A text column's value: NUL and lone surrogates (an error's text may hold them) escaped
+    readably (jsonb columns keep them exactly)."""
+    return safe_text(value) if value is not None else None
 
 
 async def insert_audit(conn: Any, records: Sequence[AuditRecord]) -> None:
     """Write ``records`` (in the caller's transaction; ``pruned_at`` is its time); a run
     recorded already keeps its first record (a batch retried after a kill writes nothing
-    twice)."""
-    if records:
-        await conn.execute(_INSERT, [record.to_json() for record in records])
+    twice). One pipelined statement per record."""
+    rows = []
+    for r in records:
+        archive = r.archive.to_json() if hasattr(r.archive, "to_json") else r.archive
+        rows.append(
+            (
+                r.run_id,
+                r.root_id,
+                r.parent,
+                _text(r.agent),
+                _text(r.version),
+                dict(r.args),
+                dict(r.started_by) if r.started_by is not None else None,
+                [dict(d) for d in r.decisions],
+                dict(r.receipt),
+                r.status,
+                _text(r.error_class),
+                _text(r.error),
+                r.created_at,
+                r.ended_at,
+                archive,
+                r.events,
+            )
+        )
+    if rows:
+        await conn.executemany(_INSERT, rows)
 
 
 _LOG = """
