@@ -39,7 +39,15 @@ def test_public_api_is_pinned() -> None:
 
 
 @pytest.mark.parametrize(
-    "package", ["toren", "toren.runs", "toren.sandboxes", "toren.channels", "toren.schedules"]
+    "package",
+    [
+        "toren",
+        "toren.runs",
+        "toren.sandboxes",
+        "toren.channels",
+        "toren.schedules",
+        "toren.retention",
+    ],
 )
 def test_a_packages_names_are_imported_on_first_use_and_listed(package: str) -> None:
     module = importlib.import_module(package)
