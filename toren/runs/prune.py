@@ -143,6 +143,8 @@ async def prune_batch(
     """
     if not 1 <= batch <= 10_000:
         raise ConfigError(f"prune_batch must be 1 to 10000 runs, not {batch}")
+    if not 0.001 <= lock_timeout <= 60:
+        raise ConfigError(f"prune_lock_timeout must be from 1ms to 60s, not {lock_timeout}s")
     started = time.monotonic()
     trees = await candidates(pool, agent, retention, batch=batch)
     if dry_run:
@@ -170,6 +172,8 @@ async def prune_batch(
             continue
         read[tree.root] = tree_runs
         archived += sum(r.record is not None and r.record.archive is not None for r in tree_runs)
+    if not read:
+        return PruneResult(agent=agent, skipped=skipped, took=time.monotonic() - started)
     kill_point("prune.read")
     return await _delete(pool, agent, read, lock_timeout, skipped, archived, started)
 
