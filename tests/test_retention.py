@@ -9,6 +9,7 @@ and the surfaces are tested end to end in tests/test_costs.py.
 
 from __future__ import annotations
 
+import re
 import uuid
 from decimal import Decimal
 from pathlib import Path
@@ -24,6 +25,7 @@ from toren._agent.model import ModelResponse, Text, Usage
 from toren._agent.registry import Agents
 from toren._core.codec import encode
 from toren._core.pruning import (
+    _TREES,
     DELETE_STATEMENT,
     LOCK_STATEMENT,
     delete_trees,
@@ -299,6 +301,7 @@ async def test_a_batch_locks_with_skip_locked_under_a_short_lock_timeout(client:
     assert lock_timeout_statement(200) == "SET LOCAL lock_timeout = '200ms'"
     assert "FOR UPDATE OF a SKIP LOCKED" in LOCK_STATEMENT
     assert "FOR UPDATE" not in DELETE_STATEMENT  # the delete takes only the rows locked before
+    assert not re.search(r"\bFOR (UPDATE|SHARE|NO KEY|KEY)\b", _TREES)  # selecting locks none
     # What a batch's transaction sets and takes, seen from inside it: a run another transaction
     # holds (a step's statement locks its row) is skipped, never waited for.
     held = await ended_run(client, "desk")
