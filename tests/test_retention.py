@@ -484,3 +484,39 @@ async def test_a_pruner_killed_or_cut_off_mid_batch_loses_nothing_and_resumes(
 
 async def _exists(path: Path) -> bool:
     return path.exists()
+
+
+async def test_a_message_racing_a_prune_waits_for_it_and_is_refused_as_pruned(
+    client: Client,
+) -> None:
+    run_id = await ended_run(client, "desk")
+    [tree] = await candidates(client.pool, "desk", ALL)
+    read = await _read_tree(client.pool, tree, None)
+    refused: list[BaseException] = []
+    async with client.pool.acquire() as conn:
+        prune = conn.transaction()
+        await prune.start()
+        assert set(await lock_trees(conn, [run_id], lock_timeout_ms=200)) == {run_id}
+        await insert_audit(conn, [r.record for r in read if r.record is not None])
+        await delete_trees(conn, [run_id])
+
+        async def send() -> None:
+            try:
+                await say(client, run_id, "one more thing")
+            except RunPruned as exc:
+                refused.append(exc)
+
+        async def waiting() -> bool:  # the message's insert waits on the row being deleted
+            n = await client.pool.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%toren.mailbox%'"
+            )
+            return bool(n)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            await wait_for(waiting, what="the message waiting for the prune")
+            await prune.commit()
+    assert len(refused) == 1
+    assert "was pruned on" in str(refused[0])
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0

@@ -86,17 +86,13 @@ async def send(
     lane = SYSTEM_LANE if system else USER_LANE
     # The body travels as JSON text, so a plain asyncpg connection (the caller's own, inside its
     # transaction) works without Toren's jsonb codec.
-    row = await conn.fetchrow(
-        _SEND,
-        to,
-        lane,
-        sender,
-        kind,
-        dumps(body),
-        dedupe_key,
-        reply_to,
-        float(delay),
-    )
+    try:
+        row = await conn.fetchrow(
+            _SEND, to, lane, sender, kind, dumps(body), dedupe_key, reply_to, float(delay)
+        )
+    except asyncpg.ForeignKeyViolationError:
+        # Its row was deleted (a prune) while this insert waited for the deleting transaction.
+        raise UnknownActor(to) from None
     if row is None or not row["found"]:
         raise UnknownActor(to)
     if row["status"] != "live":

@@ -461,7 +461,10 @@ async def say(
     if status == "completed":
         await _not_an_ended_child(client, run_id, "message")
     by = _caller(by)
-    await client.send(run_id, Say(text=text, by=by, who=by.name), system=True)
+    try:  # (a run pruned since its status was read: the send waited for the prune)
+        await client.send(run_id, Say(text=text, by=by, who=by.name), system=True)
+    except UnknownActor:
+        raise await unknown_run(client.pool, run_id) from None
 
 
 async def run_agent(client: Client, run_id: str) -> str:
