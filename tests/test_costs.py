@@ -126,15 +126,33 @@ async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_it
                 assert r.status == 409
                 assert "was pruned on" in (await r.json())["detail"]
 
+        # `toren jobs prune` prunes from the CLI at once, as the published policy says.
+        late = await start_run(client, "boss", "one more")
+        await wait_for(lambda: ended(client, late), what="the late run ended")
+        for table in ("journal", "actors"):
+            await client.pool.execute(
+                f"UPDATE toren.{table} SET created_at = created_at - interval '2 hours' "
+                "WHERE actor_id <> $1",
+                pruner_id("boss"),
+            )
+        now = await cli(db_url, "jobs", "prune", "--agent", "boss")
+        assert now.exit_code == 0, now.output
+        assert "boss: pruned 2 runs (" in now.output
+        unknown = await cli(db_url, "jobs", "prune", "--agent", "nobody")
+        assert unknown.exit_code == 2
+        assert "no live worker publishes a retention policy for agent 'nobody'" in unknown.output
+
+    final = await costs(client.pool, ("agent",))  # with the late run's tree, pruned too
+    assert [(r.agent, r.runs, r.pruned) for r in final] == [("boss", 3, 3), ("helper", 3, 3)]
     shown = await cli(db_url, "jobs", "show", runs[0])
     assert shown.exit_code == 0, shown.output
     assert "journal pruned on" in shown.output
     assert "status completed" in shown.output
     table = await cli(db_url, "costs", "--by", "agent")
     assert table.exit_code == 0, table.output
-    assert f"${after[0].usd_paid}" in table.output
+    assert f"${final[0].usd_paid}" in table.output
     as_json = await cli(db_url, "costs", "--by", "agent", "--json")
-    assert json.loads(as_json.output)["costs"][0]["usd_paid"] == str(after[0].usd_paid)
+    assert json.loads(as_json.output)["costs"][0]["usd_paid"] == str(final[0].usd_paid)
     stats = await cli(db_url, "jobs", "prune", "--stats")
     assert "toren.journal" in stats.output
     assert "last prune of boss" in stats.output
