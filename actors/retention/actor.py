@@ -54,16 +54,16 @@ class Pruner(Actor[PrunerState]):
             return
         pruners = ctx.resources.get(Pruners)
         policy = pruners.policy(self.agent)
-        if policy is None or not policy.prunes_runs:
+        if policy is None:
             # No policy here any more (a deploy took it away): it sleeps until a worker that
             # has one starts and wakes it.
-            log.info(
-                "%s: agent %s has no retention policy here: not pruning", self.actor_id, self.agent
-            )
+            log.info("%s: no retention policy here: not pruning", self.actor_id)
             ctx.cancel_timer(TIMER)
             return
         store = await pruners.store() if policy.archive else None
-        for _ in range(BATCHES_PER_STEP):
+        # (A policy with only conversation_keep_for prunes no ended runs: its wakes are for
+        # bounding the conversations' journals.)
+        for _ in range(BATCHES_PER_STEP if policy.prunes_runs else 0):
             result = await prune_batch(
                 pruners.pool,
                 self.agent,
@@ -75,6 +75,7 @@ class Pruner(Actor[PrunerState]):
             if len(result.trees) < pruners.batch:
                 break
         else:
-            ctx.set_timer(TIMER, 0.0, PruneTick())  # more to prune: the next step goes on
-            return
+            if policy.prunes_runs:
+                ctx.set_timer(TIMER, 0.0, PruneTick())  # more to prune: the next step goes on
+                return
         ctx.set_timer(TIMER, pruners.every, PruneTick())
