@@ -32,6 +32,7 @@ from toren._core.pruning import (
     lock_timeout_statement,
     lock_trees,
 )
+from toren.retention import NoPruner, prune_now
 from toren.runs import RUN_KIND, start_run
 from toren.runs.audit import RunPruned, audit_record, insert_audit
 from toren.runs.client import (
@@ -520,3 +521,8 @@ async def test_a_message_racing_a_prune_waits_for_it_and_is_refused_as_pruned(
     assert len(refused) == 1
     assert "was pruned on" in str(refused[0])
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
+
+
+async def test_asking_an_agent_without_a_pruner_to_prune_says_why(client: Client) -> None:
+    with pytest.raises(NoPruner, match="agent 'desk' has no pruner: no worker running it"):
+        await prune_now(client, "desk")

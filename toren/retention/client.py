@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from toren._agent.principal import Principal
 from toren._agent.routes import agent_route
-from toren._core.errors import UnknownActor
+from toren._core.errors import TorenError, UnknownActor
 from toren.retention.messages import PRUNER_KIND, PruneNow, PruneTick, pruner_id
 
 if TYPE_CHECKING:
@@ -45,9 +45,10 @@ class NoPruner(UnknownActor):
     """No worker with a retention policy for the agent has started: there is nothing to ask."""
 
     def __init__(self, agent: str) -> None:
-        super().__init__(pruner_id(agent))
+        self.actor_id = pruner_id(agent)
         self.agent = agent
-        self.args = (
+        TorenError.__init__(
+            self,
             f"agent {agent!r} has no pruner: no worker running it with a retention policy has "
             "started (give it Agent(retention=...) or [agents.NAME.retention])",
         )

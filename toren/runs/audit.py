@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from toren._core.errors import UnknownActor
+from toren._core.errors import TorenError, UnknownActor
 from toren._core.json_text import safe_text
 from toren.runs.receipt import Receipt
 
@@ -98,10 +98,12 @@ class RunPruned(UnknownActor):
     that code that handles a missing run handles it too."""
 
     def __init__(self, run_id: str, pruned_at: datetime | None) -> None:
-        super().__init__(run_id)
+        self.actor_id = run_id
         self.pruned_at = pruned_at
         when = pruned_at.date().isoformat() if pruned_at is not None else "an earlier date"
-        self.args = (
+        # Its own message, not UnknownActor's ("spawn it first"): the run existed.
+        TorenError.__init__(
+            self,
             f"run {run_id} was pruned on {when}: its journal is gone and it takes nothing "
             f"more; its audit record remains (toren jobs show {run_id})",
         )
