@@ -526,3 +526,16 @@ async def test_a_message_racing_a_prune_waits_for_it_and_is_refused_as_pruned(
 async def test_asking_an_agent_without_a_pruner_to_prune_says_why(client: Client) -> None:
     with pytest.raises(NoPruner, match="agent 'desk' has no pruner: no worker running it"):
         await prune_now(client, "desk")
+
+
+async def test_a_batch_that_meets_a_lock_past_its_timeout_deletes_nothing(client: Client) -> None:
+    run_id = await ended_run(client, "desk")
+    async with client.pool.acquire() as other, other.transaction():
+        # a lock no SKIP LOCKED passes (a table's, as a migration takes): waited for 200 ms
+        await other.execute("LOCK TABLE toren.prune_log IN ACCESS EXCLUSIVE MODE")
+        result = await prune_batch(client.pool, "desk", ALL, lock_timeout=0.2)
+    assert (result.trees, result.skipped) == ((), 1)
+    assert await exists(client, run_id)
+    assert await journal_rows(client, run_id) == 3
+    assert await audit_record(client.pool, run_id) is None  # rolled back with the rest
+    assert (await prune_batch(client.pool, "desk", ALL)).trees == (run_id,)

@@ -25,8 +25,9 @@ from __future__ import annotations
 import importlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import asyncpg
 import attrs
 
 from toren._agent.retention import Retention
@@ -41,9 +42,6 @@ from toren.runs.audit import AuditRecord, insert_audit, log_prune, receipt_json
 from toren.runs.events import ENDED, RUN_KIND
 from toren.runs.receipt import receipt
 from toren.runs.state import SNAPSHOT_VERSION, RunState, fold
-
-if TYPE_CHECKING:
-    import asyncpg
 
 log = logging.getLogger("toren.retention")
 
@@ -171,7 +169,7 @@ async def prune_batch(
             skipped += 1
             continue
         read[tree.root] = tree_runs
-        archived += sum(r.record is not None and r.record.archive is not None for r in tree_runs)
+        archived += sum(_archived(r) for r in tree_runs)
     if not read:
         return PruneResult(agent=agent, skipped=skipped, took=time.monotonic() - started)
     kill_point("prune.read")
@@ -267,33 +265,41 @@ async def _delete(
     ids = [r.run_id for runs in read.values() for r in runs]
     pruned: list[str] = []
     deleted = (0, 0, 0)
-    async with pool.acquire() as conn, conn.transaction():
-        locked = await lock_trees(conn, ids, lock_timeout_ms=max(1, round(lock_timeout * 1000)))
-        keep: list[AuditRecord] = []
-        gone: list[str] = []
-        for root, runs in read.items():
-            if all(_unchanged(locked.get(r.run_id), r) for r in runs):
-                pruned.append(root)
-                keep.extend(r.record for r in runs if r.record is not None)
-                gone.extend(r.run_id for r in runs)
-            else:
-                skipped += 1
-                archived -= sum(r.record is not None and r.record.archive is not None for r in runs)
-        if gone:
-            await insert_audit(conn, keep)
-            deleted = await delete_trees(conn, gone)
-            kill_point("prune.deleting")
-            took = time.monotonic() - started
-            await log_prune(
-                conn,
-                agent,
-                runs=len(keep),
-                events=deleted[1],
-                bytes=deleted[2],
-                archived=archived,
-                skipped=skipped,
-                took=took,
-            )
+    try:
+        async with pool.acquire() as conn, conn.transaction():
+            locked = await lock_trees(conn, ids, lock_timeout_ms=max(1, round(lock_timeout * 1000)))
+            keep: list[AuditRecord] = []
+            gone: list[str] = []
+            for root, runs in read.items():
+                if all(_unchanged(locked.get(r.run_id), r) for r in runs):
+                    pruned.append(root)
+                    keep.extend(r.record for r in runs if r.record is not None)
+                    gone.extend(r.run_id for r in runs)
+                else:
+                    skipped += 1
+                    archived -= sum(_archived(r) for r in runs)
+            if gone:
+                await insert_audit(conn, keep)
+                deleted = await delete_trees(conn, gone)
+                kill_point("prune.deleting")
+                took = time.monotonic() - started
+                await log_prune(
+                    conn,
+                    agent,
+                    runs=len(keep),
+                    events=deleted[1],
+                    bytes=deleted[2],
+                    archived=archived,
+                    skipped=skipped,
+                    took=took,
+                )
+    except asyncpg.LockNotAvailableError:
+        # A lock waited for past the timeout (a table lock, a limit's row): nothing was
+        # deleted; the trees are left for the next wake.
+        log.info(
+            "prune of %s: a lock was not free within %.3fs; left for later", agent, lock_timeout
+        )
+        return PruneResult(agent=agent, skipped=len(read), took=time.monotonic() - started)
     took = time.monotonic() - started
     count = sum(1 for root in pruned for r in read[root] if r.record is not None)
     if pruned:
@@ -308,6 +314,10 @@ async def _delete(
         skipped=skipped,
         took=took,
     )
+
+
+def _archived(read: _Read) -> bool:
+    return read.record is not None and read.record.archive is not None
 
 
 def _unchanged(locked: Any, read: _Read) -> bool:
