@@ -31,6 +31,7 @@ from toren._core.archive import (
     archive_journal,
     archive_key,
     key_segment,
+    open_archive_store,
     parse_archive,
     read_archive,
     segment_text,
@@ -343,3 +344,24 @@ async def test_a_journal_round_trips_through_s3(client: Client, s3_store: S3Stor
     assert receipt(folded(await read_archive(s3_store, ref))) == receipt(folded(journal))
     with pytest.raises(MissingArchive, match="s3://archives/toren/"):
         await read_archive(s3_store, attrs.evolve(ref, location=ref.location + "x"))
+
+
+# -- the archive_store setting -----------------------------------------------------------------
+
+
+def test_archive_store_comes_from_its_setting_and_defaults_under_home(tmp_path: Path) -> None:
+    from toren._core.config import WorkerSettings
+    from toren._core.errors import ConfigError
+
+    default = open_archive_store(WorkerSettings.load(env={"TOREN_HOME": str(tmp_path)}))
+    assert isinstance(default, LocalStore)
+    assert default.root == tmp_path / "archive"
+    s3 = open_archive_store(WorkerSettings.load(env={"TOREN_ARCHIVE_STORE": "s3://arch/toren"}))
+    assert isinstance(s3, S3Store)
+    assert (s3.bucket, s3.prefix) == ("arch", "toren/")
+
+    secret = "gs://sk-ant-secret/x"
+    with pytest.raises(ConfigError, match=r"archive store URL \(archive_store; not shown\)") as bad:
+        open_archive_store(WorkerSettings.load(env={"TOREN_ARCHIVE_STORE": secret}))
+    assert "secret" not in str(bad.value)
+    assert "workspace" not in str(bad.value)

@@ -49,9 +49,10 @@ import orjson
 from toren._core.errors import InternalError, TorenError
 from toren._core.journal import JournalEntry
 from toren._core.json_text import dumps, loads
-from toren._core.stores import MissingObject, ObjectStore
+from toren._core.stores import MissingObject, ObjectStore, store_from_url
 
 if TYPE_CHECKING:
+    from toren._core.config import WorkerSettings
     from toren._core.rows import Db
 
 ARCHIVE_FORMAT = 1
@@ -133,6 +134,23 @@ class MissingArchive(CorruptArchive):
     def __init__(self, location: str, where: str) -> None:
         self.where = where
         super().__init__(location, f"there is no such object in the archive store {where}")
+
+
+def archive_store_url(settings: WorkerSettings) -> str:
+    """Where journals are archived: ``archive_store`` (``TOREN_ARCHIVE_STORE``), by default a
+    directory under Toren's home (readable on this machine only: use S3 across machines)."""
+    return settings.archive_store or str(settings.home / "archive")
+
+
+def open_archive_store(settings: WorkerSettings) -> ObjectStore:
+    """The archive store the settings name (close it when done; nothing is opened until its
+    first use).
+
+    Raises:
+        ConfigError: ``archive_store`` is not a directory or ``s3://`` URL (the message names
+            the setting, never its value).
+    """
+    return store_from_url(archive_store_url(settings), setting="archive_store")
 
 
 # -- keys ----------------------------------------------------------------------------------------
