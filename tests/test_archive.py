@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
+import sys
+import types
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import aioboto3  # type: ignore[import-untyped]
+import anyio
 import attrs
 import pytest
 from moto.server import ThreadedMotoServer
@@ -365,3 +369,163 @@ def test_archive_store_comes_from_its_setting_and_defaults_under_home(tmp_path: 
         open_archive_store(WorkerSettings.load(env={"TOREN_ARCHIVE_STORE": secret}))
     assert "secret" not in str(bad.value)
     assert "workspace" not in str(bad.value)
+
+
+# -- restore: toren jobs restore RUN [--into-journal] -------------------------------------------
+
+# The audit table as migration 0014 (helper A's branch) creates it; on a database that has it
+# already, this does nothing.
+_AUDIT_TABLE = """
+CREATE TABLE IF NOT EXISTS toren.run_audit (
+    run_id text PRIMARY KEY, root_id text NOT NULL, parent text, agent text NOT NULL,
+    version text NOT NULL DEFAULT '', args jsonb NOT NULL, started_by jsonb,
+    decisions jsonb NOT NULL DEFAULT '[]', receipt jsonb NOT NULL, status text NOT NULL,
+    error_class text, error text, created_at timestamptz NOT NULL, ended_at timestamptz,
+    pruned_at timestamptz NOT NULL DEFAULT now(), archive jsonb, events integer NOT NULL
+)
+"""
+
+
+def _stand_in_audit() -> types.ModuleType:
+    """``toren.runs.audit.audit_record`` until the prune branch (which brings it) is merged:
+    the record read from the table, with its archive as an ArchiveRef."""
+    module = types.ModuleType("toren.runs.audit")
+
+    async def audit_record(db: Any, run_id: str) -> Any:
+        found = await db.fetchrow("SELECT * FROM toren.run_audit WHERE run_id = $1", run_id)
+        if found is None:
+            return None
+        fields = dict(found)
+        archive = fields.pop("archive")
+        return types.SimpleNamespace(
+            **fields, archive=ArchiveRef.from_json(archive) if archive else None
+        )
+
+    module.audit_record = audit_record  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.fixture
+async def audit(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    await client.pool.execute(_AUDIT_TABLE)
+    if importlib.util.find_spec("toren.runs.audit") is None:
+        monkeypatch.setitem(sys.modules, "toren.runs.audit", _stand_in_audit())
+
+
+async def prune(client: Client, run_id: str, ref: ArchiveRef | None) -> None:
+    """What the pruner does to a run, as the test needs it: its audit record written, its
+    journal and row deleted."""
+    async with client.pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(
+            "SELECT args, created_at FROM toren.actors WHERE actor_id = $1", run_id
+        )
+        await conn.execute(
+            "INSERT INTO toren.run_audit (run_id, root_id, agent, args, receipt, status, "
+            "created_at, archive, events) VALUES ($1, $1, 'support', $2, '{}', 'cancelled', $3, "
+            "$4, 31)",
+            run_id,
+            row["args"],
+            row["created_at"],
+            ref.to_json() if ref is not None else None,
+        )
+        await conn.execute("DELETE FROM toren.journal WHERE actor_id = $1", run_id)
+        await conn.execute("DELETE FROM toren.actors WHERE actor_id = $1", run_id)
+
+
+def cli(db_url: str, archive: Path, *args: str) -> Any:
+    from click.testing import CliRunner
+
+    from toren.cli import main
+
+    env = {"TOREN_DATABASE_URL": db_url, "TOREN_ARCHIVE_STORE": str(archive)}
+    return CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+
+
+async def test_a_pruned_run_is_restored_from_its_archive_as_jobs_show_showed_it(
+    client: Client, db_url: str, store: LocalStore, audit: None
+) -> None:
+    await insert_journal(client, RUN, recorded_run())
+    await client.pool.execute(
+        "UPDATE toren.actors SET args = $2 WHERE actor_id = $1", RUN, {"agent": "support"}
+    )
+    journal = await read_journal(client.pool, RUN)
+    shown = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "show", RUN)
+    assert shown.exit_code == 0, shown.output
+    timeline = [line for line in shown.output.splitlines() if line[:4].strip().isdigit()]
+    [status] = [line for line in shown.output.splitlines() if line.startswith("status ")]
+    assert len(timeline) == 31
+    assert "receipt: 6 calls made" in status
+
+    ref = await archive_journal(client.pool, store, RUN)
+    await prune(client, RUN, ref)
+
+    # Read-only: the same timeline and receipt, from the archive; nothing written.
+    restored = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", RUN)
+    assert restored.exit_code == 0, restored.output
+    lines = restored.output.splitlines()
+    assert lines[0] == "restored from its archive (read-only): 31 events"
+    assert [line for line in lines if line[:4].strip().isdigit()] == timeline
+    assert [line for line in lines if line.startswith("status ")] == [status]
+    as_json = await anyio.to_thread.run_sync(
+        cli, db_url, store.root, "jobs", "restore", RUN.removeprefix("run/"), "--json"
+    )
+    events = json.loads(as_json.output)["events"]
+    assert [(e["seq"], e["type"], e["data"]) for e in events] == [
+        (e.seq, e.type, e.data) for e in journal
+    ]
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.journal") == 0
+
+    # A damaged archive is refused, naming what is wrong (exit 1); nothing is written.
+    path = store.root / ref.location
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    damaged = await anyio.to_thread.run_sync(
+        cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
+    )
+    assert damaged.exit_code == 1
+    assert "unusable: its checksum is" in damaged.output
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.actors") == 0
+    path.write_bytes(good)
+
+    # Into the journal: the run is back as it was (rows, times, status), shown and forked.
+    written = await anyio.to_thread.run_sync(
+        cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
+    )
+    assert written.exit_code == 0, written.output
+    assert f"{RUN} is back in the journal (cancelled)" in written.output
+    assert await read_journal(client.pool, RUN) == journal
+    row = await client.pool.fetchrow(
+        "SELECT run_status, route, created_at FROM toren.actors WHERE actor_id = $1", RUN
+    )
+    assert (row["run_status"], row["route"]) == ("cancelled", "agent:support")
+    again = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "show", RUN)
+    assert [line for line in again.output.splitlines() if line[:4].strip().isdigit()] == timeline
+    assert [line for line in again.output.splitlines() if line.startswith("status ")] == [status]
+    twice = await anyio.to_thread.run_sync(
+        cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
+    )
+    assert twice.exit_code == 2
+    assert "in the database already" in twice.output
+
+    from toren.runs.fork import fork_run
+
+    fork = await fork_run(client, RUN, at=1)
+    assert len(await read_journal(client.pool, fork)) >= 1
+
+
+async def test_a_run_not_pruned_or_pruned_without_archive_is_not_restored(
+    client: Client, db_url: str, store: LocalStore, audit: None
+) -> None:
+    await insert_journal(client, RUN, recorded_run()[:3])
+    live = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", RUN)
+    assert live.exit_code == 2
+    assert "it was not pruned" in live.output
+    assert f"toren jobs show {RUN}" in live.output
+
+    await prune(client, RUN, None)
+    gone = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", RUN)
+    assert gone.exit_code == 2
+    assert "without an archive" in gone.output
+    part = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", "8146c6")
+    assert part.exit_code == 2
+    assert "whole id" in part.output

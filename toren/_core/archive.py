@@ -38,7 +38,7 @@ import hashlib
 import logging
 import re
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -466,3 +466,54 @@ def _event(line: bytes, number: int, bad: Any) -> JournalEntry:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+# -- writing back ---------------------------------------------------------------------------------
+
+_RESTORE = """
+INSERT INTO toren.journal (actor_id, seq, epoch, type, data, created_at)
+SELECT $1, e.seq, e.epoch, e.type, e.data::jsonb, e.at
+FROM unnest($2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::timestamptz[])
+    AS e(seq, epoch, type, data, at)
+"""
+
+
+async def restore_journal(
+    conn: Db,
+    actor_id: str,
+    entries: Sequence[JournalEntry],
+    *,
+    summary: Any = None,
+    created_at: datetime | None = None,
+) -> None:
+    """Write ``entries`` (read from an archive) back as actor ``actor_id``'s journal, with
+    their seqs, epochs and times, and set its row's ``summary`` and ``created_at`` (when it
+    was first made: lists order by it); in the caller's transaction,
+    which made the actor's row (its journal must be empty: restoring twice is refused by the
+    journal's primary key, ``asyncpg.UniqueViolationError``).
+
+    Raises:
+        InternalError: ``entries`` do not start at seq 1 (a journal starts there).
+    """
+    if entries and entries[0].seq != 1:
+        raise InternalError(
+            f"a journal restored for {actor_id} would start at seq {entries[0].seq}"
+        )
+    for start in range(0, len(entries), PAGE):
+        page = entries[start : start + PAGE]
+        await conn.execute(
+            _RESTORE,
+            actor_id,
+            [e.seq for e in page],
+            [e.epoch for e in page],
+            [e.type for e in page],
+            [dumps(e.data) for e in page],
+            [e.at for e in page],
+        )
+    await conn.execute(
+        "UPDATE toren.actors SET summary = coalesce($2, summary), "
+        "created_at = coalesce($3, created_at) WHERE actor_id = $1",
+        actor_id,
+        summary,
+        created_at,
+    )
