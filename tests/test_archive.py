@@ -27,6 +27,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from toren import Client
+from toren._core import archive
 from toren._core.archive import (
     ARCHIVE_FORMAT,
     ArchiveRef,
@@ -97,8 +98,10 @@ def store(tmp_path: Path) -> LocalStore:
 
 
 async def test_a_journal_round_trips_to_the_same_events_fold_and_receipt(
-    client: Client, store: LocalStore
+    client: Client, store: LocalStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(archive, "PAGE", 7)  # the 31 events read in 5 pages
+    monkeypatch.setattr(archive, "_PIECE", 64)  # and decompressed 64 bytes at a time
     await insert_journal(client, RUN, recorded_run())
     journal = await read_journal(client.pool, RUN)
 
@@ -148,6 +151,21 @@ async def test_an_archive_of_other_bytes_with_the_same_events_is_kept(
     assert again.sha256 != ref.sha256
     assert again.bytes == len(other)
     assert len(await read_archive(store, again)) == 3
+
+
+class Forgetful(LocalStore):
+    """A store that gives back other bytes than it was given (a broken disk or proxy)."""
+
+    async def get(self, key: str) -> bytes:
+        return (await super().get(key))[:-1] + b"?"
+
+
+async def test_an_archive_the_store_gives_back_otherwise_is_an_error(
+    client: Client, tmp_path: Path
+) -> None:
+    await insert_journal(client, RUN, recorded_run()[:3])
+    with pytest.raises(CorruptArchive, match="the store gave back other bytes than were written"):
+        await archive_journal(client.pool, Forgetful(tmp_path / "forgetful"), RUN)
 
 
 # -- damage ----------------------------------------------------------------------------------
@@ -238,6 +256,7 @@ async def test_a_wrong_format_version_is_refused_saying_upgrade(
     ("edit", "says"),
     [
         (lambda lines: [lines[0], *lines[2:]], "holds 30 events, its header says 31"),
+        (lambda lines: [*lines, lines[-1]], r"more events than its header says \(31\)"),
         (
             lambda lines: [lines[0], lines[2], lines[1], *lines[3:]],
             "line 3 has seq 1, out of order",
@@ -246,7 +265,7 @@ async def test_a_wrong_format_version_is_refused_saying_upgrade(
         (lambda lines: [lines[0], b'{"seq": 1}', *lines[2:]], "line 2 is not an event"),
         (lambda lines: [b"[]", *lines[1:]], "not the header of a journal archive"),
     ],
-    ids=["missing-line", "order", "not-json", "not-event", "no-header"],
+    ids=["missing-line", "extra-line", "order", "not-json", "not-event", "no-header"],
 )
 async def test_a_bad_line_is_refused_naming_it(
     store: LocalStore, archived: ArchiveRef, edit: Any, says: str

@@ -38,7 +38,7 @@ import hashlib
 import logging
 import re
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
 ARCHIVE_FORMAT = 1
 FORMATS = frozenset({1})  # the versions read_archive reads (tests/fixtures/archives/)
 PAGE = 1000  # journal rows read per statement while writing
+_PIECE = 1 << 20  # compressed bytes decompressed at once while reading
 _NAME = "toren.journal"
 _GZIP = 31  # zlib's wbits for a gzip stream (header and trailer, mtime 0: deterministic)
 _LEVEL = 6
@@ -363,25 +364,13 @@ def parse_archive(data: bytes, ref: ArchiveRef, actor_id: str | None = None) -> 
             f"its reference says format {ref.format}, which this Toren does not read "
             f"(it reads {', '.join(map(str, sorted(FORMATS)))}): upgrade Toren"
         )
-    unpacker = zlib.decompressobj(_GZIP)
-    try:
-        text = unpacker.decompress(data) + unpacker.flush()
-    except zlib.error as e:
-        raise bad(f"it is not a valid gzip stream ({e})") from None
-    if not unpacker.eof:
-        raise bad("its gzip stream is truncated")
-    if unpacker.unused_data:
-        raise bad(f"{len(unpacker.unused_data)} bytes follow its gzip stream")
-    if not text.endswith(b"\n"):
-        raise bad("its last line is cut short (no newline at the end)")
-    lines = text[:-1].split(b"\n")
-    header = _header(lines[0], ref, actor_id, bad)
-    events = lines[1:]
-    if len(events) != header["events"]:
-        raise bad(f"it holds {len(events)} events, its header says {header['events']}")
+    lines = _lines(data, bad)
+    header = _header(next(lines, b""), ref, actor_id, bad)
     out: list[JournalEntry] = []
     previous = ref.first_seq - 1
-    for number, line in enumerate(events, start=2):
+    for number, line in enumerate(lines, start=2):
+        if len(out) == header["events"]:
+            raise bad(f"it holds more events than its header says ({header['events']})")
         entry = _event(line, number, bad)
         if entry.seq <= previous or entry.seq > ref.last_seq:
             raise bad(
@@ -390,12 +379,42 @@ def parse_archive(data: bytes, ref: ArchiveRef, actor_id: str | None = None) -> 
             )
         previous = entry.seq
         out.append(entry)
+    if len(out) != header["events"]:
+        raise bad(f"it holds {len(out)} events, its header says {header['events']}")
     if out and (out[0].seq != ref.first_seq or out[-1].seq != ref.last_seq):
         raise bad(
             f"its events run from seq {out[0].seq} to {out[-1].seq}, not "
             f"{ref.first_seq}-{ref.last_seq} as recorded"
         )
     return out
+
+
+def _lines(data: bytes, bad: Any) -> Iterator[bytes]:
+    """The lines of the gzip stream ``data``, decompressed a piece at a time (the whole text
+    is never held: only the events parsed from it), each without its newline.
+
+    Raises:
+        CorruptArchive: the stream is not gzip, is cut short, is followed by other bytes, or
+            its last line has no newline (each seen when reached).
+    """
+    unpacker = zlib.decompressobj(_GZIP)
+    view = memoryview(data)
+    pending = b""
+    for start in range(0, len(data), _PIECE):
+        try:
+            pending += unpacker.decompress(view[start : start + _PIECE])
+        except zlib.error as e:
+            raise bad(f"it is not a valid gzip stream ({e})") from None
+        *complete, pending = pending.split(b"\n")
+        yield from complete
+        if unpacker.eof:
+            break
+    if not unpacker.eof:
+        raise bad("its gzip stream is truncated")
+    if unpacker.unused_data:
+        raise bad(f"{len(unpacker.unused_data)} bytes follow its gzip stream")
+    if pending:
+        raise bad("its last line is cut short (no newline at the end)")
 
 
 def _header(line: bytes, ref: ArchiveRef, actor_id: str | None, bad: Any) -> dict[str, Any]:
