@@ -15,7 +15,7 @@ import shutil
 import sys
 import types
 import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,8 +24,8 @@ import aioboto3  # type: ignore[import-untyped]
 import anyio
 import attrs
 import pytest
-from moto.server import ThreadedMotoServer
 
+from tests import test_workspace_store
 from toren import Client
 from toren._core import archive
 from toren._core.archive import (
@@ -333,21 +333,12 @@ async def test_the_recorded_format_1_archive_reads_back_as_recorded(
 # -- S3 (moto's server, real aioboto3) ---------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def moto_url() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+moto_url = test_workspace_store.moto_url  # moto's S3 server on 127.0.0.1, per module
+s3_env = test_workspace_store.s3_env  # static keys for it
 
 
 @pytest.fixture
-async def s3_store(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S3Store]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
+async def s3_store(moto_url: str, s3_env: None) -> AsyncIterator[S3Store]:
     session = aioboto3.Session()
     async with session.client("s3", endpoint_url=moto_url, region_name="us-east-1") as s3:
         await s3.create_bucket(Bucket="archives")

@@ -1,11 +1,24 @@
-"""A run's receipt as ``toren jobs show`` (and ``toren jobs restore``) print it: one line."""
+"""What ``toren jobs show`` and ``toren jobs restore`` both print of a run below its timeline:
+the runs it is related to, and its receipt."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from toren.runs import RunState
     from toren.runs.receipt import Receipt
+
+
+def family_lines(state: RunState) -> list[str]:
+    """The run that started this one by a cross-agent call, and each child run it started
+    (its agent, the call, and how it ended or ``running``)."""
+    lines = [f"\nstarted by run {state.parent} (a cross-agent call)"] if state.parent else []
+    for call_id, child in state.children.items():
+        ended = state.finished.get(child.run_id)
+        how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
+        lines.append(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})")
+    return lines
 
 
 def receipt_line(r: Receipt) -> str:

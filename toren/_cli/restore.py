@@ -94,7 +94,7 @@ async def _client(settings: Settings) -> Client:
 def _print_restored(
     run_id: str, state: RunState, events: list[JournalEntry], as_json: bool
 ) -> None:
-    from toren._cli.receipts import receipt_line
+    from toren._cli.receipts import family_lines, receipt_line
     from toren._cli.timeline import describe, event_record, record
     from toren.runs.receipt import receipt
 
@@ -108,12 +108,8 @@ def _print_restored(
     out.print(plain(f"restored from its archive (read-only): {len(events)} events"))
     for entry in events:
         out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
-    if state.parent:
-        out.print(plain(f"\nstarted by run {state.parent} (a cross-agent call)"))
-    for call_id, child in state.children.items():
-        ended = state.finished.get(child.run_id)
-        how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
-        out.print(plain(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})"))
+    for line in family_lines(state):
+        out.print(plain(line))
     out.print(plain(f"\nstatus {state.status}. {receipt_line(receipt(state))}"))
 
 

@@ -13,7 +13,7 @@ from rich.table import Table
 from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.forks import add_fork
-from toren._cli.receipts import receipt_line
+from toren._cli.receipts import family_lines, receipt_line
 from toren._cli.restore import add_restore
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
@@ -278,12 +278,8 @@ def register(main: click.Group) -> None:
                 out.print(plain("sandboxed calls:"))
                 for line in call_lines(calls, run_id):
                     out.print(plain(line))
-            if state.parent:
-                out.print(plain(f"\nstarted by run {state.parent} (a cross-agent call)"))
-            for call_id, child in state.children.items():
-                ended = state.finished.get(child.run_id)
-                how = f"{ended.status}, ${ended.usd_paid}" if ended else "running"
-                out.print(plain(f"child run {child.run_id}: {child.agent}, call {call_id} ({how})"))
+            for line in family_lines(state):
+                out.print(plain(line))
             if limits.key is not None:
                 out.print(plain(f"\nconcurrency key: {limits.key}"))
             status = state.status if wait is None else f"{QUEUED} ({reason(wait)})"
