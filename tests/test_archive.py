@@ -511,11 +511,13 @@ async def test_a_pruned_run_is_restored_from_its_archive_as_jobs_show_showed_it(
     again = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "show", RUN)
     assert [line for line in again.output.splitlines() if line[:4].strip().isdigit()] == timeline
     assert [line for line in again.output.splitlines() if line.startswith("status ")] == [status]
+    # The prune is undone: its audit record is gone (the journal is the record again).
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.run_audit") == 0
     twice = await anyio.to_thread.run_sync(
         cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
     )
     assert twice.exit_code == 2
-    assert "in the database already" in twice.output
+    assert "it was not pruned" in twice.output
 
     from toren.runs.fork import fork_run
 

@@ -6,8 +6,11 @@ reads that archive, checked (:func:`toren._core.archive.read_archive`), and fold
 run's own fold: the state, timeline and receipt the run had before it was pruned, read-only
 (``toren jobs restore RUN``). :func:`restore_into_journal` writes the archived events back as
 the run's journal, with its actor row, as a live run that has ended (``toren jobs restore RUN
---into-journal``): then it can be forked, shown and listed as before it was pruned. Its audit
-record stays (it is never deleted).
+--into-journal``): then it can be forked, shown and listed as before it was pruned. That undoes
+the prune: in the same transaction its audit record is deleted, since its journal is its
+record again (kept, the run would count twice in the costs, and a prune of it after it went
+on would keep the old record and its shorter archive). A later prune writes a new record and
+archives the journal again (the archive of the same events is the same object).
 
 Errors::
 
@@ -33,6 +36,10 @@ if TYPE_CHECKING:
     from toren._core.client import Client
     from toren._core.journal import JournalEntry
     from toren._core.stores import ObjectStore
+
+
+# The audit record of a run restored into the journal (toren/runs/audit.py's table).
+_UNPRUNED = "DELETE FROM toren.run_audit WHERE run_id = $1"
 
 
 class NotRestorable(TorenError):
@@ -107,10 +114,10 @@ async def restored_run(
 async def restore_into_journal(client: Client, run_id: str, *, store: ObjectStore) -> RunState:
     """Write pruned run ``run_id`` back from its archive in ``store``: its actor row (its
     agent's route, its args and parent as its audit record keeps them, its summary as its
-    fold gives it) and its journal, with their seqs and times, in one transaction. The run is
-    live and ended as it was (completed, failed or cancelled): it can be shown, forked, and
-    sent a message as before it was pruned; nothing runs until it gets mail. Its audit record
-    stays.
+    fold gives it) and its journal, with their seqs and times, and delete its audit record,
+    in one transaction. The run is live and ended as it was (completed, failed or cancelled):
+    it can be shown, forked, and sent a message as before it was pruned; nothing runs until it
+    gets mail. Its archive object stays in the store.
 
     Raises:
         NotRestorable: see :func:`restored_run`; or the run is in the database already
@@ -138,4 +145,5 @@ async def restore_into_journal(client: Client, run_id: str, *, store: ObjectStor
         await restore_journal(
             conn, run_id, events, summary=summary(state), created_at=record.created_at
         )
+        await conn.execute(_UNPRUNED, run_id)
     return state
