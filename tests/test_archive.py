@@ -1,8 +1,9 @@
 """Journal archives (toren._core.archive): a run's journal round-trips through a local directory
 and through moto's S3 server with the real aioboto3 client to the same events, fold, timeline
 and receipt; damaged archives are refused naming what is wrong; archiving again is idempotent;
-the recorded format-1 fixture stays readable; and ``toren jobs restore`` shows a pruned run
-from its archive, read-only, or writes it back as a live, ended run."""
+the recorded format-1 fixture stays readable; and ``toren jobs restore`` (and ``GET
+/runs/{uuid}/archive``) show a pruned run from its archive, read-only, or write it back as a
+live, ended run."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import aioboto3  # type: ignore[import-untyped]
+import aiohttp
 import anyio
 import attrs
 import pytest
@@ -44,6 +46,9 @@ from toren._core.archive import (
 from toren._core.codec import decode
 from toren._core.journal import JournalEntry, read_journal
 from toren._core.stores import LocalStore, S3Store
+from toren._surfaces.http.common import ServerOptions
+from toren._surfaces.serve import serving
+from toren._surfaces.tokens import create_token
 from toren.runs import RunState, fold
 from toren.runs.receipt import receipt
 
@@ -485,10 +490,34 @@ async def test_a_pruned_run_is_restored_from_its_archive_as_jobs_show_showed_it(
     ]
     assert await client.pool.fetchval("SELECT count(*) FROM toren.journal") == 0
 
-    # A damaged archive is refused, naming what is wrong (exit 1); nothing is written.
-    path = store.root / ref.location
-    good = path.read_bytes()
-    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    # The API reads it the same way (GET /runs/{uuid}/archive, the read scope).
+    _, token = await create_token(client.pool, "rita", scopes=["read"])
+    options = ServerOptions(archive_store=str(store.root))
+    async with (
+        serving(db_url, port=0, options=options) as base,
+        aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
+    ):
+        uuid = RUN.removeprefix("run/")
+        async with http.get(f"{base}/runs/{uuid}/archive") as answer:
+            assert answer.status == 200, await answer.text()
+            body = await answer.json()
+        assert (body["status"], body["receipt"]["usd_paid"]) == ("cancelled", "0.000420")
+        assert [(e["seq"], e["type"], e["data"]) for e in body["events"]] == [
+            (e.seq, e.type, e.data) for e in journal
+        ]
+        other = "00000000-0000-4000-8000-0000000000ff"
+        async with http.get(f"{base}/runs/{other}/archive") as answer:
+            assert answer.status == 404
+            assert "it was not pruned" in (await answer.json())["detail"]
+
+        # A damaged archive is refused, naming what is wrong (the API's 502, the CLI's exit
+        # 1); nothing is shown or written.
+        path = store.root / ref.location
+        good = path.read_bytes()
+        path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+        async with http.get(f"{base}/runs/{uuid}/archive") as answer:
+            assert answer.status == 502
+            assert "its checksum is" in (await answer.json())["detail"]
     damaged = await anyio.to_thread.run_sync(
         cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
     )

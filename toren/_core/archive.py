@@ -46,6 +46,7 @@ import anyio
 import attrs
 import orjson
 
+from toren._core.config import archive_store_url as archive_store_url  # (re-exported)
 from toren._core.errors import InternalError, TorenError
 from toren._core.journal import JournalEntry
 from toren._core.json_text import dumps, loads
@@ -135,12 +136,6 @@ class MissingArchive(CorruptArchive):
     def __init__(self, location: str, where: str) -> None:
         self.where = where
         super().__init__(location, f"there is no such object in the archive store {where}")
-
-
-def archive_store_url(settings: WorkerSettings) -> str:
-    """Where journals are archived: ``archive_store`` (``TOREN_ARCHIVE_STORE``), by default a
-    directory under Toren's home (readable on this machine only: use S3 across machines)."""
-    return settings.archive_store or str(settings.home / "archive")
 
 
 def open_archive_store(settings: WorkerSettings) -> ObjectStore:

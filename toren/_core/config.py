@@ -281,3 +281,9 @@ def _convert(name: str, source: str, typ: type, raw: Any) -> Any:
         except (TypeError, ValueError):
             pass
     raise ConfigError(f"{name} from {source} must be {_EXPECTED[typ]}", hint=_NOT_SHOWN)
+
+
+def archive_store_url(settings: WorkerSettings) -> str:
+    """Where journals are archived: ``archive_store`` (``TOREN_ARCHIVE_STORE``), by default a
+    directory under Toren's home (readable on this machine only: use S3 across machines)."""
+    return settings.archive_store or str(settings.home / "archive")

@@ -52,16 +52,21 @@ class NotRestorable(TorenError):
         super().__init__(f"run {run_id} cannot be restored: {why}. {hint}")
 
 
-async def _archived(client: Client, run_id: str) -> tuple[Any, ArchiveRef]:
-    """Run ``run_id``'s audit record and its archive's reference.
+async def archive_of(client: Client, run_id: str) -> tuple[Any, ArchiveRef]:
+    """Pruned run ``run_id``'s audit record (:class:`toren.runs.audit.AuditRecord`: its
+    ``agent``, ``pruned_at``...) and its archive's reference.
 
     Raises:
         NotRestorable: it was not pruned, or pruned without an archive.
     """
-    # The audit record is the run kind's (toren/runs/audit.py); named, not imported, so that
-    # this module reads records as that one writes them.
-    audit = importlib.import_module("toren.runs.audit")
-    record = await audit.audit_record(client.pool, run_id)
+    # The audit record is the run kind's (toren/runs/audit.py, with pruning); named, not
+    # imported, so that a build without pruning finds no pruned run rather than failing.
+    try:
+        audit = importlib.import_module("toren.runs.audit")
+    except ImportError:
+        record = None
+    else:
+        record = await audit.audit_record(client.pool, run_id)
     if record is None:
         raise NotRestorable(
             run_id,
@@ -89,13 +94,13 @@ async def restored_run(
     archived events by the run's fold, and those events (read-only: nothing is written).
 
     Raises:
-        NotRestorable: see :func:`_archived`; or the archive does not start at the journal's
+        NotRestorable: see :func:`archive_of`; or the archive does not start at the journal's
             first event.
         CorruptArchive: the archive does not match its record (see
             :func:`toren._core.archive.read_archive`); ``MissingArchive`` if it is gone.
         StoreError, ConfigError: the store's own.
     """
-    _, ref = await _archived(client, run_id)
+    _, ref = await archive_of(client, run_id)
     if ref.first_seq != 1:
         raise NotRestorable(
             run_id,
@@ -124,7 +129,7 @@ async def restore_into_journal(client: Client, run_id: str, *, store: ObjectStor
             (restored before).
         CorruptArchive, StoreError, ConfigError: as :func:`restored_run`.
     """
-    record, _ = await _archived(client, run_id)
+    record, _ = await archive_of(client, run_id)
     state, events = await restored_run(client, run_id, store=store)  # no transaction open
     route = version_route(record.agent, record.version) if record.version else None
     async with client.pool.acquire() as conn, conn.transaction():
