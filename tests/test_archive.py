@@ -570,3 +570,44 @@ async def test_a_run_not_pruned_or_pruned_without_archive_is_not_restored(
     part = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", "8146c6")
     assert part.exit_code == 2
     assert "whole id" in part.output
+
+
+async def test_a_run_the_pruner_archived_is_restored_as_it_was(
+    client: Client, db_url: str, store: LocalStore
+) -> None:
+    """End to end with the pruner (toren.runs.prune, the prune branch: skipped until it is
+    merged): a run pruned with ``Retention(archive=True)`` is shown by ``toren jobs restore``
+    as ``toren jobs show`` showed it, and written back whole by ``--into-journal``."""
+    prune = pytest.importorskip("toren.runs.prune", reason="the pruner is not merged yet")
+    from toren import Retention  # type: ignore[attr-defined,unused-ignore]
+    from toren.runs.state import summary
+
+    await insert_journal(client, RUN, recorded_run())
+    journal = await read_journal(client.pool, RUN)
+    await client.pool.execute(
+        "UPDATE toren.actors SET args = $2, route = 'agent:support', summary = $3 "
+        "WHERE actor_id = $1",
+        RUN,
+        {"agent": "support"},
+        summary(folded(journal)),
+    )
+    shown = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "show", RUN)
+    before = [line for line in shown.output.splitlines() if line[:4].strip().isdigit()]
+    before += [line for line in shown.output.splitlines() if line.startswith("status ")]
+
+    result = await prune.prune_batch(
+        client.pool, "support", Retention(keep_last=0, archive=True), store=store
+    )
+
+    assert (result.runs, result.archived) == (1, 1)
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.journal") == 0
+    restored = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", RUN)
+    assert restored.exit_code == 0, restored.output
+    after = [line for line in restored.output.splitlines() if line[:4].strip().isdigit()]
+    after += [line for line in restored.output.splitlines() if line.startswith("status ")]
+    assert after == before
+    written = await anyio.to_thread.run_sync(
+        cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
+    )
+    assert written.exit_code == 0, written.output
+    assert await read_journal(client.pool, RUN) == journal
