@@ -343,11 +343,21 @@ s3_env = test_workspace_store.s3_env  # static keys for it
 
 
 @pytest.fixture
-async def s3_store(moto_url: str, s3_env: None) -> AsyncIterator[S3Store]:
+async def s3_store(
+    moto_url: str, s3_env: None, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[S3Store]:
+    """The archive store as the settings name it: ``s3://archives/toren``, the endpoint from
+    ``TOREN_S3_ENDPOINT_URL`` (moto's server)."""
+    from toren._core.config import WorkerSettings
+
     session = aioboto3.Session()
     async with session.client("s3", endpoint_url=moto_url, region_name="us-east-1") as s3:
         await s3.create_bucket(Bucket="archives")
-    store = S3Store("archives", "toren", endpoint_url=moto_url, region="us-east-1")
+    monkeypatch.setenv("TOREN_S3_ENDPOINT_URL", moto_url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    settings = WorkerSettings.load(env={"TOREN_ARCHIVE_STORE": "s3://archives/toren"})
+    store = open_archive_store(settings)
+    assert isinstance(store, S3Store)
     yield store
     await store.close()
 
