@@ -582,6 +582,31 @@ async def test_a_run_not_pruned_or_pruned_without_archive_is_not_restored(
     assert "whole id" in part.output
 
 
+async def test_two_restores_into_the_journal_at_once_write_it_once(
+    client: Client, store: LocalStore, audit: None
+) -> None:
+    from toren.runs.restore import NotRestorable, restore_into_journal
+
+    await insert_journal(client, RUN, recorded_run())
+    journal = await read_journal(client.pool, RUN)
+    await prune(client, RUN, await archive_journal(client.pool, store, RUN))
+    outcomes: list[Any] = []
+
+    async def restore() -> None:
+        try:
+            outcomes.append((await restore_into_journal(client, RUN, store=store)).status)
+        except NotRestorable as exc:
+            outcomes.append(exc.why)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(restore)
+        tg.start_soon(restore)
+
+    [refused] = [o for o in outcomes if o != "cancelled"]  # one wrote it, the other refused
+    assert "restored before" in refused or "not pruned" in refused
+    assert await read_journal(client.pool, RUN) == journal
+
+
 async def test_a_run_the_pruner_archived_is_restored_as_it_was(
     client: Client, db_url: str, store: LocalStore
 ) -> None:
