@@ -343,6 +343,7 @@ async def test_metrics_and_the_openapi_document(client: Client, db_url: str) -> 
         "/runs/{run}/upgrade",
         "/agents/versions",
         "/runs/{run}/fork",
+        "/runs/{run}/archive",
         "/channels",
         "/channels/{bot}/messages",
         "/telegram/{bot}",

@@ -10,6 +10,7 @@ SURFACES = Surfaces(
         "toren._surfaces.http.runs:install",
         "toren._surfaces.http.versions:install",
         "toren._surfaces.http.forks:install",
+        "toren._surfaces.http.archives:install",
     ),
     mcp=("toren._surfaces.mcp_runs:install",),
 )

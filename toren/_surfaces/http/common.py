@@ -17,6 +17,7 @@ from pydantic_core import PydanticSerializationError
 
 from toren._agent.principal import Principal
 from toren._core.client import Client
+from toren._core.config import archive_store_url
 from toren._settings import Settings
 from toren._surfaces.http.models import FieldError, Problem
 from toren._surfaces.tokens import Access
@@ -35,6 +36,7 @@ class ServerOptions:
     stream_recheck_seconds: float = 2.0
     failed_auth_per_minute: int = 20
     pool_size: int = 10
+    archive_store: str | None = None  # where pruned runs' journals are read (GET .../archive)
 
     @classmethod
     def of(cls, settings: Settings) -> ServerOptions:
@@ -47,6 +49,7 @@ class ServerOptions:
             stream_idle_seconds=settings.stream_idle_seconds,
             failed_auth_per_minute=settings.failed_auth_per_minute,
             pool_size=settings.pool_size,
+            archive_store=archive_store_url(settings),
         )
 
 

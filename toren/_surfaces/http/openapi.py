@@ -59,13 +59,14 @@ def document(parts: Sequence[ApiPart] | None = None) -> dict[str, Any]:
 
 @functools.cache
 def _torens() -> dict[str, Any]:
+    from toren._surfaces.http.archives import archive_part
     from toren._surfaces.http.forks import fork_part
     from toren._surfaces.http.retention import cost_part
     from toren._surfaces.http.schedule_api import schedule_part
     from toren._surfaces.http.versions import version_part
 
-    parts = (run_part(), version_part(), fork_part(), channel_part(), schedule_part())
-    return _document((*parts, cost_part()))
+    parts = (run_part(), version_part(), fork_part(), archive_part(), channel_part())
+    return _document((*parts, schedule_part(), cost_part()))
 
 
 def _document(parts: Sequence[ApiPart]) -> dict[str, Any]:
