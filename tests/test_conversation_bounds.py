@@ -1,0 +1,236 @@
+"""A never-ending conversation keeps its journal bounded (issue 32, item 4): the events behind
+its snapshot, older than its retention, are archived and deleted by its worker as it goes; its
+state and receipt stay exact, a missing snapshot is rebuilt from the archives and the journal's
+tail, and without an archive store the journal is kept whole, said once in the log.
+
+The conversation is the chat of ``bench/conversation_bytes.py`` (a human message, the model's
+answer, a tool call every third turn, a hard compaction every fiftieth), recorded by a kernel
+actor whose state is a run's (``RunState`` and its fold): 20,000 events in steps of 60 turns,
+on a real worker, with no model round trips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from bench.conversation_bytes import conversation, turn_events
+from tests.conftest import wait_for
+from toren import Actor, Client, Context, Settings, message
+from toren._core.journal import replay
+from toren._core.resources import Resources
+from toren._core.stores import LocalStore
+from toren._core.truncation import ArchiveNeeded, Archives, archived
+from toren.runs import SNAPSHOT_VERSION, RunStarted, RunState, fold
+from toren.runs.receipt import receipt
+
+pytestmark = pytest.mark.anyio
+
+EVENTS = 20_000
+TURNS_PER_STEP = 60
+SNAPSHOT_EVERY = 1000
+
+
+@message("test.chat.turns")
+@attrs.frozen(kw_only=True)
+class Turns:
+    first: int  # 0: the run's start
+    count: int
+
+
+class Chat(Actor[RunState]):
+    """A conversation that never ends, kept as a run's state; its events older than nothing
+    (``journal_keep_for`` 0) are archived once a snapshot covers them."""
+
+    kind = "test.chat"
+    idle_seconds = 0.5
+    snapshot_every = SNAPSHOT_EVERY
+    state_type = RunState
+    snapshot_version = SNAPSHOT_VERSION
+
+    def initial_state(self) -> RunState:
+        return RunState()
+
+    def apply(self, state: RunState, event: Any) -> RunState:
+        return fold(state, event)
+
+    async def handle(self, ctx: Context[RunState], msg: Any) -> None:
+        if not isinstance(msg, Turns):
+            return
+        if msg.first == 0:
+            ctx.emit(RunStarted(agent="chat", input="hello", at=1.0))
+        for turn in range(max(1, msg.first), msg.first + msg.count):
+            for event in turn_events(turn):
+                ctx.emit(event)
+
+    def journal_keep_for(self, state: RunState, resources: Resources) -> float | None:
+        return 0.0
+
+
+def _expected(events: int) -> RunState:
+    state = RunState()
+    for event in conversation(events):
+        state = fold(state, event)
+    return state
+
+
+def _events_of(turns: int) -> int:
+    return 1 + sum(len(turn_events(t)) for t in range(1, turns))
+
+
+@contextlib.asynccontextmanager
+async def _worker(db_url: str, store: LocalStore | None) -> AsyncIterator[Any]:
+    from toren.supervisors.worker import Worker
+
+    settings = Settings(database_url=db_url, lease_seconds=3.0, renew_seconds=1.0,
+                        poll_seconds=0.2, grace_seconds=5.0, sandboxes=False)  # fmt: skip
+    worker = Worker(settings, db_url)
+    if store is not None:
+        worker.resources.put(Archives(store))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            with anyio.fail_after(15, shield=True):
+                await worker.stop()
+
+
+async def _chat(client: Client, actor_id: str, events: int) -> int:
+    """Send the turns of a chat of about ``events`` events; the count the journal will hold."""
+    await client.spawn(Chat, actor_id)
+    turn = 0
+    while _events_of(turn + 1) < events:
+        count = TURNS_PER_STEP
+        while count > 1 and _events_of(turn + count) > events:
+            count -= 1
+        await client.send(actor_id, Turns(first=turn, count=count))
+        turn += count
+    return _events_of(turn)
+
+
+async def _sizes(client: Client, actor_id: str) -> tuple[int, int, int, int]:
+    """Journal rows and bytes (as stored, compressed), the snapshot's chunk bytes (raw) and
+    row bytes (as stored)."""
+    row = await client.pool.fetchrow(
+        "SELECT (SELECT count(*) FROM toren.journal WHERE actor_id = $1) AS rows, "
+        "(SELECT coalesce(sum(pg_column_size(j.*)), 0) FROM toren.journal j "
+        " WHERE actor_id = $1) AS journal, "
+        "(SELECT coalesce(sum(octet_length(c.data)), 0) FROM toren.snapshot_chunks c "
+        " WHERE actor_id = $1) AS chunks, "
+        "(SELECT coalesce(sum(pg_column_size(s.state)), 0) FROM toren.snapshots s "
+        " WHERE actor_id = $1) AS snapshot",
+        actor_id,
+    )
+    return row["rows"], row["journal"], row["chunks"], row["snapshot"]
+
+
+async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_receipt_exact(
+    client: Client, db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    actor_id = "test.chat/1"
+    store = LocalStore(tmp_path / "archive")
+    total = await _chat(client, actor_id, EVENTS)
+    assert total >= EVENTS - 7 * TURNS_PER_STEP
+    sizes = []
+    async with _worker(db_url, store):
+
+        async def all_recorded() -> bool:
+            _, seq = await client.state(actor_id)
+            return bool(seq == total)
+
+        await wait_for(all_recorded, timeout=120, what="every turn recorded")
+        sizes.append(await _sizes(client, actor_id))
+
+        async def passivated() -> bool:
+            return (await client.actor(actor_id))["owner"] is None
+
+        await wait_for(passivated, what="the chat passivated")
+    rows, journal_bytes, chunk_bytes, snapshot_bytes = sizes[-1]
+    # The journal holds what its last snapshot does not cover, and that snapshot's own event:
+    # at most one snapshot interval and one step's events.
+    step = max(len(turn_events(t)) for t in range(1, 60)) * TURNS_PER_STEP
+    assert rows <= SNAPSHOT_EVERY + step, rows
+    ranges = await archived(client.pool, actor_id)
+    assert ranges
+    assert ranges[0].first_seq == 1
+    assert all(a.last_seq + 1 == b.first_seq for a, b in itertools.pairwise(ranges))
+    first = await client.pool.fetchval(
+        "SELECT min(seq) FROM toren.journal WHERE actor_id = $1", actor_id
+    )
+    assert first == ranges[-1].last_seq + 1
+    # The state from its snapshot and tail is the whole conversation's, and so its receipt.
+    expected = _expected(total)
+    state, seq = await client.state(actor_id)
+    assert seq == total
+    assert receipt(state) == receipt(expected)
+    assert state == expected
+    # What it costs, stated (the snapshot chunks still hold the whole conversation: see
+    # docs/operations.md "Long conversations").
+    archive_bytes = sum(r.bytes for r in ranges)
+    print(f"\n{total} events: journal {rows} rows {journal_bytes} B; snapshot row "
+          f"{snapshot_bytes} B, chunks {chunk_bytes} B; archived {len(ranges)} ranges "
+          f"{archive_bytes} B")  # fmt: skip
+
+    # The snapshot deleted (derived data): rebuilt from the archives and the journal's tail.
+    await client.pool.execute("DELETE FROM toren.snapshots WHERE actor_id = $1", actor_id)
+    with pytest.raises(ArchiveNeeded, match="set archive_store"):
+        await replay(
+            client.pool, actor_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+        )
+    rebuilt = await replay(
+        client.pool, actor_id, RunState(), fold,
+        snapshots=(RunState, SNAPSHOT_VERSION), archives=store,
+    )  # fmt: skip
+    assert (rebuilt.seq, rebuilt.snapshot_seq) == (total, 0)
+    assert rebuilt.state == expected
+    assert receipt(rebuilt.state) == receipt(expected)
+    # ... and by a worker, which goes on with the conversation from there.
+    async with _worker(db_url, store):
+        await client.send(actor_id, Turns(first=10_000, count=1))
+        more = total + len(turn_events(10_000))
+
+        async def went_on() -> bool:
+            return bool((await replay(client.pool, actor_id, RunState(), fold,
+                                      archives=store)).seq == more)  # fmt: skip
+
+        await wait_for(went_on, timeout=60, what="the chat went on")
+    row = await client.actor(actor_id)
+    assert (row["status"], row["failure"]) == ("live", None)
+    # The worker wrote a snapshot once it had folded the archives: readers without an archive
+    # store (the API, the CLI) read the conversation again.
+    state, seq = await client.state(actor_id)
+    assert seq == more
+    for event in turn_events(10_000):
+        expected = fold(expected, event)
+    assert receipt(state) == receipt(expected)
+
+
+async def test_without_an_archive_store_the_journal_is_kept_whole_and_said_so(
+    client: Client, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    actor_id = "test.chat/2"
+    total = await _chat(client, actor_id, 2500)
+    with caplog.at_level(logging.WARNING, logger="toren.host"):
+        async with _worker(db_url, None):
+
+            async def all_recorded() -> bool:
+                return bool((await client.state(actor_id))[1] == total)
+
+            await wait_for(all_recorded, timeout=60, what="every turn recorded")
+    rows = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.journal WHERE actor_id = $1", actor_id
+    )
+    assert rows == total
+    assert await archived(client.pool, actor_id) == []
+    said = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
+    assert said == [f"{actor_id}: its journal is kept whole: no archive store (set "
+                    "archive_store, TOREN_ARCHIVE_STORE)"]  # fmt: skip
