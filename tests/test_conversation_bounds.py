@@ -188,7 +188,7 @@ async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_rec
         )
     rebuilt = await replay(
         client.pool, actor_id, RunState(), fold,
-        snapshots=(RunState, SNAPSHOT_VERSION), archives=store,
+        snapshots=(RunState, SNAPSHOT_VERSION), archives=Archives(store),
     )  # fmt: skip
     assert (rebuilt.seq, rebuilt.snapshot_seq) == (total, 0)
     assert rebuilt.state == expected
@@ -200,7 +200,7 @@ async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_rec
 
         async def went_on() -> bool:
             return bool((await replay(client.pool, actor_id, RunState(), fold,
-                                      archives=store)).seq == more)  # fmt: skip
+                                      archives=Archives(store))).seq == more)  # fmt: skip
 
         await wait_for(went_on, timeout=60, what="the chat went on")
     row = await client.actor(actor_id)

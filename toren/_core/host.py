@@ -193,7 +193,7 @@ class ActorHost:
 
     async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
         archives = self.resources.find(Archives)
-        rebuilt = await rebuild(self.pool, actor, archives=archives.store if archives else None)
+        rebuilt = await rebuild(self.pool, actor, archives=archives)
         kill_point("actor.rebuilt")
         state, seq, snapshot_seq = rebuilt.state, rebuilt.seq, rebuilt.snapshot_seq
         if rebuilt.archived and self._snapshot_every:

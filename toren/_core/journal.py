@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import asyncpg
@@ -28,9 +28,6 @@ from toren._core.killpoints import kill_point
 from toren._core.snapshots import encode as encode_snapshot
 from toren._core.snapshots import read as read_snapshot
 from toren._core.snapshots import write as write_snapshot
-
-if TYPE_CHECKING:
-    from toren._core.stores import ObjectStore
 
 _BATCH = 5000
 
@@ -47,6 +44,28 @@ class ReplayFailed(TorenError):
         super().__init__(
             f"{actor_id}: replaying event {seq} failed: {type(cause).__name__}: {cause}"
         )
+
+
+class ArchiveNeeded(TorenError):
+    """Rebuilding an actor's state needs archived events, and no archive store is open."""
+
+    def __init__(self, actor_id: str, first_seq: int, last_seq: int) -> None:
+        self.actor_id = actor_id
+        self.first_seq = first_seq
+        self.last_seq = last_seq
+        super().__init__(
+            f"{actor_id}: events {first_seq}-{last_seq} of its journal are archived and its "
+            "snapshot does not cover them; this process has no archive store to read them "
+            "from: set archive_store (TOREN_ARCHIVE_STORE) to the store they were written to"
+        )
+
+
+class ArchiveReader(Protocol):
+    """Reads an archived range of a journal (:class:`toren._core.truncation.Archives`)."""
+
+    async def read(self, ref: Any) -> list[JournalEntry]:
+        """The events of the range ``ref`` (as ``toren.journal_archives.ref`` holds it)."""
+        ...
 
 
 @attrs.frozen(kw_only=True)
@@ -101,7 +120,7 @@ async def replay(
     apply: Callable[[Any, Any], Any],
     *,
     snapshots: tuple[type, int] | None = None,
-    archives: ObjectStore | None = None,
+    archives: ArchiveReader | None = None,
 ) -> Rebuilt:
     """``initial`` folded with ``apply`` over the journal of ``actor_id``, starting from its
     snapshot when ``snapshots`` (state type, version) says it keeps them.
@@ -138,18 +157,15 @@ _ARCHIVE_TRIES = 3
 
 
 async def _read_archives(
-    store: ObjectStore | None,
+    archives: ArchiveReader | None,
     actor_id: str,
-    wanted: list[Any],
+    wanted: list[tuple[int, int, Any]],
     fetched: dict[int, list[JournalEntry]],
 ) -> None:
-    from toren._core.archive import read_archive  # here: they import this module
-    from toren._core.truncation import ArchiveNeeded
-
-    if store is None:
-        raise ArchiveNeeded(actor_id, wanted[0].first_seq, wanted[-1].last_seq)
-    for ref in wanted:
-        fetched[ref.first_seq] = await read_archive(store, ref)
+    if archives is None:
+        raise ArchiveNeeded(actor_id, wanted[0][0], wanted[-1][1])
+    for first, _, ref in wanted:
+        fetched[first] = await archives.read(ref)
 
 
 async def _fold(
@@ -159,9 +175,9 @@ async def _fold(
     apply: Callable[[Any, Any], Any],
     snapshots: tuple[type, int] | None,
     fetched: dict[int, list[JournalEntry]],
-) -> Rebuilt | list[Any]:
-    """The state; or, when archived events are needed and not in ``fetched``, the references
-    of the archived ranges to read (then nothing is folded)."""
+) -> Rebuilt | list[tuple[int, int, Any]]:
+    """The state; or, when archived events are needed and not in ``fetched``, the archived
+    ranges to read, ``(first seq, last seq, ref)`` (then nothing is folded)."""
     state, seq = initial, 0
     if snapshots is not None:
         found = await read_snapshot(conn, actor_id, *snapshots)
@@ -188,11 +204,11 @@ async def _fold(
         if first and row["seq"] != seq + 1:
             # The journal starts later: its earlier events may be archived.
             refs = await _ranges(conn, actor_id, seq)
-            missing = [r for r in refs if r.first_seq not in fetched]
+            missing = [r for r in refs if r[0] not in fetched]
             if missing:
                 return missing
-            for ref in refs:
-                for entry in fetched[ref.first_seq]:
+            for ref_first, _, _ in refs:
+                for entry in fetched[ref_first]:
                     if entry.seq > seq:
                         state, seq = _apply(actor_id, apply, state, seq, entry.seq, entry.type,
                                             entry.data)  # fmt: skip
@@ -240,17 +256,16 @@ async def _archived(conn: Any, actor_id: str, seq: int) -> bool:
     return found
 
 
-async def _ranges(conn: Any, actor_id: str, after: int) -> list[Any]:
-    """The archived ranges of ``actor_id`` that hold events after ``after``, in order."""
-    from toren._core.archive import ArchiveRef  # here: it imports this module
-
+async def _ranges(conn: Any, actor_id: str, after: int) -> list[tuple[int, int, Any]]:
+    """The archived ranges of ``actor_id`` that hold events after ``after``, in order:
+    ``(first seq, last seq, ref)``."""
     rows = await conn.fetch(
-        "SELECT ref FROM toren.journal_archives WHERE actor_id = $1 AND last_seq > $2 "
-        "ORDER BY first_seq",
+        "SELECT first_seq, last_seq, ref FROM toren.journal_archives "
+        "WHERE actor_id = $1 AND last_seq > $2 ORDER BY first_seq",
         actor_id,
         after,
     )
-    return [ArchiveRef.from_json(r["ref"]) for r in rows]
+    return [(r["first_seq"], r["last_seq"], r["ref"]) for r in rows]
 
 
 def snapshot_spec(cls: type[Actor[Any]]) -> tuple[type, int] | None:
@@ -261,7 +276,7 @@ def snapshot_spec(cls: type[Actor[Any]]) -> tuple[type, int] | None:
 
 
 async def rebuild(
-    pool: asyncpg.Pool, actor: Actor[Any], *, archives: ObjectStore | None = None
+    pool: asyncpg.Pool, actor: Actor[Any], *, archives: ArchiveReader | None = None
 ) -> Rebuilt:
     """The actor's state: its snapshot (if usable) plus the events after it (and the archived
     events before them its snapshot does not cover, read from ``archives``)."""

@@ -28,13 +28,15 @@ Errors::
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import attrs
 
-from toren._core.archive import ArchiveRef, archive_journal
+from toren._core.archive import ArchiveRef, archive_journal, read_archive
 from toren._core.errors import InternalError, TorenError
+from toren._core.journal import ArchiveNeeded as ArchiveNeeded
+from toren._core.journal import JournalEntry
 from toren._core.killpoints import kill_point
 
 if TYPE_CHECKING:
@@ -55,25 +57,20 @@ class TruncationRefused(TorenError):
         super().__init__(f"{actor_id}: its journal is kept whole: {reason}")
 
 
-class ArchiveNeeded(TorenError):
-    """Rebuilding an actor's state needs archived events, and no archive store is open."""
-
-    def __init__(self, actor_id: str, first_seq: int, last_seq: int) -> None:
-        self.actor_id = actor_id
-        self.first_seq = first_seq
-        self.last_seq = last_seq
-        super().__init__(
-            f"{actor_id}: events {first_seq}-{last_seq} of its journal are archived and its "
-            "snapshot does not cover them; this process has no archive store to read them "
-            "from: set archive_store (TOREN_ARCHIVE_STORE) to the store they were written to"
-        )
-
-
 @attrs.frozen
 class Archives:
-    """The archive store a worker lends its actors' hosts (``Resources``)."""
+    """The archive store a worker lends its actors' hosts (``Resources``); it reads archived
+    ranges for :func:`toren._core.journal.replay`."""
 
     store: ObjectStore
+
+    async def read(self, ref: Any) -> list[JournalEntry]:
+        """The events of an archived range, checked (``ref``: ``ArchiveRef.to_json()``).
+
+        Raises:
+            CorruptArchive, StoreError: see :func:`toren._core.archive.read_archive`.
+        """
+        return await read_archive(self.store, ArchiveRef.from_json(ref))
 
 
 @attrs.frozen(kw_only=True)
