@@ -234,3 +234,52 @@ async def test_without_an_archive_store_the_journal_is_kept_whole_and_said_so(
     said = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
     assert said == [f"{actor_id}: its journal is kept whole: no archive store (set "
                     "archive_store, TOREN_ARCHIVE_STORE)"]  # fmt: skip
+
+
+async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_source(
+    client: Client, tmp_path: Path
+) -> None:
+    """The run kind's own actor, its events appended by the kernel's statements' shape (no
+    worker): truncated by hand as its worker would, it reads as before from its snapshot (as
+    the API and CLI read it, with no archive store), its events list starts after the archived
+    ones, and a fork, which copies a journal from its start, is refused with the reason."""
+    from toren._core.codec import encode as encode_payload
+    from toren._core.json_text import dumps
+    from toren._core.snapshots import encode as encode_snapshot
+    from toren._core.snapshots import write as write_snapshot
+    from toren._core.truncation import TruncationRefused, truncate_journal
+    from toren.runs import RUN_KIND, InvalidFork, fork_run
+
+    run_id = "run/00000000-0000-4000-8000-000000000032"
+    await client.spawn(RUN_KIND, run_id, {"agent": "chat"})
+    events = list(conversation(300))
+    encoded = [encode_payload(e) for e in events]
+    await client.pool.execute(
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+        "SELECT $1, e.n, 1, e.type, e.data::jsonb "
+        "FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS e(type, data, n)",
+        run_id,
+        [t for t, _ in encoded],
+        [dumps(d) for _, d in encoded],
+    )
+    state = _expected(250)
+    assert await write_snapshot(
+        client.pool, run_id, SNAPSHOT_VERSION, 250, encode_snapshot(state, 250)
+    )
+    with pytest.raises(TruncationRefused, match="no archive store"):
+        await truncate_journal(client.pool, None, run_id, keep_for=0)
+    # Nothing is old enough: nothing done.
+    store = LocalStore(tmp_path / "archive")
+    assert await truncate_journal(client.pool, store, run_id, keep_for=3600) is None
+    done = await truncate_journal(client.pool, store, run_id, keep_for=0)
+    assert done is not None
+    assert (done.ref.first_seq, done.ref.last_seq, done.deleted) == (1, 249, 249)
+    assert await truncate_journal(client.pool, store, run_id, keep_for=0) is None  # done
+    rebuilt = await replay(
+        client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+    )
+    assert (rebuilt.seq, rebuilt.snapshot_seq) == (300, 250)
+    assert receipt(rebuilt.state) == receipt(_expected(300))
+    assert [e.seq for e in await client.journal(run_id)][:1] == [250]
+    with pytest.raises(InvalidFork, match="before seq 250 were archived"):
+        await fork_run(client, run_id, at=1)
