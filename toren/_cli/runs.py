@@ -13,6 +13,8 @@ from rich.table import Table
 from toren._agent.principal import Principal
 from toren._cli.common import database_url, err, out, run_async, toren_command
 from toren._cli.forks import add_fork
+from toren._cli.receipts import receipt_line
+from toren._cli.restore import add_restore
 from toren._cli.run_ids import console_link, resolve
 from toren._cli.sandboxes import call_lines, described
 from toren._cli.versions import pinned
@@ -139,6 +141,7 @@ def register(main: click.Group) -> None:
         """Inspect and steer runs."""
 
     add_fork(jobs)
+    add_restore(jobs)
 
     @jobs.command("list")
     @click.option("--status", type=click.Choice(STATUSES))
@@ -286,39 +289,7 @@ def register(main: click.Group) -> None:
             status = state.status if wait is None else f"{QUEUED} ({reason(wait)})"
             if stuck is not None and wait is None:
                 status = f"parked ({stuck})"
-            r = receipt(state)
-            out.print(
-                plain(
-                    f"\nstatus {status}. receipt: {r.calls_made} calls made, "
-                    f"{r.calls_replayed} replayed; {r.input_tokens} in / {r.output_tokens} out "
-                    f"tokens; ${r.usd_paid} paid, ${r.usd_not_repaid} not re-paid"
-                    + (f"; {r.unpriced_calls} unpriced" if r.unpriced_calls else "")
-                    + (
-                        f"; {r.calls_lost} lost in flight (about "
-                        f"${r.usd_lost_estimated} estimated, not in paid)"
-                        if r.calls_lost
-                        else ""
-                    )
-                    + (
-                        f"; compactions: {r.compactions_soft} soft, {r.compactions_hard} hard, "
-                        f"about {r.tokens_saved} input tokens saved"
-                        if r.compactions_soft or r.compactions_hard
-                        else ""
-                    )
-                    + (
-                        f"; child runs: {r.child_runs}, {r.child_calls_made} calls, "
-                        f"${r.child_usd_paid} (total ${r.usd_total})"
-                        + (
-                            f", {r.child_calls_lost} lost in flight (about "
-                            f"${r.child_usd_lost_estimated} estimated)"
-                            if r.child_calls_lost
-                            else ""
-                        )
-                        if r.child_runs
-                        else ""
-                    )
-                )
-            )
+            out.print(plain(f"\nstatus {status}. {receipt_line(receipt(state))}"))
             link = console_link(ctx.obj["settings"], run_id)
             if link:
                 out.print(plain(f"console: {link}"))
