@@ -232,8 +232,8 @@ async def test_without_an_archive_store_the_journal_is_kept_whole_and_said_so(
     assert rows == total
     assert await archived(client.pool, actor_id) == []
     said = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
-    assert said == [f"{actor_id}: its journal is kept whole: no archive store (set "
-                    "archive_store, TOREN_ARCHIVE_STORE)"]  # fmt: skip
+    assert len(said) == 1
+    assert said[0].startswith(f"{actor_id}: its journal is kept whole: no archive store is set")
 
 
 async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_source(

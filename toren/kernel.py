@@ -37,7 +37,6 @@ from toren._core.rates import take as take_rate
 from toren._core.resources import MissingResource, Resources
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
-from toren._core.stores import store_from_url
 from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
 from toren._core.truncation import Archives
@@ -92,7 +91,6 @@ __all__ = [
     "safe_text",
     "schema_status",
     "set_args",
-    "store_from_url",
     "take_rate",
     "utf8_size",
     "waiting",

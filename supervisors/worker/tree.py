@@ -49,7 +49,6 @@ from toren.kernel import (
     kill_point,
     release,
     schema_status,
-    store_from_url,
 )
 from toren.kernel import migrate as _migrate
 from toren.runs import PROCESS_AGENTS, Agents
@@ -122,11 +121,11 @@ class Worker:
 
     def _open_archives(self) -> None:
         """The archive store the hosts read truncated journals from and archive them to: the
-        ``archive_store`` setting's, unless one was lent already (a test's)."""
-        url = getattr(self.settings, "archive_store", None)  # helper B's setting (issue 32)
-        if url and Archives not in self.resources:
-            self._archives = Archives(store_from_url(str(url)))
-            self.resources.put(self._archives)
+        ``archive_store`` setting's, if set, unless one was lent already (a test's)."""
+        if Archives not in self.resources:
+            self._archives = Archives.from_settings(self.settings)
+            if self._archives is not None:
+                self.resources.put(self._archives)
 
     async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the tree until :meth:`stop`.

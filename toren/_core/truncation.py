@@ -33,13 +33,14 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import attrs
 
-from toren._core.archive import ArchiveRef, archive_journal, read_archive
+from toren._core.archive import ArchiveRef, archive_journal, open_archive_store, read_archive
 from toren._core.errors import InternalError, TorenError
 from toren._core.journal import ArchiveNeeded as ArchiveNeeded
 from toren._core.journal import JournalEntry
 from toren._core.killpoints import kill_point
 
 if TYPE_CHECKING:
+    from toren._core.config import WorkerSettings
     from toren._core.rows import Db
     from toren._core.stores import ObjectStore
 
@@ -63,6 +64,20 @@ class Archives:
     ranges for :func:`toren._core.journal.replay`."""
 
     store: ObjectStore
+
+    @classmethod
+    def from_settings(cls, settings: WorkerSettings) -> Archives | None:
+        """The store ``archive_store`` names; None when it is unset. Truncation needs a store
+        every worker reads: the default (``HOME/archive``, where pruned runs are archived) is
+        one machine's directory, and a conversation truncated there could not be rebuilt on
+        another, so truncation is refused until a store is set.
+
+        Raises:
+            ConfigError: ``archive_store`` is not a directory or ``s3://`` URL.
+        """
+        if not settings.archive_store:
+            return None
+        return cls(open_archive_store(settings))
 
     async def read(self, ref: Any) -> list[JournalEntry]:
         """The events of an archived range, checked (``ref``: ``ArchiveRef.to_json()``).
@@ -131,7 +146,9 @@ async def truncate_journal(
     """
     if store is None:
         raise TruncationRefused(
-            actor_id, "no archive store (set archive_store, TOREN_ARCHIVE_STORE)"
+            actor_id,
+            "no archive store is set (archive_store, TOREN_ARCHIVE_STORE: a store every "
+            "worker reads, such as s3://bucket/prefix)",
         )
     plan = await pool.fetchrow(_PLAN, actor_id, float(keep_for))
     if plan is None or plan["old_to"] is None:
@@ -140,6 +157,11 @@ async def truncate_journal(
     if last < first:
         return None
     ref = await archive_journal(pool, store, actor_id, first_seq=first, last_seq=last)
+    if (ref.first_seq, ref.last_seq, ref.events) != (first, last, last - first + 1):
+        raise InternalError(
+            f"{actor_id}: its journal from seq {first} to {last} has a gap "
+            f"(archived {ref.events} events, {ref.first_seq}-{ref.last_seq})"
+        )
     kill_point("truncation.archived")
     async with pool.acquire() as conn, conn.transaction():
         await conn.execute(f"SET LOCAL lock_timeout = '{_checked(lock_timeout)}'")
