@@ -28,7 +28,7 @@ def test_public_api_is_pinned() -> None:
         "DatabaseUnavailable", "DeadLetter", "EffectOutsideHandler", "Envelope", "FencedOut",
         "History", "InternalError", "JournalEntry", "LeaseExpired", "Ledger", "MailboxFull",
         "MemoryRestartStore", "MigrationError", "PoisonMessage", "PostgresRestartStore",
-        "Principal", "RateLimit", "RestartStore",
+        "Principal", "RateLimit", "RestartStore", "Retention",
         "Settings", "SupervisorEscalation", "Tool", "ToolContext", "TorenError", "UnknownActor",
         "UnknownActorKind", "UnknownMessageType", "__version__", "durable_sleep", "event",
         "message", "recorded_dev_url", "tool",

@@ -14,7 +14,7 @@ import attrs
 import pytest
 
 from tests.conftest import ROOT
-from toren import Agent, ConfigError, Settings, ToolContext, tool
+from toren import Agent, ConfigError, Retention, Settings, ToolContext, tool
 from toren._agent.registry import Agents
 from toren._agent.routes import agent_route, route_version, version_route
 from toren._agent.version import agent_version, version_document
@@ -99,6 +99,9 @@ SAME: dict[str, Callable[[], Agent]] = {
     "telegram": lambda: attrs.evolve(BASE, telegram=Telegram(bot="helpdesk")),
     "schedules": lambda: attrs.evolve(BASE, schedules=[Schedule(name="n", cron="@hourly")]),
     "version_policy": lambda: attrs.evolve(BASE, version_policy="next_turn"),
+    "retention": lambda: attrs.evolve(
+        BASE, retention=Retention(keep_for="30d", keep_last=10, archive=True)
+    ),
     "the same predicate again": lambda: with_tool(approval=needs_approval),
     "sandbox idle_stop": lambda: attrs.evolve(BASE, sandbox=Sandbox(idle_stop="1h")),
 }

@@ -17,6 +17,7 @@ from toren._version import __version__
 if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazily at run time)
     from toren._agent.agents import Agent, Tool, ToolContext, durable_sleep, tool
     from toren._agent.principal import Principal
+    from toren._agent.retention import Retention
     from toren._cli.dev_state import recorded_dev_url
     from toren._core.actor import (
         Actor,
@@ -84,6 +85,7 @@ __all__ = [
     "Principal",
     "RateLimit",
     "RestartStore",
+    "Retention",
     "Settings",
     "SupervisorEscalation",
     "Tool",
@@ -110,6 +112,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "tool",
     ),
     "toren._agent.principal": ("Principal",),
+    "toren._agent.retention": ("Retention",),
     "toren._cli.dev_state": ("recorded_dev_url",),
     "toren._core.actor": (
         "Actor",

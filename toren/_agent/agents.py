@@ -36,6 +36,7 @@ import pydantic
 from toren._core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from toren._agent.retention import Retention
     from toren.channels import Telegram
     from toren.sandboxes import Sandbox
     from toren.schedules import Schedule
@@ -294,11 +295,13 @@ _PART_TYPES = {
     "sandbox": "toren.sandboxes.Sandbox",
     "telegram": "toren.channels.Telegram",
     "schedules": "toren.schedules.Schedule",  # a tuple of them
+    "retention": "toren.Retention",  # the agent layer's own, in a module importing this one
 }
 _PART_CLASSES = {  # where each is defined: an instance of it (or of a subclass) is one
     "toren.sandboxes.Sandbox": "toren.sandboxes._settings.Sandbox",
     "toren.channels.Telegram": "toren.channels._settings.Telegram",
     "toren.schedules.Schedule": "toren.schedules._declaration.Schedule",
+    "toren.Retention": "toren._agent.retention.Retention",
 }
 
 
@@ -357,6 +360,8 @@ class Agent:
             its version for the turn in progress and moves to the newest when it next waits
             for a human or a timer, its history taken as it is). ``None``: the worker's
             ``default_version_policy`` (``pin``; ``upgrade`` under ``toren dev``).
+        retention: How long its ended runs are kept (:class:`toren.Retention`; also
+            ``[agents.NAME.retention]``). ``None``: every run is kept. Not in its version.
     """
 
     name: str
@@ -382,6 +387,7 @@ class Agent:
     telegram: Telegram | None = None
     schedules: tuple[Schedule, ...] = attrs.field(default=(), converter=_schedules)
     version_policy: VersionPolicy | None = None
+    retention: Retention | None = None
     _sandbox_tools: tuple[Tool, ...] = attrs.field(init=False, default=(), eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -390,7 +396,8 @@ class Agent:
                 f"agent {self.name!r}: an agent's name holds no '@'",
                 hint="Name it with letters, digits, _ . - (as `toren run` takes it).",
             )
-        for field, value in (("sandbox", self.sandbox), ("telegram", self.telegram)):
+        parts = (("sandbox", self.sandbox), ("telegram", self.telegram))
+        for field, value in (*parts, ("retention", self.retention)):
             # A kind's value says which field it belongs in (toren._agent.parts): the agent
             # layer imports no kind.
             if value is not None and not _is_a(value, _PART_TYPES[field]):

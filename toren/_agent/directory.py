@@ -79,7 +79,8 @@ class Directory:
 
     def local_cards(self) -> dict[str, dict[str, Any]]:
         """The cards of the agents this worker runs, as published with each renewal: with
-        each agent's version and version policy (what ``toren agents versions`` reads)."""
+        each agent's version and version policy (what ``toren agents versions`` reads) and its
+        retention policy."""
         cards: dict[str, dict[str, Any]] = {}
         served = set(self.agents.served_routes())
         for agent in self.agents.registered():
@@ -91,6 +92,8 @@ class Directory:
                     "accepts": list(card.accepts),
                     "version": self.agents.version(agent.name),
                     "version_policy": self.agents.version_policy(agent),
+                    # what `toren jobs prune --dry-run` computes with, without loading the app
+                    "retention": agent.retention.to_json() if agent.retention else None,
                 }
         return cards
 

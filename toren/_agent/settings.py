@@ -38,6 +38,14 @@ def _distinct(inst: Any, attribute: attrs.Attribute[Any], value: tuple[Any, ...]
         raise ConfigError("rate_limits must be RateLimit values, one per name")
 
 
+def _retention() -> AgentPart:
+    """``[agents.NAME.retention]``'s part: the agent layer's own (:class:`toren.Retention`)."""
+    from toren._agent.retention import retention_part
+
+    part: AgentPart = retention_part()
+    return part
+
+
 @attrs.frozen(kw_only=True)
 class AgentSettings(WorkerSettings):
     """The kernel's settings and the agent layer's.
@@ -67,7 +75,7 @@ class AgentSettings(WorkerSettings):
     }
     # The kinds' parts of an agent, by field: each kind's settings name theirs (loaded when a
     # file has agent tables), and toren.Settings, composed from them, reads them all.
-    AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {}
+    AGENT_PARTS: ClassVar[Mapping[str, Callable[[], AgentPart]]] = {"retention": _retention}
 
     max_message_bytes: int = attrs.field(default=64 * 1024, validator=positive)
     agents: Tables = attrs.field(

@@ -57,6 +57,7 @@ SETTABLE = (
     "telegram",
     "schedules",
     "version_policy",
+    "retention",
 )
 """The ``Agent`` fields an ``[agents.NAME]`` table may set. The model, the system prompt and
 the tools are code: changing them changes what the model is sent. ``sandbox`` is a sub-table
@@ -66,7 +67,8 @@ the tools are code: changing them changes what the model is sent. ``sandbox`` is
 the keys of the code's schedule of that name, adds one, or removes it (``enabled = false``)."""
 
 _CODE_ONLY = ("name", "model", "system", "tools")
-_PART_FIELDS = ("sandbox", "telegram", "schedules")  # Agent fields whose values are a kind's
+# Agent fields whose values are a kind's (or, retention, the agent layer's own table)
+_PART_FIELDS = ("sandbox", "telegram", "schedules", "retention")
 
 Tables = Mapping[str, Mapping[str, Any]]
 
@@ -163,7 +165,7 @@ def _checked(
 @functools.cache
 def _field_types() -> dict[str, Any]:
     # The kinds' fields are checked by their parts: their types are not needed (nor imported).
-    kinds = {"Sandbox": object, "Telegram": object, "Schedule": object}
+    kinds = {"Sandbox": object, "Telegram": object, "Schedule": object, "Retention": object}
     return typing.get_type_hints(Agent, localns=kinds)
 
 

@@ -15,10 +15,10 @@ give an agent the same version serve the same runs, whatever they are called. It
   recorded (``max_tool_result_bytes``, ``max_response_bytes``).
 
 Not in it: budgets and limits (``budget_usd``, ``wall_clock``, ``max_attempts``, ``max_runs``,
-``max_runs_per_key``), the Telegram bot, schedules, the version policy, log levels and Toren's
-own version: changing them changes no run's requests. The digest is sha256 over canonical JSON
-(sorted keys, no whitespace), so it is the same in every process: nothing in it comes from
-``id()`` or ``hash()``.
+``max_runs_per_key``), the Telegram bot, schedules, the version policy, retention, log levels
+and Toren's own version: changing them changes no run's requests. The digest is sha256 over
+canonical JSON (sorted keys, no whitespace), so it is the same in every process: nothing in it
+comes from ``id()`` or ``hash()``.
 """
 
 from __future__ import annotations
