@@ -283,3 +283,69 @@ async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_s
     assert [e.seq for e in await client.journal(run_id)][:1] == [250]
     with pytest.raises(InvalidFork, match="before seq 250 were archived"):
         await fork_run(client, run_id, at=1)
+
+
+async def test_a_chat_run_of_an_agent_with_a_conversation_retention_is_truncated_as_it_goes(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wiring end to end: an agent's ``Retention(conversation_keep_for=...)``, its run
+    (a chat continued turn by turn through the model server), a worker with an archive store
+    and a short snapshot interval: the run's first events are archived and deleted while it
+    goes on, and its receipt reads as it would from the whole journal."""
+    from toren import Agent, Retention
+    from toren.runs import Agents, read_run, say, start_run
+    from toren.testing import AnthropicServer, Reply
+
+    def answer(body: dict[str, Any], n: int) -> Reply:
+        return Reply(f"answer {n}")
+
+    agents = Agents()
+    agents.register([
+        Agent(name="chatty", model="anthropic/claude-sonnet-4-6", system="chat",
+              retention=Retention(archive=True, conversation_keep_for=0.001)),
+    ])  # fmt: skip
+    store = LocalStore(tmp_path / "archive")
+    async with AnthropicServer(answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        from toren.supervisors.worker import Worker
+
+        settings = Settings(database_url=db_url, lease_seconds=3.0, renew_seconds=1.0,
+                            poll_seconds=0.2, grace_seconds=5.0, sandboxes=False,
+                            snapshot_every=4)  # fmt: skip
+        worker = Worker(settings, db_url, agents=agents)
+        worker.resources.put(Archives(store))
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            try:
+                run_id = await start_run(client, "chatty", "hello")
+
+                async def answered_all() -> bool:
+                    state = await read_run(client, run_id)
+                    return state.status == "completed" and len(state.calls) == 8
+
+                for turn in range(1, 8):
+
+                    async def answered(turn: int = turn) -> bool:
+                        state = await read_run(client, run_id)
+                        return state.status == "completed" and len(state.calls) == turn
+
+                    await wait_for(answered, timeout=30, what=f"turn {turn} answered")
+                    await say(client, run_id, f"and then {turn}?")
+                await wait_for(answered_all, timeout=30, what="the last turn answered")
+                await wait_for(lambda: _truncated(client, run_id), what="the chat truncated")
+            finally:
+                with anyio.fail_after(15, shield=True):
+                    await worker.stop()
+    ranges = await archived(client.pool, run_id)
+    assert ranges[0].first_seq == 1
+    # The whole conversation, read from the archives and the journal, folds to the run the
+    # API shows (from its snapshot), to the cent.
+    whole = await replay(client.pool, run_id, RunState(), fold, archives=Archives(store))
+    shown = await read_run(client, run_id)
+    assert receipt(shown) == receipt(whole.state)
+    assert receipt(shown).calls_made == len(server.received)
+
+
+async def _truncated(client: Client, run_id: str) -> bool:
+    return bool(await archived(client.pool, run_id))
