@@ -288,6 +288,20 @@ async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_s
     assert (rebuilt.seq, rebuilt.snapshot_seq) == (300, 250)
     assert receipt(rebuilt.state) == receipt(_expected(300))
     assert [e.seq for e in await client.journal(run_id)][:1] == [250]
+    # A snapshot older than the journal's first row (one written before the truncation, say,
+    # kept when a newer one was deleted): it is used, and the archived events after it folded.
+    await client.pool.execute("DELETE FROM toren.snapshots WHERE actor_id = $1", run_id)
+    assert await write_snapshot(
+        client.pool, run_id, SNAPSHOT_VERSION, 100, encode_snapshot(_expected(100), 100)
+    )
+    with pytest.raises(ArchiveNeeded, match="events 1-249"):
+        await replay(client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION))
+    older = await replay(
+        client.pool, run_id, RunState(), fold,
+        snapshots=(RunState, SNAPSHOT_VERSION), archives=Archives(store),
+    )  # fmt: skip
+    assert (older.seq, older.snapshot_seq, older.archived) == (300, 100, 149)
+    assert older.state == _expected(300)
     with pytest.raises(InvalidFork, match="before seq 250 were archived"):
         await fork_run(client, run_id, at=1)
 
