@@ -275,12 +275,15 @@ async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_s
     # A worker killed after writing the archive and before deleting the rows (kill point
     # truncation.archived) left the object and no record: the next truncation writes the same
     # object (kept as it is) and goes on.
-    leftover = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=249)
+    leftover = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=200)
     assert await archived(client.pool, run_id) == []
-    done = await truncate_journal(client.pool, store, run_id, keep_for=0)
+    done = await truncate_journal(client.pool, store, run_id, keep_for=0, batch=200)
     assert done is not None
-    assert done.ref == leftover
-    assert (done.ref.first_seq, done.ref.last_seq, done.deleted) == (1, 249, 249)
+    assert done.ref == leftover  # with the batch larger than what was left: the same range
+    assert (done.ref.first_seq, done.ref.last_seq, done.deleted) == (1, 200, 200)
+    rest = await truncate_journal(client.pool, store, run_id, keep_for=0, batch=200)
+    assert rest is not None
+    assert (rest.ref.first_seq, rest.ref.last_seq, rest.deleted) == (201, 249, 49)
     assert await truncate_journal(client.pool, store, run_id, keep_for=0) is None  # done
     rebuilt = await replay(
         client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)

@@ -287,9 +287,10 @@ class ActorHost:
             if keep_for is None:
                 return
             archives = self.resources.find(Archives)
-            await truncate_journal(
-                self.pool, archives.store if archives else None, self.actor_id, keep_for=keep_for
-            )
+            store = archives.store if archives else None
+            # A long journal (a retention newly set) is caught up a batch at a time.
+            while await truncate_journal(self.pool, store, self.actor_id, keep_for=keep_for):
+                pass
         except TruncationRefused as exc:
             if not self._refused:  # once per host: it would say so after every snapshot
                 log.warning("%s", exc)

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("toren.truncation")
 
 LOCK_TIMEOUT = "200ms"  # the delete waits no longer on a lock (it takes none a step holds)
+BATCH = 10_000  # events archived (one object) and deleted (one transaction) at most at once
 
 
 class TruncationRefused(TorenError):
@@ -131,13 +132,15 @@ async def truncate_journal(
     *,
     keep_for: float,
     lock_timeout: str = LOCK_TIMEOUT,
+    batch: int = BATCH,
 ) -> Truncated | None:
     """Archive and delete the events of ``actor_id`` before its snapshot's that are older than
-    ``keep_for`` seconds; what was done, or None if nothing was due (no snapshot, nothing
-    old enough, or another truncation of the same range won).
+    ``keep_for`` seconds, the first ``batch`` of them; what was done, or None if nothing was
+    due (no snapshot, nothing old enough, or another truncation of the same range won). Call
+    it again while it does something to catch up a long journal.
 
-    Safe beside the actor's steps (they append after the snapshot; this deletes at or before
-    it) and against a kill at any point (see the module's docstring).
+    Safe beside the actor's steps (they append after the snapshot; this deletes before it)
+    and against a kill at any point (see the module's docstring).
 
     Raises:
         TruncationRefused: ``store`` is None.
@@ -153,7 +156,8 @@ async def truncate_journal(
     plan = await pool.fetchrow(_PLAN, actor_id, float(keep_for))
     if plan is None or plan["old_to"] is None:
         return None
-    first, last = plan["archived_to"] + 1, plan["old_to"]
+    first = plan["archived_to"] + 1
+    last = min(plan["old_to"], first + batch - 1)
     if last < first:
         return None
     ref = await archive_journal(pool, store, actor_id, first_seq=first, last_seq=last)
