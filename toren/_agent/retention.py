@@ -121,11 +121,11 @@ SETTABLE = ("keep_for", "keep_failed_for", "keep_last", "archive", "conversation
 def _read(table: Mapping[str, Any], where: str) -> Mapping[str, Any]:
     """The table checked (as a whole policy would be) when the file is read."""
     try:
-        Retention(**{"keep_last": 0, **table})
+        Retention(**{"keep_last": 0, "archive": True, **table})
     except (ConfigError, TypeError) as exc:
-        what = exc.what if isinstance(exc, ConfigError) else str(exc)
-        hint = exc.hint if isinstance(exc, ConfigError) else None
-        raise ConfigError(f"{where}: {what}", hint=hint) from None
+        if isinstance(exc, ConfigError):
+            raise ConfigError(f"{where}: {exc.what}", hint=exc.hint) from None
+        raise ConfigError(f"{where}: {exc}") from None
     return dict(table)
 
 
