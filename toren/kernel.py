@@ -39,12 +39,14 @@ from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, se
 from toren._core.session import WorkerSession, code_version
 from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
+from toren._core.truncation import Archives
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
 
 __all__ = [
     "TRANSIENT_DB_ERRORS",
     "ActorHost",
     "ActorRow",
+    "Archives",
     "Claim",
     "Clock",
     "EmbeddedPostgres",

@@ -44,13 +44,15 @@ from toren.actors.runs import (
     versions,
 )
 from toren.actors.runs.bounds import bounded_response, cut_result, shown
-from toren.kernel import kill_point
+from toren.kernel import Resources, kill_point
 from toren.providers import ProviderError, parse_model
 from toren.runs import (
     ENDED,
+    PROCESS_AGENTS,
     RUN_KIND,
     SNAPSHOT_VERSION,
     Agent,
+    Agents,
     ApprovalRequested,
     Cancel,
     ChildAsked,
@@ -119,6 +121,16 @@ class RunActor(Actor[RunState]):
         # In flight while it works: parked (on a human, a timer, a child run) or ended, it
         # holds no slot of its agent's or its key's cap (toren.runs.limits).
         return state.status == "running"
+
+    def journal_keep_for(self, state: RunState, resources: Resources) -> float | None:
+        """A run that goes on for ever (a conversation) keeps the events behind its snapshot
+        for its agent's ``retention.conversation_keep_for`` seconds; then they are archived and
+        deleted (toren._core.truncation). None: kept (no such retention, or the agent is not
+        served here)."""
+        agent = (resources.find(Agents) or PROCESS_AGENTS).named(state.agent)
+        retention = getattr(agent, "retention", None)  # toren.Retention (issue 32)
+        keep_for = getattr(retention, "conversation_keep_for", None)
+        return None if keep_for is None else float(keep_for)
 
     def on_dead_letter(self, ctx: Context[RunState], msg: Any, error: str) -> None:
         """Whatever message the run could not handle, it no longer goes on by itself: it fails

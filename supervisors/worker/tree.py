@@ -36,6 +36,7 @@ from anyio.abc import TaskStatus
 from toren import ConfigError, PostgresRestartStore, Settings, TorenError
 from toren.directory import Directory
 from toren.kernel import (
+    Archives,
     Claim,
     Clock,
     Kind,
@@ -98,6 +99,7 @@ class Worker:
         self._pool: asyncpg.Pool | None = None
         self._lease_pool: asyncpg.Pool | None = None
         self._runtimes: list[tuple[Kind, Runtime]] = []  # opened, in order
+        self._archives: Archives | None = None  # opened from the settings
         self._draining = False
         self.resources = Resources()
         """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
@@ -116,6 +118,14 @@ class Worker:
         if session.lost.is_set():
             return None, "reconnecting"
         return session.worker_id, "running"
+
+    def _open_archives(self) -> None:
+        """The archive store the hosts read truncated journals from and archive them to: the
+        ``archive_store`` setting's, if set, unless one was lent already (a test's)."""
+        if Archives not in self.resources:
+            self._archives = Archives.from_settings(self.settings)
+            if self._archives is not None:
+                self.resources.put(self._archives)
 
     async def run(self, *, task_status: TaskStatus[Worker] = anyio.TASK_STATUS_IGNORED) -> None:
         """Run the tree until :meth:`stop`.
@@ -137,6 +147,7 @@ class Worker:
             # lease's deadline.
             self._lease_pool = await create_pool(self.url, size=2, name="toren-leases")
             await _check_schema(pool)
+            self._open_archives()
             for kind in self.kinds:  # each kind's runtime, lent to the actors, in order
                 if kind.open is not None:
                     opened = await kind.open(self._env(kind))
@@ -169,6 +180,10 @@ class Worker:
                     except Exception:  # one runtime's failure leaves the others to close
                         log.exception("closing the %s kind's runtime failed", kind.name)
                 self._runtimes.clear()
+                if self._archives is not None:
+                    self.resources.remove(Archives)
+                    await self._archives.store.close()
+                    self._archives = None
                 if self._lease_pool is not None:
                     await self._lease_pool.close()
                 await pool.close()

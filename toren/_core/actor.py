@@ -117,6 +117,14 @@ class Actor(Generic[S]):
         always works (its permits go only when it passivates or fails)."""
         return True
 
+    def journal_keep_for(self, state: S, resources: Resources) -> float | None:
+        """How long the events of this actor stay in its journal once a snapshot covers them, in
+        seconds; ``None`` (the default): for ever. For actors that never end (a conversation
+        that goes on for months): after each snapshot the host archives the events before it
+        older than this to the worker's archive store and deletes them
+        (:mod:`toren._core.truncation`); without an archive store it keeps them and says so."""
+        return None
+
     def on_dead_letter(self, ctx: Context[S], msg: Any, error: str) -> None:
         """A message is being dead-lettered: record what that means for the actor.
 

@@ -41,6 +41,7 @@ from toren._core.leases import Claim, LeaseClock, release_claim, release_if_idle
 from toren._core.logs import redact
 from toren._core.mailbox import claim_next, commit_step, dead_letter, open_envelope, record_failure
 from toren._core.resources import Resources
+from toren._core.truncation import Archives, TruncationRefused, truncate_journal
 
 log = logging.getLogger("toren.host")
 
@@ -108,6 +109,7 @@ class ActorHost:
         self.steps = 0  # messages handled by this host, committed or charged
         self._leaving = False  # the last step re-routed the actor away from this worker
         self._next: Envelope | None = None  # claimed by the last step's commit
+        self._refused = False  # a truncation was refused (said once)
 
     def wake(self) -> None:
         """Mail arrived for this actor (a notification); stop waiting."""
@@ -190,9 +192,15 @@ class ActorHost:
                     return False
 
     async def _run(self, actor: Actor[Any], started: Callable[[], None]) -> None:
-        rebuilt = await rebuild(self.pool, actor)
+        archives = self.resources.find(Archives)
+        rebuilt = await rebuild(self.pool, actor, archives=archives)
         kill_point("actor.rebuilt")
         state, seq, snapshot_seq = rebuilt.state, rebuilt.seq, rebuilt.snapshot_seq
+        if rebuilt.archived and self._snapshot_every:
+            # Folded from archives: a snapshot now, so that the next activation, and readers
+            # that have no archive store (the API, the CLI), start from it.
+            state = await self._snapshot(actor, state, seq)
+            snapshot_seq = seq
         try:
             await actor.on_start(
                 Context(
@@ -238,6 +246,7 @@ class ActorHost:
             if self._snapshot_every and seq - snapshot_seq >= self._snapshot_every:
                 state = await self._snapshot(actor, state, seq)
                 snapshot_seq = seq  # written or not: tried again after as many events
+                await self._truncate(actor, state)
             if self._leaving:
                 # Re-routed where this worker does not serve: handed to a worker that does.
                 if await release_claim(self.pool, self.actor_id, self.worker_id, self.epoch):
@@ -268,6 +277,32 @@ class ActorHost:
                 exc_info=not isinstance(exc, TRANSIENT_DB_ERRORS),
             )
             return state
+
+    async def _truncate(self, actor: Actor[Any], state: Any) -> None:
+        """Archive and delete the journal's events before its snapshot that the actor keeps no
+        longer (:meth:`Actor.journal_keep_for`). Like a snapshot, never the actor's failure: an
+        error is logged and the journal kept whole, to be tried after the next snapshot."""
+        try:
+            keep_for = actor.journal_keep_for(state, self.resources)
+            if keep_for is None:
+                return
+            archives = self.resources.find(Archives)
+            store = archives.store if archives else None
+            # A long journal (a retention newly set) is caught up a batch at a time.
+            while await truncate_journal(self.pool, store, self.actor_id, keep_for=keep_for):
+                pass
+        except TruncationRefused as exc:
+            if not self._refused:  # once per host: it would say so after every snapshot
+                log.warning("%s", exc)
+            self._refused = True
+        except Exception as exc:  # the step is committed: the journal is kept
+            log.warning(
+                "%s: its journal was not truncated (%s: %s); kept whole until the next snapshot",
+                self.actor_id,
+                type(exc).__name__,
+                exc,
+                exc_info=not isinstance(exc, TRANSIENT_DB_ERRORS),
+            )
 
     async def _idle(self, idle_since: float) -> bool:
         """Wait for mail; True once the actor has passivated."""

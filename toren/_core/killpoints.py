@@ -36,6 +36,8 @@ POINTS: dict[str, str] = {
     "actor.rebuilt": "a host rebuilt an actor's state from its journal, before on_start",
     "snapshot.writing": "a host is about to write an actor's snapshot (its step committed)",
     "snapshot.written": "a host wrote an actor's snapshot, before its next message",
+    "truncation.archived": "a journal range was archived and verified, its rows not yet "
+    "deleted nor the range recorded",
     "message.claimed": "a host claimed a message (delivery count raised), before handling it",
     "timer.fired": "the message claimed is a due durable timer, before handling it",
     "step.committing": "a message was handled; its step is about to commit",

@@ -99,7 +99,8 @@ async def fork_run(
         InvalidFork: ``run_id`` is not a run; ``at`` is not a step of it (an integer from 1
             to the number of model calls it made); ``message`` and ``input`` are both given;
             there is no human message before the step to replace (or a compaction summarised
-            it); a text is empty, holds NUL or a lone surrogate, or is over ``cap`` bytes.
+            it); a text is empty, holds NUL or a lone surrogate, or is over ``cap`` bytes; its
+            first events were archived and deleted (a conversation truncated by its retention).
     """
     if isinstance(at, bool) or not isinstance(at, int):
         raise InvalidFork(run_id, "at", f"a step number (an integer from 1), not {at!r}")
@@ -124,7 +125,16 @@ async def fork_run(
             raise missing
         if row.kind != RUN_KIND:
             raise InvalidFork(run_id, "run", f"it is not a run (an actor of kind {row.kind})")
-        cut = _cut(run_id, await events(conn, run_id), at)
+        recorded = await events(conn, run_id)
+        if recorded and recorded[0].seq != 1:
+            # A conversation whose first events were archived (toren._core.truncation).
+            raise InvalidFork(
+                run_id,
+                "run",
+                f"its events before seq {recorded[0].seq} were archived and deleted (its "
+                "agent's conversation_keep_for); a fork copies its journal from the start",
+            )
+        cut = _cut(run_id, recorded, at)
         _check_edit(run_id, cut, at, message=message, input=input)
         agent = str(row.args_dict.get("agent") or cut.state.agent)
         # The fork goes under its source's key (one chat, one customer): it waits its turn

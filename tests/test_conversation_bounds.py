@@ -1,0 +1,375 @@
+"""A never-ending conversation keeps its journal bounded (issue 32, item 4): the events behind
+its snapshot, older than its retention, are archived and deleted by its worker as it goes; its
+state and receipt stay exact, a missing snapshot is rebuilt from the archives and the journal's
+tail, and without an archive store the journal is kept whole, said once in the log.
+
+The conversation is the chat of ``bench/conversation_bytes.py`` (a human message, the model's
+answer, a tool call every third turn, a hard compaction every fiftieth), recorded by a kernel
+actor whose state is a run's (``RunState`` and its fold): 20,000 events in steps of 60 turns,
+on a real worker, with no model round trips.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import attrs
+import pytest
+
+from bench.conversation_bytes import conversation, turn_events
+from tests.conftest import wait_for
+from toren import Actor, Client, Context, Settings, message
+from toren._core.journal import replay
+from toren._core.resources import Resources
+from toren._core.stores import LocalStore
+from toren._core.truncation import ArchiveNeeded, Archives, archived
+from toren.runs import SNAPSHOT_VERSION, RunStarted, RunState, fold
+from toren.runs.receipt import receipt
+
+pytestmark = pytest.mark.anyio
+
+EVENTS = 20_000
+TURNS_PER_STEP = 60
+SNAPSHOT_EVERY = 1000
+
+
+@message("test.chat.turns")
+@attrs.frozen(kw_only=True)
+class Turns:
+    first: int  # 0: the run's start
+    count: int
+
+
+class Chat(Actor[RunState]):
+    """A conversation that never ends, kept as a run's state; its events older than nothing
+    (``journal_keep_for`` 0) are archived once a snapshot covers them."""
+
+    kind = "test.chat"
+    idle_seconds = 0.5
+    snapshot_every = SNAPSHOT_EVERY
+    state_type = RunState
+    snapshot_version = SNAPSHOT_VERSION
+
+    def initial_state(self) -> RunState:
+        return RunState()
+
+    def apply(self, state: RunState, event: Any) -> RunState:
+        return fold(state, event)
+
+    async def handle(self, ctx: Context[RunState], msg: Any) -> None:
+        if not isinstance(msg, Turns):
+            return
+        if msg.first == 0:
+            ctx.emit(RunStarted(agent="chat", input="hello", at=1.0))
+        for turn in range(max(1, msg.first), msg.first + msg.count):
+            for event in turn_events(turn):
+                ctx.emit(event)
+
+    def journal_keep_for(self, state: RunState, resources: Resources) -> float | None:
+        return 0.0
+
+
+def _expected(events: int) -> RunState:
+    state = RunState()
+    for event in conversation(events):
+        state = fold(state, event)
+    return state
+
+
+def _events_of(turns: int) -> int:
+    return 1 + sum(len(turn_events(t)) for t in range(1, turns))
+
+
+@contextlib.asynccontextmanager
+async def _worker(db_url: str, store: LocalStore | None) -> AsyncIterator[Any]:
+    from toren.supervisors.worker import Worker
+
+    settings = Settings(database_url=db_url, lease_seconds=3.0, renew_seconds=1.0,
+                        poll_seconds=0.2, grace_seconds=5.0, sandboxes=False)  # fmt: skip
+    worker = Worker(settings, db_url)
+    if store is not None:
+        worker.resources.put(Archives(store))
+    async with anyio.create_task_group() as tg:
+        await tg.start(worker.run)
+        try:
+            yield worker
+        finally:
+            with anyio.fail_after(15, shield=True):
+                await worker.stop()
+
+
+async def _chat(client: Client, actor_id: str, events: int) -> int:
+    """Send the turns of a chat of about ``events`` events; the count the journal will hold."""
+    await client.spawn(Chat, actor_id)
+    turn = 0
+    while _events_of(turn + 1) < events:
+        count = TURNS_PER_STEP
+        while count > 1 and _events_of(turn + count) > events:
+            count -= 1
+        await client.send(actor_id, Turns(first=turn, count=count))
+        turn += count
+    return _events_of(turn)
+
+
+async def _sizes(client: Client, actor_id: str) -> tuple[int, int, int, int]:
+    """Journal rows and bytes (as stored, compressed), the snapshot's chunk bytes (raw) and
+    row bytes (as stored)."""
+    row = await client.pool.fetchrow(
+        "SELECT (SELECT count(*) FROM toren.journal WHERE actor_id = $1) AS rows, "
+        "(SELECT coalesce(sum(pg_column_size(j.*)), 0) FROM toren.journal j "
+        " WHERE actor_id = $1) AS journal, "
+        "(SELECT coalesce(sum(octet_length(c.data)), 0) FROM toren.snapshot_chunks c "
+        " WHERE actor_id = $1) AS chunks, "
+        "(SELECT coalesce(sum(pg_column_size(s.state)), 0) FROM toren.snapshots s "
+        " WHERE actor_id = $1) AS snapshot",
+        actor_id,
+    )
+    return row["rows"], row["journal"], row["chunks"], row["snapshot"]
+
+
+async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_receipt_exact(
+    client: Client, db_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    actor_id = "test.chat/1"
+    store = LocalStore(tmp_path / "archive")
+    total = await _chat(client, actor_id, EVENTS)
+    assert total >= EVENTS - 7 * TURNS_PER_STEP
+    sizes = []
+    async with _worker(db_url, store):
+
+        async def all_recorded() -> bool:
+            _, seq = await client.state(actor_id)
+            return bool(seq == total)
+
+        await wait_for(all_recorded, timeout=120, what="every turn recorded")
+        sizes.append(await _sizes(client, actor_id))
+
+        async def passivated() -> bool:
+            return (await client.actor(actor_id))["owner"] is None
+
+        await wait_for(passivated, what="the chat passivated")
+    rows, journal_bytes, chunk_bytes, snapshot_bytes = sizes[-1]
+    # The journal holds what its last snapshot does not cover, and that snapshot's own event:
+    # at most one snapshot interval and one step's events.
+    step = max(len(turn_events(t)) for t in range(1, 60)) * TURNS_PER_STEP
+    assert rows <= SNAPSHOT_EVERY + step, rows
+    ranges = await archived(client.pool, actor_id)
+    assert ranges
+    assert ranges[0].first_seq == 1
+    assert all(a.last_seq + 1 == b.first_seq for a, b in itertools.pairwise(ranges))
+    first = await client.pool.fetchval(
+        "SELECT min(seq) FROM toren.journal WHERE actor_id = $1", actor_id
+    )
+    assert first == ranges[-1].last_seq + 1
+    # The state from its snapshot and tail is the whole conversation's, and so its receipt.
+    expected = _expected(total)
+    state, seq = await client.state(actor_id)
+    assert seq == total
+    assert receipt(state) == receipt(expected)
+    assert state == expected
+    # What it costs, stated (the snapshot chunks still hold the whole conversation: see
+    # docs/operations.md "Long conversations").
+    archive_bytes = sum(r.bytes for r in ranges)
+    print(f"\n{total} events: journal {rows} rows {journal_bytes} B; snapshot row "
+          f"{snapshot_bytes} B, chunks {chunk_bytes} B; archived {len(ranges)} ranges "
+          f"{archive_bytes} B")  # fmt: skip
+
+    # The snapshot deleted (derived data): rebuilt from the archives and the journal's tail.
+    await client.pool.execute("DELETE FROM toren.snapshots WHERE actor_id = $1", actor_id)
+    with pytest.raises(ArchiveNeeded, match="set archive_store"):
+        await replay(
+            client.pool, actor_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+        )
+    rebuilt = await replay(
+        client.pool, actor_id, RunState(), fold,
+        snapshots=(RunState, SNAPSHOT_VERSION), archives=Archives(store),
+    )  # fmt: skip
+    assert (rebuilt.seq, rebuilt.snapshot_seq) == (total, 0)
+    assert rebuilt.state == expected
+    assert receipt(rebuilt.state) == receipt(expected)
+    # ... and by a worker, which goes on with the conversation from there.
+    async with _worker(db_url, store):
+        await client.send(actor_id, Turns(first=10_000, count=1))
+        more = total + len(turn_events(10_000))
+
+        async def went_on() -> bool:
+            return bool((await replay(client.pool, actor_id, RunState(), fold,
+                                      archives=Archives(store))).seq == more)  # fmt: skip
+
+        await wait_for(went_on, timeout=60, what="the chat went on")
+    row = await client.actor(actor_id)
+    assert (row["status"], row["failure"]) == ("live", None)
+    # The worker wrote a snapshot once it had folded the archives: readers without an archive
+    # store (the API, the CLI) read the conversation again.
+    state, seq = await client.state(actor_id)
+    assert seq == more
+    for event in turn_events(10_000):
+        expected = fold(expected, event)
+    assert receipt(state) == receipt(expected)
+
+
+async def test_without_an_archive_store_the_journal_is_kept_whole_and_said_so(
+    client: Client, db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    actor_id = "test.chat/2"
+    total = await _chat(client, actor_id, 2500)
+    with caplog.at_level(logging.WARNING, logger="toren.host"):
+        async with _worker(db_url, None):
+
+            async def all_recorded() -> bool:
+                return bool((await client.state(actor_id))[1] == total)
+
+            await wait_for(all_recorded, timeout=60, what="every turn recorded")
+    rows = await client.pool.fetchval(
+        "SELECT count(*) FROM toren.journal WHERE actor_id = $1", actor_id
+    )
+    assert rows == total
+    assert await archived(client.pool, actor_id) == []
+    said = [r.getMessage() for r in caplog.records if "kept whole" in r.getMessage()]
+    assert len(said) == 1
+    assert said[0].startswith(f"{actor_id}: its journal is kept whole: no archive store is set")
+
+
+async def test_a_truncated_run_is_read_from_its_snapshot_and_refused_as_a_fork_source(
+    client: Client, tmp_path: Path
+) -> None:
+    """The run kind's own actor, its events appended by the kernel's statements' shape (no
+    worker): truncated by hand as its worker would, it reads as before from its snapshot (as
+    the API and CLI read it, with no archive store), its events list starts after the archived
+    ones, and a fork, which copies a journal from its start, is refused with the reason."""
+    from toren._core.archive import archive_journal
+    from toren._core.codec import encode as encode_payload
+    from toren._core.json_text import dumps
+    from toren._core.snapshots import encode as encode_snapshot
+    from toren._core.snapshots import write as write_snapshot
+    from toren._core.truncation import TruncationRefused, truncate_journal
+    from toren.runs import RUN_KIND, InvalidFork, fork_run
+
+    run_id = "run/00000000-0000-4000-8000-000000000032"
+    await client.spawn(RUN_KIND, run_id, {"agent": "chat"})
+    events = list(conversation(300))
+    encoded = [encode_payload(e) for e in events]
+    await client.pool.execute(
+        "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+        "SELECT $1, e.n, 1, e.type, e.data::jsonb "
+        "FROM unnest($2::text[], $3::text[]) WITH ORDINALITY AS e(type, data, n)",
+        run_id,
+        [t for t, _ in encoded],
+        [dumps(d) for _, d in encoded],
+    )
+    state = _expected(250)
+    assert await write_snapshot(
+        client.pool, run_id, SNAPSHOT_VERSION, 250, encode_snapshot(state, 250)
+    )
+    with pytest.raises(TruncationRefused, match="no archive store"):
+        await truncate_journal(client.pool, None, run_id, keep_for=0)
+    # Nothing is old enough: nothing done.
+    store = LocalStore(tmp_path / "archive")
+    assert await truncate_journal(client.pool, store, run_id, keep_for=3600) is None
+    # A worker killed after writing the archive and before deleting the rows (kill point
+    # truncation.archived) left the object and no record: the next truncation writes the same
+    # object (kept as it is) and goes on.
+    leftover = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=200)
+    assert await archived(client.pool, run_id) == []
+    done = await truncate_journal(client.pool, store, run_id, keep_for=0, batch=200)
+    assert done is not None
+    assert done.ref == leftover  # with the batch larger than what was left: the same range
+    assert (done.ref.first_seq, done.ref.last_seq, done.deleted) == (1, 200, 200)
+    rest = await truncate_journal(client.pool, store, run_id, keep_for=0, batch=200)
+    assert rest is not None
+    assert (rest.ref.first_seq, rest.ref.last_seq, rest.deleted) == (201, 249, 49)
+    assert await truncate_journal(client.pool, store, run_id, keep_for=0) is None  # done
+    rebuilt = await replay(
+        client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+    )
+    assert (rebuilt.seq, rebuilt.snapshot_seq) == (300, 250)
+    assert receipt(rebuilt.state) == receipt(_expected(300))
+    assert [e.seq for e in await client.journal(run_id)][:1] == [250]
+    # A snapshot older than the journal's first row (one written before the truncation, say,
+    # kept when a newer one was deleted): it is used, and the archived events after it folded.
+    await client.pool.execute("DELETE FROM toren.snapshots WHERE actor_id = $1", run_id)
+    assert await write_snapshot(
+        client.pool, run_id, SNAPSHOT_VERSION, 100, encode_snapshot(_expected(100), 100)
+    )
+    with pytest.raises(ArchiveNeeded, match="events 1-249"):
+        await replay(client.pool, run_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION))
+    older = await replay(
+        client.pool, run_id, RunState(), fold,
+        snapshots=(RunState, SNAPSHOT_VERSION), archives=Archives(store),
+    )  # fmt: skip
+    assert (older.seq, older.snapshot_seq, older.archived) == (300, 100, 149)
+    assert older.state == _expected(300)
+    with pytest.raises(InvalidFork, match="before seq 250 were archived"):
+        await fork_run(client, run_id, at=1)
+
+
+async def test_a_chat_run_of_an_agent_with_a_conversation_retention_is_truncated_as_it_goes(
+    client: Client, db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wiring end to end: an agent's ``Retention(conversation_keep_for=...)``, its run
+    (a chat continued turn by turn through the model server), a worker with an archive store
+    and a short snapshot interval: the run's first events are archived and deleted while it
+    goes on, and its receipt reads as it would from the whole journal."""
+    from toren import Agent, Retention
+    from toren.runs import Agents, read_run, say, start_run
+    from toren.testing import AnthropicServer, Reply
+
+    def answer(body: dict[str, Any], n: int) -> Reply:
+        return Reply(f"answer {n}")
+
+    agents = Agents()
+    agents.register([
+        Agent(name="chatty", model="anthropic/claude-sonnet-4-6", system="chat",
+              retention=Retention(archive=True, conversation_keep_for=0.001)),
+    ])  # fmt: skip
+    store = LocalStore(tmp_path / "archive")
+    async with AnthropicServer(answer) as server:
+        for name, value in server.env().items():
+            monkeypatch.setenv(name, value)
+        from toren.supervisors.worker import Worker
+
+        settings = Settings(database_url=db_url, lease_seconds=3.0, renew_seconds=1.0,
+                            poll_seconds=0.2, grace_seconds=5.0, sandboxes=False,
+                            snapshot_every=4)  # fmt: skip
+        worker = Worker(settings, db_url, agents=agents)
+        worker.resources.put(Archives(store))
+        async with anyio.create_task_group() as tg:
+            await tg.start(worker.run)
+            try:
+                run_id = await start_run(client, "chatty", "hello")
+
+                async def answered_all() -> bool:
+                    state = await read_run(client, run_id)
+                    return state.status == "completed" and len(state.calls) == 8
+
+                for turn in range(1, 8):
+
+                    async def answered(turn: int = turn) -> bool:
+                        state = await read_run(client, run_id)
+                        return state.status == "completed" and len(state.calls) == turn
+
+                    await wait_for(answered, timeout=30, what=f"turn {turn} answered")
+                    await say(client, run_id, f"and then {turn}?")
+                await wait_for(answered_all, timeout=30, what="the last turn answered")
+                await wait_for(lambda: _truncated(client, run_id), what="the chat truncated")
+            finally:
+                with anyio.fail_after(15, shield=True):
+                    await worker.stop()
+    ranges = await archived(client.pool, run_id)
+    assert ranges[0].first_seq == 1
+    # The whole conversation, read from the archives and the journal, folds to the run the
+    # API shows (from its snapshot), to the cent.
+    whole = await replay(client.pool, run_id, RunState(), fold, archives=Archives(store))
+    shown = await read_run(client, run_id)
+    assert receipt(shown) == receipt(whole.state)
+    assert receipt(shown).calls_made == len(server.received)
+
+
+async def _truncated(client: Client, run_id: str) -> bool:
+    return bool(await archived(client.pool, run_id))
