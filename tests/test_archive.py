@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
-import types
 import zlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -398,44 +395,6 @@ def test_archive_store_comes_from_its_setting_and_defaults_under_home(tmp_path: 
 
 # -- restore: toren jobs restore RUN [--into-journal] -------------------------------------------
 
-# The audit table as migration 0014 (helper A's branch) creates it; on a database that has it
-# already, this does nothing.
-_AUDIT_TABLE = """
-CREATE TABLE IF NOT EXISTS toren.run_audit (
-    run_id text PRIMARY KEY, root_id text NOT NULL, parent text, agent text NOT NULL,
-    version text NOT NULL DEFAULT '', args jsonb NOT NULL, started_by jsonb,
-    decisions jsonb NOT NULL DEFAULT '[]', receipt jsonb NOT NULL, status text NOT NULL,
-    error_class text, error text, created_at timestamptz NOT NULL, ended_at timestamptz,
-    pruned_at timestamptz NOT NULL DEFAULT now(), archive jsonb, events integer NOT NULL
-)
-"""
-
-
-def _stand_in_audit() -> types.ModuleType:
-    """``toren.runs.audit.audit_record`` until the prune branch (which brings it) is merged:
-    the record read from the table, with its archive as an ArchiveRef."""
-    module = types.ModuleType("toren.runs.audit")
-
-    async def audit_record(db: Any, run_id: str) -> Any:
-        found = await db.fetchrow("SELECT * FROM toren.run_audit WHERE run_id = $1", run_id)
-        if found is None:
-            return None
-        fields = dict(found)
-        archive = fields.pop("archive")
-        return types.SimpleNamespace(
-            **fields, archive=ArchiveRef.from_json(archive) if archive else None
-        )
-
-    module.audit_record = audit_record  # type: ignore[attr-defined]
-    return module
-
-
-@pytest.fixture
-async def audit(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
-    await client.pool.execute(_AUDIT_TABLE)
-    if importlib.util.find_spec("toren.runs.audit") is None:
-        monkeypatch.setitem(sys.modules, "toren.runs.audit", _stand_in_audit())
-
 
 async def prune(client: Client, run_id: str, ref: ArchiveRef | None) -> None:
     """What the pruner does to a run, as the test needs it: its audit record written, its
@@ -467,7 +426,7 @@ def cli(db_url: str, archive: Path, *args: str) -> Any:
 
 
 async def test_a_pruned_run_is_restored_from_its_archive_as_jobs_show_showed_it(
-    client: Client, db_url: str, store: LocalStore, audit: None
+    client: Client, db_url: str, store: LocalStore
 ) -> None:
     await insert_journal(client, RUN, recorded_run())
     await client.pool.execute(
@@ -565,7 +524,7 @@ async def test_a_pruned_run_is_restored_from_its_archive_as_jobs_show_showed_it(
 
 
 async def test_a_run_not_pruned_or_pruned_without_archive_is_not_restored(
-    client: Client, db_url: str, store: LocalStore, audit: None
+    client: Client, db_url: str, store: LocalStore
 ) -> None:
     await insert_journal(client, RUN, recorded_run()[:3])
     live = await anyio.to_thread.run_sync(cli, db_url, store.root, "jobs", "restore", RUN)
@@ -583,7 +542,7 @@ async def test_a_run_not_pruned_or_pruned_without_archive_is_not_restored(
 
 
 async def test_two_restores_into_the_journal_at_once_write_it_once(
-    client: Client, store: LocalStore, audit: None
+    client: Client, store: LocalStore
 ) -> None:
     from toren.runs.restore import NotRestorable, restore_into_journal
 
@@ -610,14 +569,23 @@ async def test_two_restores_into_the_journal_at_once_write_it_once(
 async def test_a_run_the_pruner_archived_is_restored_as_it_was(
     client: Client, db_url: str, store: LocalStore
 ) -> None:
-    """End to end with the pruner (toren.runs.prune, the prune branch: skipped until it is
-    merged): a run pruned with ``Retention(archive=True)`` is shown by ``toren jobs restore``
-    as ``toren jobs show`` showed it, and written back whole by ``--into-journal``."""
-    prune = pytest.importorskip("toren.runs.prune", reason="the pruner is not merged yet")
-    from toren import Retention  # type: ignore[attr-defined,unused-ignore]
+    """End to end with the pruner: a run pruned with ``Retention(archive=True)`` is shown by
+    ``toren jobs restore`` as ``toren jobs show`` showed it, and written back whole by
+    ``--into-journal``."""
+    from toren import Retention
+    from toren.runs import prune
     from toren.runs.state import summary
 
     await insert_journal(client, RUN, recorded_run())
+    # ended two days ago: what an hour's keep_for lets go
+    await client.pool.execute(
+        "UPDATE toren.journal SET created_at = created_at - interval '2 days' WHERE actor_id = $1",
+        RUN,
+    )
+    await client.pool.execute(
+        "UPDATE toren.actors SET created_at = created_at - interval '2 days' WHERE actor_id = $1",
+        RUN,
+    )
     journal = await read_journal(client.pool, RUN)
     await client.pool.execute(
         "UPDATE toren.actors SET args = $2, route = 'agent:support', summary = $3 "
@@ -645,4 +613,11 @@ async def test_a_run_the_pruner_archived_is_restored_as_it_was(
         cli, db_url, store.root, "jobs", "restore", RUN, "--into-journal"
     )
     assert written.exit_code == 0, written.output
+    assert await read_journal(client.pool, RUN) == journal
+    # Restored to be forked, it is not pruned again before it can be: its keep counts from
+    # its restore (keep_last alone would let it go: it is no newer than it was).
+    again = await prune.prune_batch(
+        client.pool, "support", Retention(keep_for=3600.0, archive=True), store=store
+    )
+    assert again.runs == 0
     assert await read_journal(client.pool, RUN) == journal

@@ -369,6 +369,23 @@ async def test_a_chat_run_of_an_agent_with_a_conversation_retention_is_truncated
     shown = await read_run(client, run_id)
     assert receipt(shown) == receipt(whole.state)
     assert receipt(shown).calls_made == len(server.received)
+    # Pruned once it ended, its audit record names every range (those archived as it went
+    # and the rest), and a restore reads them all back to the same fold.
+    from toren.runs.audit import audit_record
+    from toren.runs.prune import prune_batch
+    from toren.runs.restore import restored_run
+
+    pruned = await prune_batch(
+        client.pool, "chatty", Retention(keep_for=0.001, archive=True), store=store
+    )
+    assert pruned.runs == 1
+    record = await audit_record(client.pool, run_id)
+    assert record is not None
+    assert [r.first_seq for r in record.earlier_archives] == [r.first_seq for r in ranges]
+    assert record.archive.first_seq == ranges[-1].last_seq + 1
+    restored, entries = await restored_run(client, run_id, store=store)
+    assert [e.seq for e in entries] == list(range(1, whole.seq + 1))
+    assert restored == whole.state
 
 
 async def _truncated(client: Client, run_id: str) -> bool:

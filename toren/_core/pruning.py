@@ -70,7 +70,9 @@ WITH RECURSIVE boundary AS (
       -- ended before its keep ran out, so made before too: bounds the scan by the index
       AND ($7::float8 IS NULL OR a.created_at < now() - make_interval(secs => $7))
       AND (p.keep IS NOT NULL OR $4::int IS NOT NULL)
-      AND (p.keep IS NULL OR last.created_at < now() - make_interval(secs => p.keep))
+      -- a run restored into the journal (args.restored_at) counts its keep from then
+      AND (p.keep IS NULL OR greatest(last.created_at, (a.args->>'restored_at')::timestamptz)
+                             < now() - make_interval(secs => p.keep))
     ORDER BY a.created_at, a.actor_id
     LIMIT $5
 ), tree(root, actor_id) AS (

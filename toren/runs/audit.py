@@ -11,7 +11,6 @@ key finds it (:func:`toren.runs.client.start_run`).
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 
 _COLUMNS = (
     "run_id, root_id, parent, agent, version, args, started_by, decisions, receipt, status, "
-    "error_class, error, created_at, ended_at, pruned_at, archive, events"
+    "error_class, error, created_at, ended_at, pruned_at, archive, events, earlier_archives"
 )
 
 
@@ -54,6 +53,8 @@ class AuditRecord:
         archive: Where its journal was archived (``toren._core.archive.ArchiveRef``), or
             ``None``.
         events: How many events its journal held.
+        earlier_archives: The ranges of its journal archived before ``archive`` while it
+            went on (a long conversation truncated behind its snapshot), oldest first.
     """
 
     run_id: str
@@ -73,6 +74,7 @@ class AuditRecord:
     pruned_at: datetime | None
     archive: Any
     events: int
+    earlier_archives: tuple[Any, ...] = ()
 
     @property
     def usd_paid(self) -> Decimal:
@@ -89,6 +91,7 @@ class AuditRecord:
         out["receipt"] = dict(self.receipt)
         archive = self.archive
         out["archive"] = archive.to_json() if hasattr(archive, "to_json") else archive
+        out["earlier_archives"] = [a.to_json() for a in self.earlier_archives]
         return out
 
 
@@ -110,15 +113,14 @@ class RunPruned(UnknownActor):
 
 
 def archive_ref(value: Any) -> Any:
-    """The archive reference a record stores, as an ``ArchiveRef`` where the archive module is
-    present (the JSON mapping as stored otherwise; ``None`` for none)."""
+    """The archive reference a record stores, as an ``ArchiveRef`` (``None`` for none)."""
     if value is None:
         return None
-    try:
-        archive = importlib.import_module("toren._core.archive")
-    except ImportError:  # the archive's module is not part of this build
-        return value
-    return archive.ArchiveRef.from_json(value)
+    # Here, not at the top: the archive's module brings the object stores (aioboto3), which
+    # a client that only starts runs never needs.
+    from toren._core.archive import ArchiveRef
+
+    return ArchiveRef.from_json(value)
 
 
 def _record(r: Any) -> AuditRecord:
@@ -140,6 +142,7 @@ def _record(r: Any) -> AuditRecord:
         pruned_at=r["pruned_at"],
         archive=archive_ref(r["archive"]),
         events=r["events"],
+        earlier_archives=tuple(archive_ref(a) for a in r["earlier_archives"] or ()),
     )
 
 
@@ -175,7 +178,7 @@ _INSERTED = _COLUMNS.replace(" pruned_at,", "")
 
 _INSERT = f"""
 INSERT INTO toren.run_audit ({_INSERTED})
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
 ON CONFLICT (run_id) DO NOTHING
 """
 
@@ -211,6 +214,7 @@ async def insert_audit(conn: Any, records: Sequence[AuditRecord]) -> None:
                 r.ended_at,
                 archive,
                 r.events,
+                [a.to_json() for a in r.earlier_archives],
             )
         )
     if rows:

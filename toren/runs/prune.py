@@ -22,9 +22,9 @@ resumable.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -32,12 +32,15 @@ import attrs
 
 from toren._agent.retention import Retention
 from toren._agent.routes import agent_route
+from toren._core.archive import archive_journal, read_archive
 from toren._core.errors import ConfigError, TorenError
-from toren._core.journal import ReplayFailed, replay
+from toren._core.journal import JournalEntry, ReplayFailed, replay
 from toren._core.journal_reads import events, last_seq
 from toren._core.killpoints import kill_point
 from toren._core.pruning import EndedTree, delete_trees, ended_trees, lock_trees
 from toren._core.rows import actor_rows
+from toren._core.truncation import Archives
+from toren._core.truncation import archived as archived_ranges
 from toren.runs.audit import AuditRecord, insert_audit, log_prune, receipt_json
 from toren.runs.events import ENDED, RUN_KIND
 from toren.runs.receipt import receipt
@@ -190,30 +193,60 @@ async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_R
             out.append(_Read(run_id=actor_id, last_seq=seq, record=None))
             continue
         rebuilt = await replay(
-            pool, actor_id, RunState(), fold, snapshots=(RunState, SNAPSHOT_VERSION)
+            pool,
+            actor_id,
+            RunState(),
+            fold,
+            snapshots=(RunState, SNAPSHOT_VERSION),
+            archives=Archives(store) if store is not None else None,
         )
         state: RunState = rebuilt.state
         if state.status not in ENDED:
             raise TorenError(f"{actor_id} is {state.status}")
         archive = None
+        archived_before: list[JournalEntry] = []
+        earlier = await archived_ranges(pool, actor_id)
+        if earlier:
+            # A long conversation's journal, truncated behind its snapshot as it went: its
+            # first events are in the archive store only. Its audit record names those ranges
+            # (they go with its row) and reads its decisions there too.
+            if store is None:
+                raise TorenError(
+                    f"{actor_id}'s journal was truncated as it went: it is pruned only with its "
+                    "agent's retention archiving (archive = true) and an archive store open"
+                )
+            for ref in earlier:
+                archived_before += await read_archive(store, ref, actor_id=actor_id)
         if store is not None:
-            archiving = importlib.import_module("toren._core.archive")
-            archive = await archiving.archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
-        record = await _record(pool, tree.root, row, state, rebuilt.seq, archive)
+            archive = await archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
+        record = await _record(
+            pool, tree.root, row, state, rebuilt.seq, archive, earlier, archived_before
+        )
         out.append(_Read(run_id=actor_id, last_seq=rebuilt.seq, record=record))
     return out
 
 
 async def _record(
-    pool: asyncpg.Pool, root: str, row: Any, state: RunState, seq: int, archive: Any
+    pool: asyncpg.Pool,
+    root: str,
+    row: Any,
+    state: RunState,
+    seq: int,
+    archive: Any,
+    earlier: Sequence[Any] = (),
+    archived_before: Sequence[JournalEntry] = (),
 ) -> AuditRecord:
-    """The audit record of a run read as ``state`` through event ``seq``."""
-    found = await events(
+    """The audit record of a run read as ``state`` through event ``seq`` (its events before
+    its journal's first kept one, if it was truncated, read from ``earlier``'s archives as
+    ``archived_before``)."""
+    kept = await events(
         pool,
         row.actor_id,
         types=("run.started", "tool.intent", "approval.decided"),
         keys=("by", "call_id", "name", "approved", "who", "reason", "channel", "at"),
     )
+    wanted = {"run.started", "tool.intent", "approval.decided"}
+    found = [*(e for e in archived_before if e.type in wanted), *kept]
     started_by = next((e.data.get("by") for e in found if e.type == "run.started"), None)
     tools = {e.data.get("call_id"): e.data.get("name") for e in found if e.type == "tool.intent"}
     decisions = tuple(
@@ -249,6 +282,7 @@ async def _record(
         pruned_at=None,
         archive=archive,
         events=seq,
+        earlier_archives=tuple(earlier),
     )
 
 

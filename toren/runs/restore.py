@@ -21,14 +21,15 @@ Errors::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from toren._agent.routes import agent_route, version_route
 from toren._core.archive import ArchiveRef, read_archive, restore_journal
 from toren._core.codec import decode
 from toren._core.errors import TorenError
 from toren.runs._fold import fold
+from toren.runs.audit import AuditRecord, audit_record
 from toren.runs.events import RUN_KIND
 from toren.runs.state import RunState, summary
 
@@ -52,21 +53,15 @@ class NotRestorable(TorenError):
         super().__init__(f"run {run_id} cannot be restored: {why}. {hint}")
 
 
-async def archive_of(client: Client, run_id: str) -> tuple[Any, ArchiveRef]:
-    """Pruned run ``run_id``'s audit record (:class:`toren.runs.audit.AuditRecord`: its
-    ``agent``, ``pruned_at``...) and its archive's reference.
+async def archive_of(client: Client, run_id: str) -> tuple[AuditRecord, tuple[ArchiveRef, ...]]:
+    """Pruned run ``run_id``'s audit record (its ``agent``, ``pruned_at``...) and the
+    references of its archives, oldest first: the ranges archived as it went (a long
+    conversation truncated behind its snapshot), then the rest, archived when it was pruned.
 
     Raises:
         NotRestorable: it was not pruned, or pruned without an archive.
     """
-    # The audit record is the run kind's (toren/runs/audit.py, with pruning); named, not
-    # imported, so that a build without pruning finds no pruned run rather than failing.
-    try:
-        audit = importlib.import_module("toren.runs.audit")
-    except ImportError:
-        record = None
-    else:
-        record = await audit.audit_record(client.pool, run_id)
+    record = await audit_record(client.pool, run_id)
     if record is None:
         raise NotRestorable(
             run_id,
@@ -82,34 +77,34 @@ async def archive_of(client: Client, run_id: str) -> tuple[Any, ArchiveRef]:
             "archive = false)",
             f"Its audit record remains: `toren jobs show {run_id}`.",
         )
-    if not isinstance(ref, ArchiveRef):
-        ref = ArchiveRef.from_json(ref)
-    return record, ref
+    return record, (*record.earlier_archives, ref)
 
 
 async def restored_run(
     client: Client, run_id: str, *, store: ObjectStore
 ) -> tuple[RunState, list[JournalEntry]]:
-    """Pruned run ``run_id`` as its archive in ``store`` holds it: its state, folded from the
+    """Pruned run ``run_id`` as its archives in ``store`` hold it: its state, folded from the
     archived events by the run's fold, and those events (read-only: nothing is written).
 
     Raises:
-        NotRestorable: see :func:`archive_of`; or the archive does not start at the journal's
-            first event.
-        CorruptArchive: the archive does not match its record (see
-            :func:`toren._core.archive.read_archive`); ``MissingArchive`` if it is gone.
+        NotRestorable: see :func:`archive_of`; or its archives do not hold its journal from
+            its first event without a gap.
+        CorruptArchive: an archive does not match its record (see
+            :func:`toren._core.archive.read_archive`); ``MissingArchive`` if one is gone.
         StoreError, ConfigError: the store's own.
     """
-    _, ref = await archive_of(client, run_id)
-    if ref.first_seq != 1:
-        raise NotRestorable(
-            run_id,
-            f"its archive {ref.location} holds events {ref.first_seq}-{ref.last_seq} only, "
-            "not its journal from its first event",
-            "Earlier events were archived apart (a truncated conversation): restore reads "
-            "whole journals only.",
-        )
-    events = await read_archive(store, ref, actor_id=run_id)
+    _, refs = await archive_of(client, run_id)
+    expected = 1
+    for ref in refs:
+        if ref.events and ref.first_seq != expected:
+            raise NotRestorable(
+                run_id,
+                f"its archive {ref.location} holds events {ref.first_seq}-{ref.last_seq}, "
+                f"not from event {expected} on",
+                "Its archives do not hold its whole journal: restore reads whole journals only.",
+            )
+        expected = max(expected, ref.last_seq + 1)
+    events = [e for ref in refs for e in await read_archive(store, ref, actor_id=run_id)]
     state = RunState()
     for entry in events:
         state = fold(state, decode(entry.type, entry.data))
@@ -136,7 +131,9 @@ async def restore_into_journal(client: Client, run_id: str, *, store: ObjectStor
         created = await client.spawn(
             RUN_KIND,
             run_id,
-            dict(record.args),
+            # its keep_for counts from now: a run restored to be forked is not pruned again
+            # before it can be
+            {**record.args, "restored_at": datetime.now(UTC).isoformat()},
             parent=record.parent,
             route=route or agent_route(record.agent),
             conn=conn,

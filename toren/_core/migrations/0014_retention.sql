@@ -6,8 +6,9 @@
 -- receipt, how it ended and where its journal was archived, if it was. The row outlives the
 -- journal: the API and the CLI show a pruned run from it, the costs surface sums it with the
 -- live runs, and a start retried with the run's idempotency key finds it (its run id is the
--- key's) and answers with the pruned run instead of starting a second one. Rows are never
--- deleted by Toren. Not a kernel table: the run kind reads and writes it (toren/runs/audit.py).
+-- key's) and answers with the pruned run instead of starting a second one. A row is deleted
+-- only when its run is restored into the journal (`toren jobs restore --into-journal`: the
+-- journal is the record again, and a later prune writes a new row). Not a kernel table: the run kind reads and writes it (toren/runs/audit.py).
 CREATE TABLE toren.run_audit (
     run_id       text PRIMARY KEY,
     root_id      text NOT NULL,        -- the run at the top of its tree (itself for a root)
@@ -25,6 +26,9 @@ CREATE TABLE toren.run_audit (
     ended_at     timestamptz,          -- its last event
     pruned_at    timestamptz NOT NULL DEFAULT now(),
     archive      jsonb,                -- toren._core.archive.ArchiveRef.to_json(), or NULL
+    -- the ranges archived before `archive` as the run went on (a long conversation's journal
+    -- truncated behind its snapshot: toren.journal_archives), oldest first
+    earlier_archives jsonb NOT NULL DEFAULT '[]',
     events       integer NOT NULL
 );
 CREATE INDEX run_audit_by_agent ON toren.run_audit (agent, created_at);
