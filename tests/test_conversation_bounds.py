@@ -23,8 +23,9 @@ import attrs
 import pytest
 
 from bench.conversation_bytes import conversation, turn_events
-from tests.conftest import wait_for
+from tests.conftest import person, running_worker, wait_for
 from toren import Actor, Client, Context, Settings, message
+from toren._core.codec import decode
 from toren._core.journal import replay
 from toren._core.resources import Resources
 from toren._core.stores import LocalStore
@@ -397,3 +398,87 @@ async def test_a_chat_run_of_an_agent_with_a_conversation_retention_is_truncated
 
 async def _truncated(client: Client, run_id: str) -> bool:
     return bool(await archived(client.pool, run_id))
+
+
+async def test_a_run_that_lets_go_of_its_old_turns_asks_the_same_and_checks_only_the_rest(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run actor end to end on a small window (a hard compaction every second call): an
+    agent with a conversation retention records ``history.released`` after its hard
+    compactions and makes exactly the requests an agent without one makes; its receipt is
+    the whole journal's; and a code change that alters the requests of its settled calls
+    (released) and of a later one invalidates from the later one only."""
+    import toren.actors.runs.request
+    from tests import compaction_app
+    from tests.compaction_app import WINDOW, pages
+    from tests.test_compaction import TASK, _shout_page
+    from toren._agent.app import load_app
+    from toren.actors.runs.request import recomputed
+    from toren.runs import ENDED, read_run, say, start_run
+    from toren.testing import AnthropicServer
+
+    load_app("tests.compaction_app")
+
+    async def ended(run_id: str) -> RunState | None:
+        state = await read_run(client, run_id)
+        return state if state.status in ENDED else None
+
+    bodies: dict[str, list[Any]] = {}
+    for name in ("reader", "keeper"):
+        async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+            for key, value in s.env().items():
+                monkeypatch.setenv(key, value)
+            async with running_worker(db_url):
+                run_id = await start_run(client, name, TASK)
+
+                async def done(run_id: str = run_id) -> RunState | None:
+                    return await ended(run_id)
+
+                await wait_for(done, timeout=90, what=f"the {name}'s end")
+            bodies[name] = [r.body for r in s.served]
+    assert bodies["keeper"] == bodies["reader"]  # the model is asked the same
+    state = await read_run(client, run_id)
+    assert state.status == "completed", state.error
+    journal = await client.journal(run_id)
+    releases = [e.data["before_calls"] for e in journal if e.type == "history.released"]
+    assert releases
+    assert releases == sorted(releases)
+    assert state.settled_calls == releases[-1]
+    assert 0 < state.calls.released < state.settled_calls
+    assert state.messages.released > 0
+    whole = RunState()
+    for event in (decode(e.type, e.data) for e in journal):
+        if not isinstance(event, HistoryReleased):
+            whole = fold(whole, event)
+    assert receipt(state) == receipt(whole)
+    assert receipt(state).calls_made == len(bodies["keeper"])
+
+    # A code change: pages 1 (settled, released) and the first page after the settled calls
+    # rendered otherwise. Only the later one invalidates.
+    page = state.settled_calls + 1
+    first, later = _shout_page(1), _shout_page(page)
+
+    def shout(agent: Any, messages: Any, callees: Any = None) -> Any:
+        return later(agent, first(agent, messages, callees).messages, callees)
+
+    monkeypatch.setattr(toren.actors.runs.request, "build_request", shout)
+    async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+        for key, value in s.env().items():
+            monkeypatch.setenv(key, value)
+        async with running_worker(db_url):
+            await say(client, run_id, "And once more, please.", by=person("ada"))
+
+            async def redone() -> RunState | None:
+                state = await read_run(client, run_id)
+                return state if state.voided and state.status == "completed" else None
+
+            after = await wait_for(redone, timeout=90, what="invalidated and done again")
+        served = len(s.served)
+    journal = await client.journal(run_id)
+    [invalidated] = [e.data["from_step"] for e in journal if e.type == "steps.invalidated"]
+    assert invalidated == page + 1
+    agent = compaction_app.keeper
+    checked = list(recomputed(after, agent, shout, first=after.settled_calls))
+    assert checked
+    assert all(call.digest == digest for call, digest in checked)
+    assert receipt(after).calls_made == len(bodies["keeper"]) + served
