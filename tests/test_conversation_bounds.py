@@ -482,3 +482,34 @@ async def test_a_run_that_lets_go_of_its_old_turns_asks_the_same_and_checks_only
     assert checked
     assert all(call.digest == digest for call, digest in checked)
     assert receipt(after).calls_made == len(bodies["keeper"]) + served
+
+
+def test_the_receipt_reads_the_costs_it_needs_after_they_were_released() -> None:
+    """A fork that resumed early (its inherited calls and its replayed calls both among those
+    later released): its receipt, folded with the releases, read back from a snapshot at
+    every thousandth event, is the receipt of the same events folded without them."""
+    from toren._core.json_text import dumps, loads
+    from toren._core.snapshots import _state as read_state
+    from toren._core.snapshots import encode as encode_snapshot
+    from toren.runs import RunForked, RunResumed
+
+    released, whole, seq = RunState(), RunState(), 0
+    for event in conversation(6000, release=True):
+        seq += 1
+        extra: list[Any] = []
+        if seq == 40:
+            extra = [RunForked(source="run/source", step=9, calls=len(whole.calls), at=1.0)]
+        elif seq == 80:
+            extra = [RunResumed(replayed=len(whole.calls))]
+        for e in [event, *extra]:
+            released = fold(released, e)
+            if not isinstance(e, HistoryReleased):
+                whole = fold(whole, e)
+        if seq % 1000 == 0:
+            snap = encode_snapshot(released, seq)
+            released = read_state(dict(snap.chunks), loads(dumps(snap.row)), RunState)
+    assert released.calls.released > whole.replayed > (whole.forked.calls if whole.forked else 0)
+    assert released.forked is not None
+    assert set(released.cost_marks) == {f"kept:{whole.replayed}", f"kept:{whole.forked.calls}"}
+    assert receipt(released) == receipt(whole)
+    assert receipt(released).usd_not_repaid > 0
