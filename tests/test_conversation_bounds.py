@@ -493,9 +493,8 @@ def test_the_receipt_reads_the_costs_it_needs_after_they_were_released() -> None
     from toren._core.snapshots import encode as encode_snapshot
     from toren.runs import RunForked, RunResumed
 
-    released, whole, seq = RunState(), RunState(), 0
-    for event in conversation(6000, release=True):
-        seq += 1
+    released, whole = RunState(), RunState()
+    for seq, event in enumerate(conversation(6000, release=True), start=1):
         extra: list[Any] = []
         if seq == 40:
             extra = [RunForked(source="run/source", step=9, calls=len(whole.calls), at=1.0)]

@@ -30,6 +30,7 @@ import attrs
 from pyrsistent import PMap, pmap
 
 from toren._core.codec import message
+from toren._core.errors import InternalError
 from toren._core.history import History
 from toren.runs.events import FORMAT
 
@@ -72,12 +73,19 @@ def cumulative(
     costs: History[Decimal], count: int, marks: PMap[str, Decimal], kind: str
 ) -> Decimal:
     """The running cost of the first ``count`` items (``costs[count - 1]``), read from
-    ``marks`` when that item was released (see :func:`released`)."""
+    ``marks`` when that item was released (see :func:`released`).
+
+    Raises:
+        InternalError: it was released and not marked (a bug: the fold marks what it
+            releases that the receipt reads)."""
     if count <= 0:
         return Decimal(0)
     if count - 1 >= costs.released:
         return costs[count - 1]
-    return marks[f"{kind}:{count}"]
+    mark = marks.get(f"{kind}:{count}")
+    if mark is None:
+        raise InternalError(f"the {kind} cost of the first {count} was released unmarked")
+    return mark
 
 
 def released(state: RunState, event: HistoryReleased) -> RunState:
