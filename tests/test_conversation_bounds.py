@@ -414,7 +414,7 @@ async def test_a_run_that_lets_go_of_its_old_turns_asks_the_same_and_checks_only
     from tests.test_compaction import TASK, _shout_page
     from toren._agent.app import load_app
     from toren.actors.runs.request import recomputed
-    from toren.runs import ENDED, read_run, say, start_run
+    from toren.runs import ENDED, fork_run, read_run, say, start_run
     from toren.testing import AnthropicServer
 
     load_app("tests.compaction_app")
@@ -452,6 +452,24 @@ async def test_a_run_that_lets_go_of_its_old_turns_asks_the_same_and_checks_only
             whole = fold(whole, event)
     assert receipt(state) == receipt(whole)
     assert receipt(state).calls_made == len(bodies["keeper"])
+
+    # A fork from its last step (its journal kept whole: no archive store here) copies the
+    # releases with the prefix, and asks the model once more, as the source did.
+    at = len(state.calls)
+    async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+        for key, value in s.env().items():
+            monkeypatch.setenv(key, value)
+        async with running_worker(db_url):
+            fork = await fork_run(client, run_id, at=at)
+
+            async def fork_done() -> RunState | None:
+                return await ended(fork)
+
+            forked = await wait_for(fork_done, timeout=60, what="the fork's end")
+        assert [r.body for r in s.served] == bodies["keeper"][-1:]
+    assert (forked.status, forked.output) == ("completed", state.output)
+    assert forked.calls.released == state.calls.released
+    assert (receipt(forked).calls_inherited, receipt(forked).calls_made) == (at - 1, 1)
 
     # A code change: pages 1 (settled, released) and the first page after the settled calls
     # rendered otherwise. Only the later one invalidates.
