@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from toren import Agent, ToolContext, tool
+from toren import Agent, Retention, ToolContext, tool
 from toren._agent.model import Text, ToolCall
 from toren.actors.runs.summarising import SUMMARISER
 from toren.testing import Reply
@@ -36,6 +36,16 @@ reader = Agent(
     system="You read the archive page by page.",
     tools=[fetch],
     context_window=WINDOW,
+)
+# The reader of a conversation that never ends: its old turns let go of after each hard
+# compaction (history.released; its journal is kept whole where no archive store is set).
+keeper = Agent(
+    name="keeper",
+    model="anthropic/claude-sonnet-4-6",
+    system="You read the archive page by page.",
+    tools=[fetch],
+    context_window=WINDOW,
+    retention=Retention(archive=True, conversation_keep_for=3600.0),
 )
 # The window comes from the price library (far larger than the server's): only the server's
 # refusal makes it compact.

@@ -23,13 +23,22 @@ import attrs
 import pytest
 
 from bench.conversation_bytes import conversation, turn_events
-from tests.conftest import wait_for
+from tests.conftest import person, running_worker, wait_for
 from toren import Actor, Client, Context, Settings, message
+from toren._core.codec import decode
 from toren._core.journal import replay
 from toren._core.resources import Resources
 from toren._core.stores import LocalStore
 from toren._core.truncation import ArchiveNeeded, Archives, archived
-from toren.runs import SNAPSHOT_VERSION, RunStarted, RunState, fold
+from toren.runs import (
+    SNAPSHOT_VERSION,
+    ContextCompacted,
+    HistoryReleased,
+    RunStarted,
+    RunState,
+    fold,
+    release_due,
+)
 from toren.runs.receipt import receipt
 
 pytestmark = pytest.mark.anyio
@@ -70,20 +79,29 @@ class Chat(Actor[RunState]):
         for turn in range(max(1, msg.first), msg.first + msg.count):
             for event in turn_events(turn):
                 ctx.emit(event)
+                # As a run of an agent with a conversation retention does after each hard
+                # compaction (actors/runs/compaction.py): its old turns let go of.
+                if isinstance(event, ContextCompacted) and event.tier == "hard":
+                    released = release_due(ctx.state)
+                    if released is not None:
+                        ctx.emit(released)
 
     def journal_keep_for(self, state: RunState, resources: Resources) -> float | None:
         return 0.0
 
 
-def _expected(events: int) -> RunState:
+def _expected(events: int, *, release: bool = True) -> RunState:
+    """The chat's state after ``events`` events; without ``release``, its state after the same
+    turns had its history never been released."""
     state = RunState()
-    for event in conversation(events):
-        state = fold(state, event)
+    for event in conversation(events, release=True):
+        if release or not isinstance(event, HistoryReleased):
+            state = fold(state, event)
     return state
 
 
 def _events_of(turns: int) -> int:
-    return 1 + sum(len(turn_events(t)) for t in range(1, turns))
+    return 1 + sum(len(turn_events(t, release=True)) for t in range(1, turns))
 
 
 @contextlib.asynccontextmanager
@@ -167,14 +185,21 @@ async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_rec
         "SELECT min(seq) FROM toren.journal WHERE actor_id = $1", actor_id
     )
     assert first == ranges[-1].last_seq + 1
-    # The state from its snapshot and tail is the whole conversation's, and so its receipt.
+    # The state from its snapshot and tail is the conversation's as recorded, and its receipt
+    # that of the whole conversation, as if nothing had been let go of.
     expected = _expected(total)
     state, seq = await client.state(actor_id)
     assert seq == total
-    assert receipt(state) == receipt(expected)
     assert state == expected
-    # What it costs, stated (the snapshot chunks still hold the whole conversation: see
-    # docs/operations.md "Long conversations").
+    assert receipt(state) == receipt(expected) == receipt(_expected(total, release=False))
+    # The snapshot's chunks hold the recent turns only: the calls before the last hard
+    # compaction but one, and the conversation the requests since carry, by chunk (a chunk
+    # holds up to a snapshot interval of a field's items). Unreleased, they held 11.5 MB at
+    # 20,000 events, growing ~580 bytes an event (bench/conversation_bytes.py); released,
+    # 0.17-0.24 MB from 5,000 to 40,000 events.
+    assert state.calls.released > len(state.calls) - 200
+    assert state.messages.released > len(state.messages) - 2 * SNAPSHOT_EVERY
+    assert chunk_bytes < 2 * SNAPSHOT_EVERY * 600, chunk_bytes
     archive_bytes = sum(r.bytes for r in ranges)
     print(f"\n{total} events: journal {rows} rows {journal_bytes} B; snapshot row "
           f"{snapshot_bytes} B, chunks {chunk_bytes} B; archived {len(ranges)} ranges "
@@ -191,12 +216,12 @@ async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_rec
         snapshots=(RunState, SNAPSHOT_VERSION), archives=Archives(store),
     )  # fmt: skip
     assert (rebuilt.seq, rebuilt.snapshot_seq) == (total, 0)
-    assert rebuilt.state == expected
+    assert rebuilt.state == expected  # released alike: the release is an event
     assert receipt(rebuilt.state) == receipt(expected)
     # ... and by a worker, which goes on with the conversation from there.
     async with _worker(db_url, store):
-        await client.send(actor_id, Turns(first=10_000, count=1))
-        more = total + len(turn_events(10_000))
+        await client.send(actor_id, Turns(first=10_001, count=1))
+        more = total + len(turn_events(10_001, release=True))
 
         async def went_on() -> bool:
             return bool((await replay(client.pool, actor_id, RunState(), fold,
@@ -209,7 +234,7 @@ async def test_a_never_ending_conversation_keeps_its_journal_bounded_and_its_rec
     # store (the API, the CLI) read the conversation again.
     state, seq = await client.state(actor_id)
     assert seq == more
-    for event in turn_events(10_000):
+    for event in turn_events(10_001, release=True):
         expected = fold(expected, event)
     assert receipt(state) == receipt(expected)
 
@@ -390,3 +415,135 @@ async def test_a_chat_run_of_an_agent_with_a_conversation_retention_is_truncated
 
 async def _truncated(client: Client, run_id: str) -> bool:
     return bool(await archived(client.pool, run_id))
+
+
+async def test_a_run_that_lets_go_of_its_old_turns_asks_the_same_and_checks_only_the_rest(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run actor end to end on a small window (a hard compaction every second call): an
+    agent with a conversation retention records ``history.released`` after its hard
+    compactions and makes exactly the requests an agent without one makes; its receipt is
+    the whole journal's; and a code change that alters the requests of its settled calls
+    (released) and of a later one invalidates from the later one only."""
+    import toren.actors.runs.request
+    from tests import compaction_app
+    from tests.compaction_app import WINDOW, pages
+    from tests.test_compaction import TASK, _shout_page
+    from toren._agent.app import load_app
+    from toren.actors.runs.request import recomputed
+    from toren.runs import ENDED, fork_run, read_run, say, start_run
+    from toren.testing import AnthropicServer
+
+    load_app("tests.compaction_app")
+
+    async def ended(run_id: str) -> RunState | None:
+        state = await read_run(client, run_id)
+        return state if state.status in ENDED else None
+
+    bodies: dict[str, list[Any]] = {}
+    for name in ("reader", "keeper"):
+        async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+            for key, value in s.env().items():
+                monkeypatch.setenv(key, value)
+            async with running_worker(db_url):
+                run_id = await start_run(client, name, TASK)
+
+                async def done(run_id: str = run_id) -> RunState | None:
+                    return await ended(run_id)
+
+                await wait_for(done, timeout=90, what=f"the {name}'s end")
+            bodies[name] = [r.body for r in s.served]
+    assert bodies["keeper"] == bodies["reader"]  # the model is asked the same
+    state = await read_run(client, run_id)
+    assert state.status == "completed", state.error
+    journal = await client.journal(run_id)
+    releases = [e.data["before_calls"] for e in journal if e.type == "history.released"]
+    assert releases
+    assert releases == sorted(releases)
+    assert state.settled_calls == releases[-1]
+    assert 0 < state.calls.released < state.settled_calls
+    assert state.messages.released > 0
+    whole = RunState()
+    for event in (decode(e.type, e.data) for e in journal):
+        if not isinstance(event, HistoryReleased):
+            whole = fold(whole, event)
+    assert receipt(state) == receipt(whole)
+    assert receipt(state).calls_made == len(bodies["keeper"])
+
+    # A fork from its last step (its journal kept whole: no archive store here) copies the
+    # releases with the prefix, and asks the model once more, as the source did.
+    at = len(state.calls)
+    async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+        for key, value in s.env().items():
+            monkeypatch.setenv(key, value)
+        async with running_worker(db_url):
+            fork = await fork_run(client, run_id, at=at)
+
+            async def fork_done() -> RunState | None:
+                return await ended(fork)
+
+            forked = await wait_for(fork_done, timeout=60, what="the fork's end")
+        assert [r.body for r in s.served] == bodies["keeper"][-1:]
+    assert (forked.status, forked.output) == ("completed", state.output)
+    assert forked.calls.released == state.calls.released
+    assert (receipt(forked).calls_inherited, receipt(forked).calls_made) == (at - 1, 1)
+
+    # A code change: pages 1 (settled, released) and the first page after the settled calls
+    # rendered otherwise. Only the later one invalidates.
+    page = state.settled_calls + 1
+    first, later = _shout_page(1), _shout_page(page)
+
+    def shout(agent: Any, messages: Any, callees: Any = None) -> Any:
+        return later(agent, first(agent, messages, callees).messages, callees)
+
+    monkeypatch.setattr(toren.actors.runs.request, "build_request", shout)
+    async with AnthropicServer(pages(12, 12000), window=WINDOW) as s:
+        for key, value in s.env().items():
+            monkeypatch.setenv(key, value)
+        async with running_worker(db_url):
+            await say(client, run_id, "And once more, please.", by=person("ada"))
+
+            async def redone() -> RunState | None:
+                state = await read_run(client, run_id)
+                return state if state.voided and state.status == "completed" else None
+
+            after = await wait_for(redone, timeout=90, what="invalidated and done again")
+        served = len(s.served)
+    journal = await client.journal(run_id)
+    [invalidated] = [e.data["from_step"] for e in journal if e.type == "steps.invalidated"]
+    assert invalidated == page + 1
+    agent = compaction_app.keeper
+    checked = list(recomputed(after, agent, shout, first=after.settled_calls))
+    assert checked
+    assert all(call.digest == digest for call, digest in checked)
+    assert receipt(after).calls_made == len(bodies["keeper"]) + served
+
+
+def test_the_receipt_reads_the_costs_it_needs_after_they_were_released() -> None:
+    """A fork that resumed early (its inherited calls and its replayed calls both among those
+    later released): its receipt, folded with the releases, read back from a snapshot at
+    every thousandth event, is the receipt of the same events folded without them."""
+    from toren._core.json_text import dumps, loads
+    from toren._core.snapshots import _state as read_state
+    from toren._core.snapshots import encode as encode_snapshot
+    from toren.runs import RunForked, RunResumed
+
+    released, whole = RunState(), RunState()
+    for seq, event in enumerate(conversation(6000, release=True), start=1):
+        extra: list[Any] = []
+        if seq == 40:
+            extra = [RunForked(source="run/source", step=9, calls=len(whole.calls), at=1.0)]
+        elif seq == 80:
+            extra = [RunResumed(replayed=len(whole.calls))]
+        for e in [event, *extra]:
+            released = fold(released, e)
+            if not isinstance(e, HistoryReleased):
+                whole = fold(whole, e)
+        if seq % 1000 == 0:
+            snap = encode_snapshot(released, seq)
+            released = read_state(dict(snap.chunks), loads(dumps(snap.row)), RunState)
+    assert released.calls.released > whole.replayed > (whole.forked.calls if whole.forked else 0)
+    assert released.forked is not None
+    assert set(released.cost_marks) == {f"kept:{whole.replayed}", f"kept:{whole.forked.calls}"}
+    assert receipt(released) == receipt(whole)
+    assert receipt(released).usd_not_repaid > 0

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toren._core.history import Chunk, History
+from toren._core.history import Chunk, History, Ledger, Released
 
 counter = itertools.count()
 
@@ -26,7 +26,8 @@ def stored(h: History[int]) -> History[int]:
     if not tail:
         return h
     raw = orjson.dumps(tail)
-    return History(chunks=(*h.chunks, Chunk(f"k{next(counter)}", len(tail), raw, orjson.loads)))
+    chunk = Chunk(f"k{next(counter)}", len(tail), raw, orjson.loads)
+    return History(chunks=(*h.chunks, chunk), offset=h.offset, released=h.released)
 
 
 OPS = st.one_of(
@@ -83,6 +84,69 @@ def test_history_behaves_as_a_list(ops: list[tuple[Any, ...]], probes: list[int]
     assert h == History(model)
     for earlier, items in kept:  # persistent: nothing made later changed an earlier value
         assert list(earlier) == items
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    ops=st.lists(st.one_of(OPS, st.tuples(st.just("release"), st.integers(0, 30))), max_size=25),
+    probes=st.lists(st.integers(-40, 40), max_size=5),
+)
+def test_a_released_front_keeps_its_places_and_nothing_else(
+    ops: list[tuple[Any, ...]], probes: list[int]
+) -> None:
+    """Releasing the first items keeps the length and every later index; a released item
+    cannot be read (nor changed, nor sliced from); the kept ones read as a list's, stored or
+    not; the chunks holding only released items are let go."""
+    h: History[int] = History()
+    model: list[int] = []
+    released = 0
+    for op in ops:
+        name = op[0]
+        if name == "release":
+            released = min(max(op[1], released), len(model))
+            h = h.release(op[1])
+            # the first chunk kept holds a kept item
+            assert not h.chunks or h.offset + h.chunks[0].count > released
+            continue
+        touches = (
+            name == "set"
+            and -len(model) <= op[1] < len(model)
+            and op[1] % max(1, len(model)) < released
+        ) or (name == "slice" and 0 < op[1] < released)
+        if touches:
+            with pytest.raises(Released):
+                apply(h, model, op)
+            continue
+        if name == "slice" and op[1] > 0:
+            released = 0  # a slice is a new sequence
+        elif name == "prefix":
+            released = min(released, op[1])
+        h, model = apply(h, model, op)
+        if name == "slice" and op[1] == 0:
+            released = min(released, len(model))
+        for i in probes:
+            j = i + len(model) if i < 0 else i
+            if not 0 <= j < len(model):
+                with pytest.raises(IndexError):
+                    h[i]
+            elif j < released:
+                with pytest.raises(Released):
+                    h[i]
+            else:
+                assert h[i] == model[j]
+    assert (len(h), h.released) == (len(model), released)
+    assert list(h) == model[released:]
+    assert list(reversed(h)) == model[released:][::-1]
+    assert h == History(model).release(released)
+
+
+def test_a_ledger_lets_go_of_the_values_before_every_kept_key() -> None:
+    ledger = Ledger([("a", 1), ("b", 2), ("c", 3), ("d", 4)])
+    kept = ledger.release(["a", "c"])
+    assert dict(kept) == {"b": 2, "d": 4}
+    assert kept.values_kept.released == 1  # "c" comes after "b", kept: its value stays stored
+    assert dict(kept.release(["b"])) == {"d": 4}
+    assert kept.release(["b"]).values_kept.released == 3
 
 
 def test_a_stored_chunk_is_decoded_once_and_only_when_read() -> None:

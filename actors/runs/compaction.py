@@ -64,6 +64,7 @@ from toren.runs import (
     ToolCall,
     ToolResult,
     estimate_tokens,
+    release_due,
 )
 from toren.runs.events import CompactionReason, CompactionTier
 
@@ -139,15 +140,17 @@ def _current(state: RunState) -> View:
 
 def _in_effect(state: RunState, calls: int) -> ContextCompacted | None:
     """The latest compaction made when the run had made at most ``calls`` calls."""
-    for i in range(len(state.compactions) - 1, -1, -1):  # the latest are the ones looked for
-        if state.compactions[i].after_calls <= calls:
-            return state.compactions[i]
+    compactions = state.compactions
+    # the latest are the ones looked for (never those a long conversation released)
+    for i in range(len(compactions) - 1, compactions.released - 1, -1):
+        if compactions[i].after_calls <= calls:
+            return compactions[i]
     return None
 
 
 def _since_last_call(state: RunState) -> list[ContextCompacted]:
     found = []
-    for i in range(len(state.compactions) - 1, -1, -1):
+    for i in range(len(state.compactions) - 1, state.compactions.released - 1, -1):
         if state.compactions[i].after_calls < len(state.calls):
             break
         found.append(state.compactions[i])
@@ -449,4 +452,11 @@ def _record(
         before,
         after,
     )
+    retention = getattr(agent, "retention", None)
+    if tier == "hard" and getattr(retention, "conversation_keep_for", None) is not None:
+        # A conversation that never ends lets go of the turns before the previous hard
+        # compaction (toren.runs.release_events): its snapshot stays bounded.
+        released = release_due(ctx.state)
+        if released is not None:
+            ctx.emit(released)
     ctx.send(ctx.actor_id, Continue())

@@ -95,7 +95,9 @@ def recomputed(
     if first:
         digest, since = calls[first - 1].digest, calls[first - 1].messages_len
     j = len(compactions)
-    while j and compactions[j - 1].after_calls >= first:
+    # (compactions released with a long conversation's old turns were all made before the
+    # settled calls it skips: see toren.runs.release_events)
+    while j > compactions.released and compactions[j - 1].after_calls >= first:
         j -= 1
     for i in range(first, len(calls)):
         call = calls[i]

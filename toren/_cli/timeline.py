@@ -27,6 +27,7 @@ from toren.runs import (
     ContextCompacted,
     DecisionRefused,
     DecisionsMuted,
+    HistoryReleased,
     MessageReceived,
     ModelCalled,
     ModelCalling,
@@ -149,6 +150,13 @@ def _message_received(e: MessageReceived) -> str:
 
 def _steps_invalidated(e: StepsInvalidated) -> str:
     return f"steps from {e.from_step} invalidated: {e.reason}"
+
+
+def _released(e: HistoryReleased) -> str:
+    return (
+        f"calls before step {e.before_calls} settled; the turns before them let go of "
+        "(a long conversation keeps its recent turns; the journal or its archive has them)"
+    )
 
 
 def _rate_waited(e: RateWaited) -> str:
@@ -363,6 +371,7 @@ _LINES: Mapping[type, Callable[[Any], str]] = types.MappingProxyType(
             _on(MessageReceived, _message_received),
             _on(RunRetrying, _retrying),
             _on(RateWaited, _rate_waited),
+            _on(HistoryReleased, _released),
             _on(RunRetried, _retried),
             _on(RunUpgraded, _upgraded),
             _on(StepsInvalidated, _steps_invalidated),

@@ -14,6 +14,12 @@ Reading past the tail (an index into a stored chunk) decodes that chunk once; ch
 a stored chunk (``set``) or cutting into one (a slice) moves the chunk's items into the tail, so
 the chunk is written again by the next snapshot. Both are rare for a run (its last turn is
 changed, which is in the tail or the last chunk; invalidation cuts).
+
+A History can *release* its first items (:meth:`History.release`): they keep their places (its
+length and every later index are unchanged) but can no longer be read, and the stored chunks
+that hold only released items are let go, so the next snapshot no longer names them. What a
+never-ending conversation keeps is then bounded. Reading a released item raises
+:class:`Released`; iterating yields the items kept (from :attr:`History.released` on).
 """
 
 from __future__ import annotations
@@ -27,6 +33,17 @@ from typing import Any, Generic, TypeVar, overload
 from pyrsistent import PMap, PVector, pmap, pvector
 
 T = TypeVar("T")
+
+
+class Released(LookupError):
+    """An item a History released was read (see :meth:`History.release`): a reader that needs
+    it must stop at :attr:`History.released`. Not an IndexError, so that nothing mistakes it
+    for the end of the sequence."""
+
+    def __init__(self, index: int, released: int) -> None:
+        super().__init__(f"item {index} was released (the first {released} items are)")
+        self.index = index
+        self.released = released
 
 
 class Chunk(Generic[T]):
@@ -92,12 +109,19 @@ class Chunk(Generic[T]):
 
 
 class History(Sequence[T]):
-    """An immutable sequence: stored chunks, then a persistent tail."""
+    """An immutable sequence: released items (counted, not held), stored chunks, then a
+    persistent tail."""
 
-    __slots__ = ("_chunks", "_starts", "_stored", "_tail")
+    __slots__ = ("_chunks", "_offset", "_released", "_starts", "_stored", "_tail")
 
     def __init__(
-        self, items: Iterable[T] = (), *, chunks: Sequence[Chunk[T]] = (), tail: Any = None
+        self,
+        items: Iterable[T] = (),
+        *,
+        chunks: Sequence[Chunk[T]] = (),
+        tail: Any = None,
+        offset: int = 0,
+        released: int = 0,
     ) -> None:
         self._chunks: tuple[Chunk[T], ...] = tuple(chunks)
         starts, total = [], 0
@@ -106,6 +130,10 @@ class History(Sequence[T]):
             total += chunk.count
         self._starts: tuple[int, ...] = tuple(starts)
         self._stored = total
+        # ``offset`` items come before the first chunk (released and let go); the first
+        # ``released`` (at least ``offset``) cannot be read.
+        self._offset = offset
+        self._released = max(offset, released)
         if tail is not None:
             self._tail: PVector[T] = tail
         else:
@@ -116,6 +144,7 @@ class History(Sequence[T]):
         chunks is worked out again."""
         made: History[T] = History.__new__(History)
         made._chunks, made._starts, made._stored = self._chunks, self._starts, self._stored
+        made._offset, made._released = self._offset, self._released
         made._tail = tail
         return made
 
@@ -131,16 +160,48 @@ class History(Sequence[T]):
         """The items added since the stored chunks."""
         return self._tail
 
+    @property
+    def offset(self) -> int:
+        """How many items come before the first stored chunk (released, not held)."""
+        return self._offset
+
+    @property
+    def released(self) -> int:
+        """How many items at the front were released: the first index that can be read."""
+        return self._released
+
     def stored(self, chunk: Chunk[T], keep: int = 0) -> History[T]:
         """This sequence with its tail but the last ``keep`` items stored as ``chunk`` (which
         holds those items)."""
         kept = self._tail[len(self._tail) - keep :] if keep else pvector()
-        return History(chunks=(*self._chunks, chunk), tail=pvector(kept))
+        return History(
+            chunks=(*self._chunks, chunk),
+            tail=pvector(kept),
+            offset=self._offset,
+            released=self._released,
+        )
+
+    def release(self, count: int) -> History[T]:
+        """This sequence with its first ``count`` items released (at least those released
+        already, at most all of them): their places kept, their values no longer readable.
+        The chunks that hold only released items are let go; a chunk that holds a kept item
+        is kept whole (releasing is by chunk)."""
+        n = min(max(count, self._released), len(self))
+        if n == self._released:
+            return self
+        chunks, offset = list(self._chunks), self._offset
+        while chunks and offset + chunks[0].count <= n:
+            offset += chunks.pop(0).count
+        tail = self._tail
+        if not chunks and n > offset:  # into the tail: its released items go too
+            tail = pvector(self._tail[n - offset :])
+            offset = n
+        return History(chunks=chunks, tail=tail, offset=offset, released=n)
 
     # Sequence.
 
     def __len__(self) -> int:
-        return self._stored + len(self._tail)
+        return self._offset + self._stored + len(self._tail)
 
     @overload
     def __getitem__(self, index: int) -> T: ...
@@ -155,37 +216,68 @@ class History(Sequence[T]):
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError("History index out of range")
+        if i < self._released:
+            raise Released(i, self._released)
+        i -= self._offset
         if i >= self._stored:
             return self._tail[i - self._stored]
         c = bisect.bisect_right(self._starts, i) - 1
         return self._chunks[c].items()[i - self._starts[c]]
 
     def __iter__(self) -> Iterator[T]:
+        """The items kept (from :attr:`released` on)."""
+        skip = self._released - self._offset
         for chunk in self._chunks:
-            yield from chunk.items()
-        yield from self._tail
+            if skip >= chunk.count:
+                skip -= chunk.count
+                continue
+            items = chunk.items()
+            yield from items[skip:] if skip else items
+            skip = 0
+        yield from self._tail[skip:] if skip else self._tail
 
     def __reversed__(self) -> Iterator[T]:
-        yield from reversed(self._tail)
+        """The items kept, last first."""
+        left = len(self) - self._released
+        for item in reversed(self._tail):
+            if left <= 0:
+                return
+            left -= 1
+            yield item
         for chunk in reversed(self._chunks):
-            yield from reversed(chunk.items())
+            for item in reversed(chunk.items()):
+                if left <= 0:
+                    return
+                left -= 1
+                yield item
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, History):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+            return (
+                len(self) == len(other)
+                and self._released == other._released
+                and all(a == b for a, b in zip(self, other, strict=True))
+            )
         if isinstance(other, PVector | list | tuple):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+            return (
+                not self._released
+                and len(self) == len(other)
+                and all(a == b for a, b in zip(self, other, strict=True))
+            )
         return NotImplemented
 
     def __hash__(self) -> int:
-        return hash(tuple(self))
+        return hash((self._released, tuple(self)))
 
     def __repr__(self) -> str:
-        return f"History({len(self)} items, {len(self._chunks)} stored chunks)"
+        released = f", {self._released} released" if self._released else ""
+        return f"History({len(self)} items, {len(self._chunks)} stored chunks{released})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled and copied (``copy.deepcopy``) by its items, as a tuple is: a stored chunk's
         # decoder and lock stay behind.
+        if self._released:
+            return (_kept, (self._released, tuple(self)))
         return (History, (tuple(self),))
 
     # Persistent updates: each returns a new History; this one is unchanged.
@@ -201,36 +293,57 @@ class History(Sequence[T]):
         i = index + n if index < 0 else index
         if not 0 <= i < n:
             raise IndexError("History index out of range")
-        if i >= self._stored:
-            return self._with_tail(self._tail.set(i - self._stored, item))
+        if i < self._released:
+            raise Released(i, self._released)
+        local = i - self._offset
+        if local >= self._stored:
+            return self._with_tail(self._tail.set(local - self._stored, item))
         # Into a stored chunk: that chunk and the ones after it become tail again.
-        c = bisect.bisect_right(self._starts, i) - 1
+        c = bisect.bisect_right(self._starts, local) - 1
         return self._opened(c).set(i, item)
 
     def _opened(self, c: int) -> History[T]:
         """The same items with chunks ``c`` on moved into the tail."""
         moved = [x for chunk in self._chunks[c:] for x in chunk.items()]
-        return History(chunks=self._chunks[:c], tail=pvector(moved).extend(self._tail))
+        return History(
+            chunks=self._chunks[:c],
+            tail=pvector(moved).extend(self._tail),
+            offset=self._offset,
+            released=self._released,
+        )
 
     def _slice(self, s: slice) -> History[T]:
         start, stop, step = s.indices(len(self))
         if step != 1:
-            return History(list(self)[s])
+            return History([self[i] for i in range(start, stop, step)])
         if start == 0:
-            # A prefix (what a run keeps when it voids later steps): whole chunks kept as they are.
-            c = bisect.bisect_right(self._starts, stop) - 1 if self._chunks else -1
-            while c >= 0 and self._starts[c] + self._chunks[c].count > stop:
+            # A prefix (what a run keeps when it voids later steps): whole chunks kept as they
+            # are, released items still released.
+            if stop <= self._released:
+                return History(offset=stop, released=stop)
+            local = stop - self._offset
+            c = bisect.bisect_right(self._starts, local) - 1 if self._chunks else -1
+            while c >= 0 and self._starts[c] + self._chunks[c].count > local:
                 c -= 1
             kept = self._chunks[: c + 1]
-            done = sum(chunk.count for chunk in kept)
+            done = self._offset + sum(chunk.count for chunk in kept)
             rest = History(chunks=self._chunks[c + 1 :], tail=self._tail)
-            return History(chunks=kept, tail=pvector(rest._items(0, stop - done)))
+            return History(
+                chunks=kept,
+                tail=pvector(rest._items(0, stop - done)),
+                offset=self._offset,
+                released=self._released,
+            )
+        if start < self._released:
+            raise Released(start, self._released)
         return History(self._items(start, stop))
 
     def _items(self, start: int, stop: int) -> list[T]:
-        """Items ``start`` to ``stop`` (in range), reading only the chunks that hold them."""
+        """Items ``start`` to ``stop`` (in range, none released), reading only the chunks that
+        hold them."""
         if stop <= start:
             return []
+        start, stop = start - self._offset, stop - self._offset
         if start >= self._stored:
             return list(self._tail[start - self._stored : stop - self._stored])
         c = bisect.bisect_right(self._starts, start) - 1
@@ -238,6 +351,11 @@ class History(Sequence[T]):
             (x for chunk in self._chunks[c:] for x in chunk.items()), self._tail
         )
         return list(itertools.islice(items, start - self._starts[c], stop - self._starts[c]))
+
+
+def _kept(released: int, items: tuple[T, ...]) -> History[T]:
+    """A History whose first ``released`` items were released, then ``items`` (unpickling)."""
+    return History(items, offset=released, released=released)
 
 
 class Ledger(Mapping[str, T]):
@@ -301,6 +419,14 @@ class Ledger(Mapping[str, T]):
         return Ledger(
             index=self._index.set(key, len(self._values)), values=self._values.append(value)
         )
+
+    def release(self, keys: Iterable[str]) -> Ledger[T]:
+        """This map without ``keys``, its values released up to the first one a kept key
+        names (see :meth:`History.release`): the values of dropped keys are let go as long as
+        they come before every kept one (a map whose values are added in key order)."""
+        ledger = self.without(keys)
+        first = min(ledger._index.values(), default=len(ledger._values))
+        return Ledger(index=ledger._index, values=ledger._values.release(first))
 
     def without(self, keys: Iterable[str]) -> Ledger[T]:
         drop = self._index.evolver()

@@ -8,7 +8,9 @@ is missing, of another ``snapshot_version``, or unreadable is folded from its jo
 In a state that is an attrs class, the fields typed :class:`~toren._core.history.History` are
 stored in chunks (``toren.snapshot_chunks``), each written once: a snapshot writes the items
 added since the previous one as a new chunk and names the chunks it keeps, so it costs what was
-added, and reading one costs the chunks' bytes (decoded when something reads into them). Every
+added, and reading one costs the chunks' bytes (decoded when something reads into them). A
+History whose first items were released (:meth:`~toren._core.history.History.release`) names
+only the chunks it keeps, and its row says how many items come before them. Every
 other field goes into the snapshot's row (``toren.snapshots.state``) as JSON; so does a whole
 state of any other type (a list, a dict), as the cattrs converter writes it.
 
@@ -147,10 +149,12 @@ def _store(
         checksum = _checksum(raw, len(tail))
         chunk = Chunk(key, len(tail), raw, _decoder(item), checksum=checksum, items=tail)
         history = history.stored(chunk, KEEP)
-    row = {
+    row: dict[str, Any] = {
         "chunks": [[c.key, c.count, c.checksum] for c in history.chunks],
         "tail": [converter.unstructure(x, item) for x in history.tail],
     }
+    if history.released:  # its first items released: their count, not their values
+        row["offset"], row["released"] = history.offset, history.released
     return row, history, new
 
 
@@ -243,7 +247,8 @@ def _history(chunks: Mapping[str, bytes], value: Any, item: Any) -> History[Any]
         if _checksum(raw, count) != checksum:
             raise ValueError(f"chunk {key!r} is not the one the snapshot names")
         stored.append(Chunk(key, count, raw, decode, checksum=checksum))
-    return History(tail, chunks=stored)
+    offset, released = int(value.get("offset", 0)), int(value.get("released", 0))
+    return History(tail, chunks=stored, offset=offset, released=released)
 
 
 def _state(chunks: Mapping[str, bytes], row: Any, state_type: type) -> Any:

@@ -128,6 +128,7 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
     from toren.runs.fork import InvalidFork, fork_run
     from toren.runs.fork_events import RunForked
     from toren.runs.rate_events import RateWaited, RateWake
+    from toren.runs.release_events import HistoryReleased, release_due
     from toren.runs.state import (
         SNAPSHOT_VERSION,
         RunState,
@@ -178,6 +179,7 @@ __all__ = [
     "DecisionOutcome",
     "DecisionRefused",
     "DecisionsMuted",
+    "HistoryReleased",
     "IdempotencyConflict",
     "InvalidFork",
     "InvalidStart",
@@ -251,6 +253,7 @@ __all__ = [
     "read_run",
     "receipt",
     "registered_agents",
+    "release_due",
     "retry",
     "route_version",
     "run_agent",
@@ -329,6 +332,7 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "waiting_below",
     ),
     "toren.runs.rate_events": ("RateWaited", "RateWake"),
+    "toren.runs.release_events": ("HistoryReleased", "release_due"),
     "toren.runs.version_events": ("RunUpgraded", "Upgrade", "UpgradeHow"),
     "toren.runs.version_moves": ("VersionNotServed", "newest_version"),
     "toren.runs.versions": ("upgrade_run",),

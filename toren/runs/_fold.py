@@ -54,6 +54,7 @@ from toren.runs.events import (
 )
 from toren.runs.fork_events import RunForked, forked
 from toren.runs.rate_events import RateWaited
+from toren.runs.release_events import HistoryReleased, released
 from toren.runs.version_events import RunUpgraded
 
 if TYPE_CHECKING:
@@ -431,7 +432,9 @@ def _invalidate(state: RunState, from_step: int) -> RunState:
     # Compactions made once the kept calls were made stay (the first void call was sent with
     # them); later ones go (what they paid stays in the totals).
     compactions = len(state.compactions)
-    while compactions and state.compactions[compactions - 1].after_calls > len(kept):
+    while compactions > state.compactions.released and state.compactions[
+        compactions - 1
+    ].after_calls > len(kept):
         compactions -= 1
     for before, text in state.heard:
         if before >= from_step:  # heard after the first void call: not in its request
@@ -510,6 +513,7 @@ _HANDLERS: Mapping[type, Handler] = types.MappingProxyType(
             _on(RunStarted, _started),
             _on(RunUpgraded, _upgraded),
             _on(RunForked, forked),
+            _on(HistoryReleased, released),
             _on(ModelCalled, _model_called),
             _on(ModelCalling, _model_calling),
             _on(ModelLost, _model_lost),

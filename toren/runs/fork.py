@@ -253,6 +253,13 @@ def _check_edit(run_id: str, cut: _Cut, at: int, *, message: str | None, input: 
     base = state.compactions[-1].base if state.compactions else 0
     if message is not None:
         # The input is a human's text too, but not a message: it is replaced with ``input``.
+        if state.heard and state.heard.released == len(state.heard):
+            raise InvalidFork(
+                run_id,
+                "message",
+                f"the last human message before step {at} was released from the run's state "
+                "(a long conversation keeps its recent turns); fork from a later step",
+            )
         where = human_text(state.messages, last=True) if state.heard else None
         if where is None:
             raise InvalidFork(

@@ -53,7 +53,11 @@ def human_text(messages: History[Message], *, last: bool) -> tuple[int, int] | N
     """Where a human's text is in the conversation: the input (``last`` false: the first user
     message's first text) or the last human message (the last text block of a user turn: tool
     results are the other blocks users' turns hold), as (message index, block index)."""
-    indexes = range(len(messages) - 1, -1, -1) if last else range(len(messages))
+    # (never into turns a long conversation released: see toren.runs.release_events)
+    first = messages.released
+    if first and not last:
+        return None  # the input was released
+    indexes = range(len(messages) - 1, first - 1, -1) if last else range(first, len(messages))
     for i in indexes:
         turn = messages[i]
         if turn.role != "user":
@@ -80,7 +84,7 @@ def forked(state: RunState, event: RunForked) -> RunState:
         if where is not None:
             messages = _replaced(messages, where, event.input)
         given = event.input
-    if event.message is not None and heard:
+    if event.message is not None and len(heard) > heard.released:
         where = human_text(messages, last=True)
         if where is not None:
             messages = _replaced(messages, where, event.message)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 
 import attrs
 
+from toren.runs.release_events import cumulative
+
 if TYPE_CHECKING:
     from toren.runs.state import RunState
 
@@ -58,11 +60,12 @@ class Receipt:
 def receipt(state: RunState) -> Receipt:
     """The receipt of a run as recorded so far (from totals the fold keeps: no walk over its
     calls)."""
+    marks = state.cost_marks
     replayed = min(state.replayed, len(state.kept_cost))
     compactions = min(state.compactions_replayed, len(state.compaction_cost))
-    not_repaid = state.kept_cost[replayed - 1] if replayed else Decimal(0)
-    if compactions:  # summary calls served from the journal are not paid again either
-        not_repaid += state.compaction_cost[compactions - 1]
+    not_repaid = cumulative(state.kept_cost, replayed, marks, "kept")
+    # summary calls served from the journal are not paid again either
+    not_repaid += cumulative(state.compaction_cost, compactions, marks, "compaction")
     inherited = state.forked.calls if state.forked else 0
     made = len(state.voided) + len(state.calls) - inherited
     paid_there = min(inherited, len(state.kept_cost))
@@ -88,5 +91,5 @@ def receipt(state: RunState) -> Receipt:
         child_calls_lost=state.child_lost_calls,
         child_usd_lost_estimated=state.child_lost_usd,
         calls_inherited=inherited,
-        usd_inherited=state.kept_cost[paid_there - 1] if paid_there else Decimal(0),
+        usd_inherited=cumulative(state.kept_cost, paid_there, marks, "kept"),
     )

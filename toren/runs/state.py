@@ -84,8 +84,8 @@ _register_snapshot_hooks()
 # The shape of RunState as snapshots store it: bump it when a field is added, removed or changes
 # meaning, so that older snapshots are set aside (folded from the journal instead). 7: a
 # cancelled run's status is ``cancelled`` (it was ``failed``). 8: ``rate_wait``. 9: ``version``.
-# 10: ``forked``.
-SNAPSHOT_VERSION = 10
+# 10: ``forked``. 11: ``cost_marks``, Histories with a released front (history.released).
+SNAPSHOT_VERSION = 11
 
 
 @attrs.frozen(kw_only=True)
@@ -129,6 +129,10 @@ class RunState:
     compactions: History[ContextCompacted] = attrs.field(factory=History)
     compaction_cost: History[Decimal] = attrs.field(factory=History)
     compactions_replayed: int = 0
+    # the running costs above that the receipt reads and that were released with the old
+    # turns of a long conversation (see toren.runs.release_events), by "kept:N" and
+    # "compaction:N" (the cost of the first N)
+    cost_marks: PMap[str, Decimal] = attrs.field(factory=pmap)
     summary_calls: int = 0
     compactions_soft: int = 0
     compactions_hard: int = 0

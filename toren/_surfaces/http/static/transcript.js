@@ -207,6 +207,10 @@ const ENTRIES = {
   "context.compacted": (t, e, d) => entry(t, e, "note", `Context compacted (${d.tier})`,
     el("p", "", brief(e)),
     d.summary ? longText("div", "text", texts(d.summary).text) : ""),
+  // A long conversation let go of its old turns (its state keeps the recent ones; the events
+  // above stay in the journal, or its archive).
+  "history.released": (t, e, d) => entry(t, e, "note",
+    `Calls before step ${d.before_calls} settled: taken as recorded, never checked or made again`),
   "steps.invalidated": (t, e, d) => entry(t, e, "bad",
     `Steps from ${d.from_step} invalidated (made again)`, longText("div", "text", d.reason)),
   "run.resumed": (t, e, d) => entry(t, e, "note",
