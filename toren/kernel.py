@@ -37,6 +37,7 @@ from toren._core.rates import take as take_rate
 from toren._core.resources import MissingResource, Resources
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
+from toren._core.singletons import singleton
 from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
 from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
@@ -89,6 +90,7 @@ __all__ = [
     "safe_text",
     "schema_status",
     "set_args",
+    "singleton",
     "take_rate",
     "utf8_size",
     "waiting",

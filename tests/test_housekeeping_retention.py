@@ -1,0 +1,267 @@
+"""Housekeeping of what retention leaves (issue 32, item 5): sandbox checkpoints no kept actor
+names are swept from the store (after a grace period), old dead letters are archived and then
+deleted, revoked and expired tokens go, and a Telegram channel forgets its strangers.
+
+The database is real (a fresh one per test), the stores are a directory and moto's S3 server on
+127.0.0.1 through the real aioboto3 client. Runs and sandboxes are rows written as the kernel
+writes them (a run's ``tool.result`` naming the checkpoint after a sandboxed call, a sandbox's
+``workspace.checkpointed``, a fork's sandbox started from a checkpoint); a pruned run is one
+whose rows are deleted, as the pruner deletes them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aioboto3  # type: ignore[import-untyped]
+import asyncpg
+import pytest
+from moto.server import ThreadedMotoServer
+
+from toren._core.db import create_pool
+from toren._core.singletons import singleton
+from toren._core.stores import LocalStore, ObjectStore, S3Store
+from toren.sandboxes.checkpoints import checkpoint, restore
+from toren.sandboxes.sweep import sweep_checkpoints
+
+pytestmark = pytest.mark.anyio
+
+DAY = 86400.0
+
+
+def tar(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def age(root: Path, days: float) -> None:
+    """Make every object under ``root`` as old as ``days`` (as if written then)."""
+    then = time.time() - days * DAY
+    for path in root.rglob("*"):
+        if path.is_file():
+            os.utime(path, (then, then))
+
+
+@pytest.fixture
+async def pool(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(db_url, size=4)
+    yield p
+    await p.close()
+
+
+async def add_actor(
+    pool: asyncpg.Pool, actor_id: str, kind: str, *events: tuple[str, dict[str, Any]], **args: Any
+) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "INSERT INTO toren.actors (actor_id, kind, args, status) "
+            "VALUES ($1, $2, $3, 'stopped')",
+            actor_id,
+            kind,
+            args,
+        )
+        for seq, (type_, data) in enumerate(events, 1):
+            await conn.execute(
+                "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+                "VALUES ($1, $2, 1, $3, $4)",
+                actor_id,
+                seq,
+                type_,
+                data,
+            )
+
+
+async def prune(pool: asyncpg.Pool, *actor_ids: str) -> None:
+    """What the pruner deletes of a run tree: its journals and its actors' rows."""
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute("DELETE FROM toren.journal WHERE actor_id = ANY($1)", actor_ids)
+        await conn.execute("DELETE FROM toren.actors WHERE actor_id = ANY($1)", actor_ids)
+
+
+def result(call_id: str, checkpoint_id: str) -> tuple[str, dict[str, Any]]:
+    return "tool.result", {
+        "call_id": call_id,
+        "checkpoint": checkpoint_id,
+        "content": "$ make\n[in /workspace; exit 0]\n",
+        "denied": False,
+        "is_error": False,
+        "truncated_from": None,
+        "v": 1,
+    }
+
+
+def checkpointed(checkpoint_id: str) -> tuple[str, dict[str, Any]]:
+    return "workspace.checkpointed", {"checkpoint": checkpoint_id, "files": 2, "v": 1}
+
+
+async def keys(store: ObjectStore) -> set[str]:
+    return {k async for k in store.list_keys("")}
+
+
+# -- sandbox checkpoints -----------------------------------------------------------------------
+
+
+async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_named_goes(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    # shared: the kept run's checkpoint, which the pruned run's fork started from (its journal
+    # copied the source's tool.result, its sandbox's arguments name it)
+    shared, _ = await checkpoint(store, tar({"a.txt": b"common", "b.txt": b"kept only"}))
+    # only the pruned run's: one blob in common with the shared checkpoint, one of its own
+    own, _ = await checkpoint(store, tar({"a.txt": b"common", "c.txt": b"pruned only"}))
+    orphan, _ = await checkpoint(store, tar({"d.txt": b"a worker died before its event"}))
+    age(tmp_path / "store", days=2)
+    young, _ = await checkpoint(store, tar({"e.txt": b"being recorded now"}))
+    await add_actor(pool, "run/kept", "toren.run", result("c1", shared.id))
+    await add_actor(pool, "sandbox/kept", "toren.sandbox", checkpointed(shared.id))
+    await add_actor(pool, "run/fork", "toren.run", result("c1", shared.id), result("c2", own.id))
+    await add_actor(
+        pool, "sandbox/fork", "toren.sandbox", checkpointed(own.id), checkpoint=shared.id
+    )
+    before = await keys(store)
+
+    first = await sweep_checkpoints(pool, store, grace=DAY)
+
+    # the orphan (named nowhere, two days old) goes, blobs and all; the rest is named or young
+    assert (first.manifests_deleted, first.kept) == (1, 2)
+    gone = before - await keys(store)
+    assert gone == {f"manifests/{orphan.id}"} | {f"blobs/{b}" for b in orphan.blob_ids()}
+
+    await prune(pool, "run/fork", "sandbox/fork")
+    second = await sweep_checkpoints(pool, store, grace=DAY)
+
+    left = await keys(store)
+    assert f"manifests/{own.id}" not in left
+    only_own = own.blob_ids() - shared.blob_ids()
+    assert len(only_own) == 1
+    assert not {f"blobs/{b}" for b in only_own} & left
+    assert (second.manifests_deleted, second.blobs_deleted) == (1, 1)
+    # the shared checkpoint is whole: it restores, its blob shared with the pruned one included
+    assert await restore(store, shared.id)
+    assert own.blob_ids() & shared.blob_ids() <= {k.removeprefix("blobs/") for k in left}
+    # the young checkpoint is named nowhere, but within its grace period
+    assert await restore(store, young.id)
+
+    # a day later, still named nowhere: it goes
+    third = await sweep_checkpoints(pool, store, grace=DAY, now=time.time() + 2 * DAY)
+    assert third.manifests_deleted == 1
+    assert await keys(store) == {f"manifests/{shared.id}"} | {
+        f"blobs/{b}" for b in shared.blob_ids()
+    }
+
+
+async def test_a_checkpoint_named_only_by_a_snapshot_or_a_waiting_message_survives(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    in_snapshot, _ = await checkpoint(store, tar({"s": b"snapshot"}))
+    in_mail, _ = await checkpoint(store, tar({"m": b"mail"}))
+    age(tmp_path / "store", days=2)
+    await add_actor(pool, "sandbox/s", "toren.sandbox")
+    async with pool.acquire() as conn:
+        await conn.execute(
+            "INSERT INTO toren.snapshots (actor_id, seq, version, state) VALUES ($1, 9, 1, $2)",
+            "sandbox/s",
+            {"checkpoint": in_snapshot.id, "checkpoints": 3},
+        )
+        await conn.execute(
+            "INSERT INTO toren.mailbox (actor_id, kind, body) VALUES ($1, $2, $3)",
+            "sandbox/s",
+            "run.sandbox_done",
+            {"call_id": "c9", "checkpoint": in_mail.id},
+        )
+
+    stats = await sweep_checkpoints(pool, store, grace=DAY)
+
+    assert (stats.kept, stats.manifests_deleted, stats.blobs_deleted) == (2, 0, 0)
+
+
+async def test_a_blob_written_again_after_the_listing_is_not_deleted(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    await store.put("blobs/x", b"content")
+    age(tmp_path / "store", days=2)
+    cutoff = time.time() - DAY
+    assert [o.key async for o in store.list_objects("blobs/")] == ["blobs/x"]
+
+    await store.put("blobs/x", b"content")  # a checkpoint uploads the same content again
+
+    assert not await store.delete("blobs/x", written_before=cutoff)
+    assert await store.get("blobs/x") == b"content"
+    assert not await store.delete("blobs/none", written_before=cutoff)
+    assert await store.delete("blobs/x")
+    assert await keys(store) == set()
+
+
+async def test_one_worker_at_a_time_holds_a_singleton(pool: asyncpg.Pool) -> None:
+    async with singleton(pool, "checkpoint_sweep") as first:
+        async with singleton(pool, "checkpoint_sweep") as second:
+            assert (first, second) == (True, False)
+        async with singleton(pool, "other work") as other:
+            assert other
+    async with singleton(pool, "checkpoint_sweep") as again:
+        assert again  # released
+
+
+# -- S3 (moto's server on 127.0.0.1, the real aioboto3 client) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_url() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+async def s3_store(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[S3Store]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    async with aioboto3.Session().client(
+        "s3", endpoint_url=moto_url, region_name="us-east-1"
+    ) as s3:
+        await s3.create_bucket(Bucket="housekeeping")
+    store = S3Store("housekeeping", "toren/ws", endpoint_url=moto_url, region="us-east-1")
+    yield store
+    await store.close()
+
+
+async def test_the_sweep_deletes_from_s3_what_no_one_names(
+    pool: asyncpg.Pool, s3_store: S3Store
+) -> None:
+    kept, _ = await checkpoint(s3_store, tar({"a": b"kept", "b": b"both"}))
+    dropped, _ = await checkpoint(s3_store, tar({"c": b"dropped", "b": b"both"}))
+    await add_actor(pool, "sandbox/kept", "toren.sandbox", checkpointed(kept.id))
+    listed = {o.key: o for o in [o async for o in s3_store.list_objects("")]}
+    assert set(listed) == {f"manifests/{kept.id}", f"manifests/{dropped.id}"} | {
+        f"blobs/{b}" for b in kept.blob_ids() | dropped.blob_ids()
+    }
+    assert listed[f"manifests/{kept.id}"].written_at > time.time() - 600
+
+    young = await sweep_checkpoints(pool, s3_store, grace=DAY)
+    assert (young.manifests_deleted, young.blobs_deleted) == (0, 0)
+    later = await sweep_checkpoints(pool, s3_store, grace=DAY, now=time.time() + 2 * DAY)
+
+    assert (later.manifests_deleted, later.blobs_deleted) == (1, 1)
+    assert await keys(s3_store) == {f"manifests/{kept.id}"} | {
+        f"blobs/{b}" for b in kept.blob_ids()
+    }
+    assert await restore(s3_store, kept.id)
+    # an object written since the time given is kept
+    assert not await s3_store.delete(f"manifests/{kept.id}", written_before=time.time() - DAY)
+    assert not await s3_store.delete("blobs/none")

@@ -1,0 +1,148 @@
+"""The sweep of sandbox checkpoints no kept actor names any more (a mark-and-sweep).
+
+A checkpoint (:mod:`toren.sandboxes.checkpoints`) is a manifest and the blobs it lists, and many
+checkpoints share blobs. What the database names is kept: a sandbox's journal names each of its
+checkpoints (``workspace.checkpointed``), its arguments the one a fork started from, its
+snapshot the last one; a run's journal names the checkpoint after each sandboxed call, and a
+fork's the one it started from (a fork copies its source's events, so it names them itself).
+When runs are pruned, their journals and their sandboxes' go, and the checkpoints only they
+named can go too.
+
+A sweep:
+
+1. lists the store's manifests and blobs with the time each was last written;
+2. marks the manifests written before the grace period that the database still mentions
+   (:func:`toren.kernel.mentioned`, one snapshot of every journal, snapshot, actor's arguments
+   and summary, waiting message and dead letter);
+3. deletes the other old manifests, then the old blobs that no manifest left lists.
+
+Why the grace period (``checkpoint_grace``, a day by default) makes it safe: a checkpoint is
+written (blobs first, its manifest last) before the event that names it is committed, so for a
+while it is named nowhere; every such write takes seconds (at most the sandbox's command
+timeout), far less than the grace, and whatever is written after the listing is younger than
+it. A blob that a new checkpoint writes again (the same content under the same key) is written
+anew, so it is young again: each delete checks the object's time first, and a local store's
+delete cannot lose such a write (see :meth:`toren._core.stores.LocalStore.delete`). What a
+failed checkpoint left (a worker killed between its uploads and its event) is named nowhere and
+goes one grace period later.
+
+What goes for good: the checkpoints of pruned runs (an archived journal still names them, but
+a run restored from its archive shows its timeline, not its workspace).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import MutableMapping
+
+import asyncpg
+import attrs
+
+from toren._core.references import mentioned
+from toren._core.stores import CorruptObject, MissingObject, ObjectStore
+from toren.sandboxes.checkpoints import load_manifest
+
+log = logging.getLogger("toren.sandbox")
+
+DEFAULT_GRACE = 86400.0
+"""Seconds a checkpoint's objects are kept after they were written, whatever names them."""
+
+
+@attrs.frozen(kw_only=True)
+class SweepStats:
+    """What a sweep found and did."""
+
+    manifests: int  # listed
+    blobs: int  # listed
+    kept: int  # old manifests the database still names
+    manifests_deleted: int
+    blobs_deleted: int
+    bytes_deleted: int  # manifests' and blobs'
+    blobs_held: bool = False  # a manifest could not be read: no blob was deleted
+
+
+async def sweep_checkpoints(
+    pool: asyncpg.Pool,
+    store: ObjectStore,
+    *,
+    grace: float = DEFAULT_GRACE,
+    now: float | None = None,
+    listed: MutableMapping[str, frozenset[str]] | None = None,
+) -> SweepStats:
+    """Delete the checkpoints (manifests, then blobs) that no actor of the database names and
+    that were written more than ``grace`` seconds before ``now``.
+
+    ``listed`` caches each manifest's blobs between sweeps (manifests never change: a
+    manifest's key is the hash of its content); give the same mapping to each sweep of one
+    worker so that a sweep reads only the manifests written since the last.
+
+    A manifest that cannot be read (corrupt) keeps every blob: what it lists is unknown. A
+    manifest deleted meanwhile lists nothing.
+
+    Raises:
+        asyncpg.PostgresError: the mark failed; nothing was deleted.
+        StoreError: the store failed; what was deleted before stays deleted (each object
+            deleted is one no kept checkpoint needs).
+    """
+    cutoff = (time.time() if now is None else now) - grace
+    listed = {} if listed is None else listed
+    manifests = {
+        o.key.removeprefix("manifests/"): o async for o in store.list_objects("manifests/")
+    }
+    blobs = {o.key.removeprefix("blobs/"): o async for o in store.list_objects("blobs/")}
+    old = {m for m, o in manifests.items() if o.written_at < cutoff}
+    kept = await mentioned(pool, old)
+    doomed = sorted(old - kept)
+    deleted_manifests = deleted_bytes = 0
+    for manifest_id in doomed:
+        if await store.delete(f"manifests/{manifest_id}", written_before=cutoff):
+            deleted_manifests += 1
+            deleted_bytes += manifests[manifest_id].size
+            listed.pop(manifest_id, None)
+        else:
+            kept.add(manifest_id)
+    # the blobs of every manifest left (young or named), read once per worker
+    needed: set[str] = set()
+    held = False
+    for manifest_id in manifests.keys() - set(doomed) | kept:
+        if manifest_id not in listed:
+            try:
+                listed[manifest_id] = (await load_manifest(store, manifest_id)).blob_ids()
+            except MissingObject:
+                continue
+            except CorruptObject as exc:
+                log.warning("checkpoint sweep: %s; no blob is deleted until it is removed", exc)
+                held = True
+                continue
+        needed |= listed[manifest_id]
+    deleted_blobs = 0
+    if not held:
+        for sha, o in sorted(blobs.items()):
+            if (
+                o.written_at < cutoff
+                and sha not in needed
+                and await store.delete(f"blobs/{sha}", written_before=cutoff)
+            ):
+                deleted_blobs += 1
+                deleted_bytes += o.size
+    for gone in listed.keys() - manifests.keys():
+        del listed[gone]
+    stats = SweepStats(
+        manifests=len(manifests),
+        blobs=len(blobs),
+        kept=len(old & kept),
+        manifests_deleted=deleted_manifests,
+        blobs_deleted=deleted_blobs,
+        bytes_deleted=deleted_bytes,
+        blobs_held=held,
+    )
+    if deleted_manifests or deleted_blobs:
+        log.info(
+            "checkpoint sweep: %d checkpoints and %d blobs that no kept actor names were deleted "
+            "(%d bytes)",
+            deleted_manifests,
+            deleted_blobs,
+            deleted_bytes,
+        )
+    return stats
