@@ -46,6 +46,7 @@ _KERNEL_ENV: Env = {
     "actor_restart_period": ("TOREN_ACTOR_RESTART_PERIOD", float),
     "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
     "snapshot_every": ("TOREN_SNAPSHOT_EVERY", int),
+    "archive_store": ("TOREN_ARCHIVE_STORE", str),
 }
 
 
@@ -133,6 +134,11 @@ class WorkerSettings:
         snapshot_every: Events between two snapshots of an actor that keeps them (a run: its
             state, so activating it reads that and the events since); unset, each kind's own
             (runs: 1,000).
+        archive_store: Where journals are archived before their rows are deleted
+            (:mod:`toren._core.archive`): a directory (or ``file:///path``), or
+            ``s3://bucket/prefix`` (endpoint from ``TOREN_S3_ENDPOINT_URL`` for MinIO, R2 and
+            the like). Unset: ``HOME/archive``, which only this machine can read: use S3
+            across machines.
         config_file: The TOML file these settings were read from, if any.
     """
 
@@ -158,6 +164,7 @@ class WorkerSettings:
     snapshot_every: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(positive)
     )
+    archive_store: str | None = None
     config_file: Path | None = None
 
     def __attrs_post_init__(self) -> None:

@@ -45,9 +45,9 @@ from toren._core.errors import ConfigError, TorenError
 _KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _URL_HINT = "use a directory (file:///path or a plain path) or s3://bucket/prefix"
-# Errors never show the URL: it comes from the environment (TOREN_WORKSPACE_STORE), where a
-# secret set in the wrong variable may have landed.
-_STORE_URL = "the workspace store URL (workspace_store; not shown)"
+# Errors never show the URL: it comes from the environment (TOREN_WORKSPACE_STORE,
+# TOREN_ARCHIVE_STORE), where a secret set in the wrong variable may have landed. They name the
+# setting it came from (store_from_url's ``setting``).
 
 
 class StoreError(TorenError):
@@ -347,33 +347,37 @@ class S3Store:
         return True
 
 
-def store_from_url(url: str, env: Mapping[str, str] | None = None) -> WorkspaceStore:
+def store_from_url(
+    url: str, env: Mapping[str, str] | None = None, *, setting: str = "workspace_store"
+) -> WorkspaceStore:
     """The store a URL names: ``file:///path`` or a plain path (a directory), or
     ``s3://bucket/prefix`` (with the endpoint from ``TOREN_S3_ENDPOINT_URL`` or
     ``AWS_ENDPOINT_URL`` if set, for MinIO or R2). Raises ConfigError on anything else (the
-    message does not show the URL)."""
+    message names ``setting``, the setting the URL came from, and does not show the URL)."""
     env = os.environ if env is None else env
+    noun = f"the {setting.replace('_', ' ')} URL"
+    named = f"{noun} ({setting}; not shown)"
     if not url.strip():
-        raise ConfigError("the workspace store URL is empty", hint=_URL_HINT)
+        raise ConfigError(f"{noun} is empty", hint=_URL_HINT)
     parts = urllib.parse.urlsplit(url)
     if parts.username is not None or parts.password is not None:
         raise ConfigError(
-            "the workspace store URL holds credentials, which are not accepted there",
+            f"{noun} holds credentials, which are not accepted there",
             hint="give them as AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or AWS_PROFILE",
         )
     if parts.scheme == "":
         return LocalStore(Path(url).expanduser().absolute())
     if parts.query or parts.fragment:
-        raise ConfigError(f"{_STORE_URL} has an unexpected ?query or #fragment", hint=_URL_HINT)
+        raise ConfigError(f"{named} has an unexpected ?query or #fragment", hint=_URL_HINT)
     if parts.scheme == "file":
         path = urllib.parse.unquote(parts.path)
         if parts.netloc not in ("", "localhost") or not path.startswith("/"):
-            raise ConfigError(f"{_STORE_URL} is a file:// URL with no local path", hint=_URL_HINT)
+            raise ConfigError(f"{named} is a file:// URL with no local path", hint=_URL_HINT)
         return LocalStore(Path(path))
     if parts.scheme == "s3":
         if not _BUCKET.fullmatch(parts.netloc):
             raise ConfigError(
-                f"the bucket in {_STORE_URL} is not a valid S3 bucket name",
+                f"the bucket in {named} is not a valid S3 bucket name",
                 hint="3 to 63 lowercase letters, digits, dots and hyphens: s3://bucket/prefix",
             )
         var = "TOREN_S3_ENDPOINT_URL" if env.get("TOREN_S3_ENDPOINT_URL") else "AWS_ENDPOINT_URL"
@@ -386,7 +390,7 @@ def store_from_url(url: str, env: Mapping[str, str] | None = None) -> WorkspaceS
                     hint="the address of your S3-compatible server, e.g. http://minio:9000",
                 )
         return S3Store(parts.netloc, parts.path, endpoint_url=endpoint)
-    raise ConfigError(f"{_STORE_URL} has an unsupported scheme", hint=_URL_HINT)
+    raise ConfigError(f"{named} has an unsupported scheme", hint=_URL_HINT)
 
 
 ObjectStore = WorkspaceStore
