@@ -16,6 +16,7 @@ import os
 import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,18 @@ import asyncpg
 import pytest
 from moto.server import ThreadedMotoServer
 
+from toren import Settings
 from toren._core.db import create_pool
+from toren._core.deadletters import (
+    CorruptDeadLetters,
+    archive_deadletters,
+    archive_old_deadletters,
+    read_deadletter_archive,
+)
 from toren._core.singletons import singleton
 from toren._core.stores import LocalStore, ObjectStore, S3Store
+from toren._core.workers import housekeep
+from toren._surfaces.tokens import authenticate, create_token, list_tokens
 from toren.sandboxes.checkpoints import checkpoint, restore
 from toren.sandboxes.sweep import sweep_checkpoints
 
@@ -265,3 +275,140 @@ async def test_the_sweep_deletes_from_s3_what_no_one_names(
     # an object written since the time given is kept
     assert not await s3_store.delete(f"manifests/{kept.id}", written_before=time.time() - DAY)
     assert not await s3_store.delete("blobs/none")
+
+
+# -- tokens ------------------------------------------------------------------------------------
+
+
+async def test_tokens_dead_past_token_keep_for_go_with_their_sessions_and_live_ones_stay(
+    pool: asyncpg.Pool,
+) -> None:
+    made = {}
+    for name in ("live", "expiring", "revoked_long_ago", "revoked_lately", "expired_long_ago"):
+        made[name], _ = await create_token(pool, name, scopes=("read",), expires_in=None)
+    _, old_live = await create_token(pool, "old but live")
+    old_live_id = old_live.split("_")[1]
+    ago = "now() - make_interval(days => $2)"
+    for name, statement, days in (
+        ("expiring", "expires_at = now() + interval '1 day'", None),
+        ("revoked_long_ago", f"revoked_at = {ago}", 40),
+        ("revoked_lately", f"revoked_at = {ago}", 10),
+        ("expired_long_ago", f"expires_at = {ago}", 31),
+    ):
+        args = [made[name]] if days is None else [made[name], days]
+        await pool.execute(f"UPDATE toren.tokens SET {statement} WHERE id = $1", *args)
+    # a token made a year ago and last used then is no less live
+    await pool.execute(
+        "UPDATE toren.tokens SET created_at = now() - interval '1 year', "
+        "last_used_at = now() - interval '1 year' WHERE id = $1",
+        old_live_id,
+    )
+    # the console session of a token revoked long ago (revoking ends them; one left behind)
+    await pool.execute(
+        "INSERT INTO toren.sessions (id_sha256, token_id, csrf, expires_at) "
+        "VALUES ('\\x01', $1, 'c', now() + interval '1 day')",
+        made["revoked_long_ago"],
+    )
+
+    done = await housekeep(pool, dedupe_retention=7 * DAY, token_keep_for=30 * DAY)
+
+    assert done["tokens"] == 2
+    left = {t.id for t in await list_tokens(pool)}
+    assert left == {made["live"], made["expiring"], made["revoked_lately"], old_live_id}
+    assert await pool.fetchval("SELECT count(*) FROM toren.sessions") == 0
+    assert await authenticate(pool, old_live) is not None
+    assert (await housekeep(pool, dedupe_retention=7 * DAY))["tokens"] == 0  # 30 days: default
+
+
+# -- dead letters ------------------------------------------------------------------------------
+
+HOSTILE = {"text": "nul\x00 and a lone \ud800 surrogate", "big": 2**70, "list": [1.5, None, "é"]}
+
+
+async def dead_letter(pool: asyncpg.Pool, id_: int, *, days_ago: float, body: Any) -> None:
+    await pool.execute(
+        "INSERT INTO toren.deadletters (id, actor_id, lane, sender, kind, body, dedupe_key, "
+        "reply_to, deliveries, attempts, error, created_at, dead_at) "
+        "VALUES ($1, $2, 1, 'run/sender', 'work', $3, NULL, NULL, 5, 5, $4, "
+        "now() - make_interval(secs => $5 + 60), now() - make_interval(secs => $5))",
+        id_,
+        f"c/poisoned-{id_}",
+        body,
+        f"ValueError: bad input {id_}",
+        days_ago * DAY,
+    )
+
+
+class BadReads(LocalStore):
+    """A store whose reads come back damaged (a disk or a network flipping a bit)."""
+
+    async def get(self, key: str) -> bytes:
+        data = bytearray(await super().get(key))
+        data[len(data) // 2] ^= 0x01
+        return bytes(data)
+
+
+async def test_old_dead_letters_are_archived_checked_then_deleted_and_read_back_whole(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    for id_ in (11, 12, 13):
+        await dead_letter(pool, id_, days_ago=40, body={"n": id_, **HOSTILE})
+    for id_ in (14, 15):
+        await dead_letter(pool, id_, days_ago=1, body={"n": id_})
+
+    # an archive that does not read back as written deletes nothing
+    with pytest.raises(CorruptDeadLetters, match="hashes to"):
+        await archive_deadletters(pool, BadReads(tmp_path / "bad"), keep_for=30 * DAY, batch=2)
+    assert await pool.fetchval("SELECT count(*) FROM toren.deadletters") == 5
+
+    store = LocalStore(tmp_path / "archive")
+    done = await archive_deadletters(pool, store, keep_for=30 * DAY, batch=2)
+
+    assert (done.archived, done.deleted, len(done.keys)) == (3, 3, 2)
+    left = await pool.fetch("SELECT id FROM toren.deadletters ORDER BY id")
+    assert [r["id"] for r in left] == [14, 15]
+    read = [d for key in done.keys for d in await read_deadletter_archive(store, key)]
+    assert [d["id"] for d in read] == [11, 12, 13]
+    assert [d["body"] for d in read] == [{"n": i, **HOSTILE} for i in (11, 12, 13)]
+    assert read[0]["error"] == "ValueError: bad input 11"
+    assert read[0]["actor_id"] == "c/poisoned-11"
+    assert read[0]["created_at"] < read[0]["dead_at"] < datetime.now(UTC) - timedelta(days=39)
+    # the same batch written again (killed before the delete) is the same object
+    again = await archive_deadletters(pool, store, keep_for=0.5, batch=2)
+    assert again.archived == 2
+    assert len(await keys(store)) == 3
+
+    # a damaged archive is refused with a clear error, whatever is damaged
+    key = done.keys[0]
+    path = tmp_path / "archive" / key
+    whole = path.read_bytes()
+    for damaged, says in (
+        (whole[:-10], "hashes to"),
+        (bytes([whole[0] ^ 1]) + whole[1:], "hashes to"),
+    ):
+        path.write_bytes(damaged)
+        with pytest.raises(CorruptDeadLetters, match=says):
+            await read_deadletter_archive(store, key)
+    with pytest.raises(CorruptDeadLetters, match="no such object"):
+        await read_deadletter_archive(store, key.replace("-1", "-9", 1))
+
+
+async def test_a_workers_round_archives_to_archive_store_one_worker_at_a_time(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    await dead_letter(pool, 21, days_ago=2, body={"n": 21})
+    settings = Settings(
+        home=tmp_path, archive_store=str(tmp_path / "archive"), deadletter_keep_for="1d"
+    )
+
+    async with singleton(pool, "deadletters"):  # another worker's round
+        assert await archive_old_deadletters(pool, settings) == 0
+    assert await archive_old_deadletters(pool, settings) == 1
+
+    [key] = [
+        p.relative_to(tmp_path / "archive").as_posix() for p in (tmp_path / "archive").rglob("*.gz")
+    ]
+    assert key.startswith("deadletters/")
+    [item] = await read_deadletter_archive(LocalStore(tmp_path / "archive"), key)
+    assert item["body"] == {"n": 21}
+    assert await archive_old_deadletters(pool, settings) == 0

@@ -14,6 +14,7 @@ from toren._core.db import (
     connect,
     create_pool,
 )
+from toren._core.deadletters import archive_old_deadletters
 from toren._core.host import ActorHost, MessageDeadLettered
 from toren._core.journal_reads import events, events_after, last_seq
 from toren._core.json_text import dumps as json_text
@@ -66,6 +67,7 @@ __all__ = [
     "actor_row",
     "actor_rows",
     "actors_of_kind",
+    "archive_old_deadletters",
     "block_rate",
     "claim",
     "code_version",

@@ -5,26 +5,24 @@ A module of its own, light to import: every CLI command reads settings.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
 from toren._core.config import Env, positive
+from toren._core.durations import setting_duration
 
 if TYPE_CHECKING:
     from toren._agent.parts import AgentPart
 
 
-def _duration(value: str | float) -> float:
-    """``"6h"``-style, or seconds (a number, or its text: from a variable)."""
-    from toren._agent.agents import parse_duration
+def _checkpoint_sweep_every(value: str | float) -> float:
+    return setting_duration("checkpoint_sweep_every", value)
 
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            value = float(value)
-    return parse_duration(value)
+
+def _checkpoint_grace(value: str | float) -> float:
+    return setting_duration("checkpoint_grace", value)
 
 
 def _part() -> AgentPart:
@@ -70,6 +68,12 @@ class SandboxWorkerSettings:
     workspace_store: str | None = None
     sandbox_reap_seconds: float = attrs.field(default=30.0, validator=positive)
     checkpoint_sweep_every: float = attrs.field(
-        default=3600.0, converter=_duration, validator=positive
+        default=3600.0,
+        converter=_checkpoint_sweep_every,
+        validator=positive,
     )
-    checkpoint_grace: float = attrs.field(default=86400.0, converter=_duration, validator=positive)
+    checkpoint_grace: float = attrs.field(
+        default=86400.0,
+        converter=_checkpoint_grace,
+        validator=positive,
+    )
