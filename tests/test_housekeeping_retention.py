@@ -37,6 +37,18 @@ from toren._core.singletons import singleton
 from toren._core.stores import LocalStore, ObjectStore, S3Store
 from toren._core.workers import housekeep
 from toren._surfaces.tokens import authenticate, create_token, list_tokens
+from toren.channels import (
+    ChannelState,
+    ChatPaired,
+    CodeIssued,
+    PairFailed,
+    Queued,
+    Sent,
+    UpdateHandled,
+    fold,
+    telegram_principal,
+)
+from toren.channels._state import RECENT
 from toren.sandboxes.checkpoints import checkpoint, restore
 from toren.sandboxes.sweep import sweep_checkpoints
 
@@ -412,3 +424,49 @@ async def test_a_workers_round_archives_to_archive_store_one_worker_at_a_time(
     [item] = await read_deadletter_archive(LocalStore(tmp_path / "archive"), key)
     assert item["body"] == {"n": 21}
     assert await archive_old_deadletters(pool, settings) == 0
+
+
+# -- Telegram strangers ------------------------------------------------------------------------
+
+
+def test_what_strangers_leave_in_a_channels_state_is_bounded_by_a_days_worth() -> None:
+    """Anyone can write to a bot. An unpaired chat is hinted (once a day), may try /pair codes
+    (each failure counted, and answered: a message sent to it): the hint, the failures and
+    the time of that message are kept a day, then dropped; a paired chat's are kept."""
+    who = telegram_principal(7, "ann")
+    state = fold(ChannelState(), CodeIssued(code_hash="h", expires_at=1e12, by=who, at=0.0))
+    state = fold(
+        state, ChatPaired(chat_id=5, title="ann", chat_type="private", code_hash="h", by=who, at=0)
+    )
+    n = 0
+    per_day = 100
+    for i in range(20 * per_day):  # 2,000 strangers over 20 days, each met once
+        at, chat = i * DAY / per_day, 1_000_000 + i
+        state = fold(
+            state,
+            UpdateHandled(
+                update_id=2 * i,
+                chat_id=chat,
+                user_id=chat,
+                kind="message",
+                outcome="hinted",
+                at=at,
+            ),
+        )
+        state = fold(state, PairFailed(chat_id=chat, at=at))
+        n += 1
+        state = fold(
+            state, Queued(n=n, chat_id=chat, kind="text", text="That code is wrong", at=at)
+        )
+        state = fold(state, Sent(n=n, message_ids=(n,), at=at))
+        if i % per_day == 0:  # the paired chat is written to once a day
+            n += 1
+            state = fold(state, Queued(n=n, chat_id=5, kind="text", text="hi", at=at))
+            state = fold(state, Sent(n=n, message_ids=(n,), at=at))
+
+    bound = per_day + 64  # a day's strangers, and what waits for the next prune
+    assert len(state.hinted) <= bound
+    assert len(state.failures) <= bound
+    assert len(state.last_sent) <= bound + 1
+    assert "5" in state.last_sent  # the paired chat's, however old
+    assert len(state.outbox) <= RECENT
