@@ -22,6 +22,7 @@ from typing import Any
 
 import aioboto3  # type: ignore[import-untyped]
 import asyncpg
+import attrs
 import pytest
 from moto.server import ThreadedMotoServer
 
@@ -184,30 +185,79 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     }
 
 
-async def test_a_checkpoint_named_only_by_a_snapshot_or_a_waiting_message_survives(
+async def test_a_checkpoint_named_deep_in_a_snapshot_a_message_or_a_channels_outbox_survives(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
     store = LocalStore(tmp_path / "store")
-    in_snapshot, _ = await checkpoint(store, tar({"s": b"snapshot"}))
-    in_mail, _ = await checkpoint(store, tar({"m": b"mail"}))
+    named = {}
+    for where in ("snapshot", "mail", "outbox", "dead letter", "summary"):
+        named[where], _ = await checkpoint(store, tar({"f": where.encode()}))
+    unnamed, _ = await checkpoint(store, tar({"f": b"a digest equal to no checkpoint"}))
     age(tmp_path / "store", days=2)
-    await add_actor(pool, "sandbox/s", "toren.sandbox")
+    await add_actor(pool, "run/s", "toren.run")
+    # a channel's outbox: a file to send from a run's checkpoint, nested in its event
+    await add_actor(
+        pool,
+        "channel/telegram/bot",
+        "toren.channel",
+        (
+            "outbox.queued",
+            {
+                "n": 1,
+                "chat_id": 5,
+                "kind": "file",
+                "text": "",
+                "file": {"run": "run/s", "path": "out.csv", "checkpoint": named["outbox"].id},
+            },
+        ),
+    )
     async with pool.acquire() as conn:
         await conn.execute(
             "INSERT INTO toren.snapshots (actor_id, seq, version, state) VALUES ($1, 9, 1, $2)",
-            "sandbox/s",
-            {"checkpoint": in_snapshot.id, "checkpoints": 3},
+            "run/s",  # a fork's state: where it came from, nested
+            {"forked": {"source": "run/t", "at": 3, "checkpoint": named["snapshot"].id}},
+        )
+        await conn.execute(
+            "UPDATE toren.actors SET summary = $2 WHERE actor_id = $1",
+            "run/s",
+            {"checkpoints": 3, "checkpoint": named["summary"].id},
         )
         await conn.execute(
             "INSERT INTO toren.mailbox (actor_id, kind, body) VALUES ($1, $2, $3)",
-            "sandbox/s",
+            "run/s",
             "run.sandbox_done",
-            {"call_id": "c9", "checkpoint": in_mail.id},
+            {"call_id": "c9", "checkpoint": named["mail"].id, "digest": unnamed.id},
         )
+    await dead_letter(
+        pool, 1, days_ago=1, body={"calls": [{"checkpoint": named["dead letter"].id}]}
+    )
 
     stats = await sweep_checkpoints(pool, store, grace=DAY)
 
-    assert (stats.kept, stats.manifests_deleted, stats.blobs_deleted) == (2, 0, 0)
+    assert (stats.kept, stats.manifests_deleted) == (5, 1)
+    for manifest in named.values():
+        assert await restore(store, manifest.id)
+    # only what a member called "checkpoint" holds names a checkpoint: the digest does not
+    assert f"manifests/{unnamed.id}" not in await keys(store)
+
+
+def test_every_payload_names_a_checkpoint_in_a_member_called_checkpoint() -> None:
+    """The sweep finds checkpoints by the name of the JSON member holding them (``checkpoint``,
+    at any depth): a message or event naming one under another name would let it be deleted."""
+    import toren.actors.channels.kind
+    import toren.actors.runs.kind
+    import toren.actors.sandboxes.kind  # noqa: F401  (every kind's payloads registered)
+    from toren._core.names import NAMES
+
+    odd = {
+        f"{name}.{field.name}"
+        for name, cls in NAMES.payloads.items()
+        if attrs.has(cls)
+        for field in attrs.fields(cls)
+        if ("checkpoint" in field.name or "manifest" in field.name)
+        and field.name not in ("checkpoint", "checkpoints")
+    }
+    assert odd == set()
 
 
 async def test_a_blob_written_again_after_the_listing_is_not_deleted(tmp_path: Path) -> None:

@@ -11,9 +11,10 @@ named can go too.
 A sweep:
 
 1. lists the store's manifests and blobs with the time each was last written;
-2. marks the manifests written before the grace period that the database still mentions
-   (:func:`toren.kernel.mentioned`, one snapshot of every journal, snapshot, actor's arguments
-   and summary, waiting message and dead letter);
+2. marks the manifests written before the grace period that the database still names
+   (:func:`toren._core.references.mentioned`: in one snapshot of every journal, snapshot,
+   actor's arguments and summary, waiting message and dead letter, the values of JSON members
+   called ``checkpoint``, at any depth: every payload naming a checkpoint names it so);
 3. deletes the other old manifests, then the old blobs that no manifest left lists.
 
 Why the grace period (``checkpoint_grace``, a day by default) makes it safe: a checkpoint is
@@ -92,7 +93,7 @@ async def sweep_checkpoints(
     }
     blobs = {o.key.removeprefix("blobs/"): o async for o in store.list_objects("blobs/")}
     old = {m for m, o in manifests.items() if o.written_at < cutoff}
-    kept = await mentioned(pool, old)
+    kept = await mentioned(pool, old, key="checkpoint")
     doomed = sorted(old - kept)
     deleted_manifests = deleted_bytes = 0
     for manifest_id in doomed:
