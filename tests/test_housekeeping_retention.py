@@ -17,16 +17,19 @@ import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aioboto3  # type: ignore[import-untyped]
+import anyio
 import asyncpg
 import attrs
 import pytest
 from moto.server import ThreadedMotoServer
 
-from toren import Settings
+from tests.conftest import wait_for
+from toren import ConfigError, Settings
 from toren._core.db import create_pool
 from toren._core.deadletters import (
     CorruptDeadLetters,
@@ -38,6 +41,9 @@ from toren._core.singletons import singleton
 from toren._core.stores import LocalStore, ObjectStore, S3Store
 from toren._core.workers import housekeep
 from toren._surfaces.tokens import authenticate, create_token, list_tokens
+from toren.actors.sandboxes.docker import Docker
+from toren.actors.sandboxes.runtime import Sandboxes
+from toren.actors.sandboxes.sweeper import run_sweeper
 from toren.channels import (
     ChannelState,
     ChatPaired,
@@ -52,6 +58,7 @@ from toren.channels import (
 from toren.channels._state import RECENT
 from toren.sandboxes.checkpoints import checkpoint, restore
 from toren.sandboxes.sweep import sweep_checkpoints
+from toren.supervisors.worker.housekeeper import run_housekeeper
 
 pytestmark = pytest.mark.anyio
 
@@ -520,3 +527,50 @@ def test_what_strangers_leave_in_a_channels_state_is_bounded_by_a_days_worth() -
     assert len(state.last_sent) <= bound + 1
     assert "5" in state.last_sent  # the paired chat's, however old
     assert len(state.outbox) <= RECENT
+
+
+# -- the worker's services ---------------------------------------------------------------------
+
+
+class Unlistable(LocalStore):
+    """A store that fails every listing (a bucket whose policy lacks ListBucket)."""
+
+    def list_objects(self, prefix: str) -> Any:
+        raise ConfigError("access to the S3 bucket 'x' was denied (AccessDenied)")
+
+
+async def test_two_workers_sweepers_take_turns_and_a_failing_round_ends_neither(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    gone, _ = await checkpoint(store, tar({"old": b"named nowhere"}))
+    age(tmp_path / "store", days=2)
+    docker = cast(Docker, object())  # the sweep never asks Docker anything
+    settings = Settings(checkpoint_sweep_every=0.05, checkpoint_grace="1d")
+    broken = Sandboxes(docker, Unlistable(tmp_path / "other"))
+    async with anyio.create_task_group() as tg:
+        for sandboxes in (Sandboxes(docker, store), Sandboxes(docker, store), broken):
+            tg.start_soon(run_sweeper, pool, sandboxes, settings, lambda: None)
+
+        async def swept() -> bool:
+            return await keys(store) == set()
+
+        await wait_for(swept, what="the old checkpoint swept")
+        tg.cancel_scope.cancel()
+    assert not gone.blob_ids() & {k.removeprefix("blobs/") for k in await keys(store)}
+
+
+async def test_the_housekeeper_archives_old_dead_letters_every_round(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    settings = Settings(home=tmp_path, deadletter_keep_for="1d")  # archive_store: HOME/archive
+    await dead_letter(pool, 31, days_ago=3, body={"n": 31})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(partial(run_housekeeper, pool, settings, lambda: None, every=0.05))
+
+        async def archived() -> bool:
+            return await pool.fetchval("SELECT count(*) FROM toren.deadletters") == 0
+
+        await wait_for(archived, what="the dead letter archived")
+        tg.cancel_scope.cancel()
+    assert list((tmp_path / "archive" / "deadletters").rglob("*.jsonl.gz"))

@@ -1,16 +1,17 @@
 """The checkpoint sweep as a worker runs it: every ``checkpoint_sweep_every`` (an hour by
-default), one worker of the cluster at a time (the ``checkpoint_sweep`` singleton lock), deletes
+default), one worker of the cluster at a time (a singleton lock per store), deletes
 from the workspace store the checkpoints no kept actor names and that were written more than
 ``checkpoint_grace`` ago (:func:`toren.sandboxes.sweep_checkpoints` says why that is safe).
 
-A worker that has no workspace store open (no Docker) does not sweep. All workers of a
-database must share one store for their sandboxes (a store per machine cannot be restored by
-another worker anyway): a worker sweeps only the store it has open.
+A worker that has no workspace store open (no Docker) does not sweep. A worker sweeps the store
+it has open, and the lock is the store's: workers sharing an S3 bucket take turns, and each
+machine with a local store (``toren dev``, one machine) sweeps its own.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 
 import anyio
@@ -19,12 +20,22 @@ import asyncpg
 from toren import Settings
 from toren.actors.sandboxes.runtime import Sandboxes
 from toren.kernel import TRANSIENT_DB_ERRORS, singleton
-from toren.sandboxes.store import StoreError
+from toren.sandboxes.store import LocalStore, StoreError, WorkspaceStore
 from toren.sandboxes.sweep import sweep_checkpoints
 
 log = logging.getLogger("toren.sandbox")
 
-_FAILED: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError, StoreError)
+# what a round may meet without a bug: the database or the store not answering
+_EXPECTED: tuple[type[BaseException], ...] = (
+    *TRANSIENT_DB_ERRORS,
+    asyncpg.PostgresError,
+    StoreError,
+)
+
+
+def _lock_name(store: WorkspaceStore) -> str:
+    where = f"{socket.gethostname()}:{store!r}" if isinstance(store, LocalStore) else repr(store)
+    return f"checkpoint_sweep:{where}"
 
 
 async def run_sweeper(
@@ -39,14 +50,18 @@ async def run_sweeper(
         await anyio.sleep(settings.checkpoint_sweep_every)
         if not sandboxes.available:
             continue
-        _, store = sandboxes.current()
         try:
-            async with singleton(pool, "checkpoint_sweep") as mine:
+            _, store = sandboxes.current()
+            async with singleton(pool, _lock_name(store)) as mine:
                 if mine:
                     await sweep_checkpoints(
                         pool, store, grace=settings.checkpoint_grace, listed=listed
                     )
-        except _FAILED as exc:
+        except _EXPECTED as exc:
             log.warning(
                 "checkpoint sweep: %s; trying again in %gs", exc, settings.checkpoint_sweep_every
+            )
+        except Exception:  # a bug, or a store refusing a delete: never the worker's end
+            log.exception(
+                "checkpoint sweep failed; trying again in %gs", settings.checkpoint_sweep_every
             )
