@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import tarfile
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,6 +30,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from tests.conftest import wait_for
+from tests.test_cli import toren
 from toren import ConfigError, Settings
 from toren._core.db import create_pool
 from toren._core.deadletters import (
@@ -57,7 +59,7 @@ from toren.channels import (
 )
 from toren.channels._state import RECENT
 from toren.sandboxes.checkpoints import checkpoint, restore
-from toren.sandboxes.sweep import sweep_checkpoints
+from toren.sandboxes.sweep import lock_name, sweep_checkpoints
 from toren.supervisors.worker.housekeeper import run_housekeeper
 
 pytestmark = pytest.mark.anyio
@@ -574,3 +576,34 @@ async def test_the_housekeeper_archives_old_dead_letters_every_round(
         await wait_for(archived, what="the dead letter archived")
         tg.cancel_scope.cancel()
     assert list((tmp_path / "archive" / "deadletters").rglob("*.jsonl.gz"))
+
+
+async def test_toren_sandboxes_sweep_says_what_it_would_delete_then_deletes_it(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "ws")
+    kept, _ = await checkpoint(store, tar({"a": b"kept"}))
+    gone, _ = await checkpoint(store, tar({"b": b"gone"}))
+    age(tmp_path / "ws", days=2)
+    await add_actor(pool, "sandbox/kept", "toren.sandbox", checkpointed(kept.id))
+
+    def sweep(*args: str) -> subprocess.CompletedProcess[str]:
+        return toren(
+            "sandboxes", "sweep", *args, db_url=db_url, TOREN_WORKSPACE_STORE=str(tmp_path / "ws")
+        )
+
+    dry = await anyio.to_thread.run_sync(sweep, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would delete 1 checkpoint(s) and 1 blob(s)" in dry.stdout
+    assert "1 older than the grace period kept" in dry.stdout
+    assert f"manifests/{gone.id}" in await keys(store)
+
+    async with singleton(pool, lock_name(store)):  # a worker sweeping this store now
+        busy = await anyio.to_thread.run_sync(sweep)
+    assert busy.returncode == 1
+    assert "a sweep of this store is running now" in busy.stderr
+
+    done = await anyio.to_thread.run_sync(sweep)
+    assert done.returncode == 0, done.stderr
+    assert "deleted 1 checkpoint(s) and 1 blob(s)" in done.stdout
+    assert await keys(store) == {f"manifests/{kept.id}"} | {f"blobs/{b}" for b in kept.blob_ids()}

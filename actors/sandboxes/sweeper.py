@@ -11,7 +11,6 @@ machine with a local store (``toren dev``, one machine) sweeps its own.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import Callable
 
 import anyio
@@ -20,8 +19,8 @@ import asyncpg
 from toren import Settings
 from toren.actors.sandboxes.runtime import Sandboxes
 from toren.kernel import TRANSIENT_DB_ERRORS, singleton
-from toren.sandboxes.store import LocalStore, StoreError, WorkspaceStore
-from toren.sandboxes.sweep import sweep_checkpoints
+from toren.sandboxes.store import StoreError
+from toren.sandboxes.sweep import lock_name, sweep_checkpoints
 
 log = logging.getLogger("toren.sandbox")
 
@@ -31,11 +30,6 @@ _EXPECTED: tuple[type[BaseException], ...] = (
     asyncpg.PostgresError,
     StoreError,
 )
-
-
-def _lock_name(store: WorkspaceStore) -> str:
-    where = f"{socket.gethostname()}:{store!r}" if isinstance(store, LocalStore) else repr(store)
-    return f"checkpoint_sweep:{where}"
 
 
 async def run_sweeper(
@@ -52,7 +46,7 @@ async def run_sweeper(
             continue
         try:
             _, store = sandboxes.current()
-            async with singleton(pool, _lock_name(store)) as mine:
+            async with singleton(pool, lock_name(store)) as mine:
                 if mine:
                     await sweep_checkpoints(
                         pool, store, grace=settings.checkpoint_grace, listed=listed

@@ -302,7 +302,7 @@ class S3Store:
                 raise ConfigError(
                     f"access to the S3 bucket {self.bucket!r} was denied ({code})",
                     hint="check the AWS credentials (environment or profile) and the bucket's "
-                    "policy: Toren needs GetObject, PutObject and ListBucket",
+                    "policy: Toren needs GetObject, PutObject, ListBucket and DeleteObject",
                 ) from None
             raise StoreUnavailable(self.where, e) from e
         except NoCredentialsError:

@@ -34,6 +34,7 @@ a run restored from its archive shows its timeline, not its workspace).
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections.abc import MutableMapping
 
@@ -41,7 +42,7 @@ import asyncpg
 import attrs
 
 from toren._core.references import mentioned
-from toren._core.stores import CorruptObject, MissingObject, ObjectStore
+from toren._core.stores import CorruptObject, LocalStore, MissingObject, ObjectStore
 from toren.sandboxes.checkpoints import load_manifest
 
 log = logging.getLogger("toren.sandbox")
@@ -61,6 +62,15 @@ class SweepStats:
     blobs_deleted: int
     bytes_deleted: int  # manifests' and blobs'
     blobs_held: bool = False  # a manifest could not be read: no blob was deleted
+    dry_run: bool = False  # nothing was deleted: the counts say what would have been
+
+
+def lock_name(store: ObjectStore) -> str:
+    """The cluster-wide lock a sweep of ``store`` holds (:func:`toren.kernel.singleton`): one
+    per store, so workers sharing a bucket take turns and each machine's local store (named by
+    its host) is swept by a worker of that machine."""
+    where = f"{socket.gethostname()}:{store!r}" if isinstance(store, LocalStore) else repr(store)
+    return f"checkpoint_sweep:{where}"
 
 
 async def sweep_checkpoints(
@@ -70,13 +80,15 @@ async def sweep_checkpoints(
     grace: float = DEFAULT_GRACE,
     now: float | None = None,
     listed: MutableMapping[str, frozenset[str]] | None = None,
+    dry_run: bool = False,
 ) -> SweepStats:
     """Delete the checkpoints (manifests, then blobs) that no actor of the database names and
     that were written more than ``grace`` seconds before ``now``.
 
     ``listed`` caches each manifest's blobs between sweeps (manifests never change: a
     manifest's key is the hash of its content); give the same mapping to each sweep of one
-    worker so that a sweep reads only the manifests written since the last.
+    worker so that a sweep reads only the manifests written since the last. ``dry_run``:
+    delete nothing, count what would go.
 
     A manifest that cannot be read (corrupt) keeps every blob: what it lists is unknown. A
     manifest deleted meanwhile lists nothing.
@@ -97,10 +109,11 @@ async def sweep_checkpoints(
     doomed = sorted(old - kept)
     deleted_manifests = deleted_bytes = 0
     for manifest_id in doomed:
-        if await store.delete(f"manifests/{manifest_id}", written_before=cutoff):
+        if dry_run or await store.delete(f"manifests/{manifest_id}", written_before=cutoff):
             deleted_manifests += 1
             deleted_bytes += manifests[manifest_id].size
-            listed.pop(manifest_id, None)
+            if not dry_run:
+                listed.pop(manifest_id, None)
         else:
             kept.add(manifest_id)
     # the blobs of every manifest left (young or named), read once per worker
@@ -123,7 +136,7 @@ async def sweep_checkpoints(
             if (
                 o.written_at < cutoff
                 and sha not in needed
-                and await store.delete(f"blobs/{sha}", written_before=cutoff)
+                and (dry_run or await store.delete(f"blobs/{sha}", written_before=cutoff))
             ):
                 deleted_blobs += 1
                 deleted_bytes += o.size
@@ -137,8 +150,9 @@ async def sweep_checkpoints(
         blobs_deleted=deleted_blobs,
         bytes_deleted=deleted_bytes,
         blobs_held=held,
+        dry_run=dry_run,
     )
-    if deleted_manifests or deleted_blobs:
+    if (deleted_manifests or deleted_blobs) and not dry_run:
         log.info(
             "checkpoint sweep: %d checkpoints and %d blobs that no kept actor names were deleted "
             "(%d bytes)",
