@@ -16,6 +16,7 @@ import os
 import subprocess
 import tarfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -29,9 +30,9 @@ import attrs
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.conftest import wait_for
+from tests.conftest import person, wait_for
 from tests.test_cli import toren
-from toren import ConfigError, Settings
+from toren import Client, ConfigError, Settings
 from toren._core.db import create_pool
 from toren._core.deadletters import (
     CorruptDeadLetters,
@@ -607,3 +608,88 @@ async def test_toren_sandboxes_sweep_says_what_it_would_delete_then_deletes_it(
     assert done.returncode == 0, done.stderr
     assert "deleted 1 checkpoint(s) and 1 blob(s)" in done.stdout
     assert await keys(store) == {f"manifests/{kept.id}"} | {f"blobs/{b}" for b in kept.blob_ids()}
+
+
+# -- with the pruner (issue 32's prune branch) -------------------------------------------------
+
+
+async def run_rows(pool: asyncpg.Pool, agent: str, *events: Any) -> str:
+    """A run as a worker leaves it: its row, its journal (real events, encoded as the kernel
+    encodes them) and its summary."""
+    from toren._core.codec import encode
+    from toren.runs import RUN_KIND
+    from toren.runs.state import RunState, fold, summary
+
+    run_id = f"run/{uuid.uuid4()}"
+    await Client(pool, "").spawn(RUN_KIND, run_id, {"agent": agent}, route=f"agent:{agent}")
+    state = RunState()
+    for seq, event in enumerate(events, 1):
+        name, data = encode(event)
+        await pool.execute(
+            "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+            "VALUES ($1, $2, 1, $3, $4)",
+            run_id,
+            seq,
+            name,
+            data,
+        )
+        state = fold(state, event)
+    await pool.execute(
+        "UPDATE toren.actors SET summary = $2 WHERE actor_id = $1", run_id, summary(state)
+    )
+    return run_id
+
+
+async def test_after_pruning_a_run_its_checkpoints_go_and_those_its_kept_fork_names_stay(
+    pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    prune = pytest.importorskip("toren.runs.prune", reason="needs the prune branch (issue 32)")
+    from toren import Retention
+    from toren.runs.events import RunCompleted, RunStarted, ToolResulted
+    from toren.runs.fork_events import RunForked
+    from toren.sandboxes import SANDBOX_KIND
+
+    store = LocalStore(tmp_path / "ws")
+    shared, _ = await checkpoint(store, tar({"a": b"at step 1", "c": b"common"}))
+    own, _ = await checkpoint(store, tar({"b": b"at step 2", "c": b"common"}))
+    age(tmp_path / "ws", days=2)
+    who = person("alice")
+    source = await run_rows(
+        pool,
+        "builder",
+        RunStarted(agent="builder", input="build", at=1.0, by=who),
+        ToolResulted(call_id="c1", content="$ make", checkpoint=shared.id),
+        ToolResulted(call_id="c2", content="$ make test", checkpoint=own.id),
+        RunCompleted(output="built", at=2.0),
+    )
+    # its sandbox, a child of the run: pruned with it
+    sandbox = "sandbox/" + source.removeprefix("run/")
+    await Client(pool, "").spawn(
+        SANDBOX_KIND, sandbox, {"run": source}, route="sandbox", parent=source
+    )
+    for seq, manifest in enumerate((shared, own), 1):
+        await pool.execute(
+            "INSERT INTO toren.journal (actor_id, seq, epoch, type, data) "
+            "VALUES ($1, $2, 1, 'workspace.checkpointed', $3)",
+            sandbox,
+            seq,
+            {"checkpoint": manifest.id, "files": 2, "v": 1},
+        )
+    # a fork from step 2 (of another agent, which keeps its runs): the source's events before
+    # the step are copied into its journal, and it names the checkpoint it started from
+    await run_rows(
+        pool,
+        "reviewer",
+        RunStarted(agent="builder", input="build", at=1.0, by=who),
+        ToolResulted(call_id="c1", content="$ make", checkpoint=shared.id),
+        RunForked(source=source, step=2, calls=0, checkpoint=shared.id),
+        RunCompleted(output="reviewed", at=3.0),
+    )
+
+    pruned = await prune.prune_batch(pool, "builder", Retention(keep_last=0))
+    assert pruned.runs == 1
+    stats = await sweep_checkpoints(pool, store, grace=DAY)
+
+    assert (stats.manifests_deleted, stats.blobs_deleted) == (1, 1)
+    assert await restore(store, shared.id)  # the fork's, "common" included
+    assert f"manifests/{own.id}" not in await keys(store)
