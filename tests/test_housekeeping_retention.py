@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
@@ -693,3 +694,67 @@ async def test_after_pruning_a_run_its_checkpoints_go_and_those_its_kept_fork_na
     assert (stats.manifests_deleted, stats.blobs_deleted) == (1, 1)
     assert await restore(store, shared.id)  # the fork's, "common" included
     assert f"manifests/{own.id}" not in await keys(store)
+
+
+ARCHIVER = """
+import sys, anyio
+from toren._core.db import create_pool
+from toren._core.deadletters import archive_deadletters
+from toren._core.killpoints import arm
+from toren._core.stores import LocalStore
+
+async def main() -> None:
+    pool = await create_pool(sys.argv[1], size=1, name="toren-archiver")
+    await archive_deadletters(pool, LocalStore(sys.argv[2]), keep_for=86400.0)
+
+arm()
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "pg_terminate"])
+async def test_an_archiver_killed_between_the_archive_and_the_delete_loses_nothing(
+    pool: asyncpg.Pool, db_url: str, tmp_path: Path, fault: str
+) -> None:
+    for id_ in (41, 42, 43):
+        await dead_letter(pool, id_, days_ago=2, body={"n": id_, **HOSTILE})
+    points = tmp_path / "points"
+    points.mkdir()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "TOREN_KILL_POINT": "deadletters.archived",
+        "TOREN_KILL_POINT_DIR": str(points),
+    }
+    archiver = subprocess.Popen(
+        [sys.executable, "-c", ARCHIVER, db_url, str(tmp_path / "archive")], env=env
+    )
+    try:
+
+        async def frozen() -> bool:
+            return (points / "hit").exists()
+
+        await wait_for(frozen, timeout=30, what="the archiver at deadletters.archived")
+        if fault == "sigkill":
+            archiver.kill()
+        else:
+            await pool.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE application_name = 'toren-archiver'"
+            )
+            (points / "go").touch()
+        assert await anyio.to_thread.run_sync(archiver.wait) != 0
+    finally:
+        archiver.kill()
+    written = list((tmp_path / "archive").rglob("*.jsonl.gz"))
+    assert len(written) == 1  # written and checked...
+    assert await pool.fetchval("SELECT count(*) FROM toren.deadletters") == 3  # ...not deleted
+
+    store = LocalStore(tmp_path / "archive")
+    again = await archive_deadletters(pool, store, keep_for=DAY)
+
+    assert (again.archived, again.deleted) == (3, 3)
+    assert [written[0].relative_to(tmp_path / "archive").as_posix()] == list(again.keys)
+    assert list((tmp_path / "archive").rglob("*.jsonl.gz")) == written
+    items = await read_deadletter_archive(store, again.keys[0])
+    assert [d["body"] for d in items] == [{"n": i, **HOSTILE} for i in (41, 42, 43)]

@@ -39,6 +39,7 @@ from toren._core.archive import open_archive_store
 from toren._core.config import WorkerSettings
 from toren._core.errors import TorenError
 from toren._core.json_text import dumps, loads
+from toren._core.killpoints import kill_point
 from toren._core.singletons import singleton
 from toren._core.stores import MissingObject, ObjectStore
 
@@ -200,6 +201,7 @@ async def archive_deadletters(
         key = _key(rows, data)
         await store.put(key, data)
         parse_deadletter_archive(key, await store.get(key))  # read back: whole, as written
+        kill_point("deadletters.archived")
         ids = [r["id"] for r in rows]
         deleted += await pool.fetchval(_DELETE, ids, float(keep_for))
         keys.append(key)

@@ -65,6 +65,7 @@ POINTS: dict[str, str] = {
     "telegram.sending": "a channel is about to send a message whose record is queued",
     "telegram.sent": "Telegram accepted a channel's message, its delivery not yet recorded",
     "telegram.enqueued": "the webhook route enqueued an update for its channel, not yet answered",
+    "deadletters.archived": "a batch of old dead letters is archived and checked, not deleted",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"
