@@ -11,6 +11,7 @@ whose rows are deleted, as the pruner deletes them.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import subprocess
@@ -85,6 +86,15 @@ def age(root: Path, days: float) -> None:
     for path in root.rglob("*"):
         if path.is_file():
             os.utime(path, (then, then))
+
+
+@contextlib.asynccontextmanager
+async def create_pool_ctx(db_url: str) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(db_url, size=2)
+    try:
+        yield p
+    finally:
+        await p.close()
 
 
 @pytest.fixture
@@ -287,14 +297,29 @@ async def test_a_blob_written_again_after_the_listing_is_not_deleted(tmp_path: P
     assert await keys(store) == set()
 
 
-async def test_one_worker_at_a_time_holds_a_singleton(pool: asyncpg.Pool) -> None:
-    async with singleton(pool, "checkpoint_sweep") as first:
-        async with singleton(pool, "checkpoint_sweep") as second:
-            assert (first, second) == (True, False)
-        async with singleton(pool, "other work") as other:
-            assert other
-    async with singleton(pool, "checkpoint_sweep") as again:
-        assert again  # released
+async def test_one_worker_at_a_time_holds_a_singleton_and_works_on_its_connection(
+    db_url: str, tmp_path: Path
+) -> None:
+    store = LocalStore(tmp_path / "store")
+    await checkpoint(store, tar({"a": b"named nowhere"}))
+    age(tmp_path / "store", days=2)
+    one = await create_pool(db_url, size=1)  # a worker with a pool of one connection
+    try:
+        async with singleton(one, "checkpoint_sweep") as first:
+            assert first is not None
+            async with create_pool_ctx(db_url) as other_worker:
+                async with singleton(other_worker, "checkpoint_sweep") as second:
+                    assert second is None
+                async with singleton(other_worker, "other work") as other:
+                    assert other is not None
+            # the round's work runs on the lock's connection: no second one is waited for
+            with anyio.fail_after(10):
+                swept = await sweep_checkpoints(first, store)
+            assert swept.manifests_deleted == 1
+        async with singleton(one, "checkpoint_sweep") as again:
+            assert again is not None  # released
+    finally:
+        await one.close()
 
 
 # -- S3 (moto's server on 127.0.0.1, the real aioboto3 client) ---------------------------------

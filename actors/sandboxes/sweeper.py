@@ -46,10 +46,10 @@ async def run_sweeper(
             continue
         try:
             _, store = sandboxes.current()
-            async with singleton(pool, lock_name(store)) as mine:
-                if mine:
+            async with singleton(pool, lock_name(store)) as conn:
+                if conn is not None:  # else another worker sweeps this store now
                     await sweep_checkpoints(
-                        pool, store, grace=settings.checkpoint_grace, listed=listed
+                        conn, store, grace=settings.checkpoint_grace, listed=listed
                     )
         except _EXPECTED as exc:
             log.warning(

@@ -189,13 +189,13 @@ def register(main: click.Group) -> None:
         try:
             async with (
                 await _client(settings) as client,
-                singleton(client.pool, lock_name(store)) as mine,
+                singleton(client.pool, lock_name(store)) as conn,
             ):
-                if not mine:
+                if conn is None:
                     err.print("error: a sweep of this store is running now; try again later")
                     sys.exit(1)
                 stats = await sweep_checkpoints(
-                    client.pool, store, grace=settings.checkpoint_grace, dry_run=dry_run
+                    conn, store, grace=settings.checkpoint_grace, dry_run=dry_run
                 )
         finally:
             await store.close()

@@ -30,7 +30,7 @@ import hashlib
 import logging
 import re
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 import attrs
@@ -42,6 +42,9 @@ from toren._core.json_text import dumps, loads
 from toren._core.killpoints import kill_point
 from toren._core.singletons import singleton
 from toren._core.stores import MissingObject, ObjectStore
+
+if TYPE_CHECKING:
+    from toren._core.references import Db
 
 log = logging.getLogger("toren.housekeeping")
 
@@ -177,11 +180,12 @@ async def read_deadletter_archive(store: ObjectStore, key: str) -> list[dict[str
 
 
 async def archive_deadletters(
-    pool: asyncpg.Pool, store: ObjectStore, *, keep_for: float, batch: int = BATCH
+    db: Db, store: ObjectStore, *, keep_for: float, batch: int = BATCH
 ) -> ArchivedDeadLetters:
     """Archive every dead letter that died more than ``keep_for`` seconds ago, ``batch`` at a
     time, and delete each batch once its archive is written and read back whole. No
-    transaction is open across the store's calls; each delete is one statement.
+    transaction is open across the store's calls; each delete is one statement. ``db``: a
+    pool, or a connection (the one holding the round's lock).
 
     Raises:
         StoreError: the store failed (what was archived and checked before is deleted; the
@@ -194,7 +198,7 @@ async def archive_deadletters(
     archived = deleted = size = 0
     after = 0
     while True:
-        rows = await pool.fetch(_OLD, float(keep_for), after, batch)
+        rows = await db.fetch(_OLD, float(keep_for), after, batch)
         if not rows:
             break
         data = _encode(rows)
@@ -203,7 +207,7 @@ async def archive_deadletters(
         parse_deadletter_archive(key, await store.get(key))  # read back: whole, as written
         kill_point("deadletters.archived")
         ids = [r["id"] for r in rows]
-        deleted += await pool.fetchval(_DELETE, ids, float(keep_for))
+        deleted += await db.fetchval(_DELETE, ids, float(keep_for))
         keys.append(key)
         archived += len(rows)
         size += len(data)
@@ -222,12 +226,12 @@ async def archive_old_deadletters(pool: asyncpg.Pool, settings: WorkerSettings) 
         ConfigError: ``archive_store`` is not a store URL.
         StoreError, CorruptDeadLetters, asyncpg.PostgresError: as :func:`archive_deadletters`.
     """
-    async with singleton(pool, "deadletters") as mine:
-        if not mine or not await pool.fetchval(_ANY_OLD, float(settings.deadletter_keep_for)):
+    async with singleton(pool, "deadletters") as conn:
+        if conn is None or not await conn.fetchval(_ANY_OLD, float(settings.deadletter_keep_for)):
             return 0
         store = open_archive_store(settings)
         try:
-            done = await archive_deadletters(pool, store, keep_for=settings.deadletter_keep_for)
+            done = await archive_deadletters(conn, store, keep_for=settings.deadletter_keep_for)
         finally:
             await store.close()
     if done.deleted:

@@ -21,10 +21,18 @@ journal once, so it is run rarely (``checkpoint_sweep_every``).
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import asyncpg
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[Any]
+    Db: TypeAlias = asyncpg.Pool | Connection
 
 _KEY = re.compile(r"[a-z_][a-z0-9_]*")
 
@@ -46,10 +54,20 @@ _MENTIONED = tuple(
 )
 
 
-async def mentioned(pool: asyncpg.Pool, names: Collection[str], *, key: str) -> set[str]:
+@contextlib.asynccontextmanager
+async def _connection(db: Db) -> AsyncIterator[Connection]:
+    if isinstance(db, asyncpg.Pool):
+        async with db.acquire() as conn:
+            yield conn
+    else:
+        yield db
+
+
+async def mentioned(db: Db, names: Collection[str], *, key: str) -> set[str]:
     """Those of ``names`` that a journal, a snapshot, an actor's arguments or summary, a
     message waiting or a dead letter holds as the value of a member called ``key`` (at any
-    depth), all read in one snapshot of the database.
+    depth), all read in one snapshot of the database (on a connection of ``db``, a pool, or
+    on ``db`` itself, outside any transaction).
 
     Raises:
         asyncpg.PostgresError: the database failed; nothing is known then, so nothing may be
@@ -62,7 +80,10 @@ async def mentioned(pool: asyncpg.Pool, names: Collection[str], *, key: str) -> 
         return set()
     path = f"strict $.**.{key}"
     found: set[str] = set()
-    async with pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+    async with (
+        _connection(db) as conn,
+        conn.transaction(isolation="repeatable_read", readonly=True),
+    ):
         for statement in _MENTIONED:
             found.update(r[0] for r in await conn.fetch(statement, path, wanted))
             if len(found) == len(wanted):

@@ -37,13 +37,16 @@ import logging
 import socket
 import time
 from collections.abc import MutableMapping
+from typing import TYPE_CHECKING
 
-import asyncpg
 import attrs
 
 from toren._core.references import mentioned
 from toren._core.stores import CorruptObject, LocalStore, MissingObject, ObjectStore
 from toren.sandboxes.checkpoints import load_manifest
+
+if TYPE_CHECKING:
+    from toren._core.references import Db
 
 log = logging.getLogger("toren.sandbox")
 
@@ -74,7 +77,7 @@ def lock_name(store: ObjectStore) -> str:
 
 
 async def sweep_checkpoints(
-    pool: asyncpg.Pool,
+    db: Db,
     store: ObjectStore,
     *,
     grace: float = DEFAULT_GRACE,
@@ -82,8 +85,9 @@ async def sweep_checkpoints(
     listed: MutableMapping[str, frozenset[str]] | None = None,
     dry_run: bool = False,
 ) -> SweepStats:
-    """Delete the checkpoints (manifests, then blobs) that no actor of the database names and
-    that were written more than ``grace`` seconds before ``now``.
+    """Delete the checkpoints (manifests, then blobs) that no actor of the database ``db`` (a
+    pool, or a connection: the one holding the sweep's lock) names and that were written more
+    than ``grace`` seconds before ``now``.
 
     ``listed`` caches each manifest's blobs between sweeps (manifests never change: a
     manifest's key is the hash of its content); give the same mapping to each sweep of one
@@ -105,7 +109,7 @@ async def sweep_checkpoints(
     }
     blobs = {o.key.removeprefix("blobs/"): o async for o in store.list_objects("blobs/")}
     old = {m for m, o in manifests.items() if o.written_at < cutoff}
-    kept = await mentioned(pool, old, key="checkpoint")
+    kept = await mentioned(db, old, key="checkpoint")
     doomed = sorted(old - kept)
     deleted_manifests = deleted_bytes = 0
     for manifest_id in doomed:
