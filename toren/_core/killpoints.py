@@ -44,6 +44,7 @@ POINTS: dict[str, str] = {
     "outbox.consumed": "a step consumed a message another actor's step had inserted",
     "lease.renewing": "the lease keeper is about to renew the leases it holds (at least one)",
     "lease.renewed": "the renewal statement returned",
+    "deadletters.archived": "a batch of old dead letters is archived and checked, not deleted",
     "dev.postgres_starting": "toren dev is about to start its embedded Postgres (in a thread)",
     "dev.migrating": "toren dev has its database, about to apply the migrations",
     "shutdown.draining": "the worker received SIGTERM and is about to drain",
@@ -65,7 +66,6 @@ POINTS: dict[str, str] = {
     "telegram.sending": "a channel is about to send a message whose record is queued",
     "telegram.sent": "Telegram accepted a channel's message, its delivery not yet recorded",
     "telegram.enqueued": "the webhook route enqueued an update for its channel, not yet answered",
-    "deadletters.archived": "a batch of old dead letters is archived and checked, not deleted",
 }
 
 ENV_POINT = "TOREN_KILL_POINT"
