@@ -176,7 +176,8 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     )
     before = await keys(store)
 
-    first = await sweep_checkpoints(pool, store, grace=DAY)
+    listed: dict[str, bytes] = {}  # a worker's cache of manifests' blobs, between sweeps
+    first = await sweep_checkpoints(pool, store, grace=DAY, listed=listed)
 
     # the orphan (named nowhere, two days old) goes, blobs and all; the rest is named or young
     assert (first.manifests_deleted, first.kept) == (1, 2)
@@ -184,7 +185,7 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     assert gone == {f"manifests/{orphan.id}"} | {f"blobs/{b}" for b in orphan.blob_ids()}
 
     await prune(pool, "run/fork", "sandbox/fork")
-    second = await sweep_checkpoints(pool, store, grace=DAY)
+    second = await sweep_checkpoints(pool, store, grace=DAY, listed=listed)
 
     left = await keys(store)
     assert f"manifests/{own.id}" not in left
@@ -199,8 +200,12 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     assert await restore(store, young.id)
 
     # a day later, still named nowhere: it goes
-    third = await sweep_checkpoints(pool, store, grace=DAY, now=time.time() + 2 * DAY)
+    third = await sweep_checkpoints(
+        pool, store, grace=DAY, now=time.time() + 2 * DAY, listed=listed
+    )
     assert third.manifests_deleted == 1
+    assert set(listed) == {shared.id}
+    assert listed[shared.id] == b"".join(bytes.fromhex(b) for b in sorted(shared.blob_ids()))
     assert await keys(store) == {f"manifests/{shared.id}"} | {
         f"blobs/{b}" for b in shared.blob_ids()
     }

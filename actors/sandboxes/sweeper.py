@@ -39,7 +39,7 @@ async def run_sweeper(
     fleet restarting together does not sweep at once), until cancelled. A failed round is
     logged and tried again at the next: the sweep never ends the worker."""
     started()
-    listed: dict[str, frozenset[str]] = {}  # manifests' blobs, kept between rounds
+    listed: dict[str, bytes] = {}  # manifests' blobs, kept between rounds
     while True:
         await anyio.sleep(settings.checkpoint_sweep_every)
         if not sandboxes.available:
