@@ -166,6 +166,8 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     # only the pruned run's: one blob in common with the shared checkpoint, one of its own
     own, _ = await checkpoint(store, tar({"a.txt": b"common", "c.txt": b"pruned only"}))
     orphan, _ = await checkpoint(store, tar({"d.txt": b"a worker died before its event"}))
+    await store.put("manifests/README", b"not a checkpoint: not the sweep's to delete")
+    await store.put("blobs/notes.txt", b"nor this")
     age(tmp_path / "store", days=2)
     young, _ = await checkpoint(store, tar({"e.txt": b"being recorded now"}))
     await add_actor(pool, "run/kept", "toren.run", result("c1", shared.id))
@@ -206,7 +208,8 @@ async def test_a_checkpoint_a_kept_run_names_survives_and_one_only_a_pruned_run_
     assert third.manifests_deleted == 1
     assert set(listed) == {shared.id}
     assert listed[shared.id] == b"".join(bytes.fromhex(b) for b in sorted(shared.blob_ids()))
-    assert await keys(store) == {f"manifests/{shared.id}"} | {
+    others = {"manifests/README", "blobs/notes.txt"}  # not checkpoints: never the sweep's
+    assert await keys(store) == {f"manifests/{shared.id}", *others} | {
         f"blobs/{b}" for b in shared.blob_ids()
     }
 

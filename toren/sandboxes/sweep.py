@@ -34,6 +34,7 @@ a run restored from its archive shows its timeline, not its workspace).
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import time
 from collections.abc import MutableMapping
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     from toren._core.references import Db
 
 log = logging.getLogger("toren.sandbox")
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 DEFAULT_GRACE = 86400.0
 """Seconds a checkpoint's objects are kept after they were written, whatever names them."""
@@ -114,10 +117,11 @@ async def sweep_checkpoints(
     """
     cutoff = (time.time() if now is None else now) - grace
     listed = {} if listed is None else listed
-    manifests = {
-        o.key.removeprefix("manifests/"): o async for o in store.list_objects("manifests/")
+    manifests = {  # a checkpoint's manifest: anything else in the store is not the sweep's
+        o.key.removeprefix("manifests/"): o
+        async for o in store.list_objects("manifests/")
+        if _HEX64.fullmatch(o.key.removeprefix("manifests/"))
     }
-    blobs = {o.key.removeprefix("blobs/"): o async for o in store.list_objects("blobs/")}
     old = {m for m, o in manifests.items() if o.written_at < cutoff}
     kept = await mentioned(db, old, key="checkpoint")
     doomed = sorted(old - kept)
@@ -146,21 +150,27 @@ async def sweep_checkpoints(
             listed[manifest_id] = b"".join(bytes.fromhex(b) for b in sorted(manifest.blob_ids()))
         left.append(listed[manifest_id])
     needed = await anyio.to_thread.run_sync(_digests, left)  # seconds for millions of files
-    deleted_blobs = 0
-    if not held:
-        for sha, o in sorted(blobs.items()):
-            if (
-                o.written_at < cutoff
-                and bytes.fromhex(sha) not in needed
-                and (dry_run or await store.delete(f"blobs/{sha}", written_before=cutoff))
-            ):
-                deleted_blobs += 1
-                deleted_bytes += o.size
+    # blobs are listed last, a page at a time (a store may hold millions): one written since
+    # the manifests were listed is young, or named by a manifest kept (a checkpoint uploads
+    # what its previous one, kept, does not hold)
+    blobs = deleted_blobs = 0
+    async for o in store.list_objects("blobs/"):
+        blobs += 1
+        sha = o.key.removeprefix("blobs/")
+        if (
+            not held
+            and o.written_at < cutoff
+            and _HEX64.fullmatch(sha)  # anything else under blobs/ is not the sweep's
+            and bytes.fromhex(sha) not in needed
+            and (dry_run or await store.delete(o.key, written_before=cutoff))
+        ):
+            deleted_blobs += 1
+            deleted_bytes += o.size
     for gone in listed.keys() - manifests.keys():
         del listed[gone]
     stats = SweepStats(
         manifests=len(manifests),
-        blobs=len(blobs),
+        blobs=blobs,
         kept=len(old & kept),
         manifests_deleted=deleted_manifests,
         blobs_deleted=deleted_blobs,
