@@ -10,12 +10,13 @@ named can go too.
 
 A sweep:
 
-1. lists the store's manifests and blobs with the time each was last written;
+1. lists the store's manifests with the time each was last written;
 2. marks the manifests written before the grace period that the database still names
    (:func:`toren._core.references.mentioned`: in one snapshot of every journal, snapshot,
    actor's arguments and summary, waiting message and dead letter, the values of JSON members
    called ``checkpoint``, at any depth: every payload naming a checkpoint names it so);
-3. deletes the other old manifests, then the old blobs that no manifest left lists.
+3. deletes the other old manifests, then lists the blobs (a page at a time) and deletes the
+   old ones that no manifest left lists. Keys not shaped as a checkpoint's are never deleted.
 
 Why the grace period (``checkpoint_grace``, a day by default) makes it safe: a checkpoint is
 written (blobs first, its manifest last) before the event that names it is committed, so for a
