@@ -330,12 +330,13 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
         "LeaseClock",
         "MessageDeadLettered", "MissingResource", "RateLimit", "Refusal", "Resources", "Runtime",
         "Service", "ShiftedClock", "Surfaces", "TRANSIENT_DB_ERRORS", "WorkerEnv",
-        "WorkerSession", "actor_kinds", "actor_row", "actor_rows", "actors_of_kind", "block_rate",
+        "WorkerSession", "actor_kinds", "actor_row", "actor_rows", "actors_of_kind",
+        "archive_old_deadletters", "block_rate",
         "claim", "code_version", "connect", "create_pool", "decode", "events", "events_after",
         "housekeep", "json_text", "kill_point", "last_seq", "live_workers", "mark_failed",
         "migrate", "open_death_watch", "printable", "rate_windows", "release", "release_claim",
-        "renew", "safe_text", "schema_status", "set_args", "take_rate", "utf8_size", "waiting",
-        "watch_successor", "window_of",
+        "renew", "safe_text", "schema_status", "set_args", "singleton", "take_rate", "utf8_size",
+        "waiting", "watch_successor", "window_of",
     ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from toren._core.db import (
     connect,
     create_pool,
 )
+from toren._core.deadletters import archive_old_deadletters
 from toren._core.host import ActorHost, MessageDeadLettered
 from toren._core.journal_reads import events, events_after, last_seq
 from toren._core.json_text import dumps as json_text
@@ -37,6 +38,7 @@ from toren._core.rates import take as take_rate
 from toren._core.resources import MissingResource, Resources
 from toren._core.rows import ActorRow, actor_row, actor_rows, actors_of_kind, set_args
 from toren._core.session import WorkerSession, code_version
+from toren._core.singletons import singleton
 from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
 from toren._core.truncation import Archives
@@ -67,6 +69,7 @@ __all__ = [
     "actor_row",
     "actor_rows",
     "actors_of_kind",
+    "archive_old_deadletters",
     "block_rate",
     "claim",
     "code_version",
@@ -91,6 +94,7 @@ __all__ = [
     "safe_text",
     "schema_status",
     "set_args",
+    "singleton",
     "take_rate",
     "utf8_size",
     "waiting",

@@ -1,12 +1,13 @@
 """The sandbox kind as a worker runs it: the sandbox actor, the worker's Docker client and
-workspace store (if Docker answers), and the reaper of containers whose run has ended."""
+workspace store (if Docker answers), the reaper of containers whose run has ended, and the
+sweep of checkpoints no kept actor names."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
 
-from toren.actors.sandboxes import reaper
+from toren.actors.sandboxes import reaper, sweeper
 from toren.actors.sandboxes.actor import SandboxActor
 from toren.actors.sandboxes.runtime import Sandboxes, open_sandboxes
 from toren.kernel import Kind, Service, WorkerEnv
@@ -32,7 +33,10 @@ def _services(env: WorkerEnv, sandboxes: Sandboxes) -> Sequence[Service]:
         every = env.settings.sandbox_reap_seconds
         await reaper.run_reaper(env.pool, docker, sandboxes.scope, every, started)
 
-    return (Service(id="reaper", run=reap),)
+    async def sweep(started: Callable[[], None]) -> None:
+        await sweeper.run_sweeper(env.pool, sandboxes, env.settings, started)
+
+    return (Service(id="reaper", run=reap), Service(id="checkpoint_sweep", run=sweep))
 
 
 KIND = Kind(

@@ -101,7 +101,11 @@ class Dispatcher:
         # Housekeeping is tidying: its failure (a slow DELETE, a dropped connection) must never
         # cost the worker anything but a log line.
         try:
-            await housekeep(self.pool, dedupe_retention=self.settings.dedupe_retention_seconds)
+            await housekeep(
+                self.pool,
+                dedupe_retention=self.settings.dedupe_retention_seconds,
+                token_keep_for=self.settings.token_keep_for,
+            )
         except Exception:
             log.warning("housekeeping failed; will try again later", exc_info=True)
 

@@ -9,7 +9,9 @@
         ├── actors         simple_one_for_one: one child per claimed actor (ActorHost)
         ├── dispatcher     claims runnable actors (notifications + polling) up to the cap
         ├── death_watch    waits on a peer's lock: a SIGKILLed peer is noticed at once
+        ├── housekeeper    archives and deletes old dead letters (one worker at a time)
         ├── reaper         (with Docker) removes sandbox containers whose run has ended
+        ├── checkpoint_sweep (with Docker) deletes checkpoints no kept actor names
         └── stranded_runs  moves next_turn runs left on a version no live worker serves
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
@@ -65,6 +67,7 @@ from toren.supervisors._supervisor import (
 from toren.supervisors.worker.death_watch import DeathWatch
 from toren.supervisors.worker.dispatcher import Dispatcher
 from toren.supervisors.worker.hosts import HostRegistry
+from toren.supervisors.worker.housekeeper import run_housekeeper
 from toren.supervisors.worker.kinds import KINDS
 from toren.supervisors.worker.lease_keeper import LeaseKeeper
 
@@ -289,6 +292,9 @@ class Worker:
                 ),
                 ChildSpec(id="dispatcher", run=lambda c: dispatcher.run(c.started)),
                 ChildSpec(id="death_watch", run=lambda c: watch.run(c.started)),
+                ChildSpec(
+                    id="housekeeper", run=lambda c: run_housekeeper(pool, settings, c.started)
+                ),
                 *extra,
             ],
             strategy=Strategy.ONE_FOR_ALL,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, cast, get_type_hints,
 import attrs
 import pydantic
 
+from toren._core.durations import parse_duration as parse_duration  # its old home
 from toren._core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -47,43 +48,11 @@ ApprovalRule = Literal["never", "always"] | Callable[[Mapping[str, Any]], bool]
 VersionPolicy = Literal["pin", "upgrade", "next_turn"]
 VERSION_POLICIES: tuple[VersionPolicy, ...] = ("pin", "upgrade", "next_turn")
 
-_DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
-
 TOOL_RESULT_CAP = 256 * 1024
 """Bytes (UTF-8) a tool result may hold by default (``Agent.max_tool_result_bytes``)."""
 
 SLEEP_MAX = 30 * 86400.0
 """The longest durable sleep a model may ask for: 30 days."""
-
-
-def parse_duration(text: str | float) -> float:
-    """Seconds in ``"30m"``, ``"1h30m"``, ``"45s"``, ``"30d"`` or a number of seconds.
-
-    Raises:
-        ConfigError: the text is not a duration, or it is not a positive, finite one.
-    """
-    if isinstance(text, bool) or not isinstance(text, int | float | str):
-        raise ConfigError("not a duration (a number or text)", hint="Write it like '30m' or 1800.")
-    if isinstance(text, int | float):
-        try:
-            seconds = float(text)
-        except OverflowError:
-            seconds = float("inf")
-        if not 0 < seconds < float("inf"):  # also false for NaN
-            raise ConfigError(f"duration must be positive and finite, got {text!r}")
-        return seconds
-    match = _DURATION.match(text)
-    if not match or not any(match.groups()):
-        # The text is not shown: a setting's value that does not parse may be a misplaced secret.
-        raise ConfigError(
-            "not a duration (the text is not shown)",
-            hint="Write it like '30m', '1h30m', '45s', '30d'.",
-        )
-    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
-    total = days * 86400 + hours * 3600 + minutes * 60 + seconds
-    if not 0 < total < 10**15:
-        raise ConfigError("duration must be positive and finite")
-    return float(total)
 
 
 def _lease_unchecked() -> None:

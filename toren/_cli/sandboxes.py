@@ -1,11 +1,13 @@
-"""``toren sandboxes list | reap``: the runs' sandboxes, and removing their containers; and how
-``toren jobs show`` prints a run's sandboxed calls.
+"""``toren sandboxes list | reap | sweep``: the runs' sandboxes, removing their containers,
+deleting the checkpoints nothing names any more; and how ``toren jobs show`` prints a run's
+sandboxed calls.
 
 ``reap`` sends ``sandbox.reap`` to sandbox actors, as a run does when it ends; a worker with
 Docker handles it (removes the container; the workspace's checkpoints stay, so a retried or
-continued run gets its files back). Exit codes: 0 sent (or nothing to send); 1 a run named has
-no sandbox, or its sandbox takes no message (nothing is sent then), or another Toren error at
-run time; 2 configuration.
+continued run gets its files back). ``sweep`` runs the workers' checkpoint sweep now
+(:mod:`toren.sandboxes.sweep`). Exit codes: 0 sent (or nothing to send), swept; 1 a run named
+has no sandbox, or its sandbox takes no message (nothing is sent then), a sweep is already
+running, or another Toren error at run time; 2 configuration.
 """
 
 from __future__ import annotations
@@ -168,6 +170,47 @@ def register(main: click.Group) -> None:
                     f"{len(targets)} sandbox(es) told to reap; a worker with Docker removes "
                     "their containers (their checkpoints stay)"
                 )
+            )
+
+    @sandboxes.command("sweep")
+    @click.option("--dry-run", is_flag=True, help="Say what would be deleted; delete nothing.")
+    @click.pass_context
+    @run_async
+    async def sweep_cmd(ctx: click.Context, dry_run: bool) -> None:
+        """Delete from the workspace store the checkpoints no kept run, fork or sandbox names
+        and that were written more than `checkpoint_grace` ago (what the workers' sweep does
+        every `checkpoint_sweep_every`). Exit 1 if a worker is sweeping this store now."""
+        from toren._core.singletons import singleton
+        from toren.sandboxes.files import open_store
+        from toren.sandboxes.sweep import lock_name, sweep_checkpoints
+
+        settings = ctx.obj["settings"]
+        store = open_store(settings)
+        try:
+            async with (
+                await _client(settings) as client,
+                singleton(client.pool, lock_name(store)) as conn,
+            ):
+                if conn is None:
+                    err.print("error: a sweep of this store is running now; try again later")
+                    sys.exit(1)
+                stats = await sweep_checkpoints(
+                    conn, store, grace=settings.checkpoint_grace, dry_run=dry_run
+                )
+        finally:
+            await store.close()
+        verb = "would delete" if dry_run else "deleted"
+        out.print(
+            plain(
+                f"{verb} {stats.manifests_deleted} checkpoint(s) and {stats.blobs_deleted} "
+                f"blob(s), {size(stats.bytes_deleted)}; {stats.kept} older than the grace "
+                f"period kept (a kept actor names them); {stats.manifests} checkpoint(s) and "
+                f"{stats.blobs} blob(s) were in the store"
+            )
+        )
+        if stats.blobs_held:
+            err.print(
+                "a checkpoint's manifest could not be read: no blob was deleted (see the log)"
             )
 
 

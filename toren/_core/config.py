@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from toren._core.durations import setting_duration
 from toren._core.errors import ConfigError
 from toren._core.secret_files import SUFFIX
 
@@ -47,6 +48,8 @@ _KERNEL_ENV: Env = {
     "dedupe_retention_seconds": ("TOREN_DEDUPE_RETENTION_SECONDS", float),
     "snapshot_every": ("TOREN_SNAPSHOT_EVERY", int),
     "archive_store": ("TOREN_ARCHIVE_STORE", str),
+    "deadletter_keep_for": ("TOREN_DEADLETTER_KEEP_FOR", str),
+    "token_keep_for": ("TOREN_TOKEN_KEEP_FOR", str),
 }
 
 
@@ -61,6 +64,14 @@ _EXPECTED: dict[type, str] = {
     Path: "a path",
 }
 _NOT_SHOWN = "The value is not shown, in case it is a secret given in the wrong place."
+
+
+def _deadletter_keep_for(value: str | float) -> float:
+    return setting_duration("deadletter_keep_for", value)
+
+
+def _token_keep_for(value: str | float) -> float:
+    return setting_duration("token_keep_for", value)
 
 
 def positive(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -139,6 +150,11 @@ class WorkerSettings:
             ``s3://bucket/prefix`` (endpoint from ``TOREN_S3_ENDPOINT_URL`` for MinIO, R2 and
             the like). Unset: ``HOME/archive``, which only this machine can read: use S3
             across machines.
+        deadletter_keep_for: How long a dead letter is kept (inspectable, requeueable) after
+            it died; then housekeeping archives it with its message to the archive store and
+            deletes it (30 days by default; ``"30d"``-style or seconds).
+        token_keep_for: How long an API token's row is kept after it was revoked or expired
+            (30 days by default); then housekeeping deletes it and its console sessions.
         config_file: The TOML file these settings were read from, if any.
     """
 
@@ -165,6 +181,8 @@ class WorkerSettings:
         default=None, validator=attrs.validators.optional(positive)
     )
     archive_store: str | None = None
+    deadletter_keep_for: float = attrs.field(default=30 * 86400.0, converter=_deadletter_keep_for)
+    token_keep_for: float = attrs.field(default=30 * 86400.0, converter=_token_keep_for)
     config_file: Path | None = None
 
     def __attrs_post_init__(self) -> None:

@@ -46,6 +46,7 @@ POINTS: dict[str, str] = {
     "outbox.consumed": "a step consumed a message another actor's step had inserted",
     "lease.renewing": "the lease keeper is about to renew the leases it holds (at least one)",
     "lease.renewed": "the renewal statement returned",
+    "deadletters.archived": "a batch of old dead letters is archived and checked, not deleted",
     "dev.postgres_starting": "toren dev is about to start its embedded Postgres (in a thread)",
     "dev.migrating": "toren dev has its database, about to apply the migrations",
     "shutdown.draining": "the worker received SIGTERM and is about to drain",

@@ -22,15 +22,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import tempfile
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
 import aioboto3  # type: ignore[import-untyped]
 import aiohttp
 import anyio
+import attrs
 from aiobotocore.config import AioConfig  # type: ignore[import-untyped]
 from botocore.exceptions import (  # type: ignore[import-untyped]
     BotoCoreError,
@@ -108,6 +110,21 @@ class WorkspaceStore(Protocol):
 
     async def close(self) -> None: ...
 
+    def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        """Every object whose key starts with ``prefix``, with its size and last write, in no
+        particular order (a put during the listing may or may not be seen)."""
+        ...
+
+    def list_keys(self, prefix: str) -> AsyncIterator[str]:
+        """The keys of :meth:`list_objects`."""
+        ...
+
+    async def delete(self, key: str, *, written_before: float | None = None) -> bool:
+        """Delete the object under ``key``; with ``written_before`` (a Unix time) only if it was
+        last written before then (an object written again since it was listed is kept).
+        Returns whether it was deleted (False: no such object, or written since)."""
+        ...
+
 
 def _check_key(key: str) -> str:
     if not _KEY.fullmatch(key):
@@ -138,6 +155,19 @@ class LocalStore:
 
     async def close(self) -> None:
         return None
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        found = await anyio.to_thread.run_sync(_list_local, self.root, prefix)
+        for item in found:
+            yield item
+
+    async def list_keys(self, prefix: str) -> AsyncIterator[str]:
+        async for item in self.list_objects(prefix):
+            yield item.key
+
+    async def delete(self, key: str, *, written_before: float | None = None) -> bool:
+        path = self.root / _check_key(key)
+        return await anyio.to_thread.run_sync(_delete_local, path, written_before)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -272,7 +302,7 @@ class S3Store:
                 raise ConfigError(
                     f"access to the S3 bucket {self.bucket!r} was denied ({code})",
                     hint="check the AWS credentials (environment or profile) and the bucket's "
-                    "policy: Toren needs GetObject, PutObject and ListBucket",
+                    "policy: Toren needs GetObject, PutObject, ListBucket and DeleteObject",
                 ) from None
             raise StoreUnavailable(self.where, e) from e
         except NoCredentialsError:
@@ -282,6 +312,39 @@ class S3Store:
             ) from None
         except (BotoCoreError, aiohttp.ClientError, OSError) as e:
             raise StoreUnavailable(self.where, e) from e
+
+    async def list_objects(self, prefix: str) -> AsyncIterator[StoredObject]:
+        client = await self._s3()
+        paginator = client.get_paginator("list_objects_v2")
+        with self._translate(None):
+            async for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for item in page.get("Contents", ()):
+                    yield StoredObject(
+                        key=item["Key"][len(self.prefix) :],
+                        size=int(item["Size"]),
+                        written_at=item["LastModified"].timestamp(),
+                    )
+
+    async def list_keys(self, prefix: str) -> AsyncIterator[str]:
+        async for item in self.list_objects(prefix):
+            yield item.key
+
+    async def delete(self, key: str, *, written_before: float | None = None) -> bool:
+        # S3 has no delete conditional on the time of the last write (an ETag does not tell a
+        # rewrite of the same content-addressed bytes): the object's time is read just before,
+        # which leaves a window of one request (docs/operations.md, "Housekeeping").
+        client = await self._s3()
+        full = self.prefix + _check_key(key)
+        try:
+            with self._translate(key):
+                head = await client.head_object(Bucket=self.bucket, Key=full)
+        except MissingObject:
+            return False
+        if written_before is not None and head["LastModified"].timestamp() >= written_before:
+            return False
+        with self._translate(key):
+            await client.delete_object(Bucket=self.bucket, Key=full)
+        return True
 
 
 def store_from_url(
@@ -332,3 +395,57 @@ def store_from_url(
 
 ObjectStore = WorkspaceStore
 """The kernel's name for a store (sandboxes call it a workspace store)."""
+
+
+@attrs.frozen(kw_only=True)
+class StoredObject:
+    """An object as a store lists it."""
+
+    key: str
+    size: int
+    written_at: float  # Unix time of its last write (a put replacing it counts)
+
+
+def _list_local(root: Path, prefix: str) -> list[StoredObject]:
+    found = []
+    # the directory the prefix is in (a prefix "blobs/ab" lists blobs/ for names starting "ab")
+    base = root / prefix.rpartition("/")[0] if "/" in prefix else root
+    if not base.is_dir():
+        return []
+    for dirpath, dirnames, filenames in os.walk(base):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for name in filenames:
+            if name.startswith("."):  # temporary files of a write under way, trash of a delete
+                continue
+            path = Path(dirpath, name)
+            key = path.relative_to(root).as_posix()
+            if not key.startswith(prefix):
+                continue
+            try:
+                st = path.stat()
+            except FileNotFoundError:  # deleted meanwhile
+                continue
+            found.append(StoredObject(key=key, size=st.st_size, written_at=st.st_mtime))
+    return found
+
+
+def _delete_local(path: Path, written_before: float | None) -> bool:
+    """Delete ``path`` unless it was written at or after ``written_before``; a write racing the
+    delete is never lost: the file is first moved aside (a put replaces the key's name, not the
+    file moved), then its time is checked, and a file written since is put back."""
+    try:
+        if written_before is not None and path.stat().st_mtime >= written_before:
+            return False
+        aside = path.with_name(f".trash-{os.getpid()}-{secrets.token_hex(6)}")
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    if written_before is not None and aside.stat().st_mtime >= written_before:
+        # written again between the check and the move: back under its name, unless a newer
+        # write is there already (the same content: keys of a store are written once)
+        with contextlib.suppress(FileExistsError):
+            os.link(aside, path)
+        os.unlink(aside)
+        return False
+    os.unlink(aside)
+    return True

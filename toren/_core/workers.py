@@ -314,6 +314,11 @@ WITH gone AS (
     WHERE restarts[cardinality(restarts)] < now() - interval '1 day' RETURNING 1
 ), sessions AS (
     DELETE FROM toren.sessions WHERE expires_at < now() RETURNING 1
+), tokens AS (
+    -- dead (revoked or expired, whichever came first) for longer than $2; a live token, however
+    -- old, never matches (least() skips NULLs; both NULL is NULL); its sessions go by cascade
+    DELETE FROM toren.tokens
+    WHERE least(revoked_at, expires_at) < now() - make_interval(secs => $2) RETURNING 1
 ), rates AS (
     -- rate windows are minutes of a worker's clock: gone an hour after their last take
     DELETE FROM toren.rate_windows WHERE touched_at < now() - interval '1 hour' RETURNING 1
@@ -322,19 +327,23 @@ WITH gone AS (
 )
 SELECT (SELECT count(*) FROM gone) AS workers, (SELECT count(*) FROM keys) AS keys,
        (SELECT count(*) FROM replies) AS replies, (SELECT count(*) FROM windows) AS windows,
-       (SELECT count(*) FROM sessions) AS sessions, (SELECT count(*) FROM rates) AS rates,
+       (SELECT count(*) FROM sessions) AS sessions, (SELECT count(*) FROM tokens) AS tokens,
+       (SELECT count(*) FROM rates) AS rates,
        (SELECT count(*) FROM blocks) AS blocks
 """
 
 
-async def housekeep(pool: asyncpg.Pool, *, dedupe_retention: float) -> dict[str, int]:
+async def housekeep(
+    pool: asyncpg.Pool, *, dedupe_retention: float, token_keep_for: float = 30 * 86400.0
+) -> dict[str, int]:
     """Delete what nobody will read again: registry rows of dead workers, dedupe keys past their
     retention (in batches), replies older than an hour (their ask() has long timed out),
-    restart windows whose last restart is a day old, expired console sessions, rate
+    restart windows whose last restart is a day old, expired console sessions, API tokens
+    revoked or expired more than ``token_keep_for`` seconds ago (with their sessions), rate
     windows untouched for an hour and 429 blocks noted a day ago.
 
     Returns:
         How many rows of each were deleted.
     """
-    row = await pool.fetchrow(_HOUSEKEEP, float(dedupe_retention))
+    row = await pool.fetchrow(_HOUSEKEEP, float(dedupe_retention), float(token_keep_for))
     return dict(row) if row is not None else {}

@@ -37,12 +37,13 @@ from toren.channels._health import ChannelFailing, ChannelRecovered, failing_sum
 RECENT = 200
 """Delivered or failed outbound messages a channel's state keeps (for the surfaces)."""
 FORGET_AFTER = 86400.0
-"""Seconds after which an unpaired chat's hint and failed codes are forgotten (their windows:
-a hint at most once a day, at most twenty failed codes a day)."""
+"""Seconds after which an unpaired chat's hint, failed codes and last message sent to it are
+forgotten (their windows: a hint at most once a day, at most twenty failed codes a day)."""
 _PRUNE = 64  # every this many unpaired chats remembered, the expired ones are dropped
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 """The shape of :class:`ChannelState` as snapshots store it (2: a watch counts the messages the
-channel told its run and those the run heard); older snapshots are folded from the journal."""
+channel told its run and those the run heard; 3: ``last_sent`` forgets strangers after a day);
+older snapshots are folded from the journal."""
 TOLD = frozenset(("started", "forwarded", "file"))
 """Outcomes of an update that sent its chat's conversation run a message (or its start)."""
 
@@ -192,7 +193,7 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
             sent=state.sent + 1,
             prompts=prompts,
             prompt_of=prompt_of,
-            last_sent=state.last_sent.set(str(known.chat_id), event.at),
+            last_sent=_last_sent(state, known.chat_id, event.at),
         )
     if isinstance(event, Failed):
         known = state.outbox.get(str(event.n))
@@ -285,6 +286,19 @@ def fold(state: ChannelState, event: Any) -> ChannelState:
     if isinstance(event, ChannelRecovered):
         return attrs.evolve(state, failing=None)
     return state
+
+
+def _last_sent(state: ChannelState, chat_id: int, at: float) -> PMap[str, float]:
+    """``last_sent`` with ``chat_id`` sent to at ``at``. The chats a bot sends to include
+    strangers (told their /pair code was wrong): what they leave, a day old, is dropped, as
+    their hints and failures are (a chat's interval is seconds: a day-old send holds nothing
+    back). A paired chat's is kept: there are only as many as chats."""
+    last_sent = state.last_sent.set(str(chat_id), at)
+    if len(last_sent) % _PRUNE == 0:
+        last_sent = pmap(
+            {c: t for c, t in last_sent.items() if c in state.chats or t > at - FORGET_AFTER}
+        )
+    return last_sent
 
 
 def _woken(state: ChannelState, run: str, *, told: bool = False) -> ChannelState:

@@ -9,6 +9,7 @@ from toren._core.stores import (
     LocalStore,
     MissingObject,
     S3Store,
+    StoredObject,
     StoreError,
     StoreUnavailable,
     WorkspaceStore,
@@ -22,6 +23,7 @@ __all__ = [
     "S3Store",
     "StoreError",
     "StoreUnavailable",
+    "StoredObject",
     "WorkspaceStore",
     "store_from_url",
 ]
