@@ -25,7 +25,7 @@ from toren._agent.model import Usage
 from toren._surfaces.tokens import SCOPES, create_token
 from toren.cli import main
 from toren.retention import prune_now, pruner_id
-from toren.runs import ENDED, RunCompleted, run_status, start_run
+from toren.runs import ENDED, Agents, RunCompleted, run_status, start_run
 from toren.runs.costs import costs
 from toren.runs.prune import prune_batch
 from toren.testing import Reply
@@ -47,13 +47,14 @@ async def ended(client: Client, run_id: str) -> bool:
 async def test_costs_stay_exact_across_a_prune_and_a_pruned_run_is_shown_from_its_record(
     client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    load_app("tests.retention_app")
+    agents = Agents()  # not the process's: later tests' workers would start its pruner
+    load_app("tests.retention_app", into=agents)
     plan: Plan = {
         "boss": relay("boss heard", "call_helper", "help", "b1"),
         "helper": lambda b: Reply("helped", usage=Usage(input_tokens=1000, output_tokens=10)),
     }
     _, token = await create_token(client.pool, "ops", scopes=SCOPES)
-    async with model(plan, monkeypatch), running_worker(db_url), api(db_url) as base:
+    async with model(plan, monkeypatch), running_worker(db_url, agents), api(db_url) as base:
         runs = [await start_run(client, "boss", f"task {n}") for n in range(2)]
         for run_id in runs:
             await wait_for(lambda run_id=run_id: ended(client, run_id), what="ended")

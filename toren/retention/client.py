@@ -19,16 +19,18 @@ log = logging.getLogger("toren.retention")
 
 
 async def ensure_pruners(client: Client, agents: Agents) -> list[str]:
-    """Spawn the pruner of each agent ``agents`` serves that has a retention policy
-    (``retention/<agent>``, routed to the agent's workers: only a worker that knows the
-    policy runs it), if it is not there yet, and wake it. Idempotent: workers starting together
-    make one pruner per agent (its lease makes it one in the cluster), and a wake more only
-    runs a batch sooner. Returns the agents whose pruners were woken."""
+    """Spawn the pruner of each agent ``agents`` serves whose retention policy prunes ended
+    runs (``keep_for``, ``keep_failed_for`` or ``keep_last``: ``conversation_keep_for`` alone
+    needs none, the run's host truncates its journal), as ``retention/<agent>``, routed to
+    the agent's workers (only a worker that knows the policy runs it), if it is not there
+    yet, and wake it. Idempotent: workers starting together make one pruner per agent (its
+    lease makes it one in the cluster), and a wake more only runs a batch sooner. Returns the
+    agents whose pruners were woken."""
     served = set(agents.served_routes())
     woken = []
     for agent in agents.registered():
         policy = agent.retention
-        if policy is None or agent_route(agent.name) not in served:
+        if policy is None or not policy.prunes_runs or agent_route(agent.name) not in served:
             continue
         actor_id = pruner_id(agent.name)
         await client.spawn(
