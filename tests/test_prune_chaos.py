@@ -15,8 +15,10 @@ worker lives on). After each, for every run (:func:`_oracle`): either it is whol
 journal as it was, no audit record) or it is pruned (no row, no journal, one audit record whose
 archive reads back to exactly the events it had); a tree is whole or pruned together; the prune
 log counts each pruned run once; the store holds one object per pruned run (the one its record
-names) and nothing else but the archive of a whole run's whole journal (which the next batch
-writes again under the same key, the same bytes). And the pruner resumes by itself.
+names) and nothing else but the archive of a whole run's journal (which the next batch writes
+again under the same key, the same bytes) or, for a run that went on after a batch archived it,
+of the start of its journal (which the batch that prunes it deletes). And the pruner resumes by
+itself: a replacement's start wakes it, or the worker retries the message the cut cost it.
 
 The truncation of a never-ending journal (``truncation.archived``) is faulted the same way on a
 kernel actor (``tests/prune_chaos_app.py``: ``Ledger``).
