@@ -50,7 +50,7 @@ from toren._core.config import archive_store_url as archive_store_url  # (re-exp
 from toren._core.errors import InternalError, TorenError
 from toren._core.journal import JournalEntry
 from toren._core.json_text import dumps, loads
-from toren._core.stores import MissingObject, ObjectStore, store_from_url
+from toren._core.stores import MissingObject, ObjectStore, StoreError, store_from_url
 
 if TYPE_CHECKING:
     from toren._core.config import WorkerSettings
@@ -326,6 +326,28 @@ async def _existing(store: ObjectStore, ref: ArchiveRef, data: bytes) -> Archive
         ref.location,
     )
     return None
+
+
+async def drop_shorter(store: ObjectStore, ref: ArchiveRef) -> int:
+    """Delete the archives of ``ref``'s actor from the same first seq to an earlier last one,
+    once ``ref`` is recorded: what a writer killed between its archive and its commit left (a
+    prune batch at ``prune.read``, a truncation at ``truncation.archived``) when the actor went
+    on before the next writer came, so that the range came out longer. No record names such
+    an object and none ever will (the range from that seq is ``ref``'s now); an object ending
+    later than ``ref`` is left alone. How many were deleted. Best effort: a store that fails
+    is logged, and the object costs its bytes, nothing else."""
+    folder, _, _ = ref.location.rpartition("/")
+    start = f"{ref.first_seq}-"
+    dropped = 0
+    try:
+        async for key in store.list_keys(f"{folder}/{start}"):
+            name = key.rpartition("/")[2].removeprefix(start).removesuffix(".jsonl.gz")
+            if name.isdigit() and int(name) < ref.last_seq and await store.delete(key):
+                log.info("%s: an archive of a writer cut short, deleted", key)
+                dropped += 1
+    except (StoreError, OSError) as exc:  # the range is recorded: only bytes are at stake
+        log.warning("leftovers of %s not deleted (%s: %s)", ref.location, type(exc).__name__, exc)
+    return dropped
 
 
 # -- reading -------------------------------------------------------------------------------------

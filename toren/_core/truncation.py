@@ -9,7 +9,9 @@ journal is never empty and a usable snapshot is found as before) as one archive 
 verified, with no transaction open; then, in one short transaction, records the range in
 ``toren.journal_archives`` and deletes those rows. So at every moment the archived ranges and
 the journal's rows together hold seq 1 to the journal's end, without gap or overlap: a kill
-between the two leaves an archive object no row names (written again, the same, next time).
+between the two leaves an archive object no row names (written again, the same, if the next
+truncation takes the same range; deleted by the one that records a longer range from the same
+seq, as it does when the actor went on and snapshotted later).
 
 Rebuilding (:func:`toren._core.journal.replay`) starts from the snapshot when it is usable and
 not older than the journal's first row; otherwise it reads the archived ranges it needs from
@@ -33,7 +35,13 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 import attrs
 
-from toren._core.archive import ArchiveRef, archive_journal, open_archive_store, read_archive
+from toren._core.archive import (
+    ArchiveRef,
+    archive_journal,
+    drop_shorter,
+    open_archive_store,
+    read_archive,
+)
 from toren._core.errors import InternalError, TorenError
 from toren._core.journal import ArchiveNeeded as ArchiveNeeded
 from toren._core.journal import JournalEntry
@@ -183,6 +191,7 @@ async def truncate_journal(
                 f"{actor_id}: truncating events {first}-{last} found {count} of them"
             )
     log.info("%s: events %d-%d archived to %s and deleted", actor_id, first, last, ref.location)
+    await drop_shorter(store, ref)
     return Truncated(ref=ref, deleted=count)
 
 

@@ -17,7 +17,10 @@ A batch (:func:`prune_batch`, what the pruner actor and ``toren jobs prune`` run
 Every step may be killed: nothing is deleted before 3 commits, and 3 is one transaction. A
 batch run again selects again, archives again (the same key: the same object) and writes no
 audit record twice (``ON CONFLICT DO NOTHING``). So a batch is idempotent and the pruner
-resumable.
+resumable. A batch cut short after 2 whose run then went on (a message, a retry) before the
+next leaves an archive of the run's shorter journal that nothing names: the batch that prunes
+the run deletes it after its commit (``toren._core.archive.drop_shorter``, one listing of the
+run's folder in the store).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import attrs
 
 from toren._agent.retention import Retention
 from toren._agent.routes import agent_route
-from toren._core.archive import archive_journal, read_archive
+from toren._core.archive import archive_journal, drop_shorter, read_archive
 from toren._core.errors import ConfigError, TorenError
 from toren._core.journal import JournalEntry, ReplayFailed, replay
 from toren._core.journal_reads import events, last_seq
@@ -176,7 +179,13 @@ async def prune_batch(
     if not read:
         return PruneResult(agent=agent, skipped=skipped, took=time.monotonic() - started)
     kill_point("prune.read")
-    return await _delete(pool, agent, read, lock_timeout, skipped, archived, started)
+    result = await _delete(pool, agent, read, lock_timeout, skipped, archived, started)
+    for root in result.trees:
+        for run in read[root]:
+            if run.record is not None and run.record.archive is not None:
+                # a batch cut short before its commit, the run going on before this one
+                await drop_shorter(store, run.record.archive)
+    return result
 
 
 async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_Read]:
