@@ -1,0 +1,189 @@
+"""Issue 32 under attack: requests racing a prune, hostile retention settings.
+
+Each race is made deterministic by running a real prune (its own connection, its own
+transaction, committed) at the exact point between two statements of the request it races: a
+function the request calls is wrapped to prune first. Nothing of the database is mocked.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from tests.test_retention import ALL, ended_run, exists, journal_rows
+from toren import Client, ConfigError, Retention, Settings
+from toren._core.workers import housekeep
+from toren.runs import start_run
+from toren.runs import costs as costs_module
+from toren.runs import fork as fork_module
+from toren.runs.audit import RunPruned, audit_record
+from toren.runs.client import decide, keyed_run_id, retry, start_args
+from toren.runs.costs import costs
+from toren.runs.fork import InvalidFork, fork_run
+from toren.runs.prune import candidates, prune_batch
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_costs_read_while_a_prune_commits_count_each_run_once(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The costs surface sums audit records and live rows: read in two statements with a prune
+    committing between them, the pruned runs were in neither (their cost lost)."""
+    for _ in range(3):
+        await ended_run(client, "desk", usd="0.25")
+    [before] = await costs(client.pool, ("agent",))
+    assert (before.runs, before.usd_paid) == (3, Decimal("0.75"))
+
+    real = costs_module.summary_totals
+    pruned: list[int] = []
+
+    async def prune_first(*args: Any, **kwargs: Any) -> Any:
+        if not pruned:  # the prune commits after the audit records were summed
+            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(costs_module, "summary_totals", prune_first)
+    rows = await costs(client.pool, ("agent",))
+    assert pruned == [3]
+    assert [(r.agent, r.runs, r.usd_paid) for r in rows] == [("desk", 3, Decimal("0.75"))]
+    monkeypatch.undo()
+    [after] = await costs(client.pool, ("agent",))  # and after it, all from the records
+    assert (after.runs, after.pruned, after.usd_paid) == (3, 3, Decimal("0.75"))
+
+
+async def test_a_keyed_start_that_found_its_run_answers_with_it_when_a_prune_takes_it_meanwhile(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried keyed start finds its ended run (the spawn's insert conflicts: no lock is
+    taken), then a prune deletes the run and commits before the start sends its message: the
+    start must still answer with the run (pruned), not fail as if no such run existed."""
+    run_id = keyed_run_id("desk", "order-9")
+    await ended_run(client, "desk", run_id=run_id, args=start_args("desk", "go"))
+    real = client.spawn
+    pruned: list[tuple[str, ...]] = []
+
+    async def spawn_then_prune(kind: Any, actor_id: str, *args: Any, **kwargs: Any) -> bool:
+        created = await real(kind, actor_id, *args, **kwargs)
+        if actor_id == run_id and not created and not pruned:
+            pruned.append((await prune_batch(client.pool, "desk", ALL)).trees)
+        return created
+
+    monkeypatch.setattr(client, "spawn", spawn_then_prune)
+    answer = await start_run(client, "desk", "go", idempotency_key="order-9")
+    assert pruned == [(run_id,)]
+    assert answer == run_id
+    assert not await exists(client, run_id)  # no second run under the key
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
+
+
+async def test_a_fork_racing_a_prune_of_its_source_is_whole_or_refused_clearly(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork reads its source's journal, then copies it in a later statement; a prune of the
+    source committing between the two left the copy with nothing to copy: an InternalError
+    (HTTP 500) instead of a fork or a refusal that says what happened."""
+    source = await ended_run(client, "desk")
+    real = fork_module.copy_journal
+    pruned: list[int] = []
+
+    async def prune_then_copy(*args: Any, **kwargs: Any) -> Any:
+        if not pruned:
+            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(fork_module, "copy_journal", prune_then_copy)
+    try:
+        fork_id = await fork_run(client, source, at=1, input="again")
+    except InvalidFork as exc:  # refused: then the source was pruned, and it says so
+        assert "pruned" in str(exc)
+        assert await audit_record(client.pool, source) is not None
+    else:  # made: then whole, and its source kept until it is copied
+        assert pruned == [0]
+        assert await journal_rows(client, fork_id) >= 2
+        assert await exists(client, source)
+    assert pruned
+
+
+async def test_retry_racing_a_prune_says_the_run_was_pruned(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry reads the run failed, then a prune takes it: the retry says it was pruned (as
+    ``say`` does), not that no such actor exists."""
+    run_id = await ended_run(client, "desk", status="failed")
+    from toren.runs import client as runs_client
+
+    real = runs_client._not_an_ended_child
+    pruned: list[int] = []
+
+    async def prune_first(*args: Any, **kwargs: Any) -> Any:
+        if not pruned:
+            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(runs_client, "_not_an_ended_child", prune_first)
+    with pytest.raises(RunPruned, match="was pruned on"):
+        await retry(client, run_id)
+    assert pruned == [1]
+    with pytest.raises(RunPruned, match="was pruned on"):  # a decision sent without waiting
+        await decide(client, run_id, call_id="c1", approved=True, wait=None)
+    assert not await exists(client, run_id)
+    assert await journal_rows(client, run_id) == 0
+
+
+@pytest.mark.parametrize("keep_for", [1e300, 1e14, "99999999d"])
+async def test_a_retention_period_longer_than_postgres_time_is_refused_or_prunes_nothing(
+    client: Client, keep_for: Any
+) -> None:
+    """A period far beyond any run's age (someone's "keep forever") is either refused when the
+    policy is made, or keeps every run: never a pruner that fails on every wake."""
+    await ended_run(client, "desk")
+    try:
+        policy = Retention(keep_for=keep_for)
+    except ConfigError:
+        return
+    assert await candidates(client.pool, "desk", policy) == []
+    assert (await prune_batch(client.pool, "desk", policy)).runs == 0
+
+
+async def test_runs_a_batch_cannot_prune_do_not_stop_the_pruning_of_the_others(
+    client: Client,
+) -> None:
+    """Candidates are the oldest trees; a tree a batch skips for good (its journal does not
+    fold here: an event type of another version) is selected again by every batch. As many of
+    them as a batch takes, and no later run is ever pruned (the pruner's loop ends on a batch
+    that pruned nothing)."""
+    stuck = [await ended_run(client, "desk") for _ in range(2)]
+    for run_id in stuck:  # an event this version does not know, before the run's end
+        await client.pool.execute(
+            "UPDATE toren.journal SET type = 'run.from_the_future' WHERE actor_id = $1 AND seq = 2",
+            run_id,
+        )
+    later = await ended_run(client, "desk")
+    for _ in range(3):  # the pruner's wakes
+        result = await prune_batch(client.pool, "desk", ALL, batch=2)
+    assert result.skipped == 2  # the stuck ones, said
+    assert not await exists(client, later)  # the run behind them goes
+
+
+@pytest.mark.parametrize("value", ["99999999d", 1e14])
+async def test_a_keep_setting_longer_than_postgres_time_is_refused_not_fatal_to_housekeeping(
+    client: Client, value: Any
+) -> None:
+    """token_keep_for is one statement with every other housekeeping delete: a period Postgres
+    cannot subtract from now would stop them all (expired sessions, dedupe keys...)."""
+    for name in ("token_keep_for", "deadletter_keep_for"):
+        try:
+            settings = Settings(**{name: value})
+        except ConfigError as exc:
+            assert name in str(exc)
+            continue
+        await housekeep(
+            client.pool,
+            dedupe_retention=settings.dedupe_retention_seconds,
+            token_keep_for=settings.token_keep_for,
+        )
+    with pytest.raises(ConfigError):  # a pruner's timer cannot be set that far ahead
+        Settings(prune_every="3651d")
