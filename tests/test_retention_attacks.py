@@ -15,13 +15,14 @@ import pytest
 from tests.test_retention import ALL, ended_run, exists, journal_rows
 from toren import Client, ConfigError, Retention, Settings
 from toren._core.workers import housekeep
-from toren.runs import start_run
+from toren.retention.runtime import Pruners
+from toren.runs import Agents, start_run
 from toren.runs import costs as costs_module
 from toren.runs import fork as fork_module
-from toren.runs.audit import RunPruned, audit_record
+from toren.runs.audit import RunPruned
 from toren.runs.client import decide, keyed_run_id, retry, start_args
 from toren.runs.costs import costs
-from toren.runs.fork import InvalidFork, fork_run
+from toren.runs.fork import fork_run
 from toren.runs.prune import candidates, prune_batch
 
 pytestmark = pytest.mark.anyio
@@ -79,12 +80,12 @@ async def test_a_keyed_start_that_found_its_run_answers_with_it_when_a_prune_tak
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
 
 
-async def test_a_fork_racing_a_prune_of_its_source_is_whole_or_refused_clearly(
+async def test_a_fork_racing_a_prune_of_its_source_is_made_whole(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fork reads its source's journal, then copies it in a later statement; a prune of the
     source committing between the two left the copy with nothing to copy: an InternalError
-    (HTTP 500) instead of a fork or a refusal that says what happened."""
+    (HTTP 500). The fork now holds its source's row (``FOR KEY SHARE``): the prune skips it."""
     source = await ended_run(client, "desk")
     real = fork_module.copy_journal
     pruned: list[int] = []
@@ -95,16 +96,11 @@ async def test_a_fork_racing_a_prune_of_its_source_is_whole_or_refused_clearly(
         return await real(*args, **kwargs)
 
     monkeypatch.setattr(fork_module, "copy_journal", prune_then_copy)
-    try:
-        fork_id = await fork_run(client, source, at=1, input="again")
-    except InvalidFork as exc:  # refused: then the source was pruned, and it says so
-        assert "pruned" in str(exc)
-        assert await audit_record(client.pool, source) is not None
-    else:  # made: then whole, and its source kept until it is copied
-        assert pruned == [0]
-        assert await journal_rows(client, fork_id) >= 2
-        assert await exists(client, source)
-    assert pruned
+    fork_id = await fork_run(client, source, at=1, input="again")
+    assert pruned == [0]  # the source, held by the fork, was skipped
+    assert await journal_rows(client, fork_id) >= 2  # the fork is whole
+    assert await exists(client, source)
+    assert (await prune_batch(client.pool, "desk", ALL)).trees == (source,)  # later, it goes
 
 
 async def test_retry_racing_a_prune_says_the_run_was_pruned(
@@ -137,13 +133,13 @@ async def test_retry_racing_a_prune_says_the_run_was_pruned(
 async def test_a_retention_period_longer_than_postgres_time_is_refused_or_prunes_nothing(
     client: Client, keep_for: Any
 ) -> None:
-    """A period far beyond any run's age (someone's "keep forever") is either refused when the
-    policy is made, or keeps every run: never a pruner that fails on every wake."""
+    """A period far beyond any run's age (someone's "keep forever") is refused when the policy
+    is made (it failed every batch: Postgres cannot subtract it from now); the longest taken
+    keeps every run."""
     await ended_run(client, "desk")
-    try:
-        policy = Retention(keep_for=keep_for)
-    except ConfigError:
-        return
+    with pytest.raises(ConfigError, match="retention keep_for must be at most 1000 years"):
+        Retention(keep_for=keep_for)
+    policy = Retention(keep_for="365000d", keep_failed_for=1e10)  # the longest taken
     assert await candidates(client.pool, "desk", policy) == []
     assert (await prune_batch(client.pool, "desk", policy)).runs == 0
 
@@ -175,15 +171,17 @@ async def test_a_keep_setting_longer_than_postgres_time_is_refused_not_fatal_to_
     """token_keep_for is one statement with every other housekeeping delete: a period Postgres
     cannot subtract from now would stop them all (expired sessions, dedupe keys...)."""
     for name in ("token_keep_for", "deadletter_keep_for"):
-        try:
-            settings = Settings(**{name: value})
-        except ConfigError as exc:
-            assert name in str(exc)
-            continue
-        await housekeep(
-            client.pool,
-            dedupe_retention=settings.dedupe_retention_seconds,
-            token_keep_for=settings.token_keep_for,
-        )
+        with pytest.raises(ConfigError, match=f"{name} must be at most 1000 years"):
+            Settings(**{name: value})
+    longest = Settings(token_keep_for="365000d")  # a thousand years: housekeeping goes on
+    await housekeep(client.pool, dedupe_retention=60, token_keep_for=longest.token_keep_for)
     with pytest.raises(ConfigError):  # a pruner's timer cannot be set that far ahead
         Settings(prune_every="3651d")
+
+
+async def test_a_bad_archive_store_is_named_as_such_by_the_pruner(client: Client) -> None:
+    pruners = Pruners(
+        client.pool, Agents(), batch=1, lock_timeout=0.2, every=60, store_url="s3://Not_A_Bucket"
+    )
+    with pytest.raises(ConfigError, match="archive store URL"):
+        await pruners.store()
