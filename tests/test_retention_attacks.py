@@ -8,18 +8,22 @@ function the request calls is wrapped to prune first. Nothing of the database is
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.test_retention import ALL, ended_run, exists, journal_rows
 from toren import Client, ConfigError, Retention, Settings
+from toren._core.archive import CorruptArchive, archive_journal, read_archive
+from toren._core.codec import decode
+from toren._core.stores import LocalStore
 from toren._core.workers import housekeep
 from toren.retention.runtime import Pruners
 from toren.runs import Agents, start_run
 from toren.runs import costs as costs_module
 from toren.runs import fork as fork_module
-from toren.runs.audit import RunPruned
+from toren.runs.audit import RunPruned, audit_record
 from toren.runs.client import decide, keyed_run_id, retry, start_args
 from toren.runs.costs import costs
 from toren.runs.fork import fork_run
@@ -185,3 +189,27 @@ async def test_a_bad_archive_store_is_named_as_such_by_the_pruner(client: Client
     )
     with pytest.raises(ConfigError, match="archive store URL"):
         await pruners.store()
+
+
+async def test_an_archive_a_kept_record_names_is_never_replaced_by_another_journal(
+    client: Client, tmp_path: Path
+) -> None:
+    """Two databases sharing an archive store (staging and production, one bucket; a database
+    recreated from scratch) give runs the same ids: a keyed run's id is derived from its agent
+    and key alone. The second archive of a run under the same id and range has other events
+    under the same key; replacing the object loses the first database's archived journal (its
+    audit record's checksum no longer matches: restore refuses it as damaged)."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = keyed_run_id("desk", "order-1")
+    await ended_run(client, "desk", run_id=run_id, input="first database")
+    kept = Retention(keep_last=0, archive=True)
+    assert (await prune_batch(client.pool, "desk", kept, store=store)).runs == 1
+    record = await audit_record(client.pool, run_id)
+    assert record is not None
+    assert record.archive is not None
+    # The other database's run of the same id (here: the same database, its row made again).
+    await ended_run(client, "desk", run_id=run_id, input="second database")
+    with pytest.raises(CorruptArchive, match="another journal of this actor and range"):
+        await archive_journal(client.pool, store, run_id)
+    entries = await read_archive(store, record.archive, actor_id=run_id)  # still readable
+    assert decode(entries[0].type, entries[0].data).input == "first database"
