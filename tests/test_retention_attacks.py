@@ -213,3 +213,19 @@ async def test_an_archive_a_kept_record_names_is_never_replaced_by_another_journ
         await archive_journal(client.pool, store, run_id)
     entries = await read_archive(store, record.archive, actor_id=run_id)  # still readable
     assert decode(entries[0].type, entries[0].data).input == "first database"
+
+
+async def test_an_archive_store_that_fails_leaves_the_runs_for_later(
+    client: Client, tmp_path: Path
+) -> None:
+    """A local archive directory that cannot be written (a full or read-only disk; here its
+    path is under a file) fails with OSError, not the store's errors: the batch raised, so the
+    pruner's tick was charged, retried and dead-lettered, and its timer never set again."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run_id = await ended_run(client, "desk")
+    kept = Retention(keep_last=0, archive=True)
+    result = await prune_batch(client.pool, "desk", kept, store=LocalStore(blocker / "archive"))
+    assert (result.runs, result.skipped) == (0, 1)
+    assert await exists(client, run_id)
+    assert await journal_rows(client, run_id) == 3

@@ -180,7 +180,7 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
         if url:
             from toren._core.stores import store_from_url
 
-            store = store_from_url(url)
+            store = store_from_url(url, setting="archive_store")
     runs = events = size = archived = skipped = 0
     try:
         while True:

@@ -167,8 +167,9 @@ async def prune_batch(
     for tree in trees:
         try:
             tree_runs = await _read_tree(pool, tree, store if archiving else None)
-        except (ReplayFailed, TorenError) as exc:  # a journal not folded here, a store failing
-            log.warning("%s: not pruned now: %s", tree.root, exc)
+        # A journal not folded here, a store failing (a local store's disk: OSError).
+        except (ReplayFailed, TorenError, OSError) as exc:
+            log.warning("%s: not pruned now: %s: %s", tree.root, type(exc).__name__, exc)
             skipped += 1
             continue
         read[tree.root] = tree_runs
