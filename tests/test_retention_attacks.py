@@ -24,7 +24,7 @@ from toren.runs import Agents, start_run
 from toren.runs import costs as costs_module
 from toren.runs import fork as fork_module
 from toren.runs.audit import RunPruned, audit_record
-from toren.runs.client import decide, keyed_run_id, retry, start_args
+from toren.runs.client import decide, keyed_run_id, read_run, retry, start_args
 from toren.runs.costs import costs
 from toren.runs.fork import fork_run
 from toren.runs.prune import candidates, prune_batch
@@ -229,3 +229,25 @@ async def test_an_archive_store_that_fails_leaves_the_runs_for_later(
     assert (result.runs, result.skipped) == (0, 1)
     assert await exists(client, run_id)
     assert await journal_rows(client, run_id) == 3
+
+
+async def test_a_truncated_conversation_without_a_usable_snapshot_is_still_readable(
+    client: Client, tmp_path: Path
+) -> None:
+    """A conversation's journal truncated behind its snapshot, then that snapshot unusable (a
+    release that changes the state's snapshot version; snapshots "may be deleted at any time"):
+    the API and the CLI read runs without an archive store (``read_run``), so the run cannot be
+    shown until a worker next wakes it and writes a new snapshot."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = await ended_run(client, "desk")
+    ref = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=1)
+    async with client.pool.acquire() as conn, conn.transaction():  # as truncate_journal does
+        await conn.execute(
+            "INSERT INTO toren.journal_archives (actor_id, first_seq, last_seq, ref) "
+            "VALUES ($1, 1, 1, $2)",
+            run_id,
+            ref.to_json(),
+        )
+        await conn.execute("DELETE FROM toren.journal WHERE actor_id = $1 AND seq = 1", run_id)
+    state = await read_run(client, run_id)
+    assert (state.status, state.agent) == ("completed", "desk")
