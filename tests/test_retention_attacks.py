@@ -251,3 +251,15 @@ async def test_a_truncated_conversation_without_a_usable_snapshot_is_still_reada
         await conn.execute("DELETE FROM toren.journal WHERE actor_id = $1 AND seq = 1", run_id)
     state = await read_run(client, run_id)
     assert (state.status, state.agent) == ("completed", "desk")
+
+
+def test_a_duration_of_thousands_of_digits_is_a_config_error() -> None:
+    """Python refuses to read an integer of over 4,300 digits with a ValueError: a setting or a
+    policy of that many digits escaped the clear error (a traceback, not exit 2)."""
+    huge = "9" * 5000 + "d"
+    with pytest.raises(ConfigError, match="not a duration"):
+        Retention(keep_for=huge)
+    with pytest.raises(ConfigError, match="token_keep_for is not a positive duration"):
+        Settings(token_keep_for=huge)
+    with pytest.raises(ConfigError, match="at most 1000 years"):  # 15 digits: read, too long
+        Retention(keep_for="999999999999999s")

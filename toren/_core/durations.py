@@ -16,7 +16,11 @@ KEEP_MAX = 1000 * 365 * 86400.0
 Postgres subtracts them from now (``now() - make_interval(...)``), and its timestamps begin in
 4713 BC."""
 
-_DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+# At most 15 digits a part: a longer one is over the largest duration anyway, and Python refuses
+# to read an integer of more than 4,300 digits (a ValueError, not the ConfigError said here).
+_DURATION = re.compile(
+    r"^\s*(?:(\d{1,15})d)?\s*(?:(\d{1,15})h)?\s*(?:(\d{1,15})m)?\s*(?:(\d{1,15})s)?\s*$"
+)
 
 
 def parse_duration(text: str | float) -> float:
