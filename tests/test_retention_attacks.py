@@ -152,9 +152,10 @@ async def test_runs_a_batch_cannot_prune_do_not_stop_the_pruning_of_the_others(
     client: Client,
 ) -> None:
     """Candidates are the oldest trees; a tree a batch skips for good (its journal does not
-    fold here: an event type of another version) is selected again by every batch. As many of
-    them as a batch takes, and no later run is ever pruned (the pruner's loop ends on a batch
-    that pruned nothing)."""
+    fold here: an event type of another version) was selected again by every batch: as many of
+    them as a batch takes, and no later run was ever pruned (the pruner's loop ended on a batch
+    that pruned nothing). A batch now says the last tree it selected, and the next goes on
+    after it."""
     stuck = [await ended_run(client, "desk") for _ in range(2)]
     for run_id in stuck:  # an event this version does not know, before the run's end
         await client.pool.execute(
@@ -162,10 +163,15 @@ async def test_runs_a_batch_cannot_prune_do_not_stop_the_pruning_of_the_others(
             run_id,
         )
     later = await ended_run(client, "desk")
-    for _ in range(3):  # the pruner's wakes
-        result = await prune_batch(client.pool, "desk", ALL, batch=2)
-    assert result.skipped == 2  # the stuck ones, said
-    assert not await exists(client, later)  # the run behind them goes
+    first = await prune_batch(client.pool, "desk", ALL, batch=2)
+    assert (first.runs, first.skipped, first.found) == (0, 2, 2)  # the stuck ones, said
+    assert first.last is not None
+    assert first.last[1] == max(stuck, key=lambda r: stuck.index(r))  # the newer of them
+    # The next batch of the wake goes past them, as the pruner and `jobs prune` do.
+    second = await prune_batch(client.pool, "desk", ALL, batch=2, after=first.last)
+    assert second.trees == (later,)
+    assert not await exists(client, later)
+    assert all([await exists(client, r) for r in stuck])
 
 
 @pytest.mark.parametrize("value", ["99999999d", 1e14])
