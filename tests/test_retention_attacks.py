@@ -23,11 +23,13 @@ from toren.retention.runtime import Pruners
 from toren.runs import Agents, start_run
 from toren.runs import costs as costs_module
 from toren.runs import fork as fork_module
+from toren.runs import prune as prune_module
 from toren.runs.audit import RunPruned, audit_record
 from toren.runs.client import decide, keyed_run_id, read_run, retry, start_args
 from toren.runs.costs import costs
 from toren.runs.fork import fork_run
 from toren.runs.prune import candidates, prune_batch
+from toren.runs.restore import restored_run
 
 pytestmark = pytest.mark.anyio
 
@@ -269,3 +271,47 @@ def test_a_duration_of_thousands_of_digits_is_a_config_error() -> None:
         Settings(token_keep_for=huge)
     with pytest.raises(ConfigError, match="at most 1000 years"):  # 15 digits: read, too long
         Retention(keep_for="999999999999999s")
+
+
+async def test_a_prune_racing_a_truncation_keeps_every_archived_range_in_its_record(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch reads a run's archived ranges, then archives its journal's rows: a truncation
+    (the run's host, after its last snapshot) committing between the two moved the first
+    events to a range the batch never saw. The audit record named neither that range nor the
+    decisions in it, and the range's row went with the run: restore refused the run."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = await ended_run(client, "desk", decided="refund approved")
+    real = prune_module.archived_ranges
+    truncated: list[int] = []
+
+    async def ranges_then_truncate(db: Any, actor_id: str) -> Any:
+        found = await real(db, actor_id)
+        if not truncated:  # what truncate_journal commits: a range recorded, its rows gone
+            ref = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=3)
+            async with client.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO toren.journal_archives (actor_id, first_seq, last_seq, ref) "
+                    "VALUES ($1, 1, 3, $2)",
+                    run_id,
+                    ref.to_json(),
+                )
+                await conn.execute(
+                    "DELETE FROM toren.journal WHERE actor_id = $1 AND seq <= 3", run_id
+                )
+            truncated.append(ref.events)
+        return found
+
+    monkeypatch.setattr(prune_module, "archived_ranges", ranges_then_truncate)
+    kept = Retention(keep_last=0, archive=True)
+    await prune_batch(client.pool, "desk", kept, store=store)
+    assert truncated == [3]
+    monkeypatch.undo()
+    if await exists(client, run_id):  # left for a later batch, which sees the range
+        assert (await prune_batch(client.pool, "desk", kept, store=store)).runs == 1
+    record = await audit_record(client.pool, run_id)
+    assert record is not None
+    assert [(d["tool"], d["reason"]) for d in record.decisions] == [("refund", "refund approved")]
+    state, entries = await restored_run(client, run_id, store=store)
+    assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
+    assert state.status == "completed"

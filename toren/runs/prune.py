@@ -251,6 +251,14 @@ async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_R
                 archived_before += await read_archive(store, ref, actor_id=actor_id)
         if store is not None:
             archive = await archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
+            follows = earlier[-1].last_seq + 1 if earlier else 1
+            if archive.events and archive.first_seq != follows:
+                # Truncated (by its host, after a snapshot) between the ranges read above and
+                # the rows archived here: the record would miss the range just archived.
+                raise TorenError(
+                    f"{actor_id}'s journal was truncated while it was read (its rows from seq "
+                    f"{archive.first_seq}, its ranges to seq {follows - 1}); pruned later"
+                )
         record = await _record(
             pool, tree.root, row, state, rebuilt.seq, archive, earlier, archived_before
         )
