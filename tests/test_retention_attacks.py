@@ -28,10 +28,28 @@ from toren.runs.audit import RunPruned, audit_record
 from toren.runs.client import decide, keyed_run_id, read_run, retry, start_args
 from toren.runs.costs import costs
 from toren.runs.fork import fork_run
-from toren.runs.prune import candidates, prune_batch
+from toren.runs.prune import PruneResult, candidates, prune_batch
 from toren.runs.restore import restored_run
 
 pytestmark = pytest.mark.anyio
+
+
+def prune_before(
+    monkeypatch: pytest.MonkeyPatch, client: Client, owner: object, name: str
+) -> list[PruneResult]:
+    """Make ``owner.name`` (a function a request calls between two of its statements) first
+    run a whole prune of agent ``desk`` and commit it, once; the prune's result is appended to
+    the list returned."""
+    real = getattr(owner, name)
+    done: list[PruneResult] = []
+
+    async def prune_first(*args: Any, **kwargs: Any) -> Any:
+        if not done:
+            done.append(await prune_batch(client.pool, "desk", ALL))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, prune_first)
+    return done
 
 
 async def test_costs_read_while_a_prune_commits_count_each_run_once(
@@ -44,17 +62,10 @@ async def test_costs_read_while_a_prune_commits_count_each_run_once(
     [before] = await costs(client.pool, ("agent",))
     assert (before.runs, before.usd_paid) == (3, Decimal("0.75"))
 
-    real = costs_module.summary_totals
-    pruned: list[int] = []
-
-    async def prune_first(*args: Any, **kwargs: Any) -> Any:
-        if not pruned:  # the prune commits after the audit records were summed
-            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(costs_module, "summary_totals", prune_first)
+    # the prune commits after the audit records were summed
+    pruned = prune_before(monkeypatch, client, costs_module, "summary_totals")
     rows = await costs(client.pool, ("agent",))
-    assert pruned == [3]
+    assert [p.runs for p in pruned] == [3]
     assert [(r.agent, r.runs, r.usd_paid) for r in rows] == [("desk", 3, Decimal("0.75"))]
     monkeypatch.undo()
     [after] = await costs(client.pool, ("agent",))  # and after it, all from the records
@@ -93,17 +104,9 @@ async def test_a_fork_racing_a_prune_of_its_source_is_made_whole(
     source committing between the two left the copy with nothing to copy: an InternalError
     (HTTP 500). The fork now holds its source's row (``FOR KEY SHARE``): the prune skips it."""
     source = await ended_run(client, "desk")
-    real = fork_module.copy_journal
-    pruned: list[int] = []
-
-    async def prune_then_copy(*args: Any, **kwargs: Any) -> Any:
-        if not pruned:
-            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(fork_module, "copy_journal", prune_then_copy)
+    pruned = prune_before(monkeypatch, client, fork_module, "copy_journal")
     fork_id = await fork_run(client, source, at=1, input="again")
-    assert pruned == [0]  # the source, held by the fork, was skipped
+    assert [p.runs for p in pruned] == [0]  # the source, held by the fork, was skipped
     assert await journal_rows(client, fork_id) >= 2  # the fork is whole
     assert await exists(client, source)
     assert (await prune_batch(client.pool, "desk", ALL)).trees == (source,)  # later, it goes
@@ -117,18 +120,10 @@ async def test_retry_racing_a_prune_says_the_run_was_pruned(
     run_id = await ended_run(client, "desk", status="failed")
     from toren.runs import client as runs_client
 
-    real = runs_client._not_an_ended_child
-    pruned: list[int] = []
-
-    async def prune_first(*args: Any, **kwargs: Any) -> Any:
-        if not pruned:
-            pruned.append((await prune_batch(client.pool, "desk", ALL)).runs)
-        return await real(*args, **kwargs)
-
-    monkeypatch.setattr(runs_client, "_not_an_ended_child", prune_first)
+    pruned = prune_before(monkeypatch, client, runs_client, "_not_an_ended_child")
     with pytest.raises(RunPruned, match="was pruned on"):
         await retry(client, run_id)
-    assert pruned == [1]
+    assert [p.runs for p in pruned] == [1]
     with pytest.raises(RunPruned, match="was pruned on"):  # a decision sent without waiting
         await decide(client, run_id, call_id="c1", approved=True, wait=None)
     assert not await exists(client, run_id)
