@@ -184,6 +184,8 @@ async def test_a_keep_setting_longer_than_postgres_time_is_refused_not_fatal_to_
     await housekeep(client.pool, dedupe_retention=60, token_keep_for=longest.token_keep_for)
     with pytest.raises(ConfigError):  # a pruner's timer cannot be set that far ahead
         Settings(prune_every="3651d")
+    with pytest.raises(ConfigError, match="dedupe_retention_seconds must be at most"):
+        Settings(dedupe_retention_seconds=1e14)  # in the same statement as token_keep_for
 
 
 async def test_a_bad_archive_store_is_named_as_such_by_the_pruner(client: Client) -> None:
