@@ -12,6 +12,7 @@ it records no events (see :mod:`toren.retention.messages`).
 from __future__ import annotations
 
 import logging
+from datetime import datetime
 from typing import Any
 
 import attrs
@@ -38,6 +39,10 @@ class Pruner(Actor[PrunerState]):
     kind = PRUNER_KIND
     idle_seconds = 1.0  # it sleeps on its timer
     state_type = PrunerState
+
+    # Where the wake's batches go on from (a root's created_at and id): past the trees the
+    # batch before left. Kept only while the pruner is awake: a wake starts from the oldest.
+    _after: tuple[datetime, str] | None = None
 
     def initial_state(self) -> PrunerState:
         return PrunerState()
@@ -71,9 +76,14 @@ class Pruner(Actor[PrunerState]):
                 batch=pruners.batch,
                 lock_timeout=pruners.lock_timeout,
                 store=store,
+                after=self._after,
             )
-            if len(result.trees) < pruners.batch:
+            if result.found < pruners.batch:
+                self._after = None  # the newest reached: the next wake starts from the oldest
                 break
+            # Past the trees this batch pruned or left (one whose journal is not folded here
+            # may be left for good: from the oldest again, it would fill every batch).
+            self._after = result.last
         else:
             if policy.prunes_runs:
                 ctx.set_timer(TIMER, 0.0, PruneTick())  # more to prune: the next step goes on

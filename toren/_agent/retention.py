@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 import attrs
 
 from toren._agent.agents import parse_duration
+from toren._core.durations import kept_for
 from toren._core.errors import ConfigError
 
 KEEP_LAST_MAX = 1_000_000
@@ -60,6 +61,9 @@ class Retention:
     conversation_keep_for: float | None = attrs.field(default=None, converter=_duration)
 
     def __attrs_post_init__(self) -> None:
+        for name in ("keep_for", "keep_failed_for", "conversation_keep_for"):
+            if (period := getattr(self, name)) is not None:
+                kept_for(f"retention {name}", period)
         keep_last: object = self.keep_last
         if keep_last is not None and (
             isinstance(keep_last, bool)

@@ -180,8 +180,9 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
         if url:
             from toren._core.stores import store_from_url
 
-            store = store_from_url(url)
+            store = store_from_url(url, setting="archive_store")
     runs = events = size = archived = skipped = 0
+    after = None
     try:
         while True:
             result = await prune_batch(
@@ -191,11 +192,13 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
                 batch=settings.prune_batch,
                 lock_timeout=settings.prune_lock_timeout,
                 store=store,
+                after=after,
             )
             runs, events, size = runs + result.runs, events + result.events, size + result.bytes
-            archived, skipped = archived + result.archived, result.skipped
-            if len(result.trees) < settings.prune_batch:
+            archived, skipped = archived + result.archived, skipped + result.skipped
+            if result.found < settings.prune_batch:
                 break
+            after = result.last  # past the trees pruned or left (some may be for good)
     finally:
         if store is not None:
             await store.close()

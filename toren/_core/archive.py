@@ -213,14 +213,16 @@ async def archive_journal(
     (no transaction is held while the object is uploaded), and compressed as they come: only
     the compressed object is held whole. The range's first and last seq are those of the events
     found in it. An object already under the key with the same checksum is kept (archiving the
-    same range again writes nothing); one with other bytes but the same events is kept too;
-    otherwise it is replaced by what the journal holds now.
+    same range again writes nothing); one with other bytes but the same events is kept too; a
+    damaged one is replaced by what the journal holds now; a whole archive of other events is
+    never replaced (another database's: it raises).
 
     Raises:
         ValueError: the range is not one (``first_seq`` < 1, or ``last_seq`` < ``first_seq``
             - 1).
         CorruptArchive: the rows changed while they were read (an event of the range was
-            deleted), or the store gave back other bytes than were written.
+            deleted), the store gave back other bytes than were written, or the key holds an
+            archive of other events.
         StoreError, ConfigError: the store's own (``StoreUnavailable`` is retryable).
     """
     if first_seq < 1 or (last_seq is not None and last_seq < first_seq - 1):
@@ -319,13 +321,22 @@ async def _existing(store: ObjectStore, ref: ArchiveRef, data: bytes) -> Archive
         same = zlib.decompress(there, _GZIP) == zlib.decompress(data, _GZIP)
     except zlib.error:
         same = False
+    theirs = attrs.evolve(ref, sha256=hashlib.sha256(there).hexdigest(), bytes=len(there))
     if same:
-        return attrs.evolve(ref, sha256=hashlib.sha256(there).hexdigest(), bytes=len(there))
-    log.warning(
-        "journal archive %s held other events than the journal now does; it is replaced",
+        return theirs
+    try:
+        parse_archive(there, theirs)
+    except CorruptArchive:  # damaged: nothing can read it; what the journal holds replaces it
+        log.warning("journal archive %s is damaged; it is written again", ref.location)
+        return None
+    # A whole archive of other events under this key: another database's run of the same id
+    # (databases sharing a store give keyed runs the same ids), which its audit record names.
+    raise CorruptArchive(
         ref.location,
+        "it holds another journal of this actor and range (another database sharing this "
+        "archive store?), which is not replaced; give each database its own archive_store "
+        "(or prefix)",
     )
-    return None
 
 
 async def drop_shorter(store: ObjectStore, ref: ArchiveRef) -> int:

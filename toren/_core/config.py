@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from toren._core.durations import setting_duration
+from toren._core.durations import kept_for, setting_duration
 from toren._core.errors import ConfigError
 from toren._core.secret_files import SUFFIX
 
@@ -176,7 +176,9 @@ class WorkerSettings:
     deploy_label: str | None = None
     actor_restart_intensity: int = attrs.field(default=5, validator=positive)
     actor_restart_period: float = attrs.field(default=60.0, validator=positive)
-    dedupe_retention_seconds: float = attrs.field(default=7 * 86400.0, validator=positive)
+    dedupe_retention_seconds: float = attrs.field(
+        default=7 * 86400.0, validator=[positive, lambda _, a, v: kept_for(a.name, v)]
+    )
     snapshot_every: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(positive)
     )

@@ -11,7 +11,16 @@ import re
 
 from toren._core.errors import ConfigError
 
-_DURATION = re.compile(r"^\s*(?:(\d+)d)?\s*(?:(\d+)h)?\s*(?:(\d+)m)?\s*(?:(\d+)s)?\s*$")
+KEEP_MAX = 1000 * 365 * 86400.0
+"""The longest period data is kept for (a thousand years: "for ever"). Longer ones are refused:
+Postgres subtracts them from now (``now() - make_interval(...)``), and its timestamps begin in
+4713 BC."""
+
+# At most 15 digits a part: a longer one is over the largest duration anyway, and Python refuses
+# to read an integer of more than 4,300 digits (a ValueError, not the ConfigError said here).
+_DURATION = re.compile(
+    r"^\s*(?:(\d{1,15})d)?\s*(?:(\d{1,15})h)?\s*(?:(\d{1,15})m)?\s*(?:(\d{1,15})s)?\s*$"
+)
 
 
 def parse_duration(text: str | float) -> float:
@@ -49,16 +58,31 @@ def setting_duration(name: str, value: str | float) -> float:
     of seconds as text (what an environment variable gives).
 
     Raises:
-        ConfigError: it is none of these, or not positive and finite; the message names the
-            setting, never its value.
+        ConfigError: it is none of these, or not positive and finite, or longer than
+            :data:`KEEP_MAX`; the message names the setting, never its value.
     """
     if isinstance(value, str):
         with contextlib.suppress(ValueError):
             value = float(value)
     try:
-        return parse_duration(value)
+        seconds = parse_duration(value)
     except ConfigError:
         raise ConfigError(
             f"{name} is not a positive duration (the value is not shown)",
             hint="Write it like '30d', '12h', '1h30m' or a number of seconds.",
         ) from None
+    return kept_for(name, seconds)
+
+
+def kept_for(name: str, seconds: float) -> float:
+    """``seconds``, the period ``name`` keeps something for, checked.
+
+    Raises:
+        ConfigError: it is longer than :data:`KEEP_MAX`.
+    """
+    if seconds > KEEP_MAX:
+        raise ConfigError(
+            f"{name} must be at most {KEEP_MAX / 86400 / 365:.0f} years",
+            hint="Postgres subtracts it from now, and its timestamps begin in 4713 BC.",
+        )
+    return seconds

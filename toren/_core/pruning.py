@@ -73,6 +73,8 @@ WITH RECURSIVE boundary AS (
       -- a run restored into the journal (args.restored_at) counts its keep from then
       AND (p.keep IS NULL OR greatest(last.created_at, (a.args->>'restored_at')::timestamptz)
                              < now() - make_interval(secs => p.keep))
+      -- after the last root of the batch before (one whose trees it could not prune)
+      AND ($8::timestamptz IS NULL OR (a.created_at, a.actor_id) > ($8, $9::text))
     ORDER BY a.created_at, a.actor_id
     LIMIT $5
 ), tree(root, actor_id) AS (
@@ -100,6 +102,7 @@ async def ended_trees(
     keep_last: int | None,
     limit: int,
     spare_under: Collection[str] = (),
+    after: tuple[datetime, str] | None = None,
 ) -> list[EndedTree]:
     """Up to ``limit`` trees whose root may be pruned, oldest first; no lock is taken.
 
@@ -109,7 +112,8 @@ async def ended_trees(
     than ``keep_for[status]`` seconds (``None``: no age rule) and which is not among the newest
     ``keep_last`` such roots (``None``: no count rule). A status with neither rule is never
     pruned. Every actor of its tree has ended too (a run: its status is a key of ``keep_for``)
-    and has no message waiting.
+    and has no message waiting. With ``after`` (a root's ``(created_at, root)``), only roots
+    made after it.
     """
     statuses = list(keep_for)
     ages = [keep_for[s] for s in statuses]
@@ -124,6 +128,8 @@ async def ended_trees(
         int(limit),
         list(spare_under),
         made_before,
+        after[0] if after is not None else None,
+        after[1] if after is not None else None,
     )
     return [
         EndedTree(

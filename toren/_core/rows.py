@@ -130,15 +130,20 @@ async def actor_row(
     kind: str | None = None,
     fields: Iterable[str] = (),
     lock: bool = False,
+    keep: bool = False,
 ) -> ActorRow | None:
     """Actor ``actor_id``'s row, or ``None`` if there is none (or it is not of ``kind``).
     With ``lock``, the row is locked for update until ``db``'s transaction ends (so that
-    checks of its ``args`` and their change serialize)."""
+    checks of its ``args`` and their change serialize). With ``keep``, it is locked ``FOR KEY
+    SHARE``: it is not deleted before the transaction ends (a prune skips it) and the actor's
+    steps, which update it, are not held up."""
     sql = f"SELECT {columns(fields)} FROM toren.actors a WHERE a.actor_id = $1"
     if kind is not None:
         sql += f" AND a.kind = {_kind(kind)}"
     if lock:
         sql += " FOR UPDATE"
+    elif keep:
+        sql += " FOR KEY SHARE"
     found = await db.fetchrow(sql, actor_id)
     return row(found) if found is not None else None
 

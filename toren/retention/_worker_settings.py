@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 import attrs
 
+from toren._core.actor import MAX_DELAY
 from toren._core.config import Env
 from toren._core.errors import ConfigError
 
@@ -19,7 +20,8 @@ def seconds(value: Any) -> float:
     """``0.2``, ``"200ms"``, ``"10m"``, ``"1h30m"`` as seconds.
 
     Raises:
-        ConfigError: not a positive, finite duration.
+        ConfigError: not a positive, finite duration, or longer than a timer's longest delay
+            (ten years).
     """
     if isinstance(value, str) and value.strip().endswith("ms"):
         try:
@@ -33,7 +35,10 @@ def seconds(value: Any) -> float:
         return ms / 1000
     from toren._agent.agents import parse_duration
 
-    return parse_duration(value)
+    period = parse_duration(value)
+    if period > MAX_DELAY:  # a pruner's timer is set that far ahead
+        raise ConfigError(f"duration must be at most {MAX_DELAY / 86400 / 365:.0f} years")
+    return period
 
 
 def _batch(inst: Any, attribute: attrs.Attribute[Any], value: int) -> None:

@@ -50,7 +50,7 @@ class Pruners:
         if self._store is None and self.store_url:
             from toren._core.stores import store_from_url
 
-            self._store = store_from_url(self.store_url)
+            self._store = store_from_url(self.store_url, setting="archive_store")
         return self._store
 
     async def close(self) -> None:

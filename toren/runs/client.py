@@ -17,7 +17,13 @@ from toren._core.journal_reads import events
 from toren._core.json_text import dumps, utf8_size
 from toren._core.restarts import forget_restarts
 from toren._core.rows import ActorRow, actor_row, descendants, revive, set_route
-from toren.runs.audit import PrunedStart, refuse_pruned, unknown_run
+from toren.runs.audit import (
+    AuditRecord,
+    PrunedStart,
+    audit_records,
+    refuse_pruned,
+    unknown_run,
+)
 from toren.runs.events import (
     ENDED,
     RUN_KIND,
@@ -221,11 +227,37 @@ async def start_run(
             if created:  # after its start message: a run that waits has it hidden with it
                 await impose_run(conn, run_id, agent, concurrency_key)
     except PrunedStart as pruned:  # the key's run was pruned: it is the answer, as before
-        kept = pruned.record.args
-        if (kept.get("start", started), kept.get("concurrency_key")) != (started, concurrency_key):
-            raise IdempotencyConflict(str(idempotency_key), pruned.record.run_id) from None
-        return pruned.record.run_id
+        return _pruned_answer(pruned.record, str(idempotency_key), started, concurrency_key)
+    except UnknownActor:
+        if idempotency_key is None:
+            raise
+        # The key's run was found (a spawn's conflicting insert locks nothing), then pruned
+        # before its start message was sent: its audit record is the answer.
+        ids = (keyed_run_id(agent, idempotency_key), _old_keyed_id(idempotency_key))
+        found = await audit_records(client.pool, ids)
+        record = next((r for r in found.values() if r.agent == agent), None)
+        if record is None:
+            raise
+        return _pruned_answer(record, idempotency_key, started, concurrency_key)
     return run_id
+
+
+def _pruned_answer(record: AuditRecord, key: str, started: str, concurrency_key: str | None) -> str:
+    """A keyed start's answer when the key's run was pruned: the run, if it was started with
+    the same input and concurrency key.
+
+    Raises:
+        IdempotencyConflict: it was not.
+    """
+    kept = record.args
+    if (kept.get("start", started), kept.get("concurrency_key")) != (started, concurrency_key):
+        raise IdempotencyConflict(key, record.run_id) from None
+    return record.run_id
+
+
+def _old_keyed_id(key: str) -> str:
+    """The id a version before per-agent keys gave the run of ``key`` (see :func:`_keyed_run`)."""
+    return f"run/{uuid.uuid5(_KEY_NAMESPACE, key)}"
 
 
 async def _keyed_run(
@@ -254,7 +286,7 @@ async def _keyed_run(
     """
 
     started = _start_digest(agent, input)
-    old_id = f"run/{uuid.uuid5(_KEY_NAMESPACE, key)}"
+    old_id = _old_keyed_id(key)
     old = await client.spawned(old_id, conn=conn)
     if old is not None and old["kind"] == RUN_KIND and (old["args"] or {}).get("agent") == agent:
         run_id, args = old_id, old["args"]
@@ -329,10 +361,10 @@ async def decide(
         raise MessageTooLarge(len(call_id), CALL_ID_CAP, "call id", "characters")
     by = _caller(by)
     msg = Decide(call_id=call_id, approved=approved, by=by, who=by.name, reason=reason)
-    if wait is None:
-        await client.send(run_id, msg, system=True)
-        return None
     try:
+        if wait is None:
+            await client.send(run_id, msg, system=True)
+            return None
         answer = await client.ask(run_id, msg, timeout=wait, system=True)
     except AskTimeout:
         return None
@@ -550,15 +582,19 @@ async def cancel(
     cancel_ = Cancel(by=by, who=by.name, reason=reason)
     row = await actor_row(client.pool, run_id, fields=("args.agent",))
     agent = str(row.args_dict.get("agent") or "") if row is not None else ""
-    if agent and row is not None and row.route and route_version(row.route)[1]:
-        # Pinned to a version: were no live worker to serve it (the run parked), only a worker
-        # of that version would take the cancel. Off its version, any worker running the agent
-        # takes it and ends the run there (a worker holding the run now keeps it to do so).
-        async with client.pool.acquire() as conn, conn.transaction():
-            await set_route(conn, run_id, agent_route(agent))
-            await client.send(run_id, cancel_, system=True, conn=conn)
-        return
-    await client.send(run_id, cancel_, system=True)
+    try:  # (a run that ended and was pruned since its status was read)
+        if agent and row is not None and row.route and route_version(row.route)[1]:
+            # Pinned to a version: were no live worker to serve it (the run parked), only a
+            # worker of that version would take the cancel. Off its version, any worker running
+            # the agent takes it and ends the run there (a worker holding the run now keeps it
+            # to do so).
+            async with client.pool.acquire() as conn, conn.transaction():
+                await set_route(conn, run_id, agent_route(agent))
+                await client.send(run_id, cancel_, system=True, conn=conn)
+            return
+        await client.send(run_id, cancel_, system=True)
+    except UnknownActor:
+        raise await unknown_run(client.pool, run_id) from None
 
 
 async def retry(
@@ -592,9 +628,12 @@ async def retry(
         from toren.runs.version_moves import move, retry_target
 
         moving = await retry_target(client, run_id)
-    async with client.pool.acquire() as conn, conn.transaction():
-        await revive(conn, run_id, kind=RUN_KIND)
-        await forget_restarts(conn, f"actors/{run_id}")
-        if moving is not None:  # its Upgrade is handled before the Retry (both system mail)
-            await move(client, conn, run_id, *moving, by)
-        await client.send(run_id, Retry(by=by, who=by.name), system=True, conn=conn)
+    try:  # (a run pruned since its status was read: the send waited for the prune)
+        async with client.pool.acquire() as conn, conn.transaction():
+            await revive(conn, run_id, kind=RUN_KIND)
+            await forget_restarts(conn, f"actors/{run_id}")
+            if moving is not None:  # its Upgrade is handled before the Retry (both system mail)
+                await move(client, conn, run_id, *moving, by)
+            await client.send(run_id, Retry(by=by, who=by.name), system=True, conn=conn)
+    except UnknownActor:
+        raise await unknown_run(client.pool, run_id) from None

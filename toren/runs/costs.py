@@ -10,11 +10,13 @@ totals are the same before and after a prune.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
+import asyncpg
 import attrs
 
 from toren._core.errors import TorenError
@@ -98,6 +100,23 @@ WHERE ($1::timestamptz IS NULL OR created_at >= $1) AND ($2::timestamptz IS NULL
 """
 
 
+@contextlib.asynccontextmanager
+async def _one_snapshot(db: Db) -> AsyncIterator[Any]:
+    """A connection of ``db`` whose statements read one snapshot of the database (a read-only
+    ``REPEATABLE READ`` transaction; ``db`` itself if it is in a transaction already)."""
+    if isinstance(db, asyncpg.Pool):
+        async with (
+            db.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield conn
+    elif db.is_in_transaction():
+        yield db
+    else:
+        async with db.transaction(isolation="repeatable_read", readonly=True):
+            yield db
+
+
 async def costs(
     db: Db,
     by: Sequence[Group] = ("agent",),
@@ -114,19 +133,23 @@ async def costs(
     if "day" in by:
         keys.append("(created_at AT TIME ZONE 'UTC')::date AS day")
     grouped = f"GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}" if keys else ""
-    audit = await db.fetch(
-        _AUDIT.format(keys="".join(f"{k}, " for k in keys), grouped=grouped), since, until
-    )
-    live = await summary_totals(
-        db,
-        kind=RUN_KIND,
-        group_arg="agent" if "agent" in by else None,
-        by_day="day" in by,
-        decimals=("usd_paid",),
-        integers=("calls_made", "input_tokens", "output_tokens"),
-        since=since,
-        until=until,
-    )
+    # Both sums in one snapshot: a prune (or a restore) commits the audit record and the
+    # run's row going (or coming) at once, and two snapshots would see a run in neither
+    # (its cost lost) or in both (counted twice).
+    async with _one_snapshot(db) as conn:
+        audit = await conn.fetch(
+            _AUDIT.format(keys="".join(f"{k}, " for k in keys), grouped=grouped), since, until
+        )
+        live = await summary_totals(
+            conn,
+            kind=RUN_KIND,
+            group_arg="agent" if "agent" in by else None,
+            by_day="day" in by,
+            decimals=("usd_paid",),
+            integers=("calls_made", "input_tokens", "output_tokens"),
+            since=since,
+            until=until,
+        )
     totals: dict[tuple[str | None, date | None], dict[str, Any]] = {}
     for row, pruned in [(dict(r), True) for r in audit] + [(r, False) for r in live]:
         key = (row.get("group_key"), row.get("day"))

@@ -115,7 +115,10 @@ async def fork_run(
         raise UnknownActor(str(run_id))
     by = by if by is not None else Principal.os_user("python")
     async with client.pool.acquire() as conn, conn.transaction():
-        row = await actor_row(conn, run_id, fields=("args.agent", "args.concurrency_key"))
+        # Kept (a prune skips it) until its journal is copied, in a later statement.
+        row = await actor_row(
+            conn, run_id, fields=("args.agent", "args.concurrency_key"), keep=True
+        )
         if row is None:
             missing = await unknown_run(conn, run_id)
             if isinstance(missing, RunPruned):  # its journal is gone: nothing to copy

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -77,6 +78,10 @@ class PruneResult:
             changed since it was read, no archive store where one is needed).
         took: Seconds the batch took.
         dry_run: Nothing was deleted.
+        found: Trees selected (``batch`` of them: there may be more).
+        last: The last tree selected, as ``(created_at, root)``: the ``after`` of a next batch
+            that goes past the trees this one left (a journal not folded here can be left for
+            good: a batch from the oldest again would select it again).
     """
 
     agent: str
@@ -88,6 +93,8 @@ class PruneResult:
     skipped: int = 0
     took: float = 0.0
     dry_run: bool = False
+    found: int = 0
+    last: tuple[datetime, str] | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -105,9 +112,15 @@ def keep_for(retention: Retention) -> dict[str, float | None]:
 
 
 async def candidates(
-    pool: asyncpg.Pool, agent: str, retention: Retention, *, batch: int = PRUNE_BATCH
+    pool: asyncpg.Pool,
+    agent: str,
+    retention: Retention,
+    *,
+    batch: int = PRUNE_BATCH,
+    after: tuple[datetime, str] | None = None,
 ) -> list[EndedTree]:
-    """The trees a batch for ``agent`` would prune now, oldest first (no lock taken)."""
+    """The trees a batch for ``agent`` would prune now, oldest first (after ``after``, a
+    root's ``(created_at, root)``, if given; no lock taken)."""
     if not retention.prunes_runs:
         return []
     return await ended_trees(
@@ -118,6 +131,7 @@ async def candidates(
         keep_last=retention.keep_last,
         limit=batch,
         spare_under=SPARE_UNDER,
+        after=after,
     )
 
 
@@ -130,6 +144,7 @@ async def prune_batch(
     lock_timeout: float = PRUNE_LOCK_TIMEOUT,
     store: Any = None,
     dry_run: bool = False,
+    after: tuple[datetime, str] | None = None,
 ) -> PruneResult:
     """Prune one batch of ``agent``'s ended runs under ``retention`` (see the module).
 
@@ -141,6 +156,8 @@ async def prune_batch(
         lock_timeout: Seconds the deleting transaction waits for a lock at most.
         store: The archive store (an ``ObjectStore``), needed when ``retention.archive``.
         dry_run: Only say what would go.
+        after: Only trees whose root was made after this ``(created_at, root)`` (the ``last``
+            of the batch before).
 
     Raises:
         ConfigError: ``batch`` or ``lock_timeout`` is out of range.
@@ -150,12 +167,26 @@ async def prune_batch(
     if not 0.001 <= lock_timeout <= 60:
         raise ConfigError(f"prune_lock_timeout must be from 1ms to 60s, not {lock_timeout}s")
     started = time.monotonic()
-    trees = await candidates(pool, agent, retention, batch=batch)
+    trees = await candidates(pool, agent, retention, batch=batch, after=after)
     if dry_run:
         runs = sum(k == RUN_KIND for t in trees for k in t.kinds)
         return PruneResult(agent=agent, runs=runs, trees=tuple(t.root for t in trees), dry_run=True)
     if not trees:
         return PruneResult(agent=agent, took=time.monotonic() - started)
+    done = await _batch(pool, agent, retention, trees, lock_timeout, store, started)
+    return attrs.evolve(done, found=len(trees), last=(trees[-1].created_at, trees[-1].root))
+
+
+async def _batch(
+    pool: asyncpg.Pool,
+    agent: str,
+    retention: Retention,
+    trees: list[EndedTree],
+    lock_timeout: float,
+    store: Any,
+    started: float,
+) -> PruneResult:
+    """Steps 2 and 3 of a batch, on the ``trees`` step 1 selected (at ``started``)."""
     archiving = retention.archive
     if archiving and store is None:
         log.warning(
@@ -170,8 +201,9 @@ async def prune_batch(
     for tree in trees:
         try:
             tree_runs = await _read_tree(pool, tree, store if archiving else None)
-        except (ReplayFailed, TorenError) as exc:  # a journal not folded here, a store failing
-            log.warning("%s: not pruned now: %s", tree.root, exc)
+        # A journal not folded here, a store failing (a local store's disk: OSError).
+        except (ReplayFailed, TorenError, OSError) as exc:
+            log.warning("%s: not pruned now: %s: %s", tree.root, type(exc).__name__, exc)
             skipped += 1
             continue
         read[tree.root] = tree_runs
@@ -228,6 +260,14 @@ async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_R
                 archived_before += await read_archive(store, ref, actor_id=actor_id)
         if store is not None:
             archive = await archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
+            follows = earlier[-1].last_seq + 1 if earlier else 1
+            if archive.events and archive.first_seq != follows:
+                # Truncated (by its host, after a snapshot) between the ranges read above and
+                # the rows archived here: the record would miss the range just archived.
+                raise TorenError(
+                    f"{actor_id}'s journal was truncated while it was read (its rows from seq "
+                    f"{archive.first_seq}, its ranges to seq {follows - 1}); pruned later"
+                )
         record = await _record(
             pool, tree.root, row, state, rebuilt.seq, archive, earlier, archived_before
         )

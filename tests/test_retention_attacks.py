@@ -1,0 +1,314 @@
+"""Issue 32 under attack: requests racing a prune, hostile retention settings.
+
+Each race is made deterministic by running a real prune (its own connection, its own
+transaction, committed) at the exact point between two statements of the request it races: a
+function the request calls is wrapped to prune first. Nothing of the database is mocked.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_retention import ALL, ended_run, exists, journal_rows
+from toren import Client, ConfigError, Retention, Settings
+from toren._core.archive import CorruptArchive, archive_journal, read_archive
+from toren._core.codec import decode
+from toren._core.stores import LocalStore
+from toren._core.workers import housekeep
+from toren.retention.runtime import Pruners
+from toren.runs import Agents, start_run
+from toren.runs import costs as costs_module
+from toren.runs import fork as fork_module
+from toren.runs import prune as prune_module
+from toren.runs.audit import RunPruned, audit_record
+from toren.runs.client import decide, keyed_run_id, read_run, retry, start_args
+from toren.runs.costs import costs
+from toren.runs.fork import fork_run
+from toren.runs.prune import PruneResult, candidates, prune_batch
+from toren.runs.restore import restored_run
+
+pytestmark = pytest.mark.anyio
+
+
+def prune_before(
+    monkeypatch: pytest.MonkeyPatch, client: Client, owner: object, name: str
+) -> list[PruneResult]:
+    """Make ``owner.name`` (a function a request calls between two of its statements) first
+    run a whole prune of agent ``desk`` and commit it, once; the prune's result is appended to
+    the list returned."""
+    real = getattr(owner, name)
+    done: list[PruneResult] = []
+
+    async def prune_first(*args: Any, **kwargs: Any) -> Any:
+        if not done:
+            done.append(await prune_batch(client.pool, "desk", ALL))
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, prune_first)
+    return done
+
+
+async def test_costs_read_while_a_prune_commits_count_each_run_once(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The costs surface sums audit records and live rows: read in two statements with a prune
+    committing between them, the pruned runs were in neither (their cost lost)."""
+    for _ in range(3):
+        await ended_run(client, "desk", usd="0.25")
+    [before] = await costs(client.pool, ("agent",))
+    assert (before.runs, before.usd_paid) == (3, Decimal("0.75"))
+
+    # the prune commits after the audit records were summed
+    pruned = prune_before(monkeypatch, client, costs_module, "summary_totals")
+    rows = await costs(client.pool, ("agent",))
+    assert [p.runs for p in pruned] == [3]
+    assert [(r.agent, r.runs, r.usd_paid) for r in rows] == [("desk", 3, Decimal("0.75"))]
+    monkeypatch.undo()
+    [after] = await costs(client.pool, ("agent",))  # and after it, all from the records
+    assert (after.runs, after.pruned, after.usd_paid) == (3, 3, Decimal("0.75"))
+
+
+async def test_a_keyed_start_that_found_its_run_answers_with_it_when_a_prune_takes_it_meanwhile(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retried keyed start finds its ended run (the spawn's insert conflicts: no lock is
+    taken), then a prune deletes the run and commits before the start sends its message: the
+    start must still answer with the run (pruned), not fail as if no such run existed."""
+    run_id = keyed_run_id("desk", "order-9")
+    await ended_run(client, "desk", run_id=run_id, args=start_args("desk", "go"))
+    real = client.spawn
+    pruned: list[tuple[str, ...]] = []
+
+    async def spawn_then_prune(kind: Any, actor_id: str, *args: Any, **kwargs: Any) -> bool:
+        created = await real(kind, actor_id, *args, **kwargs)
+        if actor_id == run_id and not created and not pruned:
+            pruned.append((await prune_batch(client.pool, "desk", ALL)).trees)
+        return created
+
+    monkeypatch.setattr(client, "spawn", spawn_then_prune)
+    answer = await start_run(client, "desk", "go", idempotency_key="order-9")
+    assert pruned == [(run_id,)]
+    assert answer == run_id
+    assert not await exists(client, run_id)  # no second run under the key
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
+
+
+async def test_a_fork_racing_a_prune_of_its_source_is_made_whole(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork reads its source's journal, then copies it in a later statement; a prune of the
+    source committing between the two left the copy with nothing to copy: an InternalError
+    (HTTP 500). The fork now holds its source's row (``FOR KEY SHARE``): the prune skips it."""
+    source = await ended_run(client, "desk")
+    pruned = prune_before(monkeypatch, client, fork_module, "copy_journal")
+    fork_id = await fork_run(client, source, at=1, input="again")
+    assert [p.runs for p in pruned] == [0]  # the source, held by the fork, was skipped
+    assert await journal_rows(client, fork_id) >= 2  # the fork is whole
+    assert await exists(client, source)
+    assert (await prune_batch(client.pool, "desk", ALL)).trees == (source,)  # later, it goes
+
+
+async def test_retry_racing_a_prune_says_the_run_was_pruned(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retry reads the run failed, then a prune takes it: the retry says it was pruned (as
+    ``say`` does), not that no such actor exists."""
+    run_id = await ended_run(client, "desk", status="failed")
+    from toren.runs import client as runs_client
+
+    pruned = prune_before(monkeypatch, client, runs_client, "_not_an_ended_child")
+    with pytest.raises(RunPruned, match="was pruned on"):
+        await retry(client, run_id)
+    assert [p.runs for p in pruned] == [1]
+    with pytest.raises(RunPruned, match="was pruned on"):  # a decision sent without waiting
+        await decide(client, run_id, call_id="c1", approved=True, wait=None)
+    assert not await exists(client, run_id)
+    assert await journal_rows(client, run_id) == 0
+
+
+@pytest.mark.parametrize("keep_for", [1e300, 1e14, "99999999d"])
+async def test_a_retention_period_longer_than_postgres_time_is_refused_or_prunes_nothing(
+    client: Client, keep_for: Any
+) -> None:
+    """A period far beyond any run's age (someone's "keep forever") is refused when the policy
+    is made (it failed every batch: Postgres cannot subtract it from now); the longest taken
+    keeps every run."""
+    await ended_run(client, "desk")
+    with pytest.raises(ConfigError, match="retention keep_for must be at most 1000 years"):
+        Retention(keep_for=keep_for)
+    policy = Retention(keep_for="365000d", keep_failed_for=1e10)  # the longest taken
+    assert await candidates(client.pool, "desk", policy) == []
+    assert (await prune_batch(client.pool, "desk", policy)).runs == 0
+
+
+async def test_runs_a_batch_cannot_prune_do_not_stop_the_pruning_of_the_others(
+    client: Client,
+) -> None:
+    """Candidates are the oldest trees; a tree a batch skips for good (its journal does not
+    fold here: an event type of another version) was selected again by every batch: as many of
+    them as a batch takes, and no later run was ever pruned (the pruner's loop ended on a batch
+    that pruned nothing). A batch now says the last tree it selected, and the next goes on
+    after it."""
+    stuck = [await ended_run(client, "desk") for _ in range(2)]
+    for run_id in stuck:  # an event this version does not know, before the run's end
+        await client.pool.execute(
+            "UPDATE toren.journal SET type = 'run.from_the_future' WHERE actor_id = $1 AND seq = 2",
+            run_id,
+        )
+    later = await ended_run(client, "desk")
+    first = await prune_batch(client.pool, "desk", ALL, batch=2)
+    assert (first.runs, first.skipped, first.found) == (0, 2, 2)  # the stuck ones, said
+    assert first.last is not None
+    assert first.last[1] == max(stuck, key=lambda r: stuck.index(r))  # the newer of them
+    # The next batch of the wake goes past them, as the pruner and `jobs prune` do.
+    second = await prune_batch(client.pool, "desk", ALL, batch=2, after=first.last)
+    assert second.trees == (later,)
+    assert not await exists(client, later)
+    assert all([await exists(client, r) for r in stuck])
+
+
+@pytest.mark.parametrize("value", ["99999999d", 1e14])
+async def test_a_keep_setting_longer_than_postgres_time_is_refused_not_fatal_to_housekeeping(
+    client: Client, value: Any
+) -> None:
+    """token_keep_for is one statement with every other housekeeping delete: a period Postgres
+    cannot subtract from now would stop them all (expired sessions, dedupe keys...)."""
+    for name in ("token_keep_for", "deadletter_keep_for"):
+        with pytest.raises(ConfigError, match=f"{name} must be at most 1000 years"):
+            Settings(**{name: value})
+    longest = Settings(token_keep_for="365000d")  # a thousand years: housekeeping goes on
+    await housekeep(client.pool, dedupe_retention=60, token_keep_for=longest.token_keep_for)
+    with pytest.raises(ConfigError):  # a pruner's timer cannot be set that far ahead
+        Settings(prune_every="3651d")
+    with pytest.raises(ConfigError, match="dedupe_retention_seconds must be at most"):
+        Settings(dedupe_retention_seconds=1e14)  # in the same statement as token_keep_for
+
+
+async def test_a_bad_archive_store_is_named_as_such_by_the_pruner(client: Client) -> None:
+    pruners = Pruners(
+        client.pool, Agents(), batch=1, lock_timeout=0.2, every=60, store_url="s3://Not_A_Bucket"
+    )
+    with pytest.raises(ConfigError, match="archive store URL"):
+        await pruners.store()
+
+
+async def test_an_archive_a_kept_record_names_is_never_replaced_by_another_journal(
+    client: Client, tmp_path: Path
+) -> None:
+    """Two databases sharing an archive store (staging and production, one bucket; a database
+    recreated from scratch) give runs the same ids: a keyed run's id is derived from its agent
+    and key alone. The second archive of a run under the same id and range has other events
+    under the same key; replacing the object loses the first database's archived journal (its
+    audit record's checksum no longer matches: restore refuses it as damaged)."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = keyed_run_id("desk", "order-1")
+    await ended_run(client, "desk", run_id=run_id, input="first database")
+    kept = Retention(keep_last=0, archive=True)
+    assert (await prune_batch(client.pool, "desk", kept, store=store)).runs == 1
+    record = await audit_record(client.pool, run_id)
+    assert record is not None
+    assert record.archive is not None
+    # The other database's run of the same id (here: the same database, its row made again).
+    await ended_run(client, "desk", run_id=run_id, input="second database")
+    with pytest.raises(CorruptArchive, match="another journal of this actor and range"):
+        await archive_journal(client.pool, store, run_id)
+    entries = await read_archive(store, record.archive, actor_id=run_id)  # still readable
+    assert decode(entries[0].type, entries[0].data).input == "first database"
+
+
+async def test_an_archive_store_that_fails_leaves_the_runs_for_later(
+    client: Client, tmp_path: Path
+) -> None:
+    """A local archive directory that cannot be written (a full or read-only disk; here its
+    path is under a file) fails with OSError, not the store's errors: the batch raised, so the
+    pruner's tick was charged, retried and dead-lettered, and its timer never set again."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    run_id = await ended_run(client, "desk")
+    kept = Retention(keep_last=0, archive=True)
+    result = await prune_batch(client.pool, "desk", kept, store=LocalStore(blocker / "archive"))
+    assert (result.runs, result.skipped) == (0, 1)
+    assert await exists(client, run_id)
+    assert await journal_rows(client, run_id) == 3
+
+
+async def test_a_truncated_conversation_without_a_usable_snapshot_is_still_readable(
+    client: Client, tmp_path: Path
+) -> None:
+    """A conversation's journal truncated behind its snapshot, then that snapshot unusable (a
+    release that changes the state's snapshot version; snapshots "may be deleted at any time"):
+    the API and the CLI read runs without an archive store (``read_run``), so the run cannot be
+    shown until a worker next wakes it and writes a new snapshot."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = await ended_run(client, "desk")
+    ref = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=1)
+    async with client.pool.acquire() as conn, conn.transaction():  # as truncate_journal does
+        await conn.execute(
+            "INSERT INTO toren.journal_archives (actor_id, first_seq, last_seq, ref) "
+            "VALUES ($1, 1, 1, $2)",
+            run_id,
+            ref.to_json(),
+        )
+        await conn.execute("DELETE FROM toren.journal WHERE actor_id = $1 AND seq = 1", run_id)
+    state = await read_run(client, run_id)
+    assert (state.status, state.agent) == ("completed", "desk")
+
+
+def test_a_duration_of_thousands_of_digits_is_a_config_error() -> None:
+    """Python refuses to read an integer of over 4,300 digits with a ValueError: a setting or a
+    policy of that many digits escaped the clear error (a traceback, not exit 2)."""
+    huge = "9" * 5000 + "d"
+    with pytest.raises(ConfigError, match="not a duration"):
+        Retention(keep_for=huge)
+    with pytest.raises(ConfigError, match="token_keep_for is not a positive duration"):
+        Settings(token_keep_for=huge)
+    with pytest.raises(ConfigError, match="at most 1000 years"):  # 15 digits: read, too long
+        Retention(keep_for="999999999999999s")
+
+
+async def test_a_prune_racing_a_truncation_keeps_every_archived_range_in_its_record(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch reads a run's archived ranges, then archives its journal's rows: a truncation
+    (the run's host, after its last snapshot) committing between the two moved the first
+    events to a range the batch never saw. The audit record named neither that range nor the
+    decisions in it, and the range's row went with the run: restore refused the run."""
+    store = LocalStore(tmp_path / "archive")
+    run_id = await ended_run(client, "desk", decided="refund approved")
+    real = prune_module.archived_ranges
+    truncated: list[int] = []
+
+    async def ranges_then_truncate(db: Any, actor_id: str) -> Any:
+        found = await real(db, actor_id)
+        if not truncated:  # what truncate_journal commits: a range recorded, its rows gone
+            ref = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=3)
+            async with client.pool.acquire() as conn, conn.transaction():
+                await conn.execute(
+                    "INSERT INTO toren.journal_archives (actor_id, first_seq, last_seq, ref) "
+                    "VALUES ($1, 1, 3, $2)",
+                    run_id,
+                    ref.to_json(),
+                )
+                await conn.execute(
+                    "DELETE FROM toren.journal WHERE actor_id = $1 AND seq <= 3", run_id
+                )
+            truncated.append(ref.events)
+        return found
+
+    monkeypatch.setattr(prune_module, "archived_ranges", ranges_then_truncate)
+    kept = Retention(keep_last=0, archive=True)
+    await prune_batch(client.pool, "desk", kept, store=store)
+    assert truncated == [3]
+    monkeypatch.undo()
+    if await exists(client, run_id):  # left for a later batch, which sees the range
+        assert (await prune_batch(client.pool, "desk", kept, store=store)).runs == 1
+    record = await audit_record(client.pool, run_id)
+    assert record is not None
+    assert [(d["tool"], d["reason"]) for d in record.decisions] == [("refund", "refund approved")]
+    state, entries = await restored_run(client, run_id, store=store)
+    assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
+    assert state.status == "completed"
