@@ -312,3 +312,37 @@ async def test_a_prune_racing_a_truncation_keeps_every_archived_range_in_its_rec
     state, entries = await restored_run(client, run_id, store=store)
     assert [e.seq for e in entries] == [1, 2, 3, 4, 5]
     assert state.status == "completed"
+
+
+async def test_a_pruner_whose_batch_fails_keeps_its_timer_and_is_never_dead_lettered(
+    client: Client, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Anything a batch did not expect (a database error, a bug): logged, and the pruner's
+    # timer set all the same. A handler that raised would be retried, then dead-lettered,
+    # and no timer would wake the pruner again until a worker restarted.
+    from tests.conftest import running_worker, wait_for
+    from toren import Agent
+
+    async def failing(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the database said no")
+
+    monkeypatch.setattr("toren.actors.retention.actor.prune_batch", failing)
+    agents = Agents()
+    agents.register(
+        [
+            Agent(
+                name="keeper", model="anthropic/claude-sonnet-4-6", retention=Retention(keep_last=1)
+            )
+        ]
+    )
+    async with running_worker(db_url, agents):
+
+        async def timer_set() -> bool:
+            found = await client.pool.fetchval(
+                "SELECT count(*) FROM toren.mailbox WHERE actor_id = 'retention/keeper' "
+                "AND timer_name = 'prune' AND visible_at > now() + interval '1 minute'"
+            )
+            return bool(found)
+
+        await wait_for(timer_set, what="the pruner's next wake set after a failed batch")
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.deadletters") == 0

@@ -17,7 +17,7 @@ from typing import Any
 
 import attrs
 
-from toren import Actor, Context
+from toren import Actor, Context, Retention
 from toren.retention.messages import PRUNER_KIND, PRUNER_PREFIX, PruneNow, PruneTick
 from toren.retention.runtime import Pruners
 from toren.runs.prune import prune_batch
@@ -65,10 +65,27 @@ class Pruner(Actor[PrunerState]):
             log.info("%s: no retention policy here: not pruning", self.actor_id)
             ctx.cancel_timer(TIMER)
             return
+        try:
+            more = await self._prune(policy, pruners)
+        except Exception:
+            # A database or store failure the batch did not expect: the runs stay for the
+            # next wake, and the timer is set all the same (a handler that raised would be
+            # retried, then dead-lettered with no timer left to wake the pruner again).
+            log.warning("%s: prune failed; trying again at the next wake", self.actor_id,
+                        exc_info=True)  # fmt: skip
+            self._after = None
+            more = False
+        ctx.set_timer(TIMER, 0.0 if more else pruners.every, PruneTick())
+
+    async def _prune(self, policy: Retention, pruners: Pruners) -> bool:
+        """Up to ``BATCHES_PER_STEP`` batches; whether more are due at once (every batch came
+        back full)."""
+        if not policy.prunes_runs:
+            # A policy with only conversation_keep_for prunes no ended runs: its wakes are for
+            # bounding the conversations' journals.
+            return False
         store = await pruners.store() if policy.archive else None
-        # (A policy with only conversation_keep_for prunes no ended runs: its wakes are for
-        # bounding the conversations' journals.)
-        for _ in range(BATCHES_PER_STEP if policy.prunes_runs else 0):
+        for _ in range(BATCHES_PER_STEP):
             result = await prune_batch(
                 pruners.pool,
                 self.agent,
@@ -80,12 +97,8 @@ class Pruner(Actor[PrunerState]):
             )
             if result.found < pruners.batch:
                 self._after = None  # the newest reached: the next wake starts from the oldest
-                break
+                return False
             # Past the trees this batch pruned or left (one whose journal is not folded here
             # may be left for good: from the oldest again, it would fill every batch).
             self._after = result.last
-        else:
-            if policy.prunes_runs:
-                ctx.set_timer(TIMER, 0.0, PruneTick())  # more to prune: the next step goes on
-                return
-        ctx.set_timer(TIMER, pruners.every, PruneTick())
+        return True
