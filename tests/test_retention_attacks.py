@@ -11,14 +11,19 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from click.testing import CliRunner
 
 from tests.test_retention import ALL, ended_run, exists, journal_rows
 from toren import Client, ConfigError, Retention, Settings
 from toren._core.archive import CorruptArchive, archive_journal, read_archive
+from toren._core.archive_reader import ArchivesAt
 from toren._core.codec import decode
+from toren._core.journal import ArchiveNeeded
 from toren._core.stores import LocalStore
 from toren._core.workers import housekeep
+from toren.cli import main
 from toren.retention.runtime import Pruners
 from toren.runs import Agents, start_run
 from toren.runs import costs as costs_module
@@ -241,8 +246,9 @@ async def test_a_truncated_conversation_without_a_usable_snapshot_is_still_reada
 ) -> None:
     """A conversation's journal truncated behind its snapshot, then that snapshot unusable (a
     release that changes the state's snapshot version; snapshots "may be deleted at any time"):
-    the API and the CLI read runs without an archive store (``read_run``), so the run cannot be
-    shown until a worker next wakes it and writes a new snapshot."""
+    the API and the CLI read the archived events from their archive store (``archive_store``,
+    ``Client.archives``), as a worker would, rather than failing until a worker next wakes the
+    run and writes a new snapshot."""
     store = LocalStore(tmp_path / "archive")
     run_id = await ended_run(client, "desk")
     ref = await archive_journal(client.pool, store, run_id, first_seq=1, last_seq=1)
@@ -254,8 +260,18 @@ async def test_a_truncated_conversation_without_a_usable_snapshot_is_still_reada
             ref.to_json(),
         )
         await conn.execute("DELETE FROM toren.journal WHERE actor_id = $1 AND seq = 1", run_id)
+    await client.pool.execute("DELETE FROM toren.snapshots WHERE actor_id = $1", run_id)
+    with pytest.raises(ArchiveNeeded, match="set archive_store"):  # a reader without one
+        await read_run(client, run_id)
+    client.archives = ArchivesAt(str(store.root))  # as the CLI and the API set it
     state = await read_run(client, run_id)
     assert (state.status, state.agent) == ("completed", "desk")
+    env = {"TOREN_DATABASE_URL": client.url, "TOREN_ARCHIVE_STORE": str(store.root)}
+    shown = await anyio.to_thread.run_sync(
+        lambda: CliRunner().invoke(main, ["jobs", "show", run_id], env=env)
+    )
+    assert shown.exit_code == 0, shown.output
+    assert "completed" in shown.output
 
 
 def test_a_duration_of_thousands_of_digits_is_a_config_error() -> None:

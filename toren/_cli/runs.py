@@ -43,9 +43,13 @@ def who() -> Principal:
 
 
 async def _client(settings: Settings) -> Client:
+    from toren._core.archive_reader import ArchivesAt
     from toren._core.client import Client
+    from toren._core.config import archive_store_url
 
-    return await Client.connect(database_url(settings), pool_size=2)
+    client = await Client.connect(database_url(settings), pool_size=2)
+    client.archives = ArchivesAt(archive_store_url(settings))
+    return client
 
 
 async def _read(client: Client, run_id: str) -> RunState:

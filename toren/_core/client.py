@@ -32,7 +32,7 @@ from toren._core.errors import (
     UnknownActor,
     UnknownActorKind,
 )
-from toren._core.journal import JournalEntry, read_journal, rebuild
+from toren._core.journal import ArchiveReader, JournalEntry, read_journal, rebuild
 
 _ASK_POLL = 0.5
 JOURNAL_CHANNEL = "toren_journal"
@@ -146,6 +146,9 @@ class Client:
     def __init__(self, pool: asyncpg.Pool, url: str) -> None:
         self.pool = pool
         self.url = url
+        # Where a run's archived events are read when its snapshot does not cover them (a long
+        # conversation's journal truncated): set by the CLI and the API from archive_store.
+        self.archives: ArchiveReader | None = None
         self._listener: asyncpg.Connection | None = None
         self._waiters: dict[str, anyio.Event] = {}
         self._watches: dict[str, set[JournalWatch]] = {}

@@ -53,12 +53,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
     )
     from toren._agent.routes import agent_route, route_version, version_route
     from toren._agent.version import agent_version
+    from toren.runs.below import AmbiguousDecision, decision_target, runs_below, waiting_below
     from toren.runs.client import (
         AGENT_NAME,
         DECISION_WAIT,
         MESSAGE_CAP,
         AgentNotServed,
-        AmbiguousDecision,
         IdempotencyConflict,
         InvalidStart,
         MessageTooLarge,
@@ -68,15 +68,12 @@ if TYPE_CHECKING:  # what the names below are, for type checkers (imported lazil
         check_served,
         check_start,
         decide,
-        decision_target,
         read_run,
         retry,
         run_agent,
         run_status,
-        runs_below,
         say,
         start_run,
-        waiting_below,
     )
     from toren.runs.events import (
         ENDED,
@@ -306,12 +303,12 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "ToolSpec",
         "Usage",
     ),
+    "toren.runs.below": ("AmbiguousDecision", "decision_target", "runs_below", "waiting_below"),
     "toren.runs.client": (
         "AGENT_NAME",
         "DECISION_WAIT",
         "MESSAGE_CAP",
         "AgentNotServed",
-        "AmbiguousDecision",
         "IdempotencyConflict",
         "InvalidStart",
         "MessageTooLarge",
@@ -321,15 +318,12 @@ _HOMES: dict[str, tuple[str, ...]] = {
         "check_served",
         "check_start",
         "decide",
-        "decision_target",
         "read_run",
         "retry",
         "run_agent",
         "run_status",
-        "runs_below",
         "say",
         "start_run",
-        "waiting_below",
     ),
     "toren.runs.rate_events": ("RateWaited", "RateWake"),
     "toren.runs.release_events": ("HistoryReleased", "release_due"),

@@ -24,6 +24,7 @@ import orjson
 import pydantic
 from aiohttp import web
 
+from toren._core.archive_reader import ArchivesAt
 from toren._core.client import Client
 from toren._core.surfaces import Surfaces, resolved
 from toren._surfaces.http import console, metrics, readiness
@@ -182,6 +183,9 @@ def create_app(
         middlewares=[observed, problems, authentication],
         client_max_size=body_limit(options.message_cap),
     )
+    if client.archives is None and options.archive_store:
+        # a long conversation whose snapshot does not cover its archived events is read there
+        client.archives = ArchivesAt(options.archive_store)
     app[CLIENT] = client
     app[OPTIONS] = options
     app[TOKENS] = TokenCache()

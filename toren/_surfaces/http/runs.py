@@ -98,7 +98,7 @@ PAGE_MAX = 200
 def install(app: web.Application) -> None:
     """The run kind's routes; deciding asks for the ``approve`` scope, and starting, sending
     and cancelling for ``operate`` (as every other write)."""
-    app[STATES] = RunStates()
+    app[STATES] = RunStates(archives=app[CLIENT].archives)
     app[SERVED] = ServedRoutes()
     app[API_PARTS].append(run_part())
     app[ROUTE_ACCESS].ask(

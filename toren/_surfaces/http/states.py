@@ -17,7 +17,7 @@ import asyncpg
 from aiohttp import web
 
 from toren._core.codec import decode
-from toren._core.journal import replay
+from toren._core.journal import ArchiveReader, replay
 from toren._core.journal_reads import actor_and_events
 from toren._core.rows import ActorRow, actor_row
 from toren._core.workers import published_routes
@@ -34,8 +34,9 @@ SERVED: web.AppKey[ServedRoutes] = web.AppKey("served_routes")
 class RunStates:
     """Folded run states, kept for the ``size`` runs read last."""
 
-    def __init__(self, size: int = 2048) -> None:
+    def __init__(self, size: int = 2048, archives: ArchiveReader | None = None) -> None:
         self.size = size
+        self.archives = archives  # for a run whose snapshot does not cover its archived events
         self._states: OrderedDict[str, tuple[int, RunState]] = OrderedDict()
 
     async def read(self, pool: asyncpg.Pool, rid: str) -> tuple[RunState, datetime]:
@@ -67,7 +68,9 @@ class RunStates:
             # First read: from the run's snapshot, if it keeps one, then the events since.
             if await actor_row(pool, rid, kind=RUN_KIND) is None:
                 raise ProblemError(404, "Not found", f"no run {rid}")
-            rebuilt = await replay(pool, rid, RunState(), fold, snapshots=SNAPSHOTS)
+            rebuilt = await replay(
+                pool, rid, RunState(), fold, snapshots=SNAPSHOTS, archives=self.archives
+            )
             held = (rebuilt.seq, rebuilt.state)
         seq, state = held
         found = await actor_and_events(pool, rid, after=seq, fields=fields, mail_kind=mail_kind)
