@@ -72,7 +72,7 @@ from toren._core.db import with_database
 from toren._core.errors import ActorNotLive
 from toren._surfaces.http.common import CLIENT, to_json
 from toren._surfaces.http.runs import _run
-from toren._surfaces.http.states import STATES, RunStates
+from toren._surfaces.http.states import SERVED, STATES, RunStates, ServedRoutes
 from toren.runs import (
     ENDED,
     ApprovalDecided,
@@ -485,6 +485,7 @@ class Harness:
         self.app = web.Application()
         self.app[CLIENT] = client
         self.app[STATES] = RunStates()
+        self.app[SERVED] = ServedRoutes()
         self.examples = 0
         self.decisions = 0
         self.dead_letters: set[int] = set()

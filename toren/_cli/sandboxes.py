@@ -177,9 +177,11 @@ def register(main: click.Group) -> None:
     @click.pass_context
     @run_async
     async def sweep_cmd(ctx: click.Context, dry_run: bool) -> None:
-        """Delete from the workspace store the checkpoints no kept run, fork or sandbox names
-        and that were written more than `checkpoint_grace` ago (what the workers' sweep does
-        every `checkpoint_sweep_every`). Exit 1 if a worker is sweeping this store now."""
+        """Delete the checkpoints nothing kept needs.
+
+        From the workspace store: the checkpoints no kept run, fork or sandbox names and that
+        were written more than `checkpoint_grace` ago (what the workers' sweep does every
+        `checkpoint_sweep_every`). Exit 1 if a worker is sweeping this store now."""
         from toren._core.singletons import singleton
         from toren.sandboxes.files import open_store
         from toren.sandboxes.sweep import lock_name, sweep_checkpoints
