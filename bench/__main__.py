@@ -43,6 +43,7 @@ from bench import (
     limits,
     listing,
     parked,
+    prune,
     replay,
     sandbox,
     schedule,
@@ -70,6 +71,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "parked": parked.run,
     "api": api.run,
     "listing": listing.run,
+    "prune": prune.run,
     "sandbox": sandbox.run,
     "schedule": schedule.run,  # last: its schedules are deleted, but their runs stay
 }
