@@ -61,9 +61,10 @@ from toren.runs import (
 from toren.runs.prune import PRUNE_BATCH, PruneResult, prune_batch
 
 RUNS = 1000  # ended runs pruned without archiving, and with (21,000 events each)
-BESIDE_RUNS = 500  # ended runs the worker's pruner prunes beside the steps (archiving)
+ROUNDS = 5  # turns of steps without a prune, then beside one
+BESIDE_RUNS = 100  # ended runs the worker's pruner prunes in each turn (a batch; archiving)
 STEPS = 6  # tool steps a run makes before its answer: 21 events
-CHAIN = 500  # kernel steps one chain of Counter ticks makes
+CHAIN = 250  # kernel steps one chain of Counter ticks makes
 WRITE = 500  # runs written per statement
 AGE = 2 * 86_400  # how long ago the runs were made: past their agent's keep_for of a day
 KEEP = Retention(keep_for="1d")
@@ -208,6 +209,14 @@ async def _throughput(b: Bench, client: Client, *, archive: bool) -> None:
         + ("; each journal gzipped to a local directory, read back" if archive else ""),
     )
     b.results[f"prune_{side}_runs_per_s"] = round(runs / wall, 1)
+    if archive:
+        b.ratio(
+            "prune_archived_vs_plain",
+            rate,
+            "prune_plain_events_per_s",
+            "prune throughput, archived first / not",
+            "the same runs' size, in the same run",
+        )
     b.record(
         f"prune_{side}_delete_tx_median_ms",
         round(median_ms(held), 2),
@@ -238,10 +247,10 @@ async def _chain(client: Client, actor_id: str, steps: int) -> None:
 
 
 async def _gaps(
-    pool: asyncpg.Pool, prefix: str, window: tuple[float, float] | None = None
+    pool: asyncpg.Pool, prefix: str, windows: list[tuple[float, float]] | None = None
 ) -> list[float]:
-    """Seconds between consecutive events of each chain under ``prefix`` (within ``window``,
-    both ends, if given: database clock, unix seconds)."""
+    """Seconds between consecutive events of each chain under ``prefix`` (only those with both
+    ends in one of ``windows``, if given: database clock, unix seconds)."""
     rows = await pool.fetch(
         "SELECT t - lag(t) OVER (PARTITION BY actor_id ORDER BY seq) AS gap, "
         "       lag(t) OVER (PARTITION BY actor_id ORDER BY seq) AS since, t "
@@ -253,7 +262,7 @@ async def _gaps(
         r["gap"]
         for r in rows
         if r["gap"] is not None
-        and (window is None or window[0] <= r["since"] <= r["t"] <= window[1])
+        and (windows is None or any(a <= r["since"] <= r["t"] <= z for a, z in windows))
     ]
 
 
@@ -262,30 +271,32 @@ def _chains(prefix: str) -> Iterator[str]:
         yield f"{prefix}{i:06d}"
 
 
-async def _baseline(client: Client, prefix: str, steps: int, b: Bench, what: str) -> None:
-    with b.task(f"prune: kernel steps {what}", steps) as task:
-        for done, actor_id in enumerate(_chains(prefix), start=1):
-            await _chain(client, actor_id, b.count(CHAIN, 50))
-            b.progress.update(task, completed=done * b.count(CHAIN, 50))
-            if done * b.count(CHAIN, 50) >= steps:
-                return
-
-
 async def _beside(b: Bench, client: Client) -> None:
+    rounds = b.count(ROUNDS, 1)
     n = b.count(BESIDE_RUNS, 20)
-    half = b.count(1500, 50)  # baseline steps before the prune, and again after
+    steps = b.count(CHAIN, 50)
     tag = uuid.uuid4().hex[:8]
+    base, beside = f"bench/prune/{tag}/base/", f"bench/prune/{tag}/beside/"
+    bases, besides = _chains(base), _chains(beside)
+    windows: list[tuple[float, float]] = []
+    written = 0
     env = {"TOREN_ARCHIVE_STORE": str(b.tmp / "archive-worker"), "ANTHROPIC_API_KEY": "unused"}
     worker = b.start_toren(["worker", "--app", "bench.prune_app"], env)
     try:
         await b.wait_registered(client.pool, worker)
-        await _pruner_started(client.pool)
-        written = await write_runs(client.pool, BESIDE, n)
-        base = f"bench/prune/{tag}/base/"
-        await _baseline(client, base, half, b, "before the prune")
-        beside = f"bench/prune/{tag}/beside/"
-        window = await _prune_beside(b, client, beside, n)
-        await _baseline(client, base + "after/", half, b, "after the prune")
+        await _pruner_idle(client.pool)
+        with b.task(
+            f"prune: kernel steps, without and beside a prune, {rounds} turns", rounds
+        ) as task:
+            for _ in range(rounds):
+                written += await write_runs(client.pool, BESIDE, n)
+                for _ in range(2):
+                    await _chain(client, next(bases), steps)
+                windows.append(await _prune_beside(client, besides, steps))
+                await _pruner_idle(client.pool)
+                b.progress.advance(task)
+            for _ in range(2):
+                await _chain(client, next(bases), steps)
     finally:
         b.stop_workers()
     batches, deleted = await client.pool.fetchrow(
@@ -295,10 +306,10 @@ async def _beside(b: Bench, client: Client) -> None:
     if deleted != written:
         raise RuntimeError(f"the worker's pruner deleted {deleted} of {written} events")
     baseline = await _gaps(client.pool, base)
-    during = await _gaps(client.pool, beside, window)
+    during = await _gaps(client.pool, beside, windows)
     if len(during) < 2:  # (smoke: the prune may be over before a chain's second step)
         during = await _gaps(client.pool, beside)
-    took = window[1] - window[0]
+    took = sum(z - a for a, z in windows)
     b.results["prune_beside_events_per_s"] = round(written / took)
     b.results["prune_beside_steps"] = len(during)
     b.results["prune_baseline_steps"] = len(baseline)
@@ -310,70 +321,68 @@ async def _beside(b: Bench, client: Client) -> None:
         "kernel step with the worker's pruner pruning beside it (median)",
         f"{median_ms(during):.3f} ms",
         f"{len(during):,} steps; without: {median_ms(baseline):.3f} ms "
-        f"({len(baseline):,} steps, half before, half after)",
+        f"({len(baseline):,} steps; {rounds} turns each)",
     )
     b.ratio(
         "prune_beside_step_median_ratio",
         median_ms(during),
         "prune_baseline_step_median_ms",
         "kernel step median, pruning beside / not",
-        "same worker, same run",
+        "same worker, same run, taking turns",
     )
     b.record(
         "prune_beside_step_p99_ms",
         round(p99_ms(during), 3),
         "kernel step with the worker's pruner pruning beside it (p99)",
         f"{p99_ms(during):.3f} ms",
-        f"without: {p99_ms(baseline):.3f} ms; the pruner: {n:,} runs archived and deleted "
-        f"in {took:.1f} s ({written / took:,.0f} events/s, {batches} batches)",
+        f"without: {p99_ms(baseline):.3f} ms; the pruner: {rounds} x {n:,} runs archived and "
+        f"deleted in {took:.1f} s ({written / took:,.0f} events/s, {batches} batches)",
     )
     b.ratio(
         "prune_beside_step_p99_ratio",
         p99_ms(during),
         "prune_baseline_step_p99_ms",
         "kernel step p99, pruning beside / not",
-        "same worker, same run",
+        "same worker, same run, taking turns",
     )
 
 
-async def _pruner_started(pool: asyncpg.Pool) -> None:
-    """Wait for the worker's start to have spawned the agent's pruner (and its first wake, with
-    nothing to prune, to be over)."""
+async def _pruner_idle(pool: asyncpg.Pool) -> None:
+    """Wait for the agent's pruner to be asleep on its timer (minutes away) with nothing else in
+    its mailbox: spawned and its first wake over, after a worker's start; its batches over, after
+    a wake."""
     deadline = time.monotonic() + 60
     while not await pool.fetchval(
-        # its timer set for the next wake (minutes away), and nothing else in its mailbox
         "SELECT bool_and(timer_name = 'prune' AND visible_at > now() + interval '1 minute') "
         "FROM toren.mailbox WHERE actor_id = $1",
         pruner_id(BESIDE),
     ):
         if time.monotonic() > deadline:
-            raise RuntimeError("the worker's pruner did not start within 60 s")
-        await anyio.sleep(0.05)
+            raise RuntimeError("the worker's pruner was not asleep on its timer within 60 s")
+        await anyio.sleep(0.02)
 
 
-async def _prune_beside(b: Bench, client: Client, prefix: str, n: int) -> tuple[float, float]:
+async def _prune_beside(client: Client, chains: Iterator[str], steps: int) -> tuple[float, float]:
     """Wake the worker's pruner and run chains of steps until it has pruned every run; returns
     the window from the wake to the last run gone (database clock)."""
     clock = "SELECT extract(epoch FROM clock_timestamp())::float8"
     end = 0.0
-    with b.task(f"prune: kernel steps while the worker prunes {n:,} runs", n) as task:
-        start: float = await client.pool.fetchval(clock)
-        await prune_now(client, BESIDE)
+    start: float = await client.pool.fetchval(clock)
+    await prune_now(client, BESIDE)
 
-        async def watch() -> None:
-            nonlocal end
-            deadline = time.monotonic() + 120
-            while (left := await _remaining(client.pool, BESIDE)) > 0:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the worker's pruner left {left} runs after 120 s")
-                b.progress.update(task, completed=n - left)
-                await anyio.sleep(0.05)
-            end = await client.pool.fetchval(clock)
+    async def watch() -> None:
+        nonlocal end
+        deadline = time.monotonic() + 120
+        while (left := await _remaining(client.pool, BESIDE)) > 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker's pruner left {left} runs after 120 s")
+            await anyio.sleep(0.02)
+        end = await client.pool.fetchval(clock)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            for actor_id in _chains(prefix):
-                await _chain(client, actor_id, b.count(CHAIN, 50))
-                if end:
-                    break
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        for actor_id in chains:
+            await _chain(client, actor_id, steps)
+            if end:
+                break
     return start, end

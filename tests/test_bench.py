@@ -68,6 +68,7 @@ KEYS = {
     "prune_plain_delete_tx_median_ms",
     "prune_archived_events_per_s",
     "prune_archived_delete_tx_median_ms",
+    "prune_archived_vs_plain",
     "prune_beside_step_median_ms",
     "prune_beside_step_median_ratio",
     "prune_beside_step_p99_ms",
