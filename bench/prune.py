@@ -14,12 +14,13 @@ step leaves it, ended two days ago. Its agent keeps ended runs for a day, so eve
   JSON Lines and read back before its rows go), 1,000 other runs each time.
 - Steps beside a prune: a ``toren worker`` (``--app bench.prune_app``) runs chains of kernel
   steps (:class:`bench.app.Counter`, as the kernel section) while its own pruner, the
-  housekeeping actor a worker runs for an agent with a retention policy, prunes 500 runs of
-  that agent with archiving on, woken as ``toren jobs prune`` wakes it. Each step's time is the
-  gap between consecutive events' timestamps of one chain (``created_at``, ``now()`` of each
-  step's transaction, by Postgres' clock); the steps whose both ends
-  fall between the wake and the last run gone are set against those of the same chains run
-  right before and right after (half each): median and p99, and their ratios.
+  housekeeping actor a worker runs for an agent with a retention policy, archives and deletes
+  100 such runs of that agent (one batch), woken as ``toren jobs prune`` wakes it; and the same
+  chains without a prune, 500 steps before each of five such turns and after the last. Each
+  step's time is the gap between consecutive events' timestamps of one chain (``created_at``,
+  ``now()`` of each step's transaction, by Postgres' clock); the steps whose both ends fall
+  between a wake and its last run gone are set against those of the chains without a prune:
+  median and p99, and their ratios.
 """
 
 from __future__ import annotations
