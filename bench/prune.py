@@ -316,6 +316,8 @@ async def _beside(b: Bench, client: Client) -> None:
     b.results["prune_baseline_steps"] = len(baseline)
     b.results["prune_baseline_step_median_ms"] = round(median_ms(baseline), 3)
     b.results["prune_baseline_step_p99_ms"] = round(p99_ms(baseline), 3)
+    b.results["prune_baseline_step_max_ms"] = round(max(baseline) * 1000, 3)
+    b.results["prune_beside_step_max_ms"] = round(max(during) * 1000, 3)
     b.record(
         "prune_beside_step_median_ms",
         round(median_ms(during), 3),
