@@ -4,8 +4,8 @@ One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serv
 section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, DBOS
 Transact as a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of
 a 1,000-step run, forks of a long run from its last step, 10,000 parked runs, the HTTP API under
-``wrk``, and sandboxes on real Docker (skipped, saying why, without a daemon or the sandbox
-image). Prints a table and writes
+``wrk``, pruning ended runs (and the kernel step beside a prune), and sandboxes on real Docker
+(skipped, saying why, without a daemon or the sandbox image). Prints a table and writes
 ``bench/results.json``. ``--smoke`` runs every section with tiny counts: it checks the suite
 works and measures nothing (CI runs it).
 """
@@ -43,6 +43,7 @@ from bench import (
     limits,
     listing,
     parked,
+    prune,
     replay,
     sandbox,
     schedule,
@@ -70,6 +71,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "parked": parked.run,
     "api": api.run,
     "listing": listing.run,
+    "prune": prune.run,
     "sandbox": sandbox.run,
     "schedule": schedule.run,  # last: its schedules are deleted, but their runs stay
 }

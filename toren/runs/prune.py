@@ -77,6 +77,8 @@ class PruneResult:
         skipped: Trees found but left for a later batch (a row held by a step, a run that
             changed since it was read, no archive store where one is needed).
         took: Seconds the batch took.
+        held: Seconds its deleting transaction (step 3) took, from taking a connection to
+            its commit (0: none ran).
         dry_run: Nothing was deleted.
         found: Trees selected (``batch`` of them: there may be more).
         last: The last tree selected, as ``(created_at, root)``: the ``after`` of a next batch
@@ -92,6 +94,7 @@ class PruneResult:
     archived: int = 0
     skipped: int = 0
     took: float = 0.0
+    held: float = 0.0
     dry_run: bool = False
     found: int = 0
     last: tuple[datetime, str] | None = None
@@ -348,6 +351,7 @@ async def _delete(
     ids = [r.run_id for runs in read.values() for r in runs]
     pruned: list[str] = []
     deleted = (0, 0, 0)
+    began = time.monotonic()
     try:
         async with pool.acquire() as conn, conn.transaction():
             locked = await lock_trees(conn, ids, lock_timeout_ms=max(1, round(lock_timeout * 1000)))
@@ -383,6 +387,7 @@ async def _delete(
             "prune of %s: a lock was not free within %.3fs; left for later", agent, lock_timeout
         )
         return PruneResult(agent=agent, skipped=len(read), took=time.monotonic() - started)
+    held = time.monotonic() - began
     took = time.monotonic() - started
     count = sum(1 for root in pruned for r in read[root] if r.record is not None)
     if pruned:
@@ -396,6 +401,7 @@ async def _delete(
         archived=archived,
         skipped=skipped,
         took=took,
+        held=held,
     )
 
 
