@@ -356,7 +356,7 @@ async def test_a_pruner_whose_batch_fails_keeps_its_timer_and_is_never_dead_lett
         async def timer_set() -> bool:
             found = await client.pool.fetchval(
                 "SELECT count(*) FROM toren.mailbox WHERE actor_id = 'retention/keeper' "
-                "AND timer_name = 'prune' AND visible_at > now() + interval '1 minute'"
+                "AND timer_name = 'prune' AND visible_at > now() + interval '5 seconds'"
             )
             return bool(found)
 

@@ -29,6 +29,10 @@ BATCHES_PER_STEP = 10
 
 TIMER = "prune"
 
+RETRY_AFTER = 10.0
+"""Seconds before a pruner whose batch failed unexpectedly tries again (a connection cut, a
+store down): sooner than its ``prune_every``, never in a loop."""
+
 
 @attrs.frozen
 class PrunerState:
@@ -68,13 +72,14 @@ class Pruner(Actor[PrunerState]):
         try:
             more = await self._prune(policy, pruners)
         except Exception:
-            # A database or store failure the batch did not expect: the runs stay for the
-            # next wake, and the timer is set all the same (a handler that raised would be
+            # A database or store failure the batch did not expect: the runs stay, and the
+            # timer is set all the same, to try again soon (a handler that raised would be
             # retried, then dead-lettered with no timer left to wake the pruner again).
-            log.warning("%s: prune failed; trying again at the next wake", self.actor_id,
-                        exc_info=True)  # fmt: skip
+            log.warning("%s: prune failed; trying again in %.0f s", self.actor_id,
+                        min(RETRY_AFTER, pruners.every), exc_info=True)  # fmt: skip
             self._after = None
-            more = False
+            ctx.set_timer(TIMER, min(RETRY_AFTER, pruners.every), PruneTick())
+            return
         ctx.set_timer(TIMER, 0.0 if more else pruners.every, PruneTick())
 
     async def _prune(self, policy: Retention, pruners: Pruners) -> bool:
