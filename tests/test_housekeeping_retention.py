@@ -677,8 +677,8 @@ async def run_rows(pool: asyncpg.Pool, agent: str, *events: Any) -> str:
 async def test_after_pruning_a_run_its_checkpoints_go_and_those_its_kept_fork_names_stay(
     pool: asyncpg.Pool, tmp_path: Path
 ) -> None:
-    prune = pytest.importorskip("toren.runs.prune", reason="needs the prune branch (issue 32)")
     from toren import Retention
+    from toren.runs import prune
     from toren.runs.events import RunCompleted, RunStarted, ToolResulted
     from toren.runs.fork_events import RunForked
     from toren.sandboxes import SANDBOX_KIND
