@@ -253,10 +253,7 @@ def pruned_lines(record: AuditRecord) -> list[str]:
             f"  call {d.get('call_id')} ({d.get('tool')}): {verdict} by {d.get('who')} via "
             f"{d.get('channel')}" + (f": {d.get('reason')}" if d.get("reason") else "")
         )
-    archive = record.archive
-    where = getattr(archive, "location", None) or (
-        archive.get("location") if isinstance(archive, dict) else None
-    )
+    where = record.archive.location if record.archive is not None else None
     lines.append(f"  archive: {where}" if where else "  archive: none (not archived)")
     error = f" ({record.error_class}: {record.error})" if record.error_class else ""
     lines.append(

@@ -23,6 +23,7 @@ from toren._core.json_text import safe_text
 from toren.runs.receipt import Receipt
 
 if TYPE_CHECKING:
+    from toren._core.archive import ArchiveRef
     from toren._core.rows import Db
 
 _COLUMNS = (
@@ -72,9 +73,9 @@ class AuditRecord:
     created_at: datetime
     ended_at: datetime | None
     pruned_at: datetime | None
-    archive: Any
+    archive: ArchiveRef | None
     events: int
-    earlier_archives: tuple[Any, ...] = ()
+    earlier_archives: tuple[ArchiveRef, ...] = ()
 
     @property
     def usd_paid(self) -> Decimal:
@@ -89,10 +90,13 @@ class AuditRecord:
         out["args"] = dict(self.args)
         out["decisions"] = [dict(d) for d in self.decisions]
         out["receipt"] = dict(self.receipt)
-        archive = self.archive
-        out["archive"] = archive.to_json() if hasattr(archive, "to_json") else archive
+        out["archive"] = self.archive_json()
         out["earlier_archives"] = [a.to_json() for a in self.earlier_archives]
         return out
+
+    def archive_json(self) -> dict[str, Any] | None:
+        """``archive`` as its ``jsonb`` column and the API hold it (``None``: not archived)."""
+        return self.archive.to_json() if self.archive is not None else None
 
 
 class RunPruned(UnknownActor):
@@ -112,15 +116,20 @@ class RunPruned(UnknownActor):
         )
 
 
-def archive_ref(value: Any) -> Any:
+def archive_ref(value: Any) -> ArchiveRef | None:
     """The archive reference a record stores, as an ``ArchiveRef`` (``None`` for none)."""
-    if value is None:
-        return None
+    return archive_refs([value])[0] if value is not None else None
+
+
+def archive_refs(values: Sequence[Any] | None) -> tuple[ArchiveRef, ...]:
+    """The archive references a record stores (``earlier_archives``), as ``ArchiveRef``s."""
+    if not values:
+        return ()
     # Here, not at the top: the archive's module brings the object stores (aioboto3), which
     # a client that only starts runs never needs.
     from toren._core.archive import ArchiveRef
 
-    return ArchiveRef.from_json(value)
+    return tuple(ArchiveRef.from_json(v) for v in values)
 
 
 def _record(r: Any) -> AuditRecord:
@@ -142,7 +151,7 @@ def _record(r: Any) -> AuditRecord:
         pruned_at=r["pruned_at"],
         archive=archive_ref(r["archive"]),
         events=r["events"],
-        earlier_archives=tuple(archive_ref(a) for a in r["earlier_archives"] or ()),
+        earlier_archives=archive_refs(r["earlier_archives"]),
     )
 
 
@@ -193,30 +202,28 @@ async def insert_audit(conn: Any, records: Sequence[AuditRecord]) -> None:
     """Write ``records`` (in the caller's transaction; ``pruned_at`` is its time); a run
     recorded already keeps its first record (a batch retried after a kill writes nothing
     twice). One pipelined statement per record."""
-    rows = []
-    for r in records:
-        archive = r.archive.to_json() if hasattr(r.archive, "to_json") else r.archive
-        rows.append(
-            (
-                r.run_id,
-                r.root_id,
-                r.parent,
-                _text(r.agent),
-                _text(r.version),
-                dict(r.args),
-                dict(r.started_by) if r.started_by is not None else None,
-                [dict(d) for d in r.decisions],
-                dict(r.receipt),
-                r.status,
-                _text(r.error_class),
-                _text(r.error),
-                r.created_at,
-                r.ended_at,
-                archive,
-                r.events,
-                [a.to_json() for a in r.earlier_archives],
-            )
+    rows = [
+        (
+            r.run_id,
+            r.root_id,
+            r.parent,
+            _text(r.agent),
+            _text(r.version),
+            dict(r.args),
+            dict(r.started_by) if r.started_by is not None else None,
+            [dict(d) for d in r.decisions],
+            dict(r.receipt),
+            r.status,
+            _text(r.error_class),
+            _text(r.error),
+            r.created_at,
+            r.ended_at,
+            r.archive_json(),
+            r.events,
+            [a.to_json() for a in r.earlier_archives],
         )
+        for r in records
+    ]
     if rows:
         await conn.executemany(_INSERT, rows)
 

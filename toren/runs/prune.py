@@ -36,7 +36,7 @@ import attrs
 
 from toren._agent.retention import Retention
 from toren._agent.routes import agent_route
-from toren._core.archive import archive_journal, drop_shorter, read_archive
+from toren._core.archive import ArchiveRef, archive_journal, drop_shorter, read_archive
 from toren._core.errors import ConfigError, TorenError
 from toren._core.journal import JournalEntry, ReplayFailed, replay
 from toren._core.journal_reads import events, last_seq
@@ -284,8 +284,8 @@ async def _record(
     row: Any,
     state: RunState,
     seq: int,
-    archive: Any,
-    earlier: Sequence[Any] = (),
+    archive: ArchiveRef | None,
+    earlier: Sequence[ArchiveRef] = (),
     archived_before: Sequence[JournalEntry] = (),
 ) -> AuditRecord:
     """The audit record of a run read as ``state`` through event ``seq`` (its events before

@@ -75,7 +75,6 @@ async def pruned_run(pool: asyncpg.Pool, rid: str) -> Run | None:
         return None
     args = record.args
     schedule, slot = args.get("schedule"), args.get("slot")
-    archive = record.archive
     kept: dict[str, Any] = dict(record.receipt)
     fields = set(Receipt.model_fields)
     return Run(
@@ -98,7 +97,7 @@ async def pruned_run(pool: asyncpg.Pool, rid: str) -> Run | None:
         pruned=Pruned(
             pruned_at=record.pruned_at.isoformat() if record.pruned_at else "",
             events=record.events,
-            archive=archive.to_json() if hasattr(archive, "to_json") else archive,
+            archive=record.archive_json(),
             started_by=dict(record.started_by) if record.started_by else None,
             decisions=[dict(d) for d in record.decisions],
         ),
