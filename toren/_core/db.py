@@ -7,15 +7,20 @@ Postgres 16 listening on a Unix socket in a data directory of ours. ``fsync`` an
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import asyncpg
 
 from toren._core.errors import ConfigError, DatabaseUnavailable
 from toren._core.json_text import dumps, loads
+
+if TYPE_CHECKING:
+    from toren._core.rows import Db
 
 # Errors that say the database, or the way to it, failed (a dropped connection, a restart, a
 # refused login, a conflict with a concurrent transaction, a cancelled statement), as opposed to
@@ -34,6 +39,25 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
     # asyncpg reports a connection whose operation was cut mid-way this way on its next use.
     asyncpg.InternalClientError,
 )
+
+
+@contextlib.asynccontextmanager
+async def one_snapshot(db: Db) -> AsyncIterator[Any]:
+    """A connection of ``db`` whose statements read one snapshot of the database: a read-only
+    ``REPEATABLE READ`` transaction on a connection of the pool ``db``, or on the connection
+    ``db``; ``db`` itself if it is in a transaction already (the caller's, whose isolation
+    decides)."""
+    if isinstance(db, asyncpg.Pool):
+        async with (
+            db.acquire() as conn,
+            conn.transaction(isolation="repeatable_read", readonly=True),
+        ):
+            yield conn
+    elif db.is_in_transaction():
+        yield db
+    else:
+        async with db.transaction(isolation="repeatable_read", readonly=True):
+            yield db
 
 
 async def init_connection(conn: asyncpg.Connection) -> None:

@@ -44,7 +44,7 @@ from toren._core.singletons import singleton
 from toren._core.stores import MissingObject, ObjectStore
 
 if TYPE_CHECKING:
-    from toren._core.references import Db
+    from toren._core.rows import Db
 
 log = logging.getLogger("toren.housekeeping")
 

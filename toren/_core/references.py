@@ -21,18 +21,14 @@ journal once, so it is run rarely (``checkpoint_sweep_every``).
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import AsyncIterator, Collection
-from typing import TYPE_CHECKING, Any, TypeAlias
+from collections.abc import Collection
+from typing import TYPE_CHECKING
 
-import asyncpg
+from toren._core.db import one_snapshot
 
 if TYPE_CHECKING:
-    from asyncpg.pool import PoolConnectionProxy
-
-    Connection: TypeAlias = asyncpg.Connection | PoolConnectionProxy[Any]
-    Db: TypeAlias = asyncpg.Pool | Connection
+    from toren._core.rows import Db
 
 _KEY = re.compile(r"[a-z_][a-z0-9_]*")
 
@@ -56,15 +52,6 @@ _MENTIONED = tuple(
 )
 
 
-@contextlib.asynccontextmanager
-async def _connection(db: Db) -> AsyncIterator[Connection]:
-    if isinstance(db, asyncpg.Pool):
-        async with db.acquire() as conn:
-            yield conn
-    else:
-        yield db
-
-
 async def mentioned(db: Db, names: Collection[str], *, key: str) -> set[str]:
     """Those of ``names`` that a journal, a snapshot, an actor's arguments or summary, a
     message waiting or a dead letter holds as the value of a member called ``key`` (at any
@@ -82,10 +69,7 @@ async def mentioned(db: Db, names: Collection[str], *, key: str) -> set[str]:
         return set()
     path = f"strict $.**.{key}"
     found: set[str] = set()
-    async with (
-        _connection(db) as conn,
-        conn.transaction(isolation="repeatable_read", readonly=True),
-    ):
+    async with one_snapshot(db) as conn:
         for statement in _MENTIONED:
             found.update(r[0] for r in await conn.fetch(statement, path, wanted))
             if len(found) == len(wanted):

@@ -10,15 +10,14 @@ totals are the same before and after a prune.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import date, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, Literal
 
-import asyncpg
 import attrs
 
+from toren._core.db import one_snapshot
 from toren._core.errors import TorenError
 from toren._core.pruning import summary_totals
 from toren.runs.events import RUN_KIND
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from toren._core.rows import Db
 
 Group = Literal["agent", "day"]
+_COUNTS = ("calls_made", "input_tokens", "output_tokens")  # a run's integers, summed
 GROUPS: tuple[Group, ...] = ("agent", "day")
 
 
@@ -100,21 +100,9 @@ WHERE ($1::timestamptz IS NULL OR created_at >= $1) AND ($2::timestamptz IS NULL
 """
 
 
-@contextlib.asynccontextmanager
-async def _one_snapshot(db: Db) -> AsyncIterator[Any]:
-    """A connection of ``db`` whose statements read one snapshot of the database (a read-only
-    ``REPEATABLE READ`` transaction; ``db`` itself if it is in a transaction already)."""
-    if isinstance(db, asyncpg.Pool):
-        async with (
-            db.acquire() as conn,
-            conn.transaction(isolation="repeatable_read", readonly=True),
-        ):
-            yield conn
-    elif db.is_in_transaction():
-        yield db
-    else:
-        async with db.transaction(isolation="repeatable_read", readonly=True):
-            yield db
+def _zero() -> dict[str, Any]:
+    """A :class:`CostRow`'s figures before any run is counted."""
+    return {"runs": 0, "pruned": 0, **dict.fromkeys(_COUNTS, 0), "usd_paid": Decimal(0)}
 
 
 async def costs(
@@ -136,7 +124,7 @@ async def costs(
     # Both sums in one snapshot: a prune (or a restore) commits the audit record and the
     # run's row going (or coming) at once, and two snapshots would see a run in neither
     # (its cost lost) or in both (counted twice).
-    async with _one_snapshot(db) as conn:
+    async with one_snapshot(db) as conn:
         audit = await conn.fetch(
             _AUDIT.format(keys="".join(f"{k}, " for k in keys), grouped=grouped), since, until
         )
@@ -146,33 +134,22 @@ async def costs(
             group_arg="agent" if "agent" in by else None,
             by_day="day" in by,
             decimals=("usd_paid",),
-            integers=("calls_made", "input_tokens", "output_tokens"),
+            integers=_COUNTS,
             since=since,
             until=until,
         )
     totals: dict[tuple[str | None, date | None], dict[str, Any]] = {}
     for row, pruned in [(dict(r), True) for r in audit] + [(r, False) for r in live]:
         key = (row.get("group_key"), row.get("day"))
-        into = totals.setdefault(
-            key,
-            {"runs": 0, "pruned": 0, "calls_made": 0, "input_tokens": 0, "output_tokens": 0}
-            | {"usd_paid": Decimal(0)},
-        )
+        into = totals.setdefault(key, _zero())
         n = int(row["runs"] if pruned else row["actors"])
         into["runs"] += n
         into["pruned"] += n if pruned else 0
-        for k in ("calls_made", "input_tokens", "output_tokens"):
+        for k in _COUNTS:
             into[k] += int(row[k] or 0)
         into["usd_paid"] += Decimal(row["usd_paid"] or 0)
     if not by and not totals:
-        totals[(None, None)] = {
-            "runs": 0,
-            "pruned": 0,
-            "calls_made": 0,
-            "input_tokens": 0,
-            "output_tokens": 0,
-            "usd_paid": Decimal(0),
-        }
+        totals[(None, None)] = _zero()
     return [
         CostRow(agent=agent, day=day, **values)
         for (agent, day), values in sorted(

@@ -49,7 +49,7 @@ from toren._core.stores import CorruptObject, LocalStore, MissingObject, ObjectS
 from toren.sandboxes.checkpoints import load_manifest
 
 if TYPE_CHECKING:
-    from toren._core.references import Db
+    from toren._core.rows import Db
 
 log = logging.getLogger("toren.sandbox")
 
