@@ -23,8 +23,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from toren._agent.agents import parse_duration
-from toren._core.durations import kept_for
+from toren._core.durations import kept_for, parse_duration
 from toren._core.errors import ConfigError
 
 KEEP_LAST_MAX = 1_000_000

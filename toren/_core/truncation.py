@@ -46,6 +46,7 @@ from toren._core.errors import InternalError, TorenError
 from toren._core.journal import ArchiveNeeded as ArchiveNeeded
 from toren._core.journal import JournalEntry
 from toren._core.killpoints import kill_point
+from toren._core.pruning import lock_timeout_statement
 
 if TYPE_CHECKING:
     from toren._core.config import WorkerSettings
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("toren.truncation")
 
-LOCK_TIMEOUT = "200ms"  # the delete waits no longer on a lock (it takes none a step holds)
+LOCK_TIMEOUT_MS = 200  # the delete waits no longer on a lock (it takes none a step holds)
 BATCH = 10_000  # events archived (one object) and deleted (one transaction) at most at once
 
 
@@ -139,7 +140,7 @@ async def truncate_journal(
     actor_id: str,
     *,
     keep_for: float,
-    lock_timeout: str = LOCK_TIMEOUT,
+    lock_timeout_ms: int = LOCK_TIMEOUT_MS,
     batch: int = BATCH,
 ) -> Truncated | None:
     """Archive and delete the events of ``actor_id`` before its snapshot's that are older than
@@ -176,7 +177,7 @@ async def truncate_journal(
         )
     kill_point("truncation.archived")
     async with pool.acquire() as conn, conn.transaction():
-        await conn.execute(f"SET LOCAL lock_timeout = '{_checked(lock_timeout)}'")
+        await conn.execute(lock_timeout_statement(lock_timeout_ms))
         if await conn.fetchval(_RECORD, actor_id, first, last, ref.to_json()) is None:
             return None  # another truncation recorded this range first
         deleted = await conn.execute(
@@ -193,9 +194,3 @@ async def truncate_journal(
     log.info("%s: events %d-%d archived to %s and deleted", actor_id, first, last, ref.location)
     await drop_shorter(store, ref)
     return Truncated(ref=ref, deleted=count)
-
-
-def _checked(timeout: str) -> str:
-    if not timeout.replace("ms", "").replace("s", "").isdigit():
-        raise ValueError(f"not a lock timeout: {timeout!r}")
-    return timeout

@@ -13,6 +13,7 @@ import attrs
 
 from toren._core.actor import MAX_DELAY
 from toren._core.config import Env
+from toren._core.durations import parse_duration
 from toren._core.errors import ConfigError
 
 
@@ -33,8 +34,6 @@ def seconds(value: Any) -> float:
         if not 0 < ms < float("inf"):
             raise ConfigError("duration must be positive and finite")
         return ms / 1000
-    from toren._agent.agents import parse_duration
-
     period = parse_duration(value)
     if period > MAX_DELAY:  # a pruner's timer is set that far ahead
         raise ConfigError(f"duration must be at most {MAX_DELAY / 86400 / 365:.0f} years")
