@@ -43,14 +43,18 @@ class EndedTree:
     kinds: tuple[str, ...]  # the kind of each
 
 
+_ROOT = """a.kind = {kind} AND split_part(a.route, '@', 1) = $1
+      AND a.run_status = ANY($2::text[])
+      AND NOT EXISTS (SELECT 1 FROM toren.actors up WHERE up.actor_id = a.parent
+                      AND (up.kind = {kind} OR up.kind = ANY($6::text[])))"""
+"""An ended root of ``kind`` on route $1: its parent (if any) is not of ``kind`` nor of a kind
+in $6 (the same test for the count boundary and the roots)."""
+
 _TREES = """
 WITH RECURSIVE boundary AS (
     -- the newest of the ended roots kept by count: older roots than it may go
     SELECT a.created_at, a.actor_id FROM toren.actors a
-    WHERE a.kind = {kind} AND split_part(a.route, '@', 1) = $1
-      AND a.run_status = ANY($2::text[])
-      AND NOT EXISTS (SELECT 1 FROM toren.actors up WHERE up.actor_id = a.parent
-                      AND (up.kind = {kind} OR up.kind = ANY($6::text[])))
+    WHERE {root}
     ORDER BY a.created_at DESC, a.actor_id DESC
     OFFSET greatest(coalesce($4::int, 0) - 1, 0) LIMIT 1
 ), roots AS (
@@ -61,10 +65,7 @@ WITH RECURSIVE boundary AS (
         SELECT j.created_at FROM toren.journal j WHERE j.actor_id = a.actor_id
         ORDER BY j.seq DESC LIMIT 1
     ) AS last
-    WHERE a.kind = {kind} AND split_part(a.route, '@', 1) = $1
-      AND a.run_status = ANY($2::text[])
-      AND NOT EXISTS (SELECT 1 FROM toren.actors up WHERE up.actor_id = a.parent
-                      AND (up.kind = {kind} OR up.kind = ANY($6::text[])))
+    WHERE {root}
       AND (coalesce($4::int, 0) = 0
            OR (a.created_at, a.actor_id) < (SELECT b.created_at, b.actor_id FROM boundary b))
       -- ended before its keep ran out, so made before too: bounds the scan by the index
@@ -119,8 +120,9 @@ async def ended_trees(
     ages = [keep_for[s] for s in statuses]
     # Every status kept for an age: no run made since the shortest of them may go yet.
     made_before = min(a for a in ages if a is not None) if None not in ages else None
+    quoted = _kind(kind)
     rows = await db.fetch(
-        _TREES.format(kind=_kind(kind)),
+        _TREES.format(root=_ROOT.format(kind=quoted), kind=quoted),
         route,
         statuses,
         ages,
