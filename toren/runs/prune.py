@@ -235,47 +235,56 @@ async def _read_tree(pool: asyncpg.Pool, tree: EndedTree, store: Any) -> list[_R
         if kind != RUN_KIND:
             seq = await last_seq(pool, actor_id) or 0
             out.append(_Read(run_id=actor_id, last_seq=seq, record=None))
-            continue
-        rebuilt = await replay(
-            pool,
-            actor_id,
-            RunState(),
-            fold,
-            snapshots=(RunState, SNAPSHOT_VERSION),
-            archives=Archives(store) if store is not None else None,
-        )
-        state: RunState = rebuilt.state
-        if state.status not in ENDED:
-            raise TorenError(f"{actor_id} is {state.status}")
-        archive = None
-        archived_before: list[JournalEntry] = []
-        earlier = await archived_ranges(pool, actor_id)
-        if earlier:
-            # A long conversation's journal, truncated behind its snapshot as it went: its
-            # first events are in the archive store only. Its audit record names those ranges
-            # (they go with its row) and reads its decisions there too.
-            if store is None:
-                raise TorenError(
-                    f"{actor_id}'s journal was truncated as it went: it is pruned only with its "
-                    "agent's retention archiving (archive = true) and an archive store open"
-                )
-            for ref in earlier:
-                archived_before += await read_archive(store, ref, actor_id=actor_id)
-        if store is not None:
-            archive = await archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
-            follows = earlier[-1].last_seq + 1 if earlier else 1
-            if archive.events and archive.first_seq != follows:
-                # Truncated (by its host, after a snapshot) between the ranges read above and
-                # the rows archived here: the record would miss the range just archived.
-                raise TorenError(
-                    f"{actor_id}'s journal was truncated while it was read (its rows from seq "
-                    f"{archive.first_seq}, its ranges to seq {follows - 1}); pruned later"
-                )
-        record = await _record(
-            pool, tree.root, row, state, rebuilt.seq, archive, earlier, archived_before
-        )
-        out.append(_Read(run_id=actor_id, last_seq=rebuilt.seq, record=record))
+        else:
+            out.append(await _read_run(pool, tree.root, row, store))
     return out
+
+
+async def _read_run(pool: asyncpg.Pool, root: str, row: Any, store: Any) -> _Read:
+    """Run ``row`` of the tree under ``root``, folded, and its audit record (its journal
+    archived first when ``store`` is given)."""
+    actor_id = row.actor_id
+    rebuilt = await replay(
+        pool,
+        actor_id,
+        RunState(),
+        fold,
+        snapshots=(RunState, SNAPSHOT_VERSION),
+        archives=Archives(store) if store is not None else None,
+    )
+    state: RunState = rebuilt.state
+    if state.status not in ENDED:
+        raise TorenError(f"{actor_id} is {state.status}")
+    archive = None
+    archived_before: list[JournalEntry] = []
+    earlier = await archived_ranges(pool, actor_id)
+    if earlier:
+        # A long conversation's journal, truncated behind its snapshot as it went: its
+        # first events are in the archive store only. Its audit record names those ranges
+        # (they go with its row) and reads its decisions there too.
+        if store is None:
+            raise TorenError(
+                f"{actor_id}'s journal was truncated as it went: it is pruned only with its "
+                "agent's retention archiving (archive = true) and an archive store open"
+            )
+        for ref in earlier:
+            archived_before += await read_archive(store, ref, actor_id=actor_id)
+    if store is not None:
+        archive = await archive_journal(pool, store, actor_id, last_seq=rebuilt.seq)
+        follows = earlier[-1].last_seq + 1 if earlier else 1
+        if archive.events and archive.first_seq != follows:
+            # Truncated (by its host, after a snapshot) between the ranges read above and
+            # the rows archived here: the record would miss the range just archived.
+            raise TorenError(
+                f"{actor_id}'s journal was truncated while it was read (its rows from seq "
+                f"{archive.first_seq}, its ranges to seq {follows - 1}); pruned later"
+            )
+    record = await _record(pool, root, row, state, rebuilt.seq, archive, earlier, archived_before)
+    return _Read(run_id=actor_id, last_seq=rebuilt.seq, record=record)
+
+
+_RECORDED = ("run.started", "tool.intent", "approval.decided")
+"""The events an audit record is read from (besides the run's folded state)."""
 
 
 async def _record(
@@ -294,11 +303,10 @@ async def _record(
     kept = await events(
         pool,
         row.actor_id,
-        types=("run.started", "tool.intent", "approval.decided"),
+        types=_RECORDED,
         keys=("by", "call_id", "name", "approved", "who", "reason", "channel", "at"),
     )
-    wanted = {"run.started", "tool.intent", "approval.decided"}
-    found = [*(e for e in archived_before if e.type in wanted), *kept]
+    found = [*(e for e in archived_before if e.type in _RECORDED), *kept]
     started_by = next((e.data.get("by") for e in found if e.type == "run.started"), None)
     tools = {e.data.get("call_id"): e.data.get("name") for e in found if e.type == "tool.intent"}
     decisions = tuple(
