@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -365,14 +366,13 @@ def test_a_retention_policy_that_is_not_one_is_refused() -> None:
     )
 
 
-async def test_a_keyed_start_racing_a_prune_waits_for_it_and_answers_with_the_pruned_run(
-    client: Client,
+async def _racing_a_prune(
+    client: Client, run_id: str, racer: Callable[[], Awaitable[None]], *, waits_on: str, what: str
 ) -> None:
-    run_id = keyed_run_id("desk", "k")
-    await ended_run(client, "desk", run_id=run_id, input="go", args=start_args("desk", "go"))
+    """Prune ``run_id``'s tree in a transaction held open until ``racer``, started meanwhile,
+    waits for a lock in a statement that names ``waits_on``; then commit the prune."""
     [tree] = await candidates(client.pool, "desk", ALL)
     read = await _read_tree(client.pool, tree, None)
-    answers: list[str] = []
     async with client.pool.acquire() as conn:
         prune = conn.transaction()
         await prune.start()
@@ -380,20 +380,38 @@ async def test_a_keyed_start_racing_a_prune_waits_for_it_and_answers_with_the_pr
         await insert_audit(conn, [r.record for r in read if r.record is not None])
         await delete_trees(conn, [run_id])
 
-        async def start() -> None:
-            answers.append(await start_run(client, "desk", "go", idempotency_key="k"))
-
-        async def waiting() -> bool:  # the start's insert waits on the row the prune deleted
+        async def waiting() -> bool:
             n = await client.pool.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%INSERT INTO toren.actors%'"
+                "AND query LIKE $1",
+                f"%{waits_on}%",
             )
             return bool(n)
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(start)
-            await wait_for(waiting, what="the start waiting for the prune")
+            tg.start_soon(racer)
+            await wait_for(waiting, what=what)
             await prune.commit()
+
+
+async def test_a_keyed_start_racing_a_prune_waits_for_it_and_answers_with_the_pruned_run(
+    client: Client,
+) -> None:
+    run_id = keyed_run_id("desk", "k")
+    await ended_run(client, "desk", run_id=run_id, input="go", args=start_args("desk", "go"))
+    answers: list[str] = []
+
+    async def start() -> None:
+        answers.append(await start_run(client, "desk", "go", idempotency_key="k"))
+
+    # the start's insert waits on the row the prune deleted
+    await _racing_a_prune(
+        client,
+        run_id,
+        start,
+        waits_on="INSERT INTO toren.actors",
+        what="the start waiting for the prune",
+    )
     assert answers == [run_id]
     assert not await exists(client, run_id)  # no second run under the key
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
@@ -491,33 +509,18 @@ async def test_a_message_racing_a_prune_waits_for_it_and_is_refused_as_pruned(
     client: Client,
 ) -> None:
     run_id = await ended_run(client, "desk")
-    [tree] = await candidates(client.pool, "desk", ALL)
-    read = await _read_tree(client.pool, tree, None)
     refused: list[BaseException] = []
-    async with client.pool.acquire() as conn:
-        prune = conn.transaction()
-        await prune.start()
-        assert set(await lock_trees(conn, [run_id], lock_timeout_ms=200)) == {run_id}
-        await insert_audit(conn, [r.record for r in read if r.record is not None])
-        await delete_trees(conn, [run_id])
 
-        async def send() -> None:
-            try:
-                await say(client, run_id, "one more thing")
-            except RunPruned as exc:
-                refused.append(exc)
+    async def send() -> None:
+        try:
+            await say(client, run_id, "one more thing")
+        except RunPruned as exc:
+            refused.append(exc)
 
-        async def waiting() -> bool:  # the message's insert waits on the row being deleted
-            n = await client.pool.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE '%toren.mailbox%'"
-            )
-            return bool(n)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(send)
-            await wait_for(waiting, what="the message waiting for the prune")
-            await prune.commit()
+    # the message's insert waits on the row being deleted
+    await _racing_a_prune(
+        client, run_id, send, waits_on="toren.mailbox", what="the message waiting for the prune"
+    )
     assert len(refused) == 1
     assert "was pruned on" in str(refused[0])
     assert await client.pool.fetchval("SELECT count(*) FROM toren.mailbox") == 0
