@@ -51,7 +51,8 @@ _URL_HINT = "use a directory (file:///path or a plain path) or s3://bucket/prefi
 
 
 class StoreError(TorenError):
-    """A workspace store could not give back what was asked."""
+    """An object store (a workspace store, the archive store) could not give back what was
+    asked."""
 
 
 class MissingObject(StoreError, KeyError):
@@ -96,7 +97,8 @@ class StoreUnavailable(StoreError):
 
 
 class WorkspaceStore(Protocol):
-    """Where checkpoints live: flat keys (``a/b`` style) to immutable bytes."""
+    """An object store (sandbox checkpoints, journal and dead-letter archives): flat keys
+    (``a/b`` style) to immutable bytes. The kernel calls it :data:`ObjectStore`."""
 
     async def put(self, key: str, data: bytes) -> None:
         """Store ``data`` under ``key``, replacing any object there; all or nothing."""
