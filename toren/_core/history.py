@@ -237,19 +237,10 @@ class History(Sequence[T]):
         yield from self._tail[skip:] if skip else self._tail
 
     def __reversed__(self) -> Iterator[T]:
-        """The items kept, last first."""
-        left = len(self) - self._released
-        for item in reversed(self._tail):
-            if left <= 0:
-                return
-            left -= 1
-            yield item
-        for chunk in reversed(self._chunks):
-            for item in reversed(chunk.items()):
-                if left <= 0:
-                    return
-                left -= 1
-                yield item
+        """The items kept, last first (a chunk is decoded only when reached)."""
+        stored = (item for chunk in reversed(self._chunks) for item in reversed(chunk.items()))
+        everything = itertools.chain(reversed(self._tail), stored)
+        return itertools.islice(everything, len(self) - self._released)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, History):
