@@ -176,11 +176,9 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
 
     store = None
     if policy.archive:
-        url = getattr(settings, "archive_store", None)
-        if url:
-            from toren._core.stores import store_from_url
+        from toren._core.archive import open_archive_store
 
-            store = store_from_url(url, setting="archive_store")
+        store = open_archive_store(settings)
     runs = events = size = archived = skipped = 0
     after = None
     try:
