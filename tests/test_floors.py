@@ -331,7 +331,7 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
         "MessageDeadLettered", "MissingResource", "RateLimit", "Refusal", "Resources", "Runtime",
         "Service", "ShiftedClock", "Surfaces", "TRANSIENT_DB_ERRORS", "WorkerEnv",
         "WorkerSession", "actor_kinds", "actor_row", "actor_rows", "actors_of_kind",
-        "archive_old_deadletters", "archive_store_url", "block_rate",
+        "archive_old_deadletters", "block_rate",
         "claim", "code_version", "connect", "create_pool", "decode", "events", "events_after",
         "housekeep", "json_text", "kill_point", "last_seq", "live_workers", "mark_failed",
         "migrate", "open_death_watch", "printable", "rate_windows", "release", "release_claim",

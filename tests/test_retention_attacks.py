@@ -362,20 +362,3 @@ async def test_a_pruner_whose_batch_fails_keeps_its_timer_and_is_never_dead_lett
 
         await wait_for(timer_set, what="the pruner's next wake set after a failed batch")
     assert await client.pool.fetchval("SELECT count(*) FROM toren.deadletters") == 0
-
-
-async def test_a_workers_pruners_archive_under_home_when_archive_store_is_unset(
-    client: Client, tmp_path: Path
-) -> None:
-    """The default the docs give (``HOME/archive``, where `toren jobs restore` reads): with no
-    ``archive_store`` set, an agent whose policy archives is still pruned, into that store."""
-    from actors.retention.kind import _open
-    from toren.kernel import Resources, WorkerEnv
-
-    resources = Resources()
-    resources.put(Agents())
-    env = WorkerEnv(settings=Settings(home=tmp_path), pool=client.pool, resources=resources)
-    pruners = await _open(env)
-    assert pruners.store_url == str(tmp_path / "archive")
-    assert isinstance(await pruners.store(), LocalStore)
-    await pruners.close()

@@ -8,7 +8,6 @@ and only this, so that the kernel's internals can change without touching them.
 from toren._core.actor import actor_kinds
 from toren._core.clock import Clock, ShiftedClock
 from toren._core.codec import decode
-from toren._core.config import archive_store_url
 from toren._core.db import (
     TRANSIENT_DB_ERRORS,
     EmbeddedPostgres,
@@ -71,7 +70,6 @@ __all__ = [
     "actor_rows",
     "actors_of_kind",
     "archive_old_deadletters",
-    "archive_store_url",
     "block_rate",
     "claim",
     "code_version",

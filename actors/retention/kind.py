@@ -9,7 +9,7 @@ import anyio
 
 from toren import Client
 from toren.actors.retention.actor import Pruner
-from toren.kernel import Kind, Service, WorkerEnv, archive_store_url
+from toren.kernel import Kind, Service, WorkerEnv
 from toren.retention import ensure_pruners
 from toren.retention.runtime import Pruners
 from toren.retention.surfaces import SURFACES
@@ -24,8 +24,9 @@ async def _open(env: WorkerEnv) -> Pruners:
         batch=getattr(settings, "prune_batch", 100),
         lock_timeout=getattr(settings, "prune_lock_timeout", 0.2),
         every=getattr(settings, "prune_every", 600.0),
-        # archive_store, by default HOME/archive (as `toren jobs restore` reads it)
-        store_url=archive_store_url(settings),
+        # the archive store's setting (issue 32's archive half); unset: runs are not archived,
+        # and an agent whose policy archives is not pruned (the pruner says so)
+        store_url=getattr(settings, "archive_store", None),
     )
 
 

@@ -176,9 +176,11 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
 
     store = None
     if policy.archive:
-        from toren._core.archive import open_archive_store
+        url = getattr(settings, "archive_store", None)
+        if url:
+            from toren._core.stores import store_from_url
 
-        store = open_archive_store(settings)
+            store = store_from_url(url, setting="archive_store")
     runs = events = size = archived = skipped = 0
     after = None
     try:

@@ -41,9 +41,8 @@ class Pruners:
         return found.retention if found is not None else None
 
     async def store(self) -> Any:
-        """The archive store (an ``ObjectStore``), opened on first use; ``None`` when made
-        without a store URL (a worker's pruners have one: ``archive_store``, by default
-        ``HOME/archive``).
+        """The archive store (an ``ObjectStore``), opened on first use; ``None`` when
+        ``archive_store`` is not set.
 
         Raises:
             ConfigError: its URL is not one a store takes (the store's own clear error).
