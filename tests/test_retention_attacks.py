@@ -362,3 +362,54 @@ async def test_a_pruner_whose_batch_fails_keeps_its_timer_and_is_never_dead_lett
 
         await wait_for(timer_set, what="the pruner's next wake set after a failed batch")
     assert await client.pool.fetchval("SELECT count(*) FROM toren.deadletters") == 0
+
+
+async def test_a_decision_or_fork_for_a_pruned_run_says_it_was_pruned(
+    client: Client, db_url: str
+) -> None:
+    """Every write to a pruned run says it was pruned (HTTP 409, CLI exit 1), as
+    operations.md promises: a decision and a fork answered 404 "no run" (the CLI exit 2, "List
+    runs with `toren jobs list`"), which a pruned run is not in."""
+    import aiohttp
+
+    from toren._surfaces.serve import serving
+    from toren._surfaces.tokens import create_token
+
+    run_id = await ended_run(client, "desk")
+    await prune_batch(client.pool, "desk", ALL)
+    uuid = run_id.removeprefix("run/")
+    _, token = await create_token(client.pool, "rita", scopes=["read", "operate", "approve"])
+    auth = {"Authorization": f"Bearer {token}"}
+    async with serving(db_url, port=0) as base, aiohttp.ClientSession(headers=auth) as http:
+        for path, body in (
+            ("approvals", {"call_id": "c1", "approved": True}),
+            ("fork", {"at": 1}),
+        ):
+            async with http.post(f"{base}/runs/{uuid}/{path}", json=body) as answer:
+                detail = (await answer.json())["detail"]
+                assert (path, answer.status) == (path, 409), detail
+                assert "was pruned on" in detail
+        async with http.post(f"{base}/runs/{uuid}/fork", json={"at": 1}) as answer:
+            assert "restore it first" in (await answer.json())["detail"]
+    env = {"TOREN_DATABASE_URL": db_url}
+    for verb in ("approve", "deny"):
+        answer = await anyio.to_thread.run_sync(
+            lambda verb=verb: CliRunner().invoke(main, ["jobs", verb, run_id], env=env)
+        )
+        assert answer.exit_code == 1, answer.output
+        assert f"run {run_id} was pruned on" in answer.output
+    assert await audit_record(client.pool, run_id) is not None  # nothing else changed
+
+
+@pytest.mark.parametrize(
+    "option", [("--since", "0001-01-01T00:00:00+14:00"), ("--until", "9999-12-31T23:59:59-14:00")]
+)
+def test_a_costs_date_outside_postgres_time_is_a_usage_error(option: tuple[str, str]) -> None:
+    """A date and time whose offset puts it before year 1 or after 9999 in UTC: Python reads
+    it, Postgres cannot take it (asyncpg's DataError, a traceback); exit 2 before connecting."""
+    answer = CliRunner().invoke(
+        main, ["costs", *option], env={"TOREN_DATABASE_URL": "postgresql://nowhere/x"}
+    )
+    assert answer.exit_code == 2, answer.output
+    assert f"{option[0]}: " in answer.output
+    assert "Traceback" not in answer.output

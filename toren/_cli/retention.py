@@ -49,11 +49,13 @@ def _day(text: str | None, option: str) -> datetime | None:
 
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        # in UTC, as Postgres takes it: an offset can push year 1 or 9999 past its range
+        return moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         raise ConfigError(
-            f"--{option}: {text!r} is not an ISO-8601 date", hint="Write it like 2026-12-01."
+            f"--{option}: {text!r} is not an ISO-8601 date (years 1 to 9999, UTC)",
+            hint="Write it like 2026-12-01.",
         ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 async def _policies(client: Client, agent: str | None) -> dict[str, Any]:

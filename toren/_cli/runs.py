@@ -54,9 +54,12 @@ async def _client(settings: Settings) -> Client:
 
 async def _read(client: Client, run_id: str) -> RunState:
     from toren.runs import read_run
+    from toren.runs.audit import RunPruned
 
     try:
         return await read_run(client, run_id)
+    except RunPruned:
+        raise  # it says when it was pruned (exit 1), as every write to it does
     except UnknownActor:
         raise ConfigError(f"no run {run_id!r}", hint="List runs with `toren jobs list`.") from None
 

@@ -83,7 +83,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
-from toren.runs.audit import RunPruned
+from toren.runs.audit import RunPruned, unknown_run
 from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
@@ -458,7 +458,12 @@ async def approval(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    await _created(client.pool, rid)
+    try:
+        await _created(client.pool, rid)
+    except ProblemError:  # a pruned run says so (409), as every write to it does
+        if isinstance(missing := await unknown_run(client.pool, rid), RunPruned):
+            raise pruned_problem(missing) from None
+        raise
     require(request, "approve")  # the scope first; the agent once the run decided is known
     # The call may wait in a child run (shown on this page too): the decision goes there, and
     # the caller must be allowed to decide that run's agent's calls.
