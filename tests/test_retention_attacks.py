@@ -413,3 +413,39 @@ def test_a_costs_date_outside_postgres_time_is_a_usage_error(option: tuple[str, 
     assert answer.exit_code == 2, answer.output
     assert f"{option[0]}: " in answer.output
     assert "Traceback" not in answer.output
+
+
+async def test_a_keyed_start_over_http_after_a_prune_answers_with_the_pruned_run(
+    client: Client, db_url: str
+) -> None:
+    """``POST /runs`` retried with the idempotency key of a run pruned since answered 404 "no
+    run" (a client would take it for a failure and start again under a new key): it answers
+    201 with the pruned run, from its audit record, as ``start_run`` does; to a token without
+    ``read``, with what it sent. Another input is still 409, and no second run is made."""
+    import aiohttp
+
+    from toren._surfaces.serve import serving
+    from toren._surfaces.tokens import create_token
+
+    run_id = keyed_run_id("desk", "order-7")
+    await ended_run(client, "desk", run_id=run_id, args=start_args("desk", "go"))
+    await prune_batch(client.pool, "desk", ALL)
+    async with serving(db_url, port=0) as base:
+        for scopes in (["read", "operate"], ["operate"]):
+            _, token = await create_token(client.pool, f"t{len(scopes)}", scopes=scopes)
+            auth = {"Authorization": f"Bearer {token}"}
+            async with aiohttp.ClientSession(headers=auth) as http:
+                body = {"agent": "desk", "input": "go", "idempotency_key": "order-7"}
+                async with http.post(f"{base}/runs", json=body) as answer:
+                    shown = await answer.json()
+                    assert answer.status == 201, shown
+                assert (shown["id"], shown["agent"]) == (run_id, "desk")
+                if "read" in scopes:
+                    assert (shown["status"], shown["pruned"]["events"]) == ("completed", 3)
+                    assert shown["receipt"]["usd_paid"] == "0.25"
+                else:
+                    assert (shown["input"], shown["pruned"]) == ("go", None)
+                async with http.post(f"{base}/runs", json=body | {"input": "other"}) as answer:
+                    assert answer.status == 409
+    assert not await exists(client, run_id)
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.actors") == 0

@@ -149,12 +149,21 @@ async def start(request: web.Request) -> web.Response:
         raise ProblemError(422, "Invalid request", str(exc), [error]) from exc
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
-    if not access(request).allows("read"):
-        # A caller that may not read gets back what it sent, not the run (a repeated key would
-        # otherwise show it the run's output and what it waits for).
-        created = await _created(client.pool, rid)
-        return json(_as_sent(rid, body, created), status=201)
-    run = await _run(request.app, rid)
+    try:
+        if not access(request).allows("read"):
+            # A caller that may not read gets back what it sent, not the run (a repeated key
+            # would otherwise show it the run's output and what it waits for).
+            created = await _created(client.pool, rid)
+            return json(_as_sent(rid, body, created), status=201)
+        run = await _run(request.app, rid)
+    except ProblemError as exc:
+        # A start retried with the key of a run pruned since: that run, from its audit record.
+        pruned = await pruned_run(client.pool, rid) if exc.problem.status == 404 else None
+        if pruned is None:
+            raise
+        if not access(request).allows("read"):
+            return json(_as_sent(rid, body, datetime.fromisoformat(pruned.created_at)), 201)
+        return json(pruned, status=201)
     if not run.agent:  # not started by a worker yet: its start message is queued
         run.agent, run.input = body.agent, body.input
     return json(run, status=201)
