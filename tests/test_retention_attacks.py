@@ -449,3 +449,20 @@ async def test_a_keyed_start_over_http_after_a_prune_answers_with_the_pruned_run
                     assert answer.status == 409
     assert not await exists(client, run_id)
     assert await client.pool.fetchval("SELECT count(*) FROM toren.actors") == 0
+
+
+async def test_jobs_prune_says_why_an_archiving_agent_is_not_pruned_without_a_store(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent whose retention archives is not pruned while archive_store is unset (its
+    default under home is not used for that): ``toren jobs prune`` said "N left for later"
+    and nothing of why (the pruner's log line is not shown by the CLI)."""
+    from toren._cli import retention as retention_cli
+
+    run_id = await ended_run(client, "desk")
+    policy = Retention(keep_last=0, archive=True)
+    await retention_cli._prune(client, Settings(archive_store=None), "desk", policy)
+    said = capsys.readouterr().out
+    assert "desk: not pruned" in said
+    assert "archive_store" in said
+    assert await exists(client, run_id)

@@ -179,10 +179,17 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
     store = None
     if policy.archive:
         url = getattr(settings, "archive_store", None)
-        if url:
-            from toren._core.stores import store_from_url
+        if not url:  # as the pruner: the default under home is not a store every worker shares
+            out.print(
+                plain(
+                    f"{agent}: not pruned: its retention archives journals (archive = true) "
+                    "and archive_store is not set (TOREN_ARCHIVE_STORE)"
+                )
+            )
+            return
+        from toren._core.stores import store_from_url
 
-            store = store_from_url(url, setting="archive_store")
+        store = store_from_url(url, setting="archive_store")
     runs = events = size = archived = skipped = 0
     after = None
     try:
