@@ -466,3 +466,21 @@ async def test_jobs_prune_says_why_an_archiving_agent_is_not_pruned_without_a_st
     assert "desk: not pruned" in said
     assert "archive_store" in said
     assert await exists(client, run_id)
+
+
+async def test_tail_and_upgrade_of_a_pruned_run_say_it_was_pruned(
+    client: Client, db_url: str
+) -> None:
+    """``toren jobs tail`` of a pruned run (named whole, which resolves to its audit record)
+    waited for its events for ever; ``jobs upgrade`` said "no actor; spawn it first"."""
+    run_id = await ended_run(client, "desk", status="failed")
+    await prune_batch(client.pool, "desk", ALL)
+    env = {"TOREN_DATABASE_URL": db_url}
+    for verb in ("tail", "upgrade"):
+        with anyio.fail_after(20):
+            answer = await anyio.to_thread.run_sync(
+                lambda verb=verb: CliRunner().invoke(main, ["jobs", verb, run_id], env=env),
+                abandon_on_cancel=True,
+            )
+        assert answer.exit_code == 1, answer.output
+        assert f"run {run_id} was pruned on" in answer.output
