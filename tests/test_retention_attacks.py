@@ -484,3 +484,31 @@ async def test_tail_and_upgrade_of_a_pruned_run_say_it_was_pruned(
             )
         assert answer.exit_code == 1, answer.output
         assert f"run {run_id} was pruned on" in answer.output
+
+
+async def test_costs_sum_token_counts_past_64_bits_exactly(client: Client) -> None:
+    """Token counts are what the provider reports (an SDK's unbounded ``int``): one run whose
+    recorded usage reached 2**63 made every ``GET /costs`` and ``toren costs`` fail (a bigint
+    out of range), for every agent. They are summed as numeric, live or pruned, exactly (past
+    2**64 the journal and the summary keep them as tagged text, read as the number)."""
+    big = [2**63, 2**70]
+    for tokens in big:
+        run_id = await ended_run(client, "desk")
+        await client.pool.execute(
+            "UPDATE toren.actors SET summary = summary || jsonb_build_object('input_tokens', "
+            "$2::text::jsonb) WHERE actor_id = $1",
+            run_id,
+            f'"\ue000i{tokens}"' if tokens >= 2**64 else str(tokens),
+        )
+    await ended_run(client, "other")
+    [live, other] = await costs(client.pool, ("agent",))
+    assert (live.agent, live.input_tokens, other.input_tokens) == ("desk", sum(big), 100)
+    await client.pool.execute(  # the same figures kept by audit records
+        "INSERT INTO toren.run_audit (run_id, root_id, agent, args, receipt, status, created_at, "
+        "events) SELECT 'run/p' || n, 'run/p' || n, 'desk', '{}', jsonb_build_object("
+        "'input_tokens', v, 'calls_made', v), 'completed', now(), 1 "
+        "FROM unnest($1::text[]::jsonb[]) WITH ORDINALITY AS t(v, n)",
+        [f'"\ue000i{t}"' if t >= 2**64 else str(t) for t in big],
+    )
+    [both, _] = await costs(client.pool, ("agent",))
+    assert (both.runs, both.input_tokens, both.calls_made) == (4, 2 * sum(big), 2 + sum(big))
