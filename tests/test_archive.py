@@ -285,6 +285,18 @@ async def test_a_missing_archive_is_refused_naming_the_store(
         await read_archive(store, archived)
 
 
+@pytest.mark.parametrize("location", ["../../../etc/passwd", "", "journals", "journals/toren.run"])
+async def test_a_reference_naming_no_archive_key_is_refused_as_unusable(
+    store: LocalStore, archived: ArchiveRef, location: str
+) -> None:
+    """An audit record whose archive location is edited (a path out of the store, a folder of
+    it, nothing): the store's ValueError or IsADirectoryError went up raw (a traceback from
+    `toren jobs restore`, HTTP 500 from `GET /runs/{id}/archive`); now a CorruptArchive (exit 1,
+    502) naming it. Nothing outside the store is read."""
+    with pytest.raises(CorruptArchive, match="not the key of an archive object"):
+        await read_archive(store, attrs.evolve(archived, location=location))
+
+
 def test_a_reference_that_is_not_one_is_refused() -> None:
     with pytest.raises(CorruptArchive, match="reference has no integer last_seq"):
         ArchiveRef.from_json({"location": "journals/x", "sha256": "ab", "first_seq": 1})

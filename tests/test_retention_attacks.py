@@ -362,3 +362,153 @@ async def test_a_pruner_whose_batch_fails_keeps_its_timer_and_is_never_dead_lett
 
         await wait_for(timer_set, what="the pruner's next wake set after a failed batch")
     assert await client.pool.fetchval("SELECT count(*) FROM toren.deadletters") == 0
+
+
+async def test_a_decision_or_fork_for_a_pruned_run_says_it_was_pruned(
+    client: Client, db_url: str
+) -> None:
+    """Every write to a pruned run says it was pruned (HTTP 409, CLI exit 1), as
+    operations.md promises: a decision and a fork answered 404 "no run" (the CLI exit 2, "List
+    runs with `toren jobs list`"), which a pruned run is not in."""
+    import aiohttp
+
+    from toren._surfaces.serve import serving
+    from toren._surfaces.tokens import create_token
+
+    run_id = await ended_run(client, "desk")
+    await prune_batch(client.pool, "desk", ALL)
+    uuid = run_id.removeprefix("run/")
+    _, token = await create_token(client.pool, "rita", scopes=["read", "operate", "approve"])
+    auth = {"Authorization": f"Bearer {token}"}
+    async with serving(db_url, port=0) as base, aiohttp.ClientSession(headers=auth) as http:
+        for path, body in (
+            ("approvals", {"call_id": "c1", "approved": True}),
+            ("fork", {"at": 1}),
+        ):
+            async with http.post(f"{base}/runs/{uuid}/{path}", json=body) as answer:
+                detail = (await answer.json())["detail"]
+                assert (path, answer.status) == (path, 409), detail
+                assert "was pruned on" in detail
+        async with http.post(f"{base}/runs/{uuid}/fork", json={"at": 1}) as answer:
+            assert "restore it first" in (await answer.json())["detail"]
+    env = {"TOREN_DATABASE_URL": db_url}
+    for verb in ("approve", "deny"):
+        answer = await anyio.to_thread.run_sync(
+            lambda verb=verb: CliRunner().invoke(main, ["jobs", verb, run_id], env=env)
+        )
+        assert answer.exit_code == 1, answer.output
+        assert f"run {run_id} was pruned on" in answer.output
+    assert await audit_record(client.pool, run_id) is not None  # nothing else changed
+
+
+@pytest.mark.parametrize(
+    "option", [("--since", "0001-01-01T00:00:00+14:00"), ("--until", "9999-12-31T23:59:59-14:00")]
+)
+def test_a_costs_date_outside_postgres_time_is_a_usage_error(option: tuple[str, str]) -> None:
+    """A date and time whose offset puts it before year 1 or after 9999 in UTC: Python reads
+    it, Postgres cannot take it (asyncpg's DataError, a traceback); exit 2 before connecting."""
+    answer = CliRunner().invoke(
+        main, ["costs", *option], env={"TOREN_DATABASE_URL": "postgresql://nowhere/x"}
+    )
+    assert answer.exit_code == 2, answer.output
+    assert f"{option[0]}: " in answer.output
+    assert "Traceback" not in answer.output
+
+
+async def test_a_keyed_start_over_http_after_a_prune_answers_with_the_pruned_run(
+    client: Client, db_url: str
+) -> None:
+    """``POST /runs`` retried with the idempotency key of a run pruned since answered 404 "no
+    run" (a client would take it for a failure and start again under a new key): it answers
+    201 with the pruned run, from its audit record, as ``start_run`` does; to a token without
+    ``read``, with what it sent. Another input is still 409, and no second run is made."""
+    import aiohttp
+
+    from toren._surfaces.serve import serving
+    from toren._surfaces.tokens import create_token
+
+    run_id = keyed_run_id("desk", "order-7")
+    await ended_run(client, "desk", run_id=run_id, args=start_args("desk", "go"))
+    await prune_batch(client.pool, "desk", ALL)
+    async with serving(db_url, port=0) as base:
+        for scopes in (["read", "operate"], ["operate"]):
+            _, token = await create_token(client.pool, f"t{len(scopes)}", scopes=scopes)
+            auth = {"Authorization": f"Bearer {token}"}
+            async with aiohttp.ClientSession(headers=auth) as http:
+                body = {"agent": "desk", "input": "go", "idempotency_key": "order-7"}
+                async with http.post(f"{base}/runs", json=body) as answer:
+                    shown = await answer.json()
+                    assert answer.status == 201, shown
+                assert (shown["id"], shown["agent"]) == (run_id, "desk")
+                if "read" in scopes:
+                    assert (shown["status"], shown["pruned"]["events"]) == ("completed", 3)
+                    assert shown["receipt"]["usd_paid"] == "0.25"
+                else:
+                    assert (shown["input"], shown["pruned"]) == ("go", None)
+                async with http.post(f"{base}/runs", json=body | {"input": "other"}) as answer:
+                    assert answer.status == 409
+    assert not await exists(client, run_id)
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.actors") == 0
+
+
+async def test_jobs_prune_says_why_an_archiving_agent_is_not_pruned_without_a_store(
+    client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent whose retention archives is not pruned while archive_store is unset (its
+    default under home is not used for that): ``toren jobs prune`` said "N left for later"
+    and nothing of why (the pruner's log line is not shown by the CLI)."""
+    from toren._cli import retention as retention_cli
+
+    run_id = await ended_run(client, "desk")
+    policy = Retention(keep_last=0, archive=True)
+    await retention_cli._prune(client, Settings(archive_store=None), "desk", policy)
+    said = capsys.readouterr().out
+    assert "desk: not pruned" in said
+    assert "archive_store" in said
+    assert await exists(client, run_id)
+
+
+async def test_tail_and_upgrade_of_a_pruned_run_say_it_was_pruned(
+    client: Client, db_url: str
+) -> None:
+    """``toren jobs tail`` of a pruned run (named whole, which resolves to its audit record)
+    waited for its events for ever; ``jobs upgrade`` said "no actor; spawn it first"."""
+    run_id = await ended_run(client, "desk", status="failed")
+    await prune_batch(client.pool, "desk", ALL)
+    env = {"TOREN_DATABASE_URL": db_url}
+    for verb in ("tail", "upgrade"):
+        with anyio.fail_after(20):
+            answer = await anyio.to_thread.run_sync(
+                lambda verb=verb: CliRunner().invoke(main, ["jobs", verb, run_id], env=env),
+                abandon_on_cancel=True,
+            )
+        assert answer.exit_code == 1, answer.output
+        assert f"run {run_id} was pruned on" in answer.output
+
+
+async def test_costs_sum_token_counts_past_64_bits_exactly(client: Client) -> None:
+    """Token counts are what the provider reports (an SDK's unbounded ``int``): one run whose
+    recorded usage reached 2**63 made every ``GET /costs`` and ``toren costs`` fail (a bigint
+    out of range), for every agent. They are summed as numeric, live or pruned, exactly (past
+    2**64 the journal and the summary keep them as tagged text, read as the number)."""
+    big = [2**63, 2**70]
+    for tokens in big:
+        run_id = await ended_run(client, "desk")
+        await client.pool.execute(
+            "UPDATE toren.actors SET summary = summary || jsonb_build_object('input_tokens', "
+            "$2::text::jsonb) WHERE actor_id = $1",
+            run_id,
+            f'"\ue000i{tokens}"' if tokens >= 2**64 else str(tokens),
+        )
+    await ended_run(client, "other")
+    [live, other] = await costs(client.pool, ("agent",))
+    assert (live.agent, live.input_tokens, other.input_tokens) == ("desk", sum(big), 100)
+    await client.pool.execute(  # the same figures kept by audit records
+        "INSERT INTO toren.run_audit (run_id, root_id, agent, args, receipt, status, created_at, "
+        "events) SELECT 'run/p' || n, 'run/p' || n, 'desk', '{}', jsonb_build_object("
+        "'input_tokens', v, 'calls_made', v), 'completed', now(), 1 "
+        "FROM unnest($1::text[]::jsonb[]) WITH ORDINALITY AS t(v, n)",
+        [f'"\ue000i{t}"' if t >= 2**64 else str(t) for t in big],
+    )
+    [both, _] = await costs(client.pool, ("agent",))
+    assert (both.runs, both.input_tokens, both.calls_made) == (4, 2 * sum(big), 2 + sum(big))

@@ -49,11 +49,13 @@ def _day(text: str | None, option: str) -> datetime | None:
 
     try:
         moment = datetime.fromisoformat(text)
-    except ValueError:
+        # in UTC, as Postgres takes it: an offset can push year 1 or 9999 past its range
+        return moment.astimezone(UTC) if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    except (ValueError, OverflowError):
         raise ConfigError(
-            f"--{option}: {text!r} is not an ISO-8601 date", hint="Write it like 2026-12-01."
+            f"--{option}: {text!r} is not an ISO-8601 date (years 1 to 9999, UTC)",
+            hint="Write it like 2026-12-01.",
         ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 async def _policies(client: Client, agent: str | None) -> dict[str, Any]:
@@ -177,10 +179,17 @@ async def _prune(client: Client, settings: Settings, agent: str, policy: Any) ->
     store = None
     if policy.archive:
         url = getattr(settings, "archive_store", None)
-        if url:
-            from toren._core.stores import store_from_url
+        if not url:  # as the pruner: the default under home is not a store every worker shares
+            out.print(
+                plain(
+                    f"{agent}: not pruned: its retention archives journals (archive = true) "
+                    "and archive_store is not set (TOREN_ARCHIVE_STORE)"
+                )
+            )
+            return
+        from toren._core.stores import store_from_url
 
-            store = store_from_url(url, setting="archive_store")
+        store = store_from_url(url, setting="archive_store")
     runs = events = size = archived = skipped = 0
     after = None
     try:

@@ -54,9 +54,12 @@ async def _client(settings: Settings) -> Client:
 
 async def _read(client: Client, run_id: str) -> RunState:
     from toren.runs import read_run
+    from toren.runs.audit import RunPruned
 
     try:
         return await read_run(client, run_id)
+    except RunPruned:
+        raise  # it says when it was pruned (exit 1), as every write to it does
     except UnknownActor:
         raise ConfigError(f"no run {run_id!r}", hint="List runs with `toren jobs list`.") from None
 
@@ -306,17 +309,24 @@ def register(main: click.Group) -> None:
     async def jobs_tail(ctx: click.Context, run_id: str) -> None:
         """Follow a run's events until it completes or fails."""
         from toren._cli.timeline import describe
+        from toren.runs.audit import unknown_run
 
         client = await _client(ctx.obj["settings"])
         try:
             run_id = await resolve(client, run_id)
             seen = 0
             while True:
-                for entry in await client.journal(run_id, after=seen):
+                page = await client.journal(run_id, after=seen)
+                for entry in page:
                     out.print(plain(f"{entry.seq:>4}  {describe(entry.type, entry.data)}"))
                     seen = entry.seq
                     if entry.type in ("run.completed", "run.failed", "toren.failed"):
                         return
+                if not page:  # nothing new: a run pruned (before or since) has none to come
+                    try:
+                        await client.actor(run_id)
+                    except UnknownActor:
+                        raise await unknown_run(client.pool, run_id) from None
                 await anyio.sleep(0.5)
         finally:
             await client.close()

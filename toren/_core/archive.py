@@ -374,13 +374,19 @@ async def read_archive(
 
     Raises:
         MissingArchive: no object under its key.
-        CorruptArchive: anything else does not match; the message says what.
+        CorruptArchive: anything else does not match (its location is no object's key, say);
+            the message says what.
         StoreError, ConfigError: the store's own.
     """
     try:
         data = await store.get(ref.location)
     except MissingObject as e:
         raise MissingArchive(ref.location, e.where) from None
+    except (ValueError, IsADirectoryError, NotADirectoryError):
+        # a reference edited by hand: a key the store refuses (``..``, empty) or a folder of it
+        raise CorruptArchive(
+            ref.location, "its reference's location is not the key of an archive object"
+        ) from None
     return await anyio.to_thread.run_sync(parse_archive, data, ref, actor_id)
 
 

@@ -243,6 +243,24 @@ async def table_sizes(db: Db) -> dict[str, int]:
 
 _GROUPS = {"arg": "a.args->>'{key}'", "day": "(a.created_at AT TIME ZONE 'UTC')::date"}
 
+# An integer past 64 bits, as Toren's JSON text keeps it (toren/_core/json_text.py): the mark,
+# "i", the digits.
+_TAGGED_INT = "'^' || chr(57344) || 'i-?[0-9]+$'"
+
+
+def json_integer(column: str, key: str) -> str:
+    """SQL for member ``key`` of jsonb ``column`` as a ``numeric`` integer: a JSON number, or
+    an integer past 64 bits as it is stored tagged; ``NULL`` for anything else. Counts a
+    provider reports (tokens) are unbounded: a ``bigint`` cast of one past 2**63 failed the
+    whole statement."""
+    value = f"{column}->'{json_key(key)}'"
+    text = f"{column}->>'{json_key(key)}'"
+    return (
+        f"(CASE jsonb_typeof({value}) WHEN 'number' THEN ({text})::numeric "
+        f"WHEN 'string' THEN CASE WHEN length({text}) <= 1000 AND {text} ~ ({_TAGGED_INT}) "
+        f"THEN substr({text}, 3)::numeric END END)"
+    )
+
 
 async def summary_totals(
     db: Db,
@@ -256,9 +274,9 @@ async def summary_totals(
     until: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The actors of ``kind`` made in ``[since, until)`` counted (``actors``) and the keys of
-    their summaries summed (``decimals`` as numeric, exactly; ``integers`` as bigint; a key a
-    summary lacks counts 0), grouped by the value of their args' key ``group_arg`` (as
-    ``group_key``) and by the UTC day they were made (as ``day``)."""
+    their summaries summed (``decimals`` as numeric, exactly; ``integers`` too, however large:
+    :func:`json_integer`; a key a summary lacks counts 0), grouped by the value of their args'
+    key ``group_arg`` (as ``group_key``) and by the UTC day they were made (as ``day``)."""
     keys: list[str] = []
     if group_arg is not None:
         keys.append(f"{_GROUPS['arg'].format(key=json_key(group_arg))} AS group_key")
@@ -266,9 +284,7 @@ async def summary_totals(
         keys.append(f"{_GROUPS['day']} AS day")
     sums = [
         f"sum(coalesce((a.summary->>'{json_key(k)}')::numeric, 0)) AS {k}" for k in decimals
-    ] + [
-        f"sum(coalesce((a.summary->>'{json_key(k)}')::bigint, 0))::bigint AS {k}" for k in integers
-    ]
+    ] + [f"coalesce(sum({json_integer('a.summary', k)}), 0) AS {k}" for k in integers]
     grouped = f" GROUP BY {', '.join(str(i + 1) for i in range(len(keys)))}" if keys else ""
     sql = (
         f"SELECT {', '.join([*keys, 'count(*) AS actors', *sums])} FROM toren.actors a "

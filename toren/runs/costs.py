@@ -19,7 +19,7 @@ import attrs
 
 from toren._core.db import one_snapshot
 from toren._core.errors import TorenError
-from toren._core.pruning import summary_totals
+from toren._core.pruning import json_integer, summary_totals
 from toren.runs.events import RUN_KIND
 
 if TYPE_CHECKING:
@@ -88,15 +88,15 @@ def groups(text: str | Sequence[str]) -> tuple[Group, ...]:
     return tuple(n for n in GROUPS if n in names)
 
 
-_AUDIT = """
-SELECT {keys} count(*) AS runs,
-       sum(coalesce((receipt->>'calls_made')::bigint, 0))::bigint AS calls_made,
-       sum(coalesce((receipt->>'input_tokens')::bigint, 0))::bigint AS input_tokens,
-       sum(coalesce((receipt->>'output_tokens')::bigint, 0))::bigint AS output_tokens,
+_AUDIT = f"""
+SELECT {{keys}} count(*) AS runs,
+       coalesce(sum({json_integer("receipt", "calls_made")}), 0) AS calls_made,
+       coalesce(sum({json_integer("receipt", "input_tokens")}), 0) AS input_tokens,
+       coalesce(sum({json_integer("receipt", "output_tokens")}), 0) AS output_tokens,
        sum(coalesce((receipt->>'usd_paid')::numeric, 0)) AS usd_paid
 FROM toren.run_audit
 WHERE ($1::timestamptz IS NULL OR created_at >= $1) AND ($2::timestamptz IS NULL OR created_at < $2)
-{grouped}
+{{grouped}}
 """
 
 

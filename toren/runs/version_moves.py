@@ -15,6 +15,7 @@ from toren._agent.routes import agent_route, route_version, version_route
 from toren._core.errors import TorenError, UnknownActor
 from toren._core.rows import actor_row, set_route
 from toren._core.workers import newest_card, reroute_unserved
+from toren.runs.audit import unknown_run
 from toren.runs.events import RUN_KIND
 from toren.runs.version_events import Upgrade
 
@@ -49,11 +50,11 @@ async def where(client: Client, run_id: str) -> tuple[str, str, str]:
     """The run's agent, its version (``""``: not recorded) and its status.
 
     Raises:
-        UnknownActor: no such run.
+        UnknownActor: no such run (``RunPruned`` if it was pruned).
     """
     row = await actor_row(client.pool, run_id, kind=RUN_KIND, fields=("summary", "args"))
     if row is None:
-        raise UnknownActor(run_id)
+        raise await unknown_run(client.pool, run_id)  # RunPruned, saying when, if it was
     summary = row.summary_dict
     agent = str(summary.get("agent") or row.args_dict.get("agent") or "")
     version = str(summary.get("version") or "")

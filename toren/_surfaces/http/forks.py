@@ -31,6 +31,7 @@ from toren._surfaces.http.common import (
 )
 from toren._surfaces.http.models import FieldError, ForkBody, Forked, ForkedFrom
 from toren.runs import read_run, run_agent
+from toren.runs.audit import RunPruned
 from toren.runs.fork import InvalidFork, fork_run
 from toren.runs.forked import forked_from
 
@@ -52,6 +53,8 @@ async def fork(request: web.Request) -> web.Response:
     client = request.app[CLIENT]
     try:
         agent = await run_agent(client, rid)
+    except RunPruned as exc:
+        raise _pruned(exc) from exc
     except UnknownActor as exc:
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
     require(request, "operate", agent)
@@ -71,6 +74,8 @@ async def fork(request: web.Request) -> web.Response:
             by=principal(request),
             cap=request.app[OPTIONS].message_cap,
         )
+    except RunPruned as exc:  # pruned since it was looked up
+        raise _pruned(exc) from exc
     except UnknownActor as exc:  # gone since it was looked up
         raise ProblemError(404, "Not found", f"no run {rid}") from exc
     except InvalidFork as exc:
@@ -80,6 +85,16 @@ async def fork(request: web.Request) -> web.Response:
         raise ProblemError(500, "Internal error", f"{new} does not say where it was forked from")
     shown = ForkedFrom(**origin.to_json())
     return json(Forked(id=new, forked_from=shown), status=201)
+
+
+def _pruned(exc: RunPruned) -> ProblemError:
+    """A fork of a pruned run: 409 (as every write to it), saying to restore it first."""
+    when = exc.pruned_at.date().isoformat() if exc.pruned_at else "an earlier date"
+    detail = (
+        f"cannot fork {exc.actor_id}: it was pruned on {when}; restore it first "
+        f"(toren jobs restore {exc.actor_id} --into-journal)"
+    )
+    return ProblemError(409, "Conflict", detail)
 
 
 def _refuse(detail: str, errors: list[FieldError]) -> NoReturn:
@@ -127,6 +142,10 @@ def fork_part() -> ApiPart:
                         "201": {"description": "The new run.", **json_content(Forked)},
                         **AUTH_FAIL,
                         "404": problem("No such run."),
+                        "409": problem(
+                            "The run was pruned (its journal is gone): restore it first "
+                            "(`toren jobs restore RUN --into-journal`)."
+                        ),
                         **INVALID,
                         "422": problem(
                             "The fork is refused, nothing stored: `at` is not a step of the "

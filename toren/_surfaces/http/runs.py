@@ -83,7 +83,7 @@ from toren.runs import (
     waiting_below,
     waiting_on,
 )
-from toren.runs.audit import RunPruned
+from toren.runs.audit import RunPruned, unknown_run
 from toren.runs.forked import forked_from
 from toren.runs.limits import QUEUED, queued
 from toren.runs.listing import list_runs
@@ -149,12 +149,21 @@ async def start(request: web.Request) -> web.Response:
         raise ProblemError(422, "Invalid request", str(exc), [error]) from exc
     except IdempotencyConflict as exc:
         raise ProblemError(409, "Conflict", str(exc)) from exc
-    if not access(request).allows("read"):
-        # A caller that may not read gets back what it sent, not the run (a repeated key would
-        # otherwise show it the run's output and what it waits for).
-        created = await _created(client.pool, rid)
-        return json(_as_sent(rid, body, created), status=201)
-    run = await _run(request.app, rid)
+    try:
+        if not access(request).allows("read"):
+            # A caller that may not read gets back what it sent, not the run (a repeated key
+            # would otherwise show it the run's output and what it waits for).
+            created = await _created(client.pool, rid)
+            return json(_as_sent(rid, body, created), status=201)
+        run = await _run(request.app, rid)
+    except ProblemError as exc:
+        # A start retried with the key of a run pruned since: that run, from its audit record.
+        pruned = await pruned_run(client.pool, rid) if exc.problem.status == 404 else None
+        if pruned is None:
+            raise
+        if not access(request).allows("read"):
+            return json(_as_sent(rid, body, datetime.fromisoformat(pruned.created_at)), 201)
+        return json(pruned, status=201)
     if not run.agent:  # not started by a worker yet: its start message is queued
         run.agent, run.input = body.agent, body.input
     return json(run, status=201)
@@ -458,7 +467,12 @@ async def approval(request: web.Request) -> web.Response:
     rid = run_id(request)
     body = await read_body(request, ApprovalBody)
     client = request.app[CLIENT]
-    await _created(client.pool, rid)
+    try:
+        await _created(client.pool, rid)
+    except ProblemError:  # a pruned run says so (409), as every write to it does
+        if isinstance(missing := await unknown_run(client.pool, rid), RunPruned):
+            raise pruned_problem(missing) from None
+        raise
     require(request, "approve")  # the scope first; the agent once the run decided is known
     # The call may wait in a child run (shown on this page too): the decision goes there, and
     # the caller must be allowed to decide that run's agent's calls.
