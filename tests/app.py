@@ -188,6 +188,9 @@ class Work:
     seconds: float
     tag: str
     only_first_delivery: bool = False
+    # Wait, after ``seconds``, until the file TOREN_TEST_GATE names exists: a test holds the
+    # message in hand for as long as it needs (a worker's start-up under load is not bounded).
+    gated: bool = False
 
 
 @message("test.worked")
@@ -217,6 +220,9 @@ class Worker(Actor[list[str]]):
             Path(marker).write_text(f"{os.getpid()} {msg.tag} {ctx.envelope.deliveries}\n")
         if not msg.only_first_delivery or ctx.envelope.deliveries == 1:
             await anyio.sleep(msg.seconds)
+            gate = Path(os.environ.get("TOREN_TEST_GATE", "")) if msg.gated else None
+            while gate is not None and not gate.exists():
+                await anyio.sleep(0.05)
         ctx.emit(Worked(tag=msg.tag, pid=os.getpid(), deliveries=ctx.envelope.deliveries))
 
 

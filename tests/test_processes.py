@@ -163,18 +163,22 @@ async def _log_matches(w: WorkerProcess, pattern: str) -> bool:
 async def test_sigterm_finishes_the_message_in_hand_and_hands_over_without_expiry(
     client: Client, workers: WorkerFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    marker = tmp_path / "handling"
+    marker, gate = tmp_path / "handling", tmp_path / "gate"
     monkeypatch.setenv("TOREN_TEST_HANDLING", str(marker))
+    monkeypatch.setenv("TOREN_TEST_GATE", str(gate))
     await client.spawn(app.Worker, "w/t")
     # A long lease: a takeover that waited for expiry would blow the test's time bound.
     leaving = workers(lease_seconds=60, renew_seconds=5)
     await _registered(client, leaving)
-    await client.send("w/t", app.Work(seconds=2, tag="in-hand"))
+    await client.send("w/t", app.Work(seconds=0, tag="in-hand", gated=True))
     await client.send("w/t", app.Work(seconds=0, tag="next"))
     await wait_for(lambda: _marker_says(marker, leaving.pid), what="handling")
     staying = workers(lease_seconds=60, renew_seconds=5)
     await _registered(client, staying)
     leaving.signal(signal.SIGTERM)
+    # The message stays in hand until the worker is draining: its commit claims nothing more.
+    await wait_for(lambda: _log_matches(leaving, r"SIGTERM: draining"), what="draining")
+    gate.touch()
     with anyio.fail_after(15):
         code = await anyio.to_thread.run_sync(leaving.wait, 15)
     assert code == 0
@@ -196,10 +200,11 @@ async def test_worker_whose_lock_session_is_terminated_stops_its_actors_then_cla
 ) -> None:
     marker = tmp_path / "handling"
     monkeypatch.setenv("TOREN_TEST_HANDLING", str(marker))
+    monkeypatch.setenv("TOREN_TEST_GATE", str(tmp_path / "gate"))  # never opened
     await client.spawn(app.Worker, "w/l")
     victim = workers()
     await _registered(client, victim)
-    await client.send("w/l", app.Work(seconds=3, tag="slow", only_first_delivery=True))
+    await client.send("w/l", app.Work(seconds=0, tag="slow", only_first_delivery=True, gated=True))
     await wait_for(lambda: _marker_says(marker, victim.pid), what="handling")
     other = workers()
     await _registered(client, other)
