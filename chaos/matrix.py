@@ -285,6 +285,12 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # The fork's journal copied one event short (the ticket's result left out): the fork runs
     # the ticket's call again, under its source's key, whatever the fault.
     "fork-prefix-short": (Cell("committed:model.called", 1, "sigkill", shape="fork"),),
+    # The batch's members told it landed as soon as it left: they go on from steps that are not
+    # committed yet (and, a batch failing, never are), and write after them.
+    "ack-before-commit": (
+        Cell("batch.in_flight", 2, "sigkill", shape="batch"),
+        Cell("batch.committed", 2, "sigkill", shape="batch"),
+    ),
 }
 
 
@@ -305,6 +311,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "schedule-slot-unkeyed": "the backfill started a second run for slot",
     "upgrade-by-replay": "calls taken by value were re-asked",
     "fork-prefix-short": "the source's effects were asked for again",
+    "ack-before-commit": "journal sequence not contiguous",
 }
 
 

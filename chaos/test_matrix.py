@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from chaos.batches import batch_cells
 from chaos.calls import CallExpected
 from chaos.conftest import MATRICES, SCENARIOS, record
 from chaos.harness import Cell, Harness, Shape
@@ -114,6 +115,16 @@ async def test_fork_cell(cell: Cell, harness: Harness, fork_expected: ForkExpect
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", batch_cells(), ids=lambda c: f"batch-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_batch_cell(cell: Cell, harness: Harness, batch_expected: Expected) -> None:
+    result, _ = await harness.run_cell(cell, batch_expected)
+    record(MATRICES[6], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
@@ -127,6 +138,7 @@ CLEAN: dict[Shape, str] = {
     "schedule": "schedule_expected",
     "upgrade": "upgrade_expected",
     "fork": "fork_expected",
+    "batch": "batch_expected",
 }
 
 

@@ -24,6 +24,7 @@ step.
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +35,8 @@ import attrs
 from toren._core.db import TRANSIENT_DB_ERRORS
 from toren._core.errors import TorenError
 from toren._core.killpoints import kill_point
+
+log = logging.getLogger("toren.group_commit")
 
 
 class BatchOutcomeUnknown(TorenError):
@@ -118,6 +121,8 @@ class GroupCommit:
         try:
             self.batches += 1
             self.batched += len(batch)
+            if log.isEnabledFor(logging.DEBUG):  # a chaos cell reads its members from here
+                log.debug("sending a batch of %d steps: %s", len(batch), [w.args[0] for w in batch])
             kill_point("batch.sending")
             try:
                 rows = await self.pool.fetchmany(statement, [w.args for w in batch])
@@ -131,6 +136,7 @@ class GroupCommit:
                 self._settle(batch, error=BatchOutcomeUnknown("a batch's leader was stopped"))
                 raise
             kill_point("batch.committed")
+            log.debug("a batch of %d steps committed", len(batch))
             for waiter, row in zip(batch, rows, strict=True):
                 waiter.row = row
                 waiter.turn.set()

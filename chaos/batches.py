@@ -1,0 +1,518 @@
+"""The batch cells: group commit under the kill matrix. Several runs of the ``chaos`` agent in
+flight on one worker whose steps commit in batches, the worker faulted inside a batch.
+
+The victim commits through one lane (``TOREN_COMMIT_LANES=1``): a step that arrives while the
+lane is busy queues, and the oldest waiter leads the queue's steps as one pipelined transaction
+(:mod:`toren._core.group_commit`). :data:`RUNS` runs start together, so their steps arrive
+together and batch (the clean cell counts the batches, and checks that the points' occurrences
+are reached). The victim logs each batch's members at DEBUG (each step's actor) before it sends
+it; the cells read them from there.
+
+The cells fault the ``k``-th batch:
+
+- ``batch.sending``: the worker frozen before the batch is sent (nothing of it at the server);
+- ``batch.in_flight``, on the harness's side: the worker frozen at ``batch.sending``, the harness
+  locks the row of the batch's first step's actor (``FOR UPDATE``, in a transaction of its own)
+  and lets the worker go; the batch is sent and its first step waits on the lock inside the batch's
+  transaction, the worker waiting for the answer: the batch is in flight, at the server, not
+  committed. Then the fault lands and the lock goes. Under ``sigkill`` the server may still
+  commit the batch, all of it, after its client died (the pipeline was received whole; the note
+  says which happened); under ``pg_terminate`` its backend dies with it and nothing of it commits;
+- ``batch.committed``: the batch's commit returned, no member told yet.
+
+Each under ``sigkill`` (a fresh worker finishes) and ``pg_terminate`` (the worker lives on, learns
+that its sessions went, and must recover by itself); ``batch.sending`` under ``sigstop`` too: a
+survivor claims the runs once their leases lapsed, and the continued zombie sends its batch,
+every step of which must be fenced out, alone. Then each run is judged as the plain cells judge
+one (:func:`chaos.oracle.judge`): the clean output, every model call paid once plus the one in
+flight at the fault (one per run for a worker that lives on), the calls made and lost what the
+server received, each effect once after its intent, the journal contiguous with epochs never
+going back and nothing stale after the takeover, one approval for the refund, no dead letter,
+nothing stuck.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+import uuid
+from collections.abc import Iterable
+from decimal import Decimal
+from typing import Any
+
+import anyio
+import asyncpg
+import attrs
+
+from chaos.harness import (
+    _ZOMBIE_STOPPED,
+    CHAOS,
+    LEASE,
+    Cell,
+    CellFailed,
+    CellResult,
+    Fault,
+    Harness,
+    _Execution,
+    _poll,
+    _Recorder,
+)
+from chaos.oracle import (
+    Expected,
+    Observed,
+    Row,
+    Takeover,
+    journal_problems,
+    judge,
+    lost_note,
+    meant_for,
+    observe,
+)
+from chaos.processes import Worker
+from chaos.servers import EffectServer, case, position
+from toren import Client, InternalError
+from toren.runs import ENDED, RunState, decide, read_run, start_run, waiting_on
+from toren.testing import AnthropicServer
+
+RUNS = 8  # runs in flight on the victim at once
+SETTINGS = {"TOREN_COMMIT_LANES": "1"}  # one lane: steps that arrive while it is busy batch
+
+# (point, occurrence, faults): the second batch is made of the runs' first model.called steps
+# (the first, of their starts, of fewer of them: the victim claims the runs a few at a time).
+BATCH_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
+    ("batch.sending", 2, ("sigkill", "pg_terminate", "sigstop")),
+    ("batch.in_flight", 2, ("sigkill", "pg_terminate")),
+    ("batch.committed", 2, ("sigkill", "pg_terminate")),
+)
+
+_SENDING = re.compile(r"sending a batch of (\d+) steps: \[([^\]]*)\]")
+_COMMITTED = re.compile(r"a batch of (\d+) steps committed")
+# What a step statement waiting on the harness's lock shows in pg_stat_activity.
+_STEP_TEXT = "%consumed AS (%"
+
+
+def batch_cells() -> list[Cell]:
+    return [Cell(p, k, f, shape="batch") for p, k, faults in BATCH_POINTS for f in faults]
+
+
+@attrs.frozen
+class BatchObserved:
+    """Every run of a batch cell as it ended, and the batches its workers committed."""
+
+    runs: tuple[Observed, ...]
+    # runs whose journal cannot be folded: (index, the error, the journal's problems)
+    unreadable: tuple[tuple[int, str, tuple[str, ...]], ...]
+    batches: int  # batches committed, by every worker of the cell (their logs)
+    batched: int  # steps in them
+    members: tuple[str, ...]  # the faulted batch's steps' actors (empty: the clean cell)
+
+    def runs_by_index(self) -> list[tuple[int, Observed]]:
+        """The readable runs, each with its index among the cell's runs."""
+        skipped = {i for i, _, _ in self.unreadable}
+        indices = [i for i in range(len(self.runs) + len(skipped)) if i not in skipped]
+        return list(zip(indices, self.runs, strict=True))
+
+
+def batches_in(logs: Iterable[str]) -> tuple[int, int]:
+    """The batches the workers' logs show committed, and the steps in them."""
+    sizes = [int(m.group(1)) for log in logs for m in _COMMITTED.finditer(log)]
+    return len(sizes), sum(sizes)
+
+
+def judge_batch(seen: BatchObserved, expected: Expected) -> tuple[list[str], int, Decimal]:
+    """Each run judged as a plain cell's; the problems name the run."""
+    problems: list[str] = []
+    for i, error, found in seen.unreadable:
+        problems.append(f"run {i}: its journal cannot be read ({error})")
+        problems.extend(f"run {i}: {p}" for p in found)
+    calls, usd = 0, Decimal(0)
+    for i, run in seen.runs_by_index():
+        verdict = judge(run, expected)
+        problems.extend(f"run {i}: {p}" for p in verdict.problems)
+        calls += verdict.duplicate_calls
+        usd += verdict.duplicate_usd
+    return problems, calls, usd
+
+
+def note(seen: BatchObserved, landed: str) -> str:
+    lost = [n for n in (lost_note(r.journal, r.arrivals) for r in seen.runs) if n]
+    parts = [f"{seen.batches} batches of {seen.batched} steps"]
+    if seen.members:
+        parts.append(f"{len(seen.members)} steps in the faulted batch")
+    if landed:
+        parts.append(landed)
+    if lost:
+        parts.append(f"runs with calls lost in flight: {len(lost)}")
+    return ", ".join(parts)
+
+
+class BatchExecution(_Execution):
+    """One batch cell: :data:`RUNS` runs on the victim, faulted in its ``k``-th batch."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)  # as every cell's (see chaos.harness)
+        self.env.update(SETTINGS)
+        self.runs: list[str] = []
+        self.allowed: dict[str, int] = {}
+        self.unsent_of: dict[str, frozenset[int]] = {}
+        self.takeover_of: dict[str, Takeover] = {}
+        self.members: tuple[str, ...] = ()
+        self.landed = ""  # what became of a batch in flight when its worker was killed
+
+    async def run(self) -> str:
+        cell = self.cell
+        tag = uuid.uuid4().hex[:8]
+        for i in range(RUNS):
+            self.runs.append(await start_run(self.client, "chaos", f"case {tag} {i}"))
+        self.run_id = self.runs[0]  # the one the base class's helpers look at
+        victim_env = dict(self.env)
+        if cell.fault is None:
+            victim_env["TOREN_KILL_POINT_TRACE"] = str(self.folder / "trace")
+        else:
+            point = "batch.sending" if cell.point == "batch.in_flight" else cell.point
+            victim_env["TOREN_KILL_POINT"] = f"{point}#{cell.occurrence}"
+            victim_env["TOREN_KILL_POINT_DIR"] = str(self.points)
+        victim = self.start(victim_env, "victim")
+        evidence = ""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._approve_all)
+            try:
+                if cell.fault is not None:
+                    await self._reach(victim, None)
+                    self.members = self._members(victim)
+                    await self._count_all()
+                    if cell.point == "batch.in_flight":
+                        evidence = await self._in_flight(victim, cell.fault)
+                    elif cell.fault == "sigstop":
+                        evidence = await self._stopped(victim)
+                    else:
+                        evidence = await getattr(self, f"_{cell.fault}")(victim, None)
+                await self._finish_all()
+            except CellFailed as exc:
+                self.problems.append(str(exc))
+            tg.cancel_scope.cancel()
+        return evidence
+
+    def _members(self, victim: Worker) -> tuple[str, ...]:
+        """The actors of the batch the victim holds at its point (its last batch logged)."""
+        found = _SENDING.findall(victim.log())
+        if not found:
+            raise CellFailed("the victim logged no batch before its point")
+        size, names = found[-1]
+        members = tuple(n.strip().strip("'\"") for n in names.split(","))
+        if len(members) != int(size) or len(members) < 2:
+            raise CellFailed(f"the faulted batch holds {members}: not a batch")
+        return members
+
+    async def _count_all(self) -> None:
+        """Per run, as the plain cells count one (:meth:`_Execution._count_in_flight`): the
+        calls the server saw and the journal has not recorded may be paid again; a worker that
+        lives on may be cut again mid-call once it learns (one per run); the call announced and
+        not sent at the fault may be counted lost."""
+        for run in self.runs:
+            state = await read_run(self.client, run)
+            seen = {position(r) for _, r in self.recorder.arrivals if case(r) == state.input}
+            recorded = await self.client.pool.fetchval(
+                "SELECT count(*) FROM toren.journal WHERE type = 'model.called' AND actor_id = $1",
+                run,
+            )
+            allowed = max(0, len(seen) - recorded)
+            if self.cell.fault != "sigkill":
+                allowed = max(allowed, 1)
+            self.allowed[run] = allowed
+            unsent: set[int] = set()
+            if state.calling is not None:
+                step = state.calling.step
+                arrived = sum(
+                    1
+                    for _, r in self.recorder.arrivals
+                    if case(r) == state.input and position(r) == step - 1
+                )
+                lost = await self.client.pool.fetchval(
+                    "SELECT coalesce(sum((data->>'count')::int), 0) FROM toren.journal "
+                    "WHERE actor_id = $1 AND type = 'model.lost' AND (data->>'step')::int = $2",
+                    run,
+                    step,
+                )
+                if arrived <= lost:
+                    unsent.add(step)
+            self.unsent_of[run] = frozenset(unsent)
+
+    # -- faults -------------------------------------------------------------------------------
+
+    async def _in_flight(self, victim: Worker, fault: Fault) -> str:
+        """The batch sent and waiting at the server on the harness's lock; then the fault."""
+        lock = await asyncpg.connect(self.env["TOREN_DATABASE_URL"])
+        try:
+            held = lock.transaction()
+            await held.start()
+            # The leader's row (the batch's first step): its fence waits, and the batch with
+            # it; nothing else of the worker waits but its lease renewal.
+            await lock.execute(
+                "SELECT 1 FROM toren.actors WHERE actor_id = $1 FOR UPDATE", self.members[0]
+            )
+            self._go(None)
+            backend = await self._waiting_batch(lock)
+            if fault == "sigkill":
+                rows = await self._journal_rows(lock)
+                if not victim.kill():
+                    raise CellFailed("the victim did not die of SIGKILL")
+                await held.rollback()
+                if not await self._gone(lock, backend):
+                    raise CellFailed(f"the batch's backend {backend} outlived the lock by 10s")
+                landed = await self._journal_rows(lock) > rows
+                self.landed = (
+                    "the batch committed after its worker died"
+                    if landed
+                    else "the batch died with its worker"
+                )
+                return (
+                    f"pid {victim.pid} SIGKILLed while its batch of {len(self.members)} waited "
+                    f"at the server (backend {backend}); {self.landed}"
+                )
+            offset = len(victim.log())
+            ended = await self._terminate(lock)
+            await held.rollback()
+            if not await _poll(
+                lambda: "lost its lock connection" in victim.log()[offset:], 15, 0.05
+            ):
+                raise CellFailed(f"{ended} sessions terminated, but the worker never noticed")
+            self.landed = "the batch rolled back with its backend"
+            return (
+                f"{ended} sessions terminated while the batch of {len(self.members)} waited at "
+                f"the server (backend {backend}); the worker logged the loss"
+            )
+        finally:
+            await lock.close()
+
+    async def _waiting_batch(self, conn: asyncpg.Connection) -> int:
+        """The victim's backend whose step statement waits on the harness's lock."""
+        deadline = time.monotonic() + 10
+        while True:
+            pid = await conn.fetchval(
+                "SELECT pid FROM pg_stat_activity WHERE datname = $1 "
+                "AND application_name LIKE 'toren-worker%' AND wait_event_type = 'Lock' "
+                "AND query LIKE $2",
+                self.dbname,
+                _STEP_TEXT,
+            )
+            if pid is not None:
+                return int(pid)
+            if time.monotonic() > deadline:
+                raise CellFailed("the batch never reached the server's lock within 10s")
+            await anyio.sleep(0.005)
+
+    async def _gone(self, conn: asyncpg.Connection, backend: int) -> bool:
+        async def alive() -> bool:
+            found = await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend
+            )
+            return bool(found)
+
+        with anyio.move_on_after(10):
+            while await alive():
+                await anyio.sleep(0.01)
+            return True
+        return False
+
+    async def _journal_rows(self, conn: asyncpg.Connection) -> int:
+        return int(await conn.fetchval("SELECT count(*) FROM toren.journal"))
+
+    async def _terminate(self, conn: asyncpg.Connection) -> int:
+        ended = await conn.fetchval(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = $1 AND application_name LIKE 'toren-worker%'",
+            self.dbname,
+        )
+        if not ended:
+            raise CellFailed("the worker had no database session to terminate")
+        return int(ended)
+
+    async def _stopped(self, victim: Worker) -> str:
+        """``SIGSTOP`` at the point; a survivor claims the runs once their leases lapsed (in
+        one claim or several: the runs claimed last have the latest leases, so it is not held
+        at its claim); the zombie, continued, sends its batch: every step fenced out."""
+        before = {run: await self._takeover(run) for run in self.members}
+        victim.signal(signal.SIGSTOP)
+        if not await _poll(lambda: victim.stopped, 5):
+            raise CellFailed("the victim was never seen stopped")
+        self._go(None)  # it goes on from the point once continued
+        self.start(self.env, "survivor")
+        deadline = time.monotonic() + LEASE + 20
+        while True:
+            now = {run: await self._takeover(run) for run in self.members}
+            if all(now[r].epoch > before[r].epoch for r in self.members):
+                break
+            if time.monotonic() > deadline:
+                taken = sum(now[r].epoch > before[r].epoch for r in self.members)
+                raise CellFailed(f"{taken} of the batch's {len(self.members)} runs taken over")
+            await anyio.sleep(0.05)
+        if not victim.stopped:
+            raise CellFailed("the victim was not stopped through the takeover")
+        self.takeover_of = {run: await self._takeover(run) for run in self.runs}
+        offset = len(victim.log())
+        victim.signal(signal.SIGCONT)
+        fenced = await _poll(
+            lambda: any(s in victim.log()[offset:] for s in _ZOMBIE_STOPPED), 10, 0.05
+        )
+        if not fenced:
+            self.problems.append("the zombie never stopped its runs after SIGCONT")
+        return (
+            f"stopped at the point; the batch's {len(self.members)} runs claimed meanwhile; "
+            "continued, the zombie stopped its copies"
+        )
+
+    # -- driving the runs -----------------------------------------------------------------------
+
+    async def _approve_all(self) -> None:
+        """Approve each run's refund once, as soon as the run waits for it."""
+        decided: set[str] = set()
+        while True:
+            for run in self.runs:
+                if run in decided:
+                    continue
+                state = await self._state(run)
+                if state is None:
+                    continue
+                calls = waiting_on(state)
+                for call in calls:
+                    await decide(
+                        self.client,
+                        run,
+                        call_id=call.id,
+                        approved=True,
+                        by=CHAOS,
+                        reason=meant_for(call.id),
+                        wait=None,
+                    )
+                if calls:
+                    decided.add(run)
+            await anyio.sleep(0.05)
+
+    async def _state(self, run: str) -> RunState | None:
+        """The run's state; None if its journal cannot be folded (judged as such at the end)."""
+        try:
+            return await read_run(self.client, run)
+        except InternalError:
+            return None
+
+    async def _finish_all(self) -> None:
+        deadline = time.monotonic() + self.h.bound
+        while True:
+            found = [await self._state(run) for run in self.runs]
+            states = [s for s in found if s is not None]  # an unreadable run is judged so
+            if all(s.status in ENDED for s in states):
+                return
+            if not any(w.running for w in self.workers):
+                self.start(self.env, "replacement")
+            if time.monotonic() > deadline:
+                left = sum(s.status not in ENDED for s in states)
+                raise CellFailed(f"stuck: {left} runs still unfinished {self.h.bound:g}s on")
+            await anyio.sleep(0.1)
+
+
+async def run_batch_cell(
+    harness: Harness, cell: Cell, expected: Expected | None
+) -> tuple[CellResult, BatchObserved]:
+    """Run a batch cell (``expected`` None: the clean cell, its points traced)."""
+    prefix = f"{harness.mutation}/" if harness.mutation else ""
+    folder = harness.workdir / f"{prefix}{cell.slug}"
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    recorder = _Recorder()
+    async with (
+        harness.database() as url,
+        AnthropicServer(recorder) as model,
+        EffectServer() as effects,
+    ):
+        client = await Client.connect(url)
+        execution = BatchExecution(harness, cell, folder, client, model, effects, url, recorder)
+        try:
+            with anyio.fail_after(harness.bound * 2 + 60):
+                evidence = await execution.run()
+            runs = []
+            unreadable = []
+            for i, run in enumerate(execution.runs):
+                try:
+                    state = await read_run(client, run)
+                except InternalError as exc:
+                    unreadable.append((i, exc.what, await _journal_problems(client, run)))
+                    continue
+                runs.append(
+                    await observe(
+                        client.pool,
+                        run,
+                        state,
+                        recorder.arrivals,
+                        list(effects.effects.values()),
+                        allowed_repeats=execution.allowed.get(run, 0),
+                        takeover=execution.takeover_of.get(run),
+                        unsent=execution.unsent_of.get(run, frozenset())
+                        if cell.fault is not None
+                        else frozenset(),
+                    )
+                )
+        finally:
+            for w in execution.workers:
+                w.close()
+            await client.close()
+    batches, batched = batches_in(w.log() for w in execution.workers)
+    observed = BatchObserved(tuple(runs), tuple(unreadable), batches, batched, execution.members)
+    problems = list(execution.problems)
+    calls, usd = 0, Decimal(0)
+    if expected is not None:
+        more, calls, usd = judge_batch(observed, expected)
+        problems.extend(more)
+    result = CellResult(
+        cell,
+        tuple(problems),
+        calls,
+        usd,
+        time.monotonic() - started,
+        evidence,
+        note(observed, execution.landed),
+    )
+    return result, observed
+
+
+async def _journal_problems(client: Client, run: str) -> tuple[str, ...]:
+    """What :func:`chaos.oracle.journal_problems` finds in a run's journal, read as stored."""
+    rows = await client.pool.fetch(
+        "SELECT seq, epoch, type, data, extract(epoch FROM created_at)::float8 AS at "
+        "FROM toren.journal WHERE actor_id = $1 ORDER BY seq",
+        run,
+    )
+    journal = tuple(Row(r["seq"], r["epoch"], r["type"], r["data"], r["at"]) for r in rows)
+    return tuple(journal_problems(journal, None))
+
+
+async def clean_batch_run(harness: Harness) -> Expected:
+    """Run the batch cell without a fault: every run alike and passing the oracle, batches
+    formed, each point reached as often as the cells need.
+
+    Raises:
+        RuntimeError: the clean cell failed, formed no batch, or misses a point.
+    """
+    from chaos.matrix import _unreached  # here: chaos.matrix builds its tables on the cells
+
+    cell = Cell("clean", 0, None, shape="batch")
+    result, seen = await run_batch_cell(harness, cell, None)
+    if seen.unreadable or not seen.runs:
+        raise RuntimeError(f"the clean batch cell left unreadable runs: {seen.unreadable}")
+    first = seen.runs[0].state
+    expected = Expected(
+        output=first.output or "",
+        steps=len(first.calls),
+        effect_kinds=tuple(sorted(e.kind for e in seen.runs[0].effects)),
+    )
+    problems, _, _ = judge_batch(seen, expected)
+    if not result.passed or problems or first.status != "completed":
+        raise RuntimeError(f"the clean batch cell failed: {[*result.problems, *problems]}")
+    points = [("batch.sending" if p == "batch.in_flight" else p, k) for p, k, _ in BATCH_POINTS]
+    short = _unreached(harness, cell, points)
+    if short:
+        raise RuntimeError(
+            f"the clean batch cell does not reach: {', '.join(short)} ({note(seen, '')})"
+        )
+    return expected
