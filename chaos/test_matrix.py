@@ -194,4 +194,6 @@ async def test_soak_workers_killed_at_random_while_runs_execute(
     )
     SCENARIOS.append(result)
     assert result.faults >= 5, f"only {result.faults} workers killed"
+    # Its workers commit with the default lanes: under 50 runs their steps batch.
+    assert result.batches > 0, "no step of the soak was committed in a batch"
     assert result.passed, "\n".join(result.problems)
