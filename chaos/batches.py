@@ -21,9 +21,20 @@ The cells fault the ``k``-th batch:
 - ``batch.committed``: the batch's commit returned, no member told yet.
 
 Each under ``sigkill`` (a fresh worker finishes) and ``pg_terminate`` (the worker lives on, learns
-that its sessions went, and must recover by itself); ``batch.sending`` under ``sigstop`` too: a
-survivor claims the runs once their leases lapsed, and the continued zombie sends its batch,
-every step of which must be fenced out, alone. Then each run is judged as the plain cells judge
+that its sessions went, and must recover by itself); ``batch.sending`` under three more:
+
+- ``sigstop``: a survivor claims the runs once their leases lapsed, and the continued zombie
+  sends its batch, every step of which must be fenced out, alone;
+- ``fence_one``: one step of the batch fenced out beside batch-mates that commit: the harness
+  makes the lease of the batch's last step's run lapse (as if a renewal had missed it), a worker
+  allowed one actor claims that run and is held just after its claim, and the victim goes on:
+  its batch commits, that step fenced out alone;
+- ``refuse_one``: one step of the batch refused by the database (a trigger the harness adds
+  raises ``disk_full`` for that run's journal rows, twice, counted by a sequence): the batch
+  aborts, each step commits alone, the refused one is refused again, charged to its message,
+  and commits when tried again.
+
+Then each run is judged as the plain cells judge
 one (:func:`chaos.oracle.judge`): the clean output, every model call paid once plus the one in
 flight at the fault (one per run for a worker that lives on), the calls made and lost what the
 server received, each effect once after its intent, the journal contiguous with epochs never
@@ -81,7 +92,7 @@ SETTINGS = {"TOREN_COMMIT_LANES": "1"}  # one lane: steps that arrive while it i
 # (point, occurrence, faults): the second batch is made of the runs' first model.called steps
 # (the first, of their starts, of fewer of them: the victim claims the runs a few at a time).
 BATCH_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
-    ("batch.sending", 2, ("sigkill", "pg_terminate", "sigstop")),
+    ("batch.sending", 2, ("sigkill", "pg_terminate", "sigstop", "fence_one", "refuse_one")),
     ("batch.in_flight", 2, ("sigkill", "pg_terminate")),
     ("batch.committed", 2, ("sigkill", "pg_terminate")),
 )
@@ -90,6 +101,30 @@ _SENDING = re.compile(r"sending a batch of (\d+) steps: \[([^\]]*)\]")
 _COMMITTED = re.compile(r"a batch of (\d+) steps committed")
 # What a step statement waiting on the harness's lock shows in pg_stat_activity.
 _STEP_TEXT = "%consumed AS (%"
+
+
+# The refusal of the refuse_one cells: the target's first journal rows refused (disk full),
+# twice; a sequence counts them, outside the transactions that the refusals roll back.
+_REFUSE = """
+CREATE TABLE public.chaos_refuse (actor_id text PRIMARY KEY);
+CREATE SEQUENCE public.chaos_refused;
+CREATE FUNCTION public.chaos_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM public.chaos_refuse WHERE actor_id = NEW.actor_id) THEN
+        IF nextval('public.chaos_refused') <= 2 THEN
+            RAISE EXCEPTION 'chaos: no space left for %', NEW.actor_id USING ERRCODE = 'disk_full';
+        END IF;
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER chaos_refuse BEFORE INSERT ON toren.journal
+    FOR EACH ROW EXECUTE FUNCTION public.chaos_refuse();
+"""
+
+
+def _stopped_lines(log: str) -> str:
+    """The lines of ``log`` in which the worker gave an actor up (fenced out, lease lost)."""
+    return "\n".join(line for line in log.splitlines() if any(s in line for s in _ZOMBIE_STOPPED))
 
 
 def batch_cells() -> list[Cell]:
@@ -186,6 +221,10 @@ class BatchExecution(_Execution):
                         evidence = await self._in_flight(victim, cell.fault)
                     elif cell.fault == "sigstop":
                         evidence = await self._stopped(victim)
+                    elif cell.fault == "fence_one":
+                        evidence = await self._fence_one(victim)
+                    elif cell.fault == "refuse_one":
+                        evidence = await self._refuse_one(victim)
                     else:
                         evidence = await getattr(self, f"_{cell.fault}")(victim, None)
                 await self._finish_all()
@@ -218,7 +257,7 @@ class BatchExecution(_Execution):
                 run,
             )
             allowed = max(0, len(seen) - recorded)
-            if self.cell.fault != "sigkill":
+            if self.cell.fault in ("pg_terminate", "sigstop"):
                 allowed = max(allowed, 1)
             self.allowed[run] = allowed
             unsent: set[int] = set()
@@ -361,6 +400,94 @@ class BatchExecution(_Execution):
         return (
             f"stopped at the point; the batch's {len(self.members)} runs claimed meanwhile; "
             "continued, the zombie stopped its copies"
+        )
+
+    async def _fence_one(self, victim: Worker) -> str:
+        """The batch's last step's run taken by another worker while the batch waits to go: its
+        lease made to lapse (as if a renewal had missed it), a worker allowed one actor claims
+        it and is held just after its claim; the victim goes on, its batch commits with that
+        step fenced out, alone; then the other worker finishes the run."""
+        target = self.members[-1]  # not the leader: its host stopped, the batch goes on
+        before = await self._takeover(target)
+        await self.client.pool.execute(
+            "UPDATE toren.actors SET lease_expires_at = now() WHERE actor_id = $1", target
+        )
+        held = self.folder / "taker"
+        held.mkdir()
+        env = dict(
+            self.env,
+            TOREN_MAX_ACTORS="1",
+            TOREN_KILL_POINT="actor.claimed#1",
+            TOREN_KILL_POINT_DIR=str(held),
+        )
+        self.start(env, "taker")
+        if not await _poll((held / "hit").exists, 20, 0.01):
+            raise CellFailed("no worker claimed the batch's run whose lease lapsed")
+        taken = await self._takeover(target)
+        owners = {r["owner"] for r in await self._rows(self.members[:-1])}
+        if taken.epoch <= before.epoch or len(owners) != 1:
+            raise CellFailed(f"{target} not taken alone: epoch {taken.epoch}, others' {owners}")
+        self.takeover_of[target] = taken
+        offset = len(victim.log())
+        self._go(None)
+        committed = await _poll(
+            lambda: any(
+                int(n) == len(self.members) for n in _COMMITTED.findall(victim.log()[offset:])
+            ),
+            10,
+            0.02,
+        )
+        fenced = await _poll(lambda: target in _stopped_lines(victim.log()[offset:]), 10, 0.02)
+        (held / "go").touch()
+        if not committed or not fenced:
+            went = "committed" if committed else "never committed"
+            raise CellFailed(
+                f"the batch of {len(self.members)} {went}; its taken step "
+                f"{'was' if fenced else 'was never'} fenced out"
+            )
+        return (
+            f"{target} claimed by another worker at epoch {taken.epoch} at the point; the batch "
+            f"of {len(self.members)} committed, that step fenced out"
+        )
+
+    async def _refuse_one(self, victim: Worker) -> str:
+        """The database refuses the batch's last step twice (a trigger raising ``disk_full``
+        for its run's first journal row, counted by a sequence: outside any transaction): the
+        batch aborts, each step commits alone, the refused one is refused again, charged to its
+        message, and commits when tried again."""
+        target = self.members[-1]
+        await self.client.pool.execute(_REFUSE)
+        await self.client.pool.execute("INSERT INTO public.chaos_refuse VALUES ($1)", target)
+        offset = len(victim.log())
+        self._go(None)
+        refused = await _poll(
+            lambda: (
+                f"{target}: message" in victim.log()[offset:]
+                and "the database refused the step" in victim.log()[offset:]
+            ),
+            10,
+            0.02,
+        )
+        tries = await self.client.pool.fetchval("SELECT last_value FROM public.chaos_refused")
+        alone = not any(
+            int(n) == len(self.members) for n in _COMMITTED.findall(victim.log()[offset:])
+        )
+        if not refused or tries < 2 or not alone:
+            raise CellFailed(
+                f"the refusal did not go as planned: charged {refused}, {tries} refusals, "
+                f"batch {'aborted' if alone else 'committed'}"
+            )
+        return (
+            f"{target}'s step refused in its batch of {len(self.members)} (aborted: each step "
+            "alone) and alone again; charged to its message, committed on its next try"
+        )
+
+    async def _rows(self, actors: list[str] | tuple[str, ...]) -> list[asyncpg.Record]:
+        return list(
+            await self.client.pool.fetch(
+                "SELECT actor_id, owner, epoch FROM toren.actors WHERE actor_id = ANY($1)",
+                list(actors),
+            )
         )
 
     # -- driving the runs -----------------------------------------------------------------------

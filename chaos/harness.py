@@ -114,7 +114,9 @@ if TYPE_CHECKING:
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
-Fault = Literal["sigkill", "pg_terminate", "sigstop"]
+# The batch cells' own two (chaos.batches): one step of the faulted batch fenced out (its run
+# claimed by another worker at the point), or refused by the database (twice).
+Fault = Literal["sigkill", "pg_terminate", "sigstop", "fence_one", "refuse_one"]
 Shape = Literal[
     "chaos",
     "early",

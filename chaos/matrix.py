@@ -338,7 +338,10 @@ def table(results: Iterable[CellResult], title: str) -> Table:
     by_cell = {(r.cell.label, r.cell.fault): r for r in results}
     grid = Table(title=title, title_justify="left")
     grid.add_column("kill point")
-    for fault in FAULTS:
+    # The three faults, and any other the results hold (the batch cells' fence_one, refuse_one)
+    more = dict.fromkeys(r.cell.fault for r in results if r.cell.fault not in (*FAULTS, None))
+    faults = [*FAULTS, *(f for f in more if f is not None)]
+    for fault in faults:
         grid.add_column(fault)
     seen: list[str] = []
     for r in results:
@@ -346,7 +349,7 @@ def table(results: Iterable[CellResult], title: str) -> Table:
             seen.append(r.cell.label)
     for label in seen:
         row = [label]
-        for fault in FAULTS:
+        for fault in faults:
             found = by_cell.get((label, fault))
             row.append(verdict(found) if found else "[dim]-[/dim]")
         grid.add_row(*row)
