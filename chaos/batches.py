@@ -87,6 +87,7 @@ from toren.runs import ENDED, RunState, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
 
 RUNS = 8  # runs in flight on the victim at once
+FENCE_ONE_LEASE = 6.0  # seconds: the fence_one cells' workers (see BatchExecution)
 SETTINGS = {"TOREN_COMMIT_LANES": "1"}  # one lane: steps that arrive while it is busy batch
 
 # (point, occurrence, faults): the second batch is made of the runs' first model.called steps
@@ -125,6 +126,18 @@ CREATE TRIGGER chaos_refuse BEFORE INSERT ON toren.journal
 def _stopped_lines(log: str) -> str:
     """The lines of ``log`` in which the worker gave an actor up (fenced out, lease lost)."""
     return "\n".join(line for line in log.splitlines() if any(s in line for s in _ZOMBIE_STOPPED))
+
+
+def _went(log: str) -> str:
+    """What became of the batch a worker held at its point, from its log since it went on:
+    ``committed`` (its next line about batches says so), ``aborted`` (it sent another batch
+    first: the failed batch's steps went alone), or ``""`` (nothing yet)."""
+    for line in log.splitlines():
+        if _COMMITTED.search(line):
+            return "committed"
+        if _SENDING.search(line):
+            return "aborted"
+    return ""
 
 
 def batch_cells() -> list[Cell]:
@@ -188,6 +201,11 @@ class BatchExecution(_Execution):
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)  # as every cell's (see chaos.harness)
         self.env.update(SETTINGS)
+        if self.cell.fault == "fence_one":
+            # The victim stands still while another worker starts and claims (0.3-0.5 s on a
+            # busy machine): with the usual 2 s lease its lease keeper would give every actor
+            # up at once, the batch with them, before the batch went.
+            self.env["TOREN_LEASE_SECONDS"] = str(FENCE_ONE_LEASE)
         self.runs: list[str] = []
         self.allowed: dict[str, int] = {}
         self.unsent_of: dict[str, frozenset[int]] = {}
@@ -430,18 +448,13 @@ class BatchExecution(_Execution):
         self.takeover_of[target] = taken
         offset = len(victim.log())
         self._go(None)
-        committed = await _poll(
-            lambda: any(
-                int(n) == len(self.members) for n in _COMMITTED.findall(victim.log()[offset:])
-            ),
-            10,
-            0.02,
-        )
+        await _poll(lambda: _went(victim.log()[offset:]) != "", 10, 0.02)
+        committed = _went(victim.log()[offset:]) == "committed"
         fenced = await _poll(lambda: target in _stopped_lines(victim.log()[offset:]), 10, 0.02)
         (held / "go").touch()
-        if not committed or not fenced:
+        if not committed or not fenced:  # the fault landed: what the worker did is the finding
             went = "committed" if committed else "never committed"
-            raise CellFailed(
+            self.problems.append(
                 f"the batch of {len(self.members)} {went}; its taken step "
                 f"{'was' if fenced else 'was never'} fenced out"
             )
@@ -469,13 +482,13 @@ class BatchExecution(_Execution):
             0.02,
         )
         tries = await self.client.pool.fetchval("SELECT last_value FROM public.chaos_refused")
-        alone = not any(
-            int(n) == len(self.members) for n in _COMMITTED.findall(victim.log()[offset:])
-        )
-        if not refused or tries < 2 or not alone:
-            raise CellFailed(
-                f"the refusal did not go as planned: charged {refused}, {tries} refusals, "
-                f"batch {'aborted' if alone else 'committed'}"
+        await _poll(lambda: _went(victim.log()[offset:]) != "", 10, 0.02)
+        alone = _went(victim.log()[offset:]) == "aborted"
+        if not refused or tries < 2 or not alone:  # the fault landed: the worker's doing
+            self.problems.append(
+                f"the refused step was not committed alone and charged: "
+                f"{'charged' if refused else 'never charged'} to its message, {tries} "
+                f"refusals, its batch {'aborted' if alone else 'committed'}"
             )
         return (
             f"{target}'s step refused in its batch of {len(self.members)} (aborted: each step "

@@ -286,11 +286,8 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # the ticket's call again, under its source's key, whatever the fault.
     "fork-prefix-short": (Cell("committed:model.called", 1, "sigkill", shape="fork"),),
     # The batch's members told it landed as soon as it left: they go on from steps that are not
-    # committed yet (and, a batch failing, never are), and write after them.
-    "ack-before-commit": (
-        Cell("batch.in_flight", 2, "sigkill", shape="batch"),
-        Cell("batch.committed", 2, "sigkill", shape="batch"),
-    ),
+    # committed yet and, the batch refused, never are, and write after them.
+    "ack-before-commit": (Cell("batch.sending", 2, "refuse_one", shape="batch"),),
 }
 
 

@@ -50,8 +50,8 @@ switch for them. A mutation of the kernel's statements replaces their fragments 
 - ``ack-before-commit``: a worker's group commit tells the steps of a batch that they landed as
   soon as the batch is on its way, and learns how its commit went afterwards (a batch that
   failed is only logged): a step's next effect (a model call, a tool run) can happen before the
-  step that announced it committed, and a batch cut in flight loses steps its actors were told
-  had landed.
+  step that announced it committed, and a batch that fails (refused by the database, cut in
+  flight) loses steps its actors were told had landed; their next steps commit after a hole.
 """
 
 from __future__ import annotations
