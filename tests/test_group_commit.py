@@ -16,7 +16,7 @@ import pytest
 
 from tests import app
 from tests.conftest import wait_for
-from toren import Client, FencedOut, Settings, UnknownActor
+from toren import Client, FencedOut, InternalError, Settings, UnknownActor
 from toren._core.actor import Context, Envelope
 from toren._core.group_commit import BatchOutcomeUnknown, GroupCommit
 from toren._core.leases import claim
@@ -199,3 +199,36 @@ async def test_a_batch_cut_mid_commit_is_unknown_and_committed_again_once(
         assert await _journaled(client, ids) == ids
         for actor_id in ids:
             assert len(await client.journal(actor_id)) == 1
+
+
+async def test_a_batch_whose_rows_do_not_match_its_steps_fails_every_step_instead_of_hanging(
+    client: Client,
+) -> None:
+    # Each step's statement must answer one row (the step statement always does); one that
+    # answers none for a step leaves the batch's flat list of rows one short, so no row can be
+    # told to its step. Every member learns it, rather than waiting for ever.
+    commits = GroupCommit(client.pool, lanes=1)
+    statement = "SELECT $1::int AS n WHERE $1::int > 0"
+    out: dict[int, Any] = {}
+
+    async def one(n: int, query: str = statement) -> None:
+        try:
+            out[n] = await commits.fetchrow(query, [n])
+        except Exception as exc:
+            out[n] = exc
+
+    async with client.pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute("LOCK TABLE toren.workers IN ACCESS EXCLUSIVE MODE")
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                # The first holds the one lane, waiting on the lock, while the others queue.
+                tg.start_soon(one, -1, "SELECT count(*)::int FROM toren.workers WHERE $1 < 0")
+                await wait_for(lambda: _true(commits._busy == 1), what="the lane held")
+                for n in (1, 0, 2):
+                    tg.start_soon(one, n)
+                await wait_for(lambda: _true(len(commits._queue) == 3), what="queued")
+                await tx.rollback()
+    assert commits.batches == 1
+    assert all(isinstance(out[n], InternalError) for n in (1, 0, 2)), out

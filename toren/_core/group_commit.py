@@ -33,7 +33,7 @@ import asyncpg
 import attrs
 
 from toren._core.db import TRANSIENT_DB_ERRORS
-from toren._core.errors import TorenError
+from toren._core.errors import InternalError, TorenError
 from toren._core.killpoints import kill_point
 
 log = logging.getLogger("toren.group_commit")
@@ -79,6 +79,9 @@ class GroupCommit:
         Raises:
             BatchOutcomeUnknown: the batch's commit was sent and its answer lost.
             asyncpg.PostgresError: the statement failed (alone, as without batching).
+            InternalError: the batch committed, but ``statement`` did not answer exactly one row
+                for each of its steps (the step statement always does), so no step can be told
+                its row.
         """
         if self._busy < self.lanes and not self._queue:
             self._busy += 1
@@ -137,6 +140,11 @@ class GroupCommit:
                 raise
             kill_point("batch.committed")
             log.debug("a batch of %d steps committed", len(batch))
+            if len(rows) != len(batch):
+                # Its rows come as one list: which belongs to which step cannot be told.
+                what = f"a batch of {len(batch)} steps committed with {len(rows)} rows"
+                self._settle(batch, error=InternalError(f"{what}, not one each"))
+                return False
             for waiter, row in zip(batch, rows, strict=True):
                 waiter.row = row
                 waiter.turn.set()
