@@ -45,18 +45,24 @@ nothing stuck.
 
 from __future__ import annotations
 
-import re
 import signal
 import time
 import uuid
-from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
 import anyio
 import asyncpg
-import attrs
 
+from chaos.batch_oracle import (
+    COMMITTED,
+    SENDING,
+    BatchObserved,
+    batches_in,
+    journal_problems_of,
+    judge_batch,
+    note,
+)
 from chaos.harness import (
     _ZOMBIE_STOPPED,
     CHAOS,
@@ -70,17 +76,7 @@ from chaos.harness import (
     _poll,
     _Recorder,
 )
-from chaos.oracle import (
-    Expected,
-    Observed,
-    Row,
-    Takeover,
-    journal_problems,
-    judge,
-    lost_note,
-    meant_for,
-    observe,
-)
+from chaos.oracle import Expected, Takeover, meant_for, observe
 from chaos.processes import Worker
 from chaos.servers import EffectServer, case, position
 from toren import Client, InternalError
@@ -88,8 +84,11 @@ from toren.runs import ENDED, RunState, decide, read_run, start_run, waiting_on
 from toren.testing import AnthropicServer
 
 RUNS = 8  # runs in flight on the victim at once
-FENCE_ONE_LEASE = 6.0  # seconds: the fence_one cells' workers (see BatchExecution)
-SETTINGS = {"TOREN_COMMIT_LANES": "1"}  # one lane: steps that arrive while it is busy batch
+# One lane, so that steps that arrive while it is busy batch. Leases of 6 s: eight runs on one
+# worker of a loaded machine keep theirs (with the harness's 2 s, a renewal 1.5 s late gives
+# every actor up, the batch with them), and so does a victim that stands still while another
+# worker claims (fence_one). The sigstop cells keep 2 s: their survivor waits for the lapse.
+SETTINGS = {"TOREN_COMMIT_LANES": "1", "TOREN_LEASE_SECONDS": "6"}
 
 # (point, occurrence, faults): the second batch is made of the runs' first model.called steps
 # (the first, of their starts, of fewer of them: the victim claims the runs a few at a time).
@@ -101,8 +100,6 @@ BATCH_POINTS: tuple[tuple[str, int, tuple[Fault, ...]], ...] = (
     ("batch.committed", 2, ("sigkill",)),
 )
 
-_SENDING = re.compile(r"sending a batch of (\d+) steps: \[([^\]]*)\]")
-_COMMITTED = re.compile(r"a batch of (\d+) steps committed")
 # What a step statement waiting on the harness's lock shows in pg_stat_activity.
 _STEP_TEXT = "%consumed AS (%"
 
@@ -136,9 +133,9 @@ def _went(log: str) -> str:
     ``committed`` (its next line about batches says so), ``aborted`` (it sent another batch
     first: the failed batch's steps went alone), or ``""`` (nothing yet)."""
     for line in log.splitlines():
-        if _COMMITTED.search(line):
+        if COMMITTED.search(line):
             return "committed"
-        if _SENDING.search(line):
+        if SENDING.search(line):
             return "aborted"
     return ""
 
@@ -147,68 +144,14 @@ def batch_cells() -> list[Cell]:
     return [Cell(p, k, f, shape="batch") for p, k, faults in BATCH_POINTS for f in faults]
 
 
-@attrs.frozen
-class BatchObserved:
-    """Every run of a batch cell as it ended, and the batches its workers committed."""
-
-    runs: tuple[Observed, ...]
-    # runs whose journal cannot be folded: (index, the error, the journal's problems)
-    unreadable: tuple[tuple[int, str, tuple[str, ...]], ...]
-    batches: int  # batches committed, by every worker of the cell (their logs)
-    batched: int  # steps in them
-    members: tuple[str, ...]  # the faulted batch's steps' actors (empty: the clean cell)
-
-    def runs_by_index(self) -> list[tuple[int, Observed]]:
-        """The readable runs, each with its index among the cell's runs."""
-        skipped = {i for i, _, _ in self.unreadable}
-        indices = [i for i in range(len(self.runs) + len(skipped)) if i not in skipped]
-        return list(zip(indices, self.runs, strict=True))
-
-
-def batches_in(logs: Iterable[str]) -> tuple[int, int]:
-    """The batches the workers' logs show committed, and the steps in them."""
-    sizes = [int(m.group(1)) for log in logs for m in _COMMITTED.finditer(log)]
-    return len(sizes), sum(sizes)
-
-
-def judge_batch(seen: BatchObserved, expected: Expected) -> tuple[list[str], int, Decimal]:
-    """Each run judged as a plain cell's; the problems name the run."""
-    problems: list[str] = []
-    for i, error, found in seen.unreadable:
-        problems.append(f"run {i}: its journal cannot be read ({error})")
-        problems.extend(f"run {i}: {p}" for p in found)
-    calls, usd = 0, Decimal(0)
-    for i, run in seen.runs_by_index():
-        verdict = judge(run, expected)
-        problems.extend(f"run {i}: {p}" for p in verdict.problems)
-        calls += verdict.duplicate_calls
-        usd += verdict.duplicate_usd
-    return problems, calls, usd
-
-
-def note(seen: BatchObserved, landed: str) -> str:
-    lost = [n for n in (lost_note(r.journal, r.arrivals) for r in seen.runs) if n]
-    parts = [f"{seen.batches} batches of {seen.batched} steps"]
-    if seen.members:
-        parts.append(f"{len(seen.members)} steps in the faulted batch")
-    if landed:
-        parts.append(landed)
-    if lost:
-        parts.append(f"runs with calls lost in flight: {len(lost)}")
-    return ", ".join(parts)
-
-
 class BatchExecution(_Execution):
     """One batch cell: :data:`RUNS` runs on the victim, faulted in its ``k``-th batch."""
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)  # as every cell's (see chaos.harness)
         self.env.update(SETTINGS)
-        if self.cell.fault == "fence_one":
-            # The victim stands still while another worker starts and claims (0.3-0.5 s on a
-            # busy machine): with the usual 2 s lease its lease keeper would give every actor
-            # up at once, the batch with them, before the batch went.
-            self.env["TOREN_LEASE_SECONDS"] = str(FENCE_ONE_LEASE)
+        if self.cell.fault == "sigstop":
+            self.env["TOREN_LEASE_SECONDS"] = str(LEASE)
         self.runs: list[str] = []
         self.allowed: dict[str, int] = {}
         self.unsent_of: dict[str, frozenset[int]] = {}
@@ -256,7 +199,7 @@ class BatchExecution(_Execution):
 
     def _members(self, victim: Worker) -> tuple[str, ...]:
         """The actors of the batch the victim holds at its point (its last batch logged)."""
-        found = _SENDING.findall(victim.log())
+        found = SENDING.findall(victim.log())
         if not found:
             raise CellFailed("the victim logged no batch before its point")
         size, names = found[-1]
@@ -580,7 +523,7 @@ async def run_batch_cell(
                 try:
                     state = await read_run(client, run)
                 except InternalError as exc:
-                    unreadable.append((i, exc.what, await _journal_problems(client, run)))
+                    unreadable.append((i, exc.what, await journal_problems_of(client, run)))
                     continue
                 runs.append(
                     await observe(
@@ -617,17 +560,6 @@ async def run_batch_cell(
         note(observed, execution.landed),
     )
     return result, observed
-
-
-async def _journal_problems(client: Client, run: str) -> tuple[str, ...]:
-    """What :func:`chaos.oracle.journal_problems` finds in a run's journal, read as stored."""
-    rows = await client.pool.fetch(
-        "SELECT seq, epoch, type, data, extract(epoch FROM created_at)::float8 AS at "
-        "FROM toren.journal WHERE actor_id = $1 ORDER BY seq",
-        run,
-    )
-    journal = tuple(Row(r["seq"], r["epoch"], r["type"], r["data"], r["at"]) for r in rows)
-    return tuple(journal_problems(journal, None))
 
 
 async def clean_batch_run(harness: Harness) -> Expected:

@@ -107,7 +107,7 @@ from toren.sandboxes import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
 if TYPE_CHECKING:
-    from chaos.batches import BatchObserved
+    from chaos.batch_oracle import BatchObserved
     from chaos.schedules import ScheduleExpected, ScheduleObserved
     from chaos.telegram import TelegramExpected, TelegramObserved
     from chaos.version_oracle import ForkExpected, ForkObserved, UpgradeObserved

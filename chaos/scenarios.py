@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import attrs
 
-from chaos.batches import batches_in
+from chaos.batch_oracle import batches_in
 from chaos.harness import Harness, _Recorder
 from chaos.oracle import Expected, judge, meant_for, observe
 from chaos.processes import Worker
