@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from chaos.batches import batch_cells, clean_batch_run
 from chaos.calls import CallExpected
 from chaos.harness import SANDBOX_SHAPES, Cell, CellResult, Harness, Shape
 from chaos.matrix import (
@@ -59,6 +60,7 @@ def _clean(
     schedule: ScheduleExpected,
     upgrade: Expected,
     fork: ForkExpected,
+    batch: Expected,
 ) -> Clean:
     return {
         "chaos": expected,
@@ -72,6 +74,7 @@ def _clean(
         "schedule": schedule,
         "upgrade": upgrade,
         "fork": fork,
+        "batch": batch,
     }
 
 
@@ -117,6 +120,7 @@ async def main(
             schedule = await clean_schedule_run(harness)
             upgrade = await clean_upgrade_run(harness)
             fork = await clean_fork_run(harness)
+            batch = await clean_batch_run(harness)
             sandbox: SandboxExpected | None = None
             missing = await docker_missing()
             if missing is None:
@@ -126,7 +130,7 @@ async def main(
                 verdict = "[red]FAIL[/red] (CI=true)" if in_ci else "skipped"
                 console.print(f"sandbox cells {verdict}: no Docker or no sandbox image: {missing}")
                 ok = ok and not in_ci
-            clean = _clean(expected, call, sandbox, telegram, schedule, upgrade, fork)
+            clean = _clean(expected, call, sandbox, telegram, schedule, upgrade, fork, batch)
             for title, todo in (
                 ("Kill matrix", [c for c in cells() if only is None or only in c.point]),
                 (
@@ -152,6 +156,10 @@ async def main(
                 (
                     "Kill matrix: versions and forks",
                     [c for c in version_cells() if only is None or only in c.point],
+                ),
+                (
+                    "Kill matrix: group commit",
+                    [c for c in batch_cells() if only is None or only in c.point],
                 ),
             ):
                 if not todo:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from chaos.batches import clean_batch_run
 from chaos.calls import CallExpected
 from chaos.harness import CellResult, Harness
 from chaos.matrix import (
@@ -46,6 +47,7 @@ MATRICES = (
     "Kill matrix: Telegram channels",
     "Kill matrix: schedules",
     "Kill matrix: versions and forks",
+    "Kill matrix: group commit",
 )
 SCENARIOS: list[ScenarioResult] = []
 SKIPPED: list[str] = []  # why the sandbox cells did not run here, printed with the tables
@@ -115,6 +117,11 @@ async def telegram_expected(harness: Harness) -> TelegramExpected:
 @pytest.fixture(scope="session")
 async def schedule_expected(harness: Harness) -> ScheduleExpected:
     return await clean_schedule_run(harness)
+
+
+@pytest.fixture(scope="session")
+async def batch_expected(harness: Harness) -> Expected:
+    return await clean_batch_run(harness)
 
 
 @pytest.fixture(scope="session")

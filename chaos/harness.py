@@ -107,13 +107,16 @@ from toren.sandboxes import sandbox_address
 from toren.testing import AnthropicServer, Hold
 
 if TYPE_CHECKING:
+    from chaos.batch_oracle import BatchObserved
     from chaos.schedules import ScheduleExpected, ScheduleObserved
     from chaos.telegram import TelegramExpected, TelegramObserved
     from chaos.version_oracle import ForkExpected, ForkObserved, UpgradeObserved
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
-Fault = Literal["sigkill", "pg_terminate", "sigstop"]
+# The batch cells' own two (chaos.batches): one step of the faulted batch fenced out (its run
+# claimed by another worker at the point), or refused by the database (twice).
+Fault = Literal["sigkill", "pg_terminate", "sigstop", "fence_one", "refuse_one"]
 Shape = Literal[
     "chaos",
     "early",
@@ -126,6 +129,7 @@ Shape = Literal[
     "schedule",
     "upgrade",
     "fork",
+    "batch",
 ]
 SANDBOX_SHAPES = ("sandbox", "rerunnable")
 # A Telegram cell's shape is its bot's delivery; the run is started by the chat, not the harness.
@@ -147,6 +151,7 @@ AGENTS: dict[Shape, str] = {
     "schedule": "ticker",
     "upgrade": "versioned",
     "fork": "versioned",
+    "batch": "chaos",
 }
 FAULTS: tuple[Fault, ...] = ("sigkill", "pg_terminate", "sigstop")
 # telegram.in_flight: the Bot API server holds a send before it takes effect; telegram.delivered:
@@ -321,7 +326,8 @@ class Harness:
         | TelegramObserved
         | ScheduleObserved
         | UpgradeObserved
-        | ForkObserved,
+        | ForkObserved
+        | BatchObserved,
     ]:
         """Run ``cell``; ``expected`` is None for the clean run (no fault, points traced), else
         what the clean run of the cell's shape did."""
@@ -333,6 +339,13 @@ class Harness:
             if expected is not None and not isinstance(expected, Expected | ForkExpected):
                 raise TypeError(f"a {cell.shape} cell judged against {type(expected).__name__}")
             return await run_version_cell(self, cell, expected)
+        if cell.shape == "batch":
+            # Imported here: chaos.batches builds on this module (its execution and faults).
+            from chaos.batches import run_batch_cell
+
+            if expected is not None and not isinstance(expected, Expected):
+                raise TypeError(f"a batch cell judged against {type(expected).__name__}")
+            return await run_batch_cell(self, cell, expected)
         if cell.shape == "schedule":
             # Imported here: chaos.schedules builds on this module (its execution and faults).
             from chaos.schedules import ScheduleExpected, run_schedule_cell

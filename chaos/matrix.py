@@ -285,6 +285,9 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # The fork's journal copied one event short (the ticket's result left out): the fork runs
     # the ticket's call again, under its source's key, whatever the fault.
     "fork-prefix-short": (Cell("committed:model.called", 1, "sigkill", shape="fork"),),
+    # The batch's members told it landed as soon as it left: they go on from steps that are not
+    # committed yet and, the batch refused, never are, and write after them.
+    "ack-before-commit": (Cell("batch.sending", 2, "refuse_one", shape="batch"),),
 }
 
 
@@ -305,6 +308,7 @@ MUTATION_EVIDENCE: dict[str, str] = {
     "schedule-slot-unkeyed": "the backfill started a second run for slot",
     "upgrade-by-replay": "calls taken by value were re-asked",
     "fork-prefix-short": "the source's effects were asked for again",
+    "ack-before-commit": "journal sequence not contiguous",
 }
 
 
@@ -331,7 +335,10 @@ def table(results: Iterable[CellResult], title: str) -> Table:
     by_cell = {(r.cell.label, r.cell.fault): r for r in results}
     grid = Table(title=title, title_justify="left")
     grid.add_column("kill point")
-    for fault in FAULTS:
+    # The three faults, and any other the results hold (the batch cells' fence_one, refuse_one)
+    more = dict.fromkeys(r.cell.fault for r in results if r.cell.fault not in (*FAULTS, None))
+    faults = [*FAULTS, *(f for f in more if f is not None)]
+    for fault in faults:
         grid.add_column(fault)
     seen: list[str] = []
     for r in results:
@@ -339,7 +346,7 @@ def table(results: Iterable[CellResult], title: str) -> Table:
             seen.append(r.cell.label)
     for label in seen:
         row = [label]
-        for fault in FAULTS:
+        for fault in faults:
             found = by_cell.get((label, fault))
             row.append(verdict(found) if found else "[dim]-[/dim]")
         grid.add_row(*row)

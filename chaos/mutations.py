@@ -47,6 +47,11 @@ switch for them. A mutation of the kernel's statements replaces their fragments 
   tracker for an effect its source applied. Forks are made by the client that asks for one
   (``toren.runs.fork_run``), so the harness applies it in its own process, for the cell's
   duration (:func:`applied_here`).
+- ``ack-before-commit``: a worker's group commit tells the steps of a batch that they landed as
+  soon as the batch is on its way, and learns how its commit went afterwards (a batch that
+  failed is only logged): a step's next effect (a model call, a tool run) can happen before the
+  step that announced it committed, and a batch that fails (refused by the database, cut in
+  flight) loses steps its actors were told had landed; their next steps commit after a hole.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ MUTATIONS = (
     "schedule-slot-unkeyed",
     "upgrade-by-replay",
     "fork-prefix-short",
+    "ack-before-commit",
 )
 # The mutations of what the harness's own process runs (the client side): applied there too.
 HERE = frozenset({"fork-prefix-short"})
@@ -346,6 +352,49 @@ def _fork_prefix_short() -> Callable[[], None]:
     return undo
 
 
+def _ack_before_commit() -> None:
+    import asyncio
+    import logging
+
+    from toren._core import group_commit
+
+    log = logging.getLogger("chaos")
+    # What a step that landed returns, as far as its host reads it: ours, consumed, nothing
+    # claimed next (the host claims again).
+    landed = {"owned": True, "clash": None, "consumed": True, "id": None}
+
+    async def lead(self: Any, statement: str, leader: Any) -> bool:
+        batch = [leader]
+        while self._queue and len(batch) < self.max_batch:
+            batch.append(self._queue.popleft())
+        if len(batch) == 1:
+            return True
+        try:
+            self.batches += 1
+            self.batched += len(batch)
+            group_commit.log.debug(
+                "sending a batch of %d steps: %s", len(batch), [w.args[0] for w in batch]
+            )
+            group_commit.kill_point("batch.sending")
+            sending = asyncio.ensure_future(self.pool.fetchmany(statement, [w.args for w in batch]))
+            await asyncio.sleep(0)  # on its way: every member told it landed
+            for waiter in batch:
+                waiter.row = landed
+                waiter.turn.set()
+            try:
+                await sending
+            except Exception as exc:  # the bug: told already, only logged
+                log.warning("a batch acknowledged before its commit failed: %r", exc)
+                return False
+            group_commit.kill_point("batch.committed")
+            group_commit.log.debug("a batch of %d steps committed", len(batch))
+            return False
+        finally:
+            self._free()
+
+    group_commit.GroupCommit._lead = lead  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def applied_here(name: str | None) -> Iterator[None]:
     """Apply mutation ``name`` in this process for the block's duration, if it mutates the
@@ -381,6 +430,7 @@ def load(name: str) -> None:
         "schedule-slot-unkeyed": _schedule_slot_unkeyed,
         "upgrade-by-replay": _upgrade_by_replay,
         "fork-prefix-short": _fork_prefix_short,  # the workers make no fork: changes nothing
+        "ack-before-commit": _ack_before_commit,
     }
     if name not in patches:
         raise ValueError(f"unknown mutation {name!r}; known: {', '.join(MUTATIONS)}")

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import attrs
 
+from chaos.batch_oracle import batches_in
 from chaos.harness import Harness, _Recorder
 from chaos.oracle import Expected, judge, meant_for, observe
 from chaos.processes import Worker
@@ -37,6 +38,8 @@ class ScenarioResult:
     duplicate_calls: int
     duplicate_usd: Decimal
     seconds: float
+    batches: int = 0  # group commit: batches the workers' logs show committed
+    batched: int = 0  # steps in them
 
     @property
     def passed(self) -> bool:
@@ -47,7 +50,8 @@ class ScenarioResult:
         return (
             f"{self.name}: {status}; {self.runs} runs, {self.faults} faults, "
             f"{self.duplicate_calls} model calls paid again (${self.duplicate_usd:.6f}, "
-            f"all in flight at a fault), {self.seconds:.0f}s"
+            f"all in flight at a fault), {self.batches} batches of {self.batched} steps "
+            f"committed, {self.seconds:.0f}s"
         )
 
 
@@ -172,6 +176,7 @@ async def _fleet(
         finally:
             fleet.close()
             await client.close()
+    batches, batched = batches_in(w.log() for w in fleet.workers)
     return ScenarioResult(
         name,
         len(fleet.runs),
@@ -180,6 +185,8 @@ async def _fleet(
         dup_calls,
         dup_usd,
         time.monotonic() - started,
+        batches,
+        batched,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from chaos.batches import batch_cells
 from chaos.calls import CallExpected
 from chaos.conftest import MATRICES, SCENARIOS, record
 from chaos.harness import Cell, Harness, Shape
@@ -114,6 +115,16 @@ async def test_fork_cell(cell: Cell, harness: Harness, fork_expected: ForkExpect
     assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
 
 
+@pytest.mark.parametrize(
+    "cell", batch_cells(), ids=lambda c: f"batch-{c.point}#{c.occurrence}-{c.fault}"
+)
+async def test_batch_cell(cell: Cell, harness: Harness, batch_expected: Expected) -> None:
+    result, _ = await harness.run_cell(cell, batch_expected)
+    record(MATRICES[6], result)
+    logs = harness.workdir / cell.slug
+    assert result.passed, f"{cell.slug}: {'; '.join(result.problems)} (worker logs: {logs})"
+
+
 # The clean run each shape's cells are judged against (a fixture: asked for only when needed).
 CLEAN: dict[Shape, str] = {
     "chaos": "expected",
@@ -127,6 +138,7 @@ CLEAN: dict[Shape, str] = {
     "schedule": "schedule_expected",
     "upgrade": "upgrade_expected",
     "fork": "fork_expected",
+    "batch": "batch_expected",
 }
 
 
@@ -182,4 +194,6 @@ async def test_soak_workers_killed_at_random_while_runs_execute(
     )
     SCENARIOS.append(result)
     assert result.faults >= 5, f"only {result.faults} workers killed"
+    # Its workers commit with the default lanes: under 50 runs their steps batch.
+    assert result.batches > 0, "no step of the soak was committed in a batch"
     assert result.passed, "\n".join(result.problems)

@@ -326,8 +326,8 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
         if where.startswith("toren"):
             assert _floor(where) == KERNEL, f"toren.kernel.{name} is from {where}"
     assert sorted(toren.kernel.__all__) == [
-        "ActorHost", "ActorRow", "Archives", "Claim", "Clock", "EmbeddedPostgres", "Kind",
-        "LeaseClock",
+        "ActorHost", "ActorRow", "Archives", "BatchOutcomeUnknown", "Claim", "Clock",
+        "EmbeddedPostgres", "GroupCommit", "Kind", "LeaseClock",
         "MessageDeadLettered", "MissingResource", "RateLimit", "Refusal", "Resources", "Runtime",
         "Service", "ShiftedClock", "Surfaces", "TRANSIENT_DB_ERRORS", "WorkerEnv",
         "WorkerSession", "actor_kinds", "actor_row", "actor_rows", "actors_of_kind",

@@ -15,6 +15,7 @@ from toren._core.db import (
     create_pool,
 )
 from toren._core.deadletters import archive_old_deadletters
+from toren._core.group_commit import BatchOutcomeUnknown, GroupCommit
 from toren._core.host import ActorHost, MessageDeadLettered
 from toren._core.journal_reads import events, events_after, last_seq
 from toren._core.json_text import dumps as json_text
@@ -49,9 +50,11 @@ __all__ = [
     "ActorHost",
     "ActorRow",
     "Archives",
+    "BatchOutcomeUnknown",
     "Claim",
     "Clock",
     "EmbeddedPostgres",
+    "GroupCommit",
     "Kind",
     "LeaseClock",
     "MessageDeadLettered",

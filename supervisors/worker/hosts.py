@@ -20,6 +20,7 @@ from toren.directory import Directory
 from toren.kernel import (
     ActorHost,
     Claim,
+    GroupCommit,
     LeaseClock,
     Resources,
     mark_failed,
@@ -52,6 +53,12 @@ class HostRegistry:
         self.directory = self.resources.get(Directory)
         self.worker_id = worker_id
         self.settings = settings
+        # One per worker incarnation: its hosts' steps are committed together under load.
+        self.commits = GroupCommit(
+            pool,
+            lanes=max(1, min(settings.commit_lanes, settings.pool_size - 1)),
+            max_batch=settings.commit_batch,
+        )
         self.hosts: dict[str, ActorHost] = {}
         self._scopes: dict[str, anyio.CancelScope] = {}
         self._claims: dict[str, Claim] = {}
@@ -97,6 +104,7 @@ class HostRegistry:
                 lease=clock,
                 snapshot_every=self.settings.snapshot_every,
                 resources=self.resources,
+                commits=self.commits,
             )
             scope = anyio.CancelScope()
             self.hosts[claim.actor_id] = host

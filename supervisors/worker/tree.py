@@ -326,7 +326,12 @@ class Worker:
                         "could not release leases; they expire in %gs", settings.lease_seconds
                     )
                 await session.close()
-                log.info("worker %s down", session.worker_id)
+                log.info(
+                    "worker %s down (group commit: %d batches, %d steps in them)",
+                    session.worker_id,
+                    hosts.commits.batches,
+                    hosts.commits.batched,
+                )
 
 
 def _service(

@@ -41,6 +41,8 @@ _KERNEL_ENV: Env = {
     "grace_seconds": ("TOREN_GRACE_SECONDS", float),
     "max_actors": ("TOREN_MAX_ACTORS", int),
     "pool_size": ("TOREN_POOL_SIZE", int),
+    "commit_lanes": ("TOREN_COMMIT_LANES", int),
+    "commit_batch": ("TOREN_COMMIT_BATCH", int),
     "worker_name": ("TOREN_WORKER_NAME", str),
     "deploy_label": ("TOREN_DEPLOY_LABEL", str),
     "actor_restart_intensity": ("TOREN_ACTOR_RESTART_INTENSITY", int),
@@ -135,6 +137,13 @@ class WorkerSettings:
         max_actors: How many actors one worker runs at once; it stops claiming at the cap.
         pool_size: Connections in the worker's pool (plus one dedicated lock connection), and
             in an API server's (``toren serve``; ``toren up`` and ``toren dev`` have both).
+        commit_lanes: Steps (or batches of steps) a worker commits at once, each on a
+            connection of its pool (2 by default; at most ``pool_size`` - 1, the rest serving
+            the worker's claims, sends and reads). A step that finds a lane free commits at
+            once; under load, steps wait for one and go together (group commit,
+            :mod:`toren._core.group_commit`).
+        commit_batch: The most steps committed in one batch (32 by default; 1: every step
+            in a transaction of its own).
         worker_name: Shown by ``toren workers``; defaults to the host name.
         deploy_label: Optional label added to the code version (for example a git sha).
         actor_restart_intensity: Restarts of one actor (failed starts, dead-lettered messages)
@@ -172,6 +181,8 @@ class WorkerSettings:
     grace_seconds: float = attrs.field(default=30.0, validator=positive)
     max_actors: int = attrs.field(default=1000, validator=positive)
     pool_size: int = attrs.field(default=10, validator=positive)
+    commit_lanes: int = attrs.field(default=2, validator=positive)
+    commit_batch: int = attrs.field(default=32, validator=[positive, attrs.validators.le(1000)])
     worker_name: str = attrs.field(factory=socket.gethostname)
     deploy_label: str | None = None
     actor_restart_intensity: int = attrs.field(default=5, validator=positive)

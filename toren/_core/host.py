@@ -35,6 +35,7 @@ from toren._core.errors import (
     UnknownActor,
     UnknownActorKind,
 )
+from toren._core.group_commit import BatchOutcomeUnknown, GroupCommit
 from toren._core.journal import rebuild, save_snapshot, snapshot_spec
 from toren._core.killpoints import kill_point, kill_points_for
 from toren._core.leases import Claim, LeaseClock, release_claim, release_if_idle
@@ -46,6 +47,8 @@ from toren._core.truncation import Archives, TruncationRefused, truncate_journal
 log = logging.getLogger("toren.host")
 
 _RETRY_CAP = 30.0
+# A commit whose outcome is unknown (its answer lost): committed again, with ``retry``.
+_COMMIT_AGAIN: tuple[type[BaseException], ...] = (*TRANSIENT_DB_ERRORS, BatchOutcomeUnknown)
 
 
 def _jittered(delay: float) -> float:
@@ -86,6 +89,7 @@ class ActorHost:
         lease: LeaseClock | None = None,
         snapshot_every: int | None = None,
         resources: Resources | None = None,
+        commits: GroupCommit | None = None,
     ) -> None:
         cls = actor_class(claim.kind)
         if cls is None:
@@ -100,6 +104,7 @@ class ActorHost:
         # never for a class that keeps none.
         self._snapshot_every = (snapshot_every or cls.snapshot_every) if snapshot_spec(cls) else 0
         self._poll = poll_seconds
+        self._commits = commits
         self._sleep = sleep
         self._lease = lease
         self.resources = resources if resources is not None else Resources()
@@ -406,10 +411,11 @@ class ActorHost:
                     summary=summary,
                     claim=not self._stop.is_set() and not ctx.leaving,
                     release=release,
+                    via=self._commits,
                 )
                 self._leaving = ctx.leaving
                 return
-            except TRANSIENT_DB_ERRORS as exc:
+            except _COMMIT_AGAIN as exc:
                 failures += 1
                 delay = _jittered(min(_RETRY_CAP, 0.05 * 2**failures))
                 log.warning(

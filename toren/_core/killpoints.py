@@ -42,6 +42,8 @@ POINTS: dict[str, str] = {
     "timer.fired": "the message claimed is a due durable timer, before handling it",
     "step.committing": "a message was handled; its step is about to commit",
     "step.committed": "a step committed: message consumed, events appended, sends inserted",
+    "batch.sending": "a worker's group commit is about to send a batch of steps (more than one)",
+    "batch.committed": "a batch's commit returned, no member of it told yet",
     "outbox.inserted": "a step that inserted messages (sends, timers) committed",
     "outbox.consumed": "a step consumed a message another actor's step had inserted",
     "lease.renewing": "the lease keeper is about to renew the leases it holds (at least one)",

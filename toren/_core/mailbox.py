@@ -30,6 +30,7 @@ from toren._core.errors import (
     OverLimit,
     UnknownActor,
 )
+from toren._core.group_commit import GroupCommit
 from toren._core.json_text import dumps, safe_text
 from toren._core.step_sql import CLAIM, STEP, ClaimInputs, StepInputs, arguments
 
@@ -144,8 +145,12 @@ async def commit_step(
     summary: Mapping[str, Any] | None = None,
     claim: bool = False,
     release: bool = False,
+    via: GroupCommit | None = None,
 ) -> Envelope | None:
     """Commit one handled message: everything in ``ctx`` or nothing.
+
+    With ``via``, the step may be committed in a batch with other actors' steps
+    (:mod:`toren._core.group_commit`), still on its own: fenced alone, failing alone.
 
     With ``release`` (the actor no longer runs after this step, :meth:`~toren.Actor.runs`), an
     actor under limits gives its permits back in the same statement, each to the head of its
@@ -163,6 +168,8 @@ async def commit_step(
         FencedOut: the actor is no longer ours (epoch raised, or a newer owner wrote the seq).
         UnknownActor: the handler sent a message to an actor that does not exist.
         ActorAlreadyExists: the handler spawned an id that an actor of another kind holds.
+        BatchOutcomeUnknown: the batch holding the step may have committed (commit it again
+            with ``retry``).
     """
     events = ctx.events
     out = ctx.outgoing
@@ -198,7 +205,10 @@ async def commit_step(
         route=ctx.route,
     )
     try:
-        row = await pool.fetchrow(_COMMIT, *arguments(inputs))
+        if via is not None:
+            row = await via.fetchrow(_COMMIT, arguments(inputs))
+        else:
+            row = await pool.fetchrow(_COMMIT, *arguments(inputs))
     except asyncpg.UniqueViolationError as exc:
         # Another owner appended this seq: (actor_id, seq) is the second guard of fencing.
         raise FencedOut(ctx.actor_id, ctx.epoch) from exc
