@@ -1,0 +1,154 @@
+"""Postgres failover in the middle of runs: the chaos agent's runs on workers connected to a
+Patroni cluster (:mod:`chaos.ha`) through a multi-host URL, and one of two faults of its primary.
+
+- ``postmaster``: the primary's postmaster is SIGKILLed; Patroni promotes the sync standby, every
+  connection drops at once, the workers reconnect to the new primary, the old one rejoins as a
+  replica by itself.
+- ``patroni``: the primary's Patroni is SIGKILLed; its Postgres stays up, managed by nobody. Its
+  leader key is deleted from etcd (what its TTL, 20 s, would do) so the standby is promoted at
+  once; from then on the old primary is a stale primary whose commits block (its sync standby is
+  gone) and which ``target_session_attrs=read-write`` still accepts. The runs must finish on the
+  new primary while it stands; then its Patroni is restarted (its orphaned Postgres stopped
+  first) and it rejoins as a replica.
+
+What must hold, besides the chaos oracle's checks on every run (its output, each effect once, no
+model call paid twice except the one in flight at the fault, a clean journal, no dead letter):
+every run completes; every journal row read from the primary just before the fault is still
+there after; the old primary rejoins. The result says how long the failover cost: from the
+primary's death to the first step committed after it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Literal
+from urllib.parse import urlsplit
+
+import anyio
+import asyncpg
+import attrs
+
+from chaos.ha import Cluster, Node
+from chaos.harness import Harness
+from chaos.oracle import Expected, meant_for
+from chaos.scenarios import CHAOS, Fleet, ScenarioResult, _fleet
+from toren import Client
+from toren.kernel import TRANSIENT_DB_ERRORS
+from toren.runs import ENDED, decide, read_run, waiting_on
+
+Fault = Literal["postmaster", "patroni"]
+
+
+@attrs.frozen
+class FailoverResult:
+    scenario: ScenarioResult
+    promoted_after: float  # seconds from the fault to the standby answering as primary
+    first_step_after: float | None  # seconds from the fault to the first step committed after it
+    rejoined_after: float  # seconds from the fault to the old primary streaming as a replica
+
+
+async def _journal(client: Client) -> set[tuple[str, int, str]]:
+    rows = await client.pool.fetch("SELECT actor_id, seq, type FROM toren.journal")
+    return {(r["actor_id"], r["seq"], r["type"]) for r in rows}
+
+
+async def _drive(fleet: Fleet, cluster: Cluster, database: str) -> None:
+    """Approve what waits; note the runs that ended. A read or a decision that does not answer
+    within 2 s (a stale primary, whose commits block) moves the test's own client to the
+    server Patroni calls primary: the test's client is no worker and does not route itself."""
+    decided: set[str] = set()
+    while True:
+        try:
+            with anyio.fail_after(2):
+                for run_id in fleet.runs:
+                    if run_id in fleet.done:
+                        continue
+                    state = await read_run(fleet.client, run_id)
+                    if state.status in ENDED:
+                        fleet.done.add(run_id)
+                    elif waiting_on(state) and run_id not in decided:
+                        for call in waiting_on(state):
+                            await decide(
+                                fleet.client,
+                                run_id,
+                                call_id=call.id,
+                                approved=True,
+                                by=CHAOS,
+                                reason=meant_for(call.id),
+                                wait=None,
+                            )
+                        decided.add(run_id)
+        except TimeoutError:
+            leader = await cluster.leader()
+            stuck, fleet.client = fleet.client, await Client.connect(
+                cluster.url(database, nodes=(leader, cluster.other(leader)))
+            )
+            stuck.pool.terminate()
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError):
+            pass
+        await anyio.sleep(0.2)
+
+
+async def _first_step_after(client: Client, moment: float) -> float | None:
+    at = await client.pool.fetchval(
+        "SELECT extract(epoch FROM min(created_at)) FROM toren.journal "
+        "WHERE created_at > to_timestamp($1)",
+        moment,
+    )
+    return None if at is None else float(at) - moment
+
+
+async def failover(
+    harness: Harness, cluster: Cluster, fault: Fault, expected: Expected, *, runs: int = 6
+) -> FailoverResult:
+    """``runs`` runs on two workers; when each has made two model calls, ``fault`` hits the
+    primary (see the module docstring)."""
+    times: dict[str, float | None] = {}
+
+    async def body(fleet: Fleet) -> tuple[int, list[str], Callable[[str], int]]:
+        await fleet.start_runs(runs)
+        fleet.start_worker()
+        fleet.start_worker()
+        problems: list[str] = []
+        async with anyio.create_task_group() as tg:
+            database = urlsplit(fleet.env["TOREN_DATABASE_URL"]).path.lstrip("/")
+            tg.start_soon(_drive, fleet, cluster, database)
+            while len(fleet.recorder.arrivals) < runs * 2:
+                await anyio.sleep(0.02)
+            primary, standby = await cluster.wait_sync_standby()
+            acknowledged = await _journal(fleet.client)
+            died_at = time.time()
+            if fault == "postmaster":
+                cluster.kill_postmaster(primary)
+            else:
+                cluster.kill_patroni(primary)
+                await cluster.expire_leader()
+            await _wait_primary(cluster, standby, timeout=30)
+            times["promoted"] = time.time() - died_at
+            problems += await fleet.wait_done(harness.bound * 2)
+            tg.cancel_scope.cancel()
+        if fault == "patroni":
+            # The runs finished while the old primary stood stale; now its Patroni comes back.
+            cluster.restart_patroni(primary)
+        await cluster.rejoined(primary, timeout=60)
+        times["rejoined"] = time.time() - died_at
+        lost = acknowledged - await _journal(fleet.client)
+        if lost:
+            problems.append(f"{len(lost)} journal rows read before the fault are gone: {lost}")
+        times["first"] = await _first_step_after(fleet.client, died_at)
+        # Every run may pay again for the one model call it had in flight at the fault.
+        return 1, problems, lambda _run: 1
+
+    result = await _fleet(harness, f"failover-{fault}", body, expected)
+    return FailoverResult(
+        result, times.get("promoted") or 0.0, times.get("first"), times.get("rejoined") or 0.0
+    )
+
+
+async def _wait_primary(cluster: Cluster, node: Node, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while await node.role() != "primary":
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{node.name} not promoted within {timeout}s")
+        await anyio.sleep(0.05)

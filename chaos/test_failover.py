@@ -1,0 +1,76 @@
+"""Postgres failover under the workers, in the middle of runs (see :mod:`chaos.failover`): a
+Patroni cluster of two servers with synchronous replication, started on 127.0.0.1 by the test.
+
+Without etcd, Postgres's binaries, PgBouncer or Patroni 4 (``scripts/patroni-venv``) the tests
+are skipped, saying what is missing; under ``CI=true`` they fail instead: CI must run them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from chaos import ha
+from chaos.conftest import SCENARIOS
+from chaos.failover import FailoverResult, failover
+from chaos.harness import Cell, Harness
+from chaos.oracle import Expected, Observed
+
+pytestmark = [pytest.mark.anyio, pytest.mark.processes]
+
+
+def _needs(*, bouncer: bool = False) -> None:
+    reason = ha.missing(bouncer=bouncer)
+    if reason is None:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the failover tests need, in CI: {reason}")
+    print(f"failover tests skipped: missing {reason}")  # noqa: T201  (said in the output too)
+    pytest.skip(f"missing {reason}")
+
+
+@pytest.fixture(scope="module")
+async def cluster() -> AsyncIterator[ha.Cluster]:
+    _needs()
+    async with ha.Cluster() as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+async def ha_harness(cluster: ha.Cluster, chaos_workdir: Path) -> AsyncIterator[Harness]:
+    async with Harness(cluster.url(), chaos_workdir / "failover") as h:
+        yield h
+
+
+@pytest.fixture(scope="module")
+async def ha_expected(ha_harness: Harness) -> Expected:
+    """The chaos agent's run, without a fault, on the cluster."""
+    result, seen = await ha_harness.run_cell(Cell("clean", 0, None), None)
+    assert isinstance(seen, Observed)
+    assert result.passed and seen.state.status == "completed", result.problems
+    return Expected(
+        output=seen.state.output or "",
+        steps=len(seen.state.calls),
+        effect_kinds=tuple(sorted(e.kind for e in seen.effects)),
+    )
+
+
+def _report(result: FailoverResult) -> None:
+    SCENARIOS.append(result.scenario)
+    first = "none" if result.first_step_after is None else f"{result.first_step_after:.2f}s"
+    print(  # noqa: T201
+        f"{result.scenario.line()}; promoted after {result.promoted_after:.2f}s, first step "
+        f"committed after {first}, old primary rejoined after {result.rejoined_after:.1f}s"
+    )
+
+
+async def test_runs_complete_when_the_primarys_postmaster_is_killed(
+    cluster: ha.Cluster, ha_harness: Harness, ha_expected: Expected
+) -> None:
+    result = await failover(ha_harness, cluster, "postmaster", ha_expected)
+    _report(result)
+    assert result.scenario.passed, "\n".join(result.scenario.problems)
+    assert result.first_step_after is not None
