@@ -81,8 +81,9 @@ async def _drive(fleet: Fleet, cluster: Cluster, database: str) -> None:
                         decided.add(run_id)
         except TimeoutError:
             leader = await cluster.leader()
-            stuck, fleet.client = fleet.client, await Client.connect(
-                cluster.url(database, nodes=(leader, cluster.other(leader)))
+            stuck, fleet.client = (
+                fleet.client,
+                await Client.connect(cluster.url(database, nodes=(leader, cluster.other(leader)))),
             )
             stuck.pool.terminate()
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError):

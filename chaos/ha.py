@@ -336,8 +336,7 @@ class Cluster:
         """A multi-host URL that finds the writable server (``target_session_attrs``)."""
         hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in nodes or self.nodes)
         return (
-            f"postgresql://postgres:{PASSWORD}@{hosts}/{database}"
-            "?target_session_attrs=read-write"
+            f"postgresql://postgres:{PASSWORD}@{hosts}/{database}?target_session_attrs=read-write"
         )
 
     def node_url(self, node: Node, database: str = "postgres") -> str:
@@ -472,7 +471,7 @@ class Cluster:
     async def rejoined(self, node: Node, timeout: float = 60) -> None:
         """Wait until ``node`` is a replica streaming (synchronously) from the other."""
         await _until(f"{node.name} a replica", lambda: _is(node, "replica"), timeout, self.logs)
-        primary, standby = await self.wait_sync_standby(timeout)
+        _, standby = await self.wait_sync_standby(timeout)
         if standby is not node:
             raise AssertionError(f"{node.name} is not the standby")
 

@@ -28,7 +28,7 @@ def _needs(*, bouncer: bool = False) -> None:
         return
     if os.environ.get("CI") == "true":
         pytest.fail(f"the failover tests need, in CI: {reason}")
-    print(f"failover tests skipped: missing {reason}")  # noqa: T201  (said in the output too)
+    print(f"failover tests skipped: missing {reason}")
     pytest.skip(f"missing {reason}")
 
 
@@ -50,7 +50,8 @@ async def ha_expected(ha_harness: Harness) -> Expected:
     """The chaos agent's run, without a fault, on the cluster."""
     result, seen = await ha_harness.run_cell(Cell("clean", 0, None), None)
     assert isinstance(seen, Observed)
-    assert result.passed and seen.state.status == "completed", result.problems
+    assert result.passed, result.problems
+    assert seen.state.status == "completed"
     return Expected(
         output=seen.state.output or "",
         steps=len(seen.state.calls),
@@ -61,7 +62,7 @@ async def ha_expected(ha_harness: Harness) -> Expected:
 def _report(result: FailoverResult) -> None:
     SCENARIOS.append(result.scenario)
     first = "none" if result.first_step_after is None else f"{result.first_step_after:.2f}s"
-    print(  # noqa: T201
+    print(
         f"{result.scenario.line()}; promoted after {result.promoted_after:.2f}s, first step "
         f"committed after {first}, old primary rejoined after {result.rejoined_after:.1f}s"
     )
