@@ -34,6 +34,7 @@ from chaos.harness import Harness
 from chaos.oracle import Expected, meant_for
 from chaos.scenarios import CHAOS, Fleet, ScenarioResult, _fleet
 from toren import Client
+from toren._core.primary import probe
 from toren.kernel import TRANSIENT_DB_ERRORS
 from toren.runs import ENDED, decide, read_run, waiting_on
 
@@ -44,7 +45,9 @@ Fault = Literal["postmaster", "patroni"]
 class FailoverResult:
     scenario: ScenarioResult
     promoted_after: float  # seconds from the fault to the standby answering as primary
-    first_step_after: float | None  # seconds from the fault to the first step committed after it
+    # seconds from the primary's death (the promotion, when its Patroni was killed: until then it
+    # committed) to the first step committed after it
+    first_step_after: float | None
     rejoined_after: float  # seconds from the fault to the old primary streaming as a replica
 
 
@@ -91,6 +94,18 @@ async def _drive(fleet: Fleet, cluster: Cluster, database: str) -> None:
         await anyio.sleep(0.2)
 
 
+async def _stale(cluster: Cluster, node: Node, within: float = 15) -> float | None:
+    """When ``node`` was first seen not to commit (the start of the first probe whose commit
+    did not answer), or ``None`` if it kept committing for ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        asked_at = time.time()
+        if await probe(cluster.url(), f"127.0.0.1:{node.pg_port}", within=1) == "stuck":
+            return asked_at
+        await anyio.sleep(0.05)
+    return None
+
+
 async def _first_step_after(client: Client, moment: float) -> float | None:
     at = await client.pool.fetchval(
         "SELECT extract(epoch FROM min(created_at)) FROM toren.journal "
@@ -106,6 +121,12 @@ async def failover(
     """``runs`` runs on two workers; when each has made two model calls, ``fault`` hits the
     primary (see the module docstring)."""
     times: dict[str, float | None] = {}
+    # The primary first: asyncpg moves on to the next server only when one refuses connections
+    # or is starting up, not when a replica refuses the login (a database it has not replayed
+    # yet: the scenario's own, just made). Also the worst case for the stale primary: the
+    # workers' ``read-write`` finds it first.
+    leader = await cluster.leader()
+    harness.server_url = cluster.url(nodes=(leader, cluster.other(leader)))
 
     async def body(fleet: Fleet) -> tuple[int, list[str], Callable[[str], int]]:
         await fleet.start_runs(runs)
@@ -119,21 +140,39 @@ async def failover(
                 await anyio.sleep(0.02)
             primary, standby = await cluster.wait_sync_standby()
             acknowledged = await _journal(fleet.client)
-            died_at = time.time()
+            logs = [len(w.log()) for w in fleet.workers]
+            fault_at = died_at = time.time()
             if fault == "postmaster":
                 cluster.kill_postmaster(primary)
             else:
                 cluster.kill_patroni(primary)
                 await cluster.expire_leader()
             await _wait_primary(cluster, standby, timeout=30)
-            times["promoted"] = time.time() - died_at
+            promoted_at = time.time()
+            times["promoted"] = promoted_at - fault_at
+            if fault == "patroni":
+                # The fault landed: the old primary still takes connections, and its commits
+                # hang once the new one no longer streams from it (what the workers must see).
+                # Its death as a primary is when it was first seen not to commit.
+                stuck_at = await _stale(cluster, primary)
+                if stuck_at is None:
+                    problems.append("the old primary kept committing: the fault did not land")
+                died_at = stuck_at or promoted_at
             problems += await fleet.wait_done(harness.bound * 2)
             tg.cancel_scope.cancel()
         if fault == "patroni":
-            # The runs finished while the old primary stood stale; now its Patroni comes back.
+            # Each worker saw that its server no longer commits and moved (the runs finished
+            # while the old primary still stood: they cannot have finished there).
+            moved = sum(
+                "does not commit" in w.log()[at:]
+                for w, at in zip(fleet.workers, logs, strict=False)
+            )
+            if moved < 2:
+                problems.append(f"only {moved} of 2 workers saw their server stop committing")
+            # Now its Patroni comes back, its orphaned Postgres stopped first.
             cluster.restart_patroni(primary)
         await cluster.rejoined(primary, timeout=60)
-        times["rejoined"] = time.time() - died_at
+        times["rejoined"] = time.time() - fault_at
         lost = acknowledged - await _journal(fleet.client)
         if lost:
             problems.append(f"{len(lost)} journal rows read before the fault are gone: {lost}")

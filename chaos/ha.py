@@ -157,6 +157,7 @@ class _Process:
         if self.running():
             self.proc.kill()
         self.proc.wait(10)
+        self._log.close()
 
     def stop(self, timeout: float = 20) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; reaped either way."""

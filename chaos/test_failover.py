@@ -75,3 +75,12 @@ async def test_runs_complete_when_the_primarys_postmaster_is_killed(
     _report(result)
     assert result.scenario.passed, "\n".join(result.scenario.problems)
     assert result.first_step_after is not None
+
+
+async def test_runs_complete_on_the_new_primary_when_the_old_ones_patroni_is_killed(
+    cluster: ha.Cluster, ha_harness: Harness, ha_expected: Expected
+) -> None:
+    result = await failover(ha_harness, cluster, "patroni", ha_expected)
+    _report(result)
+    assert result.scenario.passed, "\n".join(result.scenario.problems)
+    assert result.first_step_after is not None
