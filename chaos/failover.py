@@ -29,7 +29,7 @@ import anyio
 import asyncpg
 import attrs
 
-from chaos.ha import Cluster, Node
+from chaos.ha import Bouncer, Cluster, Node
 from chaos.harness import Harness
 from chaos.oracle import Expected, meant_for
 from chaos.scenarios import CHAOS, Fleet, ScenarioResult, _fleet
@@ -49,6 +49,14 @@ class FailoverResult:
     # committed) to the first step committed after it
     first_step_after: float | None
     rejoined_after: float  # seconds from the fault to the old primary streaming as a replica
+
+
+async def primary_first(harness: Harness, cluster: Cluster) -> None:
+    """List the primary first in the harness's URL: asyncpg moves on to the next server only
+    when one refuses connections or is starting up, not when a replica refuses the login (for a
+    database it has not replayed yet: a scenario's own, just made)."""
+    leader = await cluster.leader()
+    harness.server_url = cluster.url(nodes=(leader, cluster.other(leader)))
 
 
 async def _journal(client: Client) -> set[tuple[str, int, str]]:
@@ -121,12 +129,8 @@ async def failover(
     """``runs`` runs on two workers; when each has made two model calls, ``fault`` hits the
     primary (see the module docstring)."""
     times: dict[str, float | None] = {}
-    # The primary first: asyncpg moves on to the next server only when one refuses connections
-    # or is starting up, not when a replica refuses the login (a database it has not replayed
-    # yet: the scenario's own, just made). Also the worst case for the stale primary: the
-    # workers' ``read-write`` finds it first.
-    leader = await cluster.leader()
-    harness.server_url = cluster.url(nodes=(leader, cluster.other(leader)))
+    # Also the worst case for the stale primary: the workers' ``read-write`` finds it first.
+    await primary_first(harness, cluster)
 
     async def body(fleet: Fleet) -> tuple[int, list[str], Callable[[str], int]]:
         await fleet.start_runs(runs)
@@ -192,3 +196,24 @@ async def _wait_primary(cluster: Cluster, node: Node, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{node.name} not promoted within {timeout}s")
         await anyio.sleep(0.05)
+
+
+async def through_bouncer(
+    harness: Harness, bouncer: Bouncer, expected: Expected, *, runs: int = 4
+) -> ScenarioResult:
+    """``runs`` runs on two workers that reach Postgres only through PgBouncer in session
+    mode (their advisory locks, LISTEN and pools all through it); no fault."""
+
+    async def body(fleet: Fleet) -> tuple[int, list[str], Callable[[str], int]]:
+        database = urlsplit(fleet.env["TOREN_DATABASE_URL"]).path.lstrip("/")
+        fleet.env["TOREN_DATABASE_URL"] = bouncer.url(database)
+        await fleet.start_runs(runs)
+        fleet.start_worker()
+        fleet.start_worker()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(fleet.drive)
+            problems = await fleet.wait_done(harness.bound)
+            tg.cancel_scope.cancel()
+        return 0, problems, lambda _run: 0
+
+    return await _fleet(harness, "pgbouncer-session", body, expected)

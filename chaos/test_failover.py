@@ -11,13 +11,17 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import anyio
+import asyncpg
 import pytest
 
 from chaos import ha
 from chaos.conftest import SCENARIOS
-from chaos.failover import FailoverResult, failover
+from chaos.failover import FailoverResult, failover, primary_first, through_bouncer
 from chaos.harness import Cell, Harness
 from chaos.oracle import Expected, Observed
+from toren import Settings
+from toren.kernel import WorkerSession
 
 pytestmark = [pytest.mark.anyio, pytest.mark.processes]
 
@@ -84,3 +88,45 @@ async def test_runs_complete_on_the_new_primary_when_the_old_ones_patroni_is_kil
     _report(result)
     assert result.scenario.passed, "\n".join(result.scenario.problems)
     assert result.first_step_after is not None
+
+
+async def test_a_workers_lock_and_listen_hold_through_pgbouncer_in_session_mode(
+    cluster: ha.Cluster, ha_harness: Harness
+) -> None:
+    _needs(bouncer=True)
+    await primary_first(ha_harness, cluster)
+    leader = await cluster.leader()
+    async with ha.bouncer(cluster, leader) as bouncer, ha_harness.database() as direct:
+        via = bouncer.url(direct.rsplit("/", 1)[1].split("?")[0])
+        session = await WorkerSession.open(via, Settings(database_url=via))
+        heard: list[str] = []
+        await session.listen(heard.append)
+        conn = await asyncpg.connect(cluster.node_url(leader, via.rsplit("/", 1)[1]))
+        try:
+            held = (
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                "AND objid = $1::bigint::oid"
+            )
+            assert await conn.fetchval(held, session.lock_key) == 1
+            await conn.execute("SELECT pg_notify('toren_mail', 'run/heard')")
+            with anyio.fail_after(10):
+                while heard != ["run/heard"]:
+                    await anyio.sleep(0.02)
+            await session.close()
+            with anyio.fail_after(10):
+                while await conn.fetchval(held, session.lock_key):
+                    await anyio.sleep(0.02)
+        finally:
+            await conn.close()
+
+
+async def test_runs_complete_on_workers_that_reach_postgres_through_pgbouncer(
+    cluster: ha.Cluster, ha_harness: Harness, ha_expected: Expected
+) -> None:
+    _needs(bouncer=True)
+    await primary_first(ha_harness, cluster)
+    async with ha.bouncer(cluster, await cluster.leader()) as bouncer:
+        result = await through_bouncer(ha_harness, bouncer, ha_expected)
+    SCENARIOS.append(result)
+    print(result.line())
+    assert result.passed, "\n".join(result.problems)
