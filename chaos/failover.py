@@ -35,6 +35,7 @@ from chaos.oracle import Expected, meant_for
 from chaos.scenarios import CHAOS, Fleet, ScenarioResult, _fleet
 from toren import Client
 from toren._core.primary import probe
+from toren._core.session import LIVE_WORKERS
 from toren.kernel import TRANSIENT_DB_ERRORS
 from toren.runs import ENDED, decide, read_run, waiting_on
 
@@ -114,6 +115,23 @@ async def _stale(cluster: Cluster, node: Node, within: float = 15) -> float | No
     return None
 
 
+async def _sessions_moved(fleet: Fleet, within: float = 10) -> list[str]:
+    """Every running worker holds its session's advisory lock on the new primary (its lock and
+    LISTEN connection reconnected there): :data:`LIVE_WORKERS` counts them."""
+    deadline = time.monotonic() + within
+    live, running = 0, 0
+    while time.monotonic() < deadline:
+        try:
+            live = await fleet.client.pool.fetchval(f"SELECT count(*) FROM ({LIVE_WORKERS}) w")
+        except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError):
+            live = -1
+        running = sum(w.running for w in fleet.workers)
+        if live == running:
+            return []
+        await anyio.sleep(0.1)
+    return [f"{live} workers hold their lock on the new primary, {running} run"]
+
+
 async def _first_step_after(client: Client, moment: float) -> float | None:
     at = await client.pool.fetchval(
         "SELECT extract(epoch FROM min(created_at)) FROM toren.journal "
@@ -163,6 +181,7 @@ async def failover(
                     problems.append("the old primary kept committing: the fault did not land")
                 died_at = stuck_at or promoted_at
             problems += await fleet.wait_done(harness.bound * 2)
+            problems += await _sessions_moved(fleet)
             tg.cancel_scope.cancel()
         if fault == "patroni":
             # Each worker saw that its server no longer commits and moved (the runs finished

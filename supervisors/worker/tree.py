@@ -121,20 +121,19 @@ class Worker:
         """Probe the URL's servers (if several) and point the pools at the one that commits.
 
         Returns:
-            Whether the server the connections reach moved; the pools' connections to the old
-            one are then dropped as they come back (those in use are the stopped actors').
+            Whether the server the connections reach moved. Once the order changed, the pools'
+            connections are dropped as they come back (those in use are the stopped actors')
+            and new ones follow the new order.
         """
         if not self.route.several:
             return False
         before = self.route.url
         moved = await self.route.check(within=max(0.5, self.settings.renew_seconds / 2))
-        pools = [p for p in (self._pool, self._lease_pool) if p is not None]
         if self.route.url != before:
-            for pool in pools:
-                pool.set_connect_args(dsn=self.route.url)
-        if moved:
-            for pool in pools:
-                await pool.expire_connections()
+            for pool in (self._pool, self._lease_pool):
+                if pool is not None:
+                    pool.set_connect_args(dsn=self.route.url)
+                    await pool.expire_connections()
         return moved
 
     def state(self) -> tuple[uuid.UUID | None, WorkerState]:

@@ -45,6 +45,12 @@ _UNREACHABLE: tuple[type[BaseException], ...] = (
 )
 
 Verdict = Literal["writable", "stuck", "read-only", "unreachable"]
+_SAYS: dict[Verdict, str] = {
+    "stuck": "does not commit (a primary without its synchronous standby?)",
+    "unreachable": "does not answer",
+    "writable": "commits",
+    "read-only": "is a replica",
+}
 
 
 def hosts(url: str) -> list[str]:
@@ -115,9 +121,9 @@ class Route:
         that commit first, the stuck ones last.
 
         Returns:
-            Whether the server that connections reach changed: the one they reached (the first
-            server, in the old order, that is up and read-write) does not commit, and another
-            does. A server that is merely slow everywhere changes nothing.
+            Whether the server that connections reach changed: a server commits, and it is not
+            the one they reached (the first server, in the old order, that is not a replica:
+            now stuck or unreachable). A server that is merely slow everywhere changes nothing.
         """
         if not self.several:
             return False
@@ -131,13 +137,13 @@ class Route:
                 tg.start_soon(one, host)
         rank = {"writable": 0, "read-only": 1, "unreachable": 1, "stuck": 2}
         order = sorted(self.order, key=lambda h: rank[verdicts[h]])  # stable: ties keep order
-        reached = next((h for h in self.order if verdicts[h] in ("writable", "stuck")), None)
-        moved = verdicts.get(reached or "") == "stuck" and verdicts[order[0]] == "writable"
+        reached = next((h for h in self.order if verdicts[h] != "read-only"), order[0])
+        moved = verdicts[order[0]] == "writable" and reached != order[0]
         if moved:
             log.warning(
-                "the database server %s does not commit (a primary without its synchronous "
-                "standby?); moving to %s (%s)",
+                "the database server %s %s; moving to %s (%s)",
                 reached,
+                _SAYS[verdicts[reached]],
                 order[0],
                 redact(with_hosts(self._url, order)),
             )
