@@ -7,7 +7,8 @@ What it needs, and where it finds it (:func:`missing` says what is not there):
   Debian's ``postgresql``), ``pgbouncer`` for :class:`Bouncer`;
 - Patroni 4 from PyPI in a virtualenv of its own (never Debian's 3.0.2, which lost acknowledged
   writes when restarted over a stale primary): ``$TOREN_PATRONI``, else the virtualenv beside the
-  one running the tests (``<venv>-patroni/bin/patroni``), which ``scripts/test`` creates.
+  one running the tests (``<venv>-patroni/bin/patroni``), which ``scripts/test`` creates through
+  ``scripts/patroni-venv`` (or ``/opt/toren-patroni`` where the postgres user cannot reach it).
 
 Run as root (CI, this machine), Postgres, Patroni, etcd and PgBouncer run as the ``postgres``
 user through ``setpriv`` (which execs: the pid we hold is the server's, not a wrapper's); run as
@@ -45,11 +46,14 @@ _PG_USER = "postgres"
 
 
 def patroni_bin() -> Path:
-    """Where Patroni 4 is: ``$TOREN_PATRONI``, else ``<this venv>-patroni/bin/patroni``."""
+    """Where Patroni 4 is: ``$TOREN_PATRONI``, else the virtualenv ``scripts/patroni-venv``
+    makes beside this one (``<venv>-patroni``), else its fallback ``/opt/toren-patroni``."""
     given = os.environ.get("TOREN_PATRONI")
     if given:
         return Path(given)
-    return Path(f"{sys.prefix.rstrip('/')}-patroni") / "bin" / "patroni"
+    beside = Path(f"{sys.prefix.rstrip('/')}-patroni") / "bin" / "patroni"
+    fallback = Path("/opt/toren-patroni/bin/patroni")
+    return fallback if not beside.exists() and fallback.exists() else beside
 
 
 def postgres_bin() -> Path | None:
