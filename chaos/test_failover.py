@@ -130,3 +130,26 @@ async def test_runs_complete_on_workers_that_reach_postgres_through_pgbouncer(
     SCENARIOS.append(result)
     print(result.line())
     assert result.passed, "\n".join(result.problems)
+
+
+async def test_pgbouncer_is_pointed_at_another_server_by_its_file_and_a_reload(
+    cluster: ha.Cluster,
+) -> None:
+    """What a failover hook does (PgBouncer does not follow a failover by itself): new
+    connections through it reach the server its rewritten file names."""
+    _needs(bouncer=True)
+    leader = await cluster.leader()
+    async with ha.bouncer(cluster, cluster.other(leader)) as bouncer:
+        assert await _read_only_through(bouncer) == "on"  # the replica
+        bouncer.point_at(leader)
+        with anyio.fail_after(10):
+            while await _read_only_through(bouncer) != "off":
+                await anyio.sleep(0.05)
+
+
+async def _read_only_through(bouncer: ha.Bouncer) -> str:
+    conn = await asyncpg.connect(bouncer.url())
+    try:
+        return str(await conn.fetchval("SHOW transaction_read_only"))
+    finally:
+        await conn.close()
