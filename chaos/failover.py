@@ -33,7 +33,7 @@ from chaos.ha import Bouncer, Cluster, Node
 from chaos.harness import Harness
 from chaos.oracle import Expected, meant_for
 from chaos.scenarios import CHAOS, Fleet, ScenarioResult, _fleet
-from toren import Client
+from toren import Client, DatabaseUnavailable
 from toren._core.primary import probe
 from toren._core.session import LIVE_WORKERS
 from toren.kernel import TRANSIENT_DB_ERRORS
@@ -65,13 +65,45 @@ async def _journal(client: Client) -> set[tuple[str, int, str]]:
     return {(r["actor_id"], r["seq"], r["type"]) for r in rows}
 
 
-async def _drive(fleet: Fleet, cluster: Cluster, database: str) -> None:
-    """Approve what waits; note the runs that ended. A read or a decision that does not answer
-    within 2 s (a stale primary, whose commits block) moves the test's own client to the
-    server Patroni calls primary: the test's client is no worker and does not route itself."""
+class _Follower:
+    """Keeps the test's own client on the server Patroni calls primary. The test's client is no
+    worker and does not route itself (nor do API servers: docs/operations.md): on a stale
+    primary its reads would show the runs as they were, and its decisions would hang."""
+
+    def __init__(self, fleet: Fleet, cluster: Cluster, database: str, on: Node) -> None:
+        self.fleet = fleet
+        self.cluster = cluster
+        self.database = database
+        self.on: Node | None = on
+
+    async def follow(self, *, until: float = 0) -> None:
+        """Move the client to Patroni's primary if it is elsewhere (trying again until the
+        monotonic time ``until``, if given)."""
+        await self._follow()
+        while self.on is not await self.cluster.leader() and time.monotonic() < until:
+            await anyio.sleep(0.1)
+            await self._follow()
+
+    async def _follow(self) -> None:
+        leader = await self.cluster.leader()
+        if leader is self.on:
+            return
+        url = self.cluster.url(self.database, nodes=(leader, self.cluster.other(leader)))
+        try:
+            client = await Client.connect(url)
+        except DatabaseUnavailable:
+            return  # Patroni names it before its promotion ends: try again later
+        old, self.fleet.client = self.fleet.client, client
+        self.on = leader
+        old.pool.terminate()
+
+
+async def _drive(fleet: Fleet, follower: _Follower) -> None:
+    """Approve what waits; note the runs that ended; on the primary Patroni names."""
     decided: set[str] = set()
     while True:
         try:
+            await follower.follow()
             with anyio.fail_after(2):
                 for run_id in fleet.runs:
                     if run_id in fleet.done:
@@ -92,12 +124,7 @@ async def _drive(fleet: Fleet, cluster: Cluster, database: str) -> None:
                             )
                         decided.add(run_id)
         except TimeoutError:
-            leader = await cluster.leader()
-            stuck, fleet.client = (
-                fleet.client,
-                await Client.connect(cluster.url(database, nodes=(leader, cluster.other(leader)))),
-            )
-            stuck.pool.terminate()
+            follower.on = None  # a decision that hung: reconnect, and send it again
         except (*TRANSIENT_DB_ERRORS, asyncpg.PostgresError):
             pass
         await anyio.sleep(0.2)
@@ -157,7 +184,8 @@ async def failover(
         problems: list[str] = []
         async with anyio.create_task_group() as tg:
             database = urlsplit(fleet.env["TOREN_DATABASE_URL"]).path.lstrip("/")
-            tg.start_soon(_drive, fleet, cluster, database)
+            follower = _Follower(fleet, cluster, database, await cluster.leader())
+            tg.start_soon(_drive, fleet, follower)
             while len(fleet.recorder.arrivals) < runs * 2:
                 await anyio.sleep(0.02)
             primary, standby = await cluster.wait_sync_standby()
@@ -181,8 +209,9 @@ async def failover(
                     problems.append("the old primary kept committing: the fault did not land")
                 died_at = stuck_at or promoted_at
             problems += await fleet.wait_done(harness.bound * 2)
-            problems += await _sessions_moved(fleet)
             tg.cancel_scope.cancel()
+        await follower.follow(until=time.monotonic() + 20)
+        problems += await _sessions_moved(fleet)
         if fault == "patroni":
             # Each worker saw that its server no longer commits and moved (the runs finished
             # while the old primary still stood: they cannot have finished there).

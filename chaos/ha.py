@@ -483,9 +483,12 @@ class Cluster:
     def stop(self) -> None:
         """TERM the Patronis (they stop their Postgres), stop any orphaned postmaster, TERM
         etcd, remove the files."""
-        for node in self.nodes:
-            if node.patroni is not None:
-                node.patroni.stop()
+        patronis = [n.patroni for n in self.nodes if n.patroni is not None]
+        for patroni in patronis:  # all at once: each takes seconds to stop its Postgres
+            if patroni.running():
+                patroni.proc.terminate()
+        for patroni in patronis:
+            patroni.stop()
         for node in self.nodes:
             node.stop_orphan()
         if self._etcd is not None:

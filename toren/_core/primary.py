@@ -105,6 +105,9 @@ class Route:
     def __init__(self, url: str) -> None:
         self._url = url
         self.order = hosts(url)
+        self.avoided: frozenset[str] = frozenset()
+        """Servers left out of :attr:`url`: stuck when another committed, at the last check
+        (asyncpg would fall back on them whenever the first server is slow to connect)."""
 
     @property
     def several(self) -> bool:
@@ -113,12 +116,14 @@ class Route:
 
     @property
     def url(self) -> str:
-        """The URL with its servers in the order to try them."""
-        return with_hosts(self._url, self.order) if self.several else self._url
+        """The URL with its servers in the order to try them, without the avoided ones."""
+        if not self.several:
+            return self._url
+        return with_hosts(self._url, [h for h in self.order if h not in self.avoided])
 
     async def check(self, within: float) -> bool:
         """Probe every server at once (each given ``within`` seconds to commit); try the ones
-        that commit first, the stuck ones last.
+        that commit first, and leave the stuck ones out while one commits (else try them last).
 
         Returns:
             Whether the server that connections reach changed: a server commits, and it is not
@@ -148,4 +153,6 @@ class Route:
                 redact(with_hosts(self._url, order)),
             )
         self.order = order
+        writable = verdicts[order[0]] == "writable"
+        self.avoided = frozenset(h for h in order if writable and verdicts[h] == "stuck")
         return moved
