@@ -213,14 +213,17 @@ async def failover(
         await follower.follow(until=time.monotonic() + 20)
         problems += await _sessions_moved(fleet)
         if fault == "patroni":
-            # Each worker saw that its server no longer commits and moved (the runs finished
-            # while the old primary still stood: they cannot have finished there).
+            # The runs finished while the old primary still stood (they cannot have finished
+            # there), and the workers hold their locks on the new one (checked above). A worker
+            # says when it sees its server stop committing; under load it may instead leave
+            # through its renewals' deadline and find the new primary as it starts anew (its
+            # probe at the first moment found both servers slow), so one saying it is enough.
             moved = sum(
                 "does not commit" in w.log()[at:]
                 for w, at in zip(fleet.workers, logs, strict=False)
             )
-            if moved < 2:
-                problems.append(f"only {moved} of 2 workers saw their server stop committing")
+            if moved < 1:
+                problems.append("no worker saw its server stop committing")
             # Now its Patroni comes back, its orphaned Postgres stopped first.
             cluster.restart_patroni(primary)
         await cluster.rejoined(primary, timeout=60)

@@ -237,7 +237,7 @@ class Worker:
         settings = self.settings
         cards = self.resources.get(Directory).local_cards()
         versions = {name: str(card["version"]) for name, card in cards.items() if card["version"]}
-        await self.check_route()  # a server left stale by the last failover is tried last
+        await self.check_route()  # a server left stale by a failover is left out
         session = await WorkerSession.open(self.url, settings, versions)
         hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all

@@ -12,10 +12,10 @@ each server to commit a write within a deadline: a transactional logical-decodin
 (``pg_logical_emit_message``: a few bytes of WAL in a transaction of its own, touching no
 table, allowed to any user), whose commit waits for the synchronous standby like any step's (a
 bare ``txid_current()`` would not: a transaction that wrote no WAL before its commit record does
-not wait), and puts the servers
-that commit first and those whose commit did not answer (``stuck``) last. A worker checks its
-route when an incarnation starts and when a lease renewal times out; if the server its
-connections reach changed, it drops them (:mod:`toren.supervisors.worker.tree`).
+not wait). It puts the servers that commit first, and leaves out those whose commit did not
+answer (``stuck``) while one commits. A worker checks its route when an incarnation starts and
+when a lease renewal times out; if the server its connections reach changed, it drops them
+(:mod:`toren.supervisors.worker.tree`).
 
 A commit that timed out on the client may still have committed on the server (here: locally on
 the stale primary, never on the new one): its outcome is unknown, never taken for failed or
@@ -68,14 +68,16 @@ def with_hosts(url: str, order: list[str]) -> str:
 
 async def probe(url: str, host: str, within: float) -> Verdict:
     """Whether ``host`` (one of ``url``'s servers) commits a write within ``within`` seconds
-    (the deadline is the question: a commit that does not answer by then is ``stuck``).
+    (the deadline is the question: a commit that does not answer by then is ``stuck``). The
+    connection itself may take twice as long, at least a second: a busy machine is slow to
+    connect (and to authenticate) without being a stale primary.
 
     Returns:
         ``writable``; ``stuck`` (connected, but the commit did not answer: a primary without
         its synchronous standby, or worse); ``read-only`` (a replica); ``unreachable``.
     """
     try:
-        with anyio.fail_after(within):
+        with anyio.fail_after(max(1.0, 2 * within)):
             conn = await asyncpg.connect(with_hosts(url, [host]))
     except asyncpg.TargetServerAttributeNotMatched:
         return "read-only"
