@@ -288,6 +288,16 @@ class Worker:
             return moved
 
         keeper = LeaseKeeper(lease_pool, session.worker_id, hosts, settings, on_stuck=on_stuck)
+
+        async def run_keeper(c: ChildContext) -> None:
+            try:
+                await keeper.run(c.started)
+            except TimeoutError:
+                # Its renewals hung to the end: the session's server may not commit either, and
+                # a polite deregistration would hang there too. Drop the session instead.
+                session.abandon()
+                raise
+
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
         watch = DeathWatch(
             self.url, session.worker_id, session.lock_key, settings, dispatcher.sweep_now
@@ -319,7 +329,7 @@ class Worker:
             f"incarnation/{session.worker_id}",
             [
                 ChildSpec(id="session", run=_fatal(run_session, hosts)),
-                ChildSpec(id="lease_keeper", run=_fatal(lambda c: keeper.run(c.started), hosts)),
+                ChildSpec(id="lease_keeper", run=_fatal(run_keeper, hosts)),
                 ChildSpec(
                     id="actors",
                     run=run_actors,
