@@ -4,10 +4,11 @@ One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serv
 section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, DBOS
 Transact as a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of
 a 1,000-step run, forks of a long run from its last step, 10,000 parked runs, the HTTP API under
-``wrk``, pruning ended runs (and the kernel step beside a prune), and sandboxes on real Docker
-(skipped, saying why, without a daemon or the sandbox image). Prints a table and writes
-``bench/results.json``. ``--smoke`` runs every section with tiny counts: it checks the suite
-works and measures nothing (CI runs it).
+``wrk``, pruning ended runs (and the kernel step beside a prune), sandboxes on real Docker
+(skipped, saying why, without a daemon or the sandbox image), and a Postgres failover on a
+Patroni cluster of its own (skipped, saying why, in smoke mode or without Patroni). Prints a
+table and writes ``bench/results.json``. ``--smoke`` runs every section with tiny counts: it
+checks the suite works and measures nothing (CI runs it).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bench import (
     cli,
     compaction,
     dbos_peer,
+    failover,
     floor,
     fold,
     fork,
@@ -73,6 +75,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "listing": listing.run,
     "prune": prune.run,
     "sandbox": sandbox.run,
+    "failover": failover.run,  # a Patroni cluster of its own, not the suite's server
     "schedule": schedule.run,  # last: its schedules are deleted, but their runs stay
 }
 DEFAULT_OUT = Path(__file__).resolve().parent / "results.json"

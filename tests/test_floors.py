@@ -328,7 +328,8 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
     assert sorted(toren.kernel.__all__) == [
         "ActorHost", "ActorRow", "Archives", "BatchOutcomeUnknown", "Claim", "Clock",
         "EmbeddedPostgres", "GroupCommit", "Kind", "LeaseClock",
-        "MessageDeadLettered", "MissingResource", "RateLimit", "Refusal", "Resources", "Runtime",
+        "MessageDeadLettered", "MissingResource", "RateLimit", "Refusal", "Resources", "Route",
+        "Runtime",
         "Service", "ShiftedClock", "Surfaces", "TRANSIENT_DB_ERRORS", "WorkerEnv",
         "WorkerSession", "actor_kinds", "actor_row", "actor_rows", "actors_of_kind",
         "archive_old_deadletters", "block_rate",

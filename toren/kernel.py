@@ -33,6 +33,7 @@ from toren._core.leases import (
     waiting,
 )
 from toren._core.migrate import migrate, schema_status
+from toren._core.primary import Route
 from toren._core.rates import RateLimit, Refusal, rate_windows, window_of
 from toren._core.rates import block as block_rate
 from toren._core.rates import take as take_rate
@@ -62,6 +63,7 @@ __all__ = [
     "RateLimit",
     "Refusal",
     "Resources",
+    "Route",
     "Runtime",
     "Service",
     "ShiftedClock",

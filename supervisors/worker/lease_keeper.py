@@ -6,7 +6,10 @@ claim the renewal names but does not find any more (owner or epoch changed) was
 taken by another worker: its actor is stopped at once. A renewal that fails on a dropped
 connection is retried while the leases are still certainly valid; if it keeps failing past that,
 or the worker's registry row is gone, the keeper raises, and the worker's supervisor stops every
-actor and starts a new incarnation.
+actor and starts a new incarnation. A renewal that times out (rather than failing) may be stuck
+on a server that no longer commits (a primary without its synchronous standby): the keeper asks
+the worker to check its route (:class:`~toren.kernel.Route`), and if its connections now reach
+another server, raises :class:`ServerMoved` at once.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import gc
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -46,13 +49,36 @@ class RegistrationLost(TorenError):
         super().__init__(f"worker {worker_id} is no longer registered; starting a new incarnation")
 
 
+class ServerMoved(TorenError):
+    """The server this worker's connections reached no longer commits; another one does."""
+
+    def __init__(self, worker_id: uuid.UUID) -> None:
+        self.worker_id = worker_id
+        super().__init__(
+            f"worker {worker_id}: its database server stopped committing and another took "
+            "over; starting a new incarnation there"
+        )
+
+
+async def _nothing_moved() -> bool:
+    return False
+
+
 class LeaseKeeper:
     """Renews leases and publishes statistics for one worker incarnation."""
 
     def __init__(
-        self, pool: asyncpg.Pool, worker_id: uuid.UUID, hosts: HostRegistry, settings: Settings
+        self,
+        pool: asyncpg.Pool,
+        worker_id: uuid.UUID,
+        hosts: HostRegistry,
+        settings: Settings,
+        *,
+        on_stuck: Callable[[], Awaitable[bool]] = _nothing_moved,
     ) -> None:
         self.pool = pool
+        self.on_stuck = on_stuck
+        """Called when a renewal timed out; True if the worker's server moved."""
         self.worker_id = worker_id
         self.hosts = hosts
         self.settings = settings
@@ -126,6 +152,7 @@ class LeaseKeeper:
 
         Raises:
             RegistrationLost: the registry row is gone.
+            ServerMoved: a renewal timed out, and the server that commits is now another.
             Exception: renewal kept failing until the safety deadline.
         """
         started()
@@ -141,6 +168,8 @@ class LeaseKeeper:
                     renewed_at = sent_at  # the new leases run from when the statement was sent
                     break
                 except _RENEWAL_ERRORS as exc:
+                    if isinstance(exc, TimeoutError) and await self.on_stuck():
+                        raise ServerMoved(self.worker_id) from exc
                     if anyio.current_time() + delay >= deadline:
                         log.exception("lease renewal keeps failing; stopping all actors")
                         raise

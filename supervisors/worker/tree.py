@@ -15,10 +15,11 @@
         └── stranded_runs  moves next_turn runs left on a version no live worker serves
 
 An incarnation is one worker identity: a session, a worker id, the leases taken under it. When
-its lock connection drops, or renewals keep failing until its leases could have expired, every
-actor it hosts is cancelled at once (it may already be owned elsewhere), the incarnation ends,
-and the worker starts a new one with a new id. The dispatcher and the death watch retry their
-own failures; they never end an incarnation.
+its lock connection drops, or renewals keep failing until its leases could have expired, or a
+renewal times out and another server of a multi-host URL now commits (its server is a stale
+primary, :mod:`toren._core.primary`), every actor it hosts is cancelled at once (it may
+already be owned elsewhere), the incarnation ends, and the worker starts a new one with a new
+id. The dispatcher and the death watch retry their own failures; they never end an incarnation.
 On SIGTERM the tree stops in reverse order: the dispatcher stops claiming, each actor finishes
 the message in hand (within the grace period) and releases its lease, the session deregisters.
 """
@@ -43,6 +44,7 @@ from toren.kernel import (
     Clock,
     Kind,
     Resources,
+    Route,
     Runtime,
     WorkerEnv,
     WorkerSession,
@@ -94,7 +96,8 @@ class Worker:
         """The kinds this worker runs (Toren's own, unless given others)."""
         self.agents = agents if agents is not None else PROCESS_AGENTS
         """The agents this worker runs (the process's, unless given its own)."""
-        self.url = url
+        self.route = Route(url)
+        """The order its connections try the URL's servers in (a multi-host URL's)."""
         self._with_sandboxes = sandboxes  # False: Docker is not even asked (see run_worker)
         self.hosts: HostRegistry | None = None
         self.session: WorkerSession | None = None
@@ -108,6 +111,30 @@ class Worker:
         """What this worker lends its actors (``ctx.resources``): opened in :meth:`run`."""
         self.clock = clock if clock is not None else Clock()
         """The wall clock its schedules read (a test's :class:`~toren.kernel.ShiftedClock`)."""
+
+    @property
+    def url(self) -> str:
+        """The database URL, its servers (if several) in the order the route tries them."""
+        return self.route.url
+
+    async def check_route(self) -> bool:
+        """Probe the URL's servers (if several) and point the pools at the one that commits.
+
+        Returns:
+            Whether the server the connections reach moved. Once the order changed, the pools'
+            connections are dropped as they come back (those in use are the stopped actors')
+            and new ones follow the new order.
+        """
+        if not self.route.several:
+            return False
+        before = self.route.url
+        moved = await self.route.check(within=max(0.5, self.settings.renew_seconds / 2))
+        if self.route.url != before:
+            for pool in (self._pool, self._lease_pool):
+                if pool is not None:
+                    pool.set_connect_args(dsn=self.route.url)
+                    await pool.expire_connections()
+        return moved
 
     def state(self) -> tuple[uuid.UUID | None, WorkerState]:
         """The registered incarnation's id (``None`` while there is none) and what the worker
@@ -210,6 +237,7 @@ class Worker:
         settings = self.settings
         cards = self.resources.get(Directory).local_cards()
         versions = {name: str(card["version"]) for name, card in cards.items() if card["version"]}
+        await self.check_route()  # a server left stale by a failover is left out
         session = await WorkerSession.open(self.url, settings, versions)
         hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all
@@ -251,7 +279,25 @@ class Worker:
             await hosts.abandon(claim)
             log.warning("%s: previous host did not leave in time; claim given back", claim.actor_id)
 
-        keeper = LeaseKeeper(lease_pool, session.worker_id, hosts, settings)
+        async def on_stuck() -> bool:
+            # A renewal timed out: if another server now commits, this session's lock guards
+            # nothing any more. Its actors stop at once; a new incarnation opens there.
+            moved = await self.check_route()
+            if moved:
+                session.abandon()
+            return moved
+
+        keeper = LeaseKeeper(lease_pool, session.worker_id, hosts, settings, on_stuck=on_stuck)
+
+        async def run_keeper(c: ChildContext) -> None:
+            try:
+                await keeper.run(c.started)
+            except TimeoutError:
+                # Its renewals hung to the end: the session's server may not commit either, and
+                # a polite deregistration would hang there too. Drop the session instead.
+                session.abandon()
+                raise
+
         dispatcher = Dispatcher(pool, session.worker_id, hosts, settings, start_host)
         watch = DeathWatch(
             self.url, session.worker_id, session.lock_key, settings, dispatcher.sweep_now
@@ -283,7 +329,7 @@ class Worker:
             f"incarnation/{session.worker_id}",
             [
                 ChildSpec(id="session", run=_fatal(run_session, hosts)),
-                ChildSpec(id="lease_keeper", run=_fatal(lambda c: keeper.run(c.started), hosts)),
+                ChildSpec(id="lease_keeper", run=_fatal(run_keeper, hosts)),
                 ChildSpec(
                     id="actors",
                     run=run_actors,

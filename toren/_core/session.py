@@ -78,8 +78,13 @@ class WorkerSession:
         version not seen before is noted as first seen now (what makes it its agent's newest:
         :func:`toren._core.workers.newest_card`); one seen before keeps its time.
 
+        A registration that does not commit within ``lease_seconds`` (a primary that lost its
+        synchronous standby) raises :class:`TimeoutError`: the worker tries again, on its
+        route's next choice of server.
+
         Raises:
             DatabaseUnavailable: Postgres cannot be reached.
+            TimeoutError: the registration did not answer in time.
         """
         conn = await connect(url, name="toren-worker-lock")
         try:
@@ -87,19 +92,23 @@ class WorkerSession:
             await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key)
             worker_id = uuid.uuid4()
             agents = sorted(versions or {})
-            await conn.execute(
-                _REGISTER,
-                worker_id,
-                lock_key,
-                settings.worker_name,
-                code_version(settings),
-                settings.deploy_label,
-                socket.gethostname(),
-                os.getpid(),
-                agents,
-                [(versions or {})[a] for a in agents],
-            )
+            with anyio.fail_after(settings.lease_seconds):
+                await conn.execute(
+                    _REGISTER,
+                    worker_id,
+                    lock_key,
+                    settings.worker_name,
+                    code_version(settings),
+                    settings.deploy_label,
+                    socket.gethostname(),
+                    os.getpid(),
+                    agents,
+                    [(versions or {})[a] for a in agents],
+                )
             session = cls(conn, worker_id, lock_key)
+        except TimeoutError:
+            conn.terminate()  # its commit may still be waiting: nothing to close politely
+            raise
         except BaseException:
             await _close_quietly(conn)
             raise
@@ -111,6 +120,13 @@ class WorkerSession:
         await self.conn.add_listener(
             "toren_mail", lambda _c, _pid, _ch, payload: on_mail(str(payload))
         )
+
+    def abandon(self) -> None:
+        """Give the session up without deregistering: its server no longer commits (a stale
+        primary, :mod:`toren._core.primary`), so the lock it holds there guards nothing. The
+        worker stops its actors (:attr:`on_lost`) and opens a new incarnation elsewhere."""
+        self._mark_lost()
+        self.conn.terminate()
 
     def _on_termination(self, _conn: object) -> None:
         if not self._closing:
