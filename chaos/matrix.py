@@ -36,23 +36,28 @@ POINTS: tuple[tuple[str, int], ...] = (
     ("actor.rebuilt", 3),  # re-activation when the timer fires
     ("snapshot.writing", 2),
     ("snapshot.written", 2),
-    ("message.claimed", 5),
-    ("step.committing", 3),
-    ("step.committed", 2),
-    ("outbox.inserted", 4),
+    # Since issue 33 a tool's intent commits with the model's answer (or the approval) that made
+    # it next, one step fewer per call: these four count down to the moments they hit before.
+    ("message.claimed", 4),  # model call 2's step, its request not yet sent
+    ("step.committing", 2),  # the ticket's intent (with model call 1's record) about to commit
+    ("step.committed", 2),  # model call 1's record and the ticket's intent committed
+    ("outbox.inserted", 3),  # the ticket's result committed, model call 2 announced
+    # The sleep's intent committed (its timer not yet set; the refund's intent, its moment
+    # before issue 33, now commits with the approval: committed:approval.decided#1).
     ("outbox.consumed", 6),
     ("model.sending", 1),
     ("model.in_flight", 2),
     ("model.received", 3),
     ("committed:model.called", 4),
-    ("committed:tool.intent", 1),
+    ("committed:tool.intent", 1),  # with model call 1's record: the ticket not yet run
     ("tool.running", 2),
     ("tool.in_flight", 1),
     ("committed:tool.result", 2),
-    ("committed:approval.requested", 1),
+    ("committed:approval.requested", 1),  # with model call 2's record: the run parked
     ("committing:decision.refused", 1),  # the stale approval sent while the refund waits
     ("decision.received", 1),
-    ("committing:approval.decided", 1),  # the refund's approval, with more decisions queued
+    # The refund's approval (with its intent), with more decisions queued; then committed.
+    ("committing:approval.decided", 1),
     ("committed:approval.decided", 1),
     ("committed:timer.set", 1),
     ("timer.fired", 1),
@@ -222,7 +227,7 @@ def schedule_cells() -> list[Cell]:
 MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
     # Not tool.running: there the zombie's own lease clock stops it before the tool runs.
     "no-fencing": (
-        Cell("step.committing", 3, "sigstop"),
+        Cell("step.committing", 2, "sigstop"),
         Cell("model.received", 3, "sigstop"),
         Cell("decision.received", 1, "sigstop"),
         Cell("committing:approval.decided", 1, "sigstop"),
@@ -233,7 +238,7 @@ MUTATION_CELLS: dict[str, tuple[Cell, ...]] = {
         Cell("tool.in_flight", 1, "sigkill"),
     ),
     "consume-on-claim": (
-        Cell("message.claimed", 5, "sigkill"),
+        Cell("message.claimed", 4, "sigkill"),
         Cell("model.received", 3, "sigkill"),
         Cell("model.in_flight", 2, "pg_terminate"),
     ),

@@ -109,8 +109,11 @@ def _no_fencing() -> None:
 
 
 def _effect_before_intent() -> None:
-    from toren.actors.runs import RunActor
+    from toren.actors.runs import RunActor, ahead
 
+    # No intent recorded ahead, with the step before the tool's (issue 33): the tool's own step
+    # records it, and runs the tool at once.
+    ahead.intend = lambda ctx, agent: None
     original = RunActor._tool_step
 
     async def tool_step(self: RunActor, ctx: Any, agent: Any, call: Any) -> None:

@@ -144,7 +144,15 @@ async def lookup(ctx: ToolContext, key: str) -> str:
     return f"value of {key}"
 
 
+@tool(effects="write", idempotency="keyed")
+async def note(ctx: ToolContext, key: str) -> str:
+    """Write a key down (a tool with effects; waits at ``GATES`` first)."""
+    await GATES.at(f"note#{key}")
+    return f"noted {key}"
+
+
 counted = Agent(name="counted", model="anthropic/claude-sonnet-4-6", tools=[lookup])
+noting = Agent(name="noting", model="anthropic/claude-sonnet-4-6", tools=[note])
 
 
 @pytest.fixture
@@ -163,6 +171,18 @@ TURNS.append("Done.")
 async def model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
     register_agents([counted])
     async with steps.model(TURNS, monkeypatch) as server:
+        yield server
+
+
+# The same with ``note``, a tool with effects.
+NOTE_TURNS: list[steps.Step] = [[steps.tool("note", f"n{k}", key=f"k{k}")] for k in range(5)]
+NOTE_TURNS.append("Done.")
+
+
+@pytest.fixture
+async def note_model(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[AnthropicServer]:
+    register_agents([noting])
+    async with steps.model(NOTE_TURNS, monkeypatch) as server:
         yield server
 
 
@@ -311,6 +331,52 @@ async def test_one_agent_step_with_a_tool_call(
     # Nothing but the two steps ran in the window (no poll, no renewal: the window is clean).
     assert all(t == _COMMIT for t in seen.texts()), explained(seen, rows)
     assert {s.application for s in seen.statements} == {"toren-worker"}, explained(seen, rows)
+
+
+# One agent step with a call of a tool with effects, in the middle of a run: the step that ran
+# the tool (its result, and the announcement of the next model call), then the step that calls
+# the model (the call's record, the intent of the call it asks for, and the next Continue). The
+# tool runs in a step after the intent's commit, as ever; the intent no longer takes a step of
+# its own (actors/runs/ahead.py: it was 3 commits). A change that needs more must update the
+# number here and in docs/performance.md.
+AGENT_WRITE_STEP = Cost(
+    statements=2,
+    round_trips=2,
+    commits=2,
+    writing_commits=2,
+    rows={
+        # tool.result, model.calling; model.called, tool.intent
+        ("journal", "insert"): 4,
+        ("mailbox", "delete"): 2,  # each step's Continue consumed
+        ("mailbox", "insert"): 2,  # and the next one sent (inserted claimed)
+        ("actors", "update"): 2,  # the run's summary, written by each step
+    },
+    model_requests=1,
+)
+
+
+async def test_one_agent_step_with_a_call_of_a_tool_with_effects(
+    counters: Client, db_url: str, note_model: AnthropicServer
+) -> None:
+    client = counters
+    async with counting_proxy(db_url) as proxy, running_worker(proxy.url, **QUIET):
+        GATES.add("note#k2", "note#k3")  # the third and fourth tool calls
+        run_id = await start_run(client, "noting", "Note five keys down.")
+        seen, rows, requests = await _window_between(
+            proxy, client, "note#k2", "note#k3", lambda: len(note_model.requests)
+        )
+
+        async def completed() -> bool:
+            return await run_status(client, run_id) == "completed"
+
+        await wait_for(completed, what="the run completed")
+    assert cost(seen, rows, requests) == AGENT_WRITE_STEP, explained(seen, rows)
+    assert all(t == _COMMIT for t in seen.texts()), explained(seen, rows)
+    assert {s.application for s in seen.statements} == {"toren-worker"}, explained(seen, rows)
+    # The intent is on record in the commit of the model's answer, before the tool ran.
+    types = [e.type for e in await client.journal(run_id)]
+    called = [i for i, t in enumerate(types) if t == "model.called"]
+    assert all(types[i + 1] == "tool.intent" for i in called[:-1]), types
 
 
 # GET /runs/{id} of a completed run, its token's check and the run's state cached by the first

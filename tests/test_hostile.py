@@ -309,7 +309,7 @@ async def test_an_approval_predicate_that_raises_fails_the_run_visibly_and_retry
         Reply("Done."),
     )
     monkeypatch.setattr(hostile_app, "predicate_broken", True)
-    async with model(script, monkeypatch), running_worker(db_url):
+    async with model(script, monkeypatch) as server, running_worker(db_url):
         run_id = await start_run(client, "policy", "do the thing")
         state = await wait_for(
             lambda: settled(client, run_id, "failed"), timeout=30, what="failed, visibly"
@@ -318,6 +318,10 @@ async def test_an_approval_predicate_that_raises_fails_the_run_visibly_and_retry
         assert "the approval policy service is down" in (state.error or "")
         assert await agree(client, run_id) == ("failed", "internal")
         assert hostile_app.ledger == []
+        # The model step asks the predicate too, to ask in its own commit (actors/runs/ahead.py):
+        # raising there, it left the call to its own step and committed the call it paid for.
+        assert len(server.requests) == 1
+        assert [c.step for c in state.calls] == [1]
         monkeypatch.setattr(hostile_app, "predicate_broken", False)  # the cause is fixed
         await retry(client, run_id, by=person("ops"))
         await wait_for(lambda: settled(client, run_id, "completed"), what="completed on retry")

@@ -11,6 +11,12 @@ result is in the journal before the next step starts:
   answer that asks for no tool ends the turn in the same commit (``run.completed``), so that a
   message arriving meanwhile starts the next turn and never hides this one's answer.
 
+A record that needs no step of its own is made in the commit of the step before: a model call's
+announcement (``model.calling``, :mod:`toren.actors.runs.inflight`), and the first records of
+the next tool call, its approval request or (a tool with effects) its intent
+(:mod:`toren.actors.runs.ahead`). What happens outside the run (a model call, a tool's effect)
+still happens only in a step after the commit that announced it.
+
 A crash at any point loses only the unit in flight: a model call without its ``model.called`` is
 made again (once), a tool intent without its result runs again under the same key. Completed
 calls are never sent again: they are in the state, folded from the journal.
@@ -32,6 +38,7 @@ import attrs
 
 from toren import Actor, ChildFailed, ConfigError, Context, durable_sleep
 from toren.actors.runs import (
+    ahead,
     calls,
     compaction,
     deciding,
@@ -53,7 +60,6 @@ from toren.runs import (
     SNAPSHOT_VERSION,
     Agent,
     Agents,
-    ApprovalRequested,
     Cancel,
     ChildAsked,
     ChildEnded,
@@ -75,7 +81,6 @@ from toren.runs import (
     Text,
     TimerFired,
     TimerSet,
-    ToolIntended,
     ToolResulted,
     Wake,
     agents_of,
@@ -83,10 +88,9 @@ from toren.runs import (
     context_messages,
     final_text,
     fold,
-    occurrences_of,
     summary,
 )
-from toren.sandboxes import WORKSPACE, SandboxDone, SandboxNotice, is_sandbox_tool
+from toren.sandboxes import SandboxDone, SandboxNotice, is_sandbox_tool
 
 log = logging.getLogger("toren.run")
 
@@ -107,6 +111,8 @@ class RunActor(Actor[RunState]):
         # A step that did the check and then failed leaves the journal below it: checked again.
         self._verified_seq: int | None = None
         self._last_sent = compaction.LastSent()
+        # Whether the step in hand sends the run on to its next step (see _go_on).
+        self._goes_on = False
 
     def initial_state(self) -> RunState:
         return RunState()
@@ -160,6 +166,7 @@ class RunActor(Actor[RunState]):
         running = ctx.state.children_running
         was_live = ctx.state.status not in ENDED
         was = ctx.state.status
+        self._goes_on = False
         if versions.check(ctx, msg, self.args):
             return  # handed to a worker serving the version it moves to
         if ctx.route is not None:  # it moved to this worker's version: check its calls again
@@ -179,6 +186,11 @@ class RunActor(Actor[RunState]):
             ctx, agents_of(ctx).named(ctx.state.agent), request.builder(ctx.state.callees)
         )
         await versions.at_boundary(ctx, was)  # next_turn: to the newest version, if another
+        if self._goes_on and ctx.route is None and self._checked(ctx):
+            # The next tool call's intent, if it can be on record now, commits with this step
+            # rather than in a step of its own (actors/runs/ahead.py): last, so that it follows
+            # whatever this step recorded, and never in a step that hands the run elsewhere.
+            ahead.intend(ctx, agents_of(ctx).named(ctx.state.agent))
 
     def _record_result(self, ctx: Context[RunState]) -> calls.Result:
         agent = agents_of(ctx).named(ctx.state.agent)
@@ -275,7 +287,8 @@ class RunActor(Actor[RunState]):
         if live:
             self._check_resume(ctx, go_on=not (isinstance(msg, Continue) or woken))
         if isinstance(msg, Decide):
-            deciding.decide(ctx, msg)  # answered whatever the run's status
+            # Answered whatever the run's status; an applied decision sends the run on.
+            self._goes_on = deciding.decide(ctx, msg)
             return
         if not live:
             if isinstance(msg, Continue):
@@ -296,6 +309,17 @@ class RunActor(Actor[RunState]):
         if (isinstance(msg, Continue) or woken) and ctx.state.status == "running":
             inflight.note_lost(ctx)  # the call announced for this step, sent by a stopped worker
             await self._next(ctx)
+
+    def _checked(self, ctx: Context[RunState]) -> bool:
+        """Whether this activation checked the run's recorded calls against this code (none of
+        them can be invalidated by a check still to come)."""
+        return self._verified_seq is not None and ctx.seq >= self._verified_seq
+
+    def _go_on(self, ctx: Context[RunState]) -> None:
+        """Send the run on to its next step (with the next tool call's intent, if it can be
+        recorded in this step's commit: see :meth:`handle`)."""
+        ctx.send(ctx.actor_id, Continue())
+        self._goes_on = True
 
     def _check_resume(self, ctx: Context[RunState], *, go_on: bool) -> None:
         """Once per activation: check the recorded calls against this code, and count the
@@ -378,7 +402,7 @@ class RunActor(Actor[RunState]):
                 checkpoint=checkpoint,
             )
         )
-        ctx.send(ctx.actor_id, Continue())
+        self._go_on(ctx)
 
     async def _tool_step(self, ctx: Context[RunState], agent: Agent, call: Any) -> None:
         state = ctx.state
@@ -402,27 +426,14 @@ class RunActor(Actor[RunState]):
                 decision = state.decisions.get(call.id)
                 if decision is None:
                     if call.id not in state.asked:
-                        ctx.emit(
-                            ApprovalRequested(
-                                call_id=call.id,
-                                name=call.name,
-                                arguments=arguments,
-                                at=time.time(),
-                                cwd=WORKSPACE if is_sandbox_tool(tool) else None,
-                            )
-                        )
+                        ctx.emit(ahead.approval_request(call, tool, arguments))
                     return  # parked: a Decide message naming this call resumes the run
                 if not decision.approved:
                     reason = f": {decision.reason}" if decision.reason else ""
                     denial = f"denied by {decision.who}{reason}"
                     self._result(ctx, agent, call.id, denial, is_error=True, denied=True)
                     return
-            occurrence = occurrences_of(state, call.name, arguments)
-            key = steps.idempotency_key(ctx.actor_id, call.name, arguments, occurrence)
-            intent = ToolIntended(
-                call_id=call.id, name=call.name, arguments=arguments, idempotency_key=key
-            )
-            ctx.emit(intent)
+            ctx.emit(ahead.intent_for(ctx, call, arguments))
             intent = ctx.state.intents[call.id]  # as recorded
             if is_sandbox_tool(tool):
                 # Sent with its intent: the sandbox records its own before running it.
@@ -541,7 +552,7 @@ class RunActor(Actor[RunState]):
             return
         if steps.over_budget(ctx, agent):
             return
-        if ctx.state.pending_calls:
-            ctx.send(ctx.actor_id, Continue())
-        else:
+        if not ctx.state.pending_calls:
             steps.end_turn(ctx, agent)
+        elif not ahead.ask(ctx, agent):  # asked: the run parks in this very commit
+            self._go_on(ctx)  # with its first call's intent, if that can be recorded now

@@ -36,8 +36,9 @@ from toren.runs import (
 log = logging.getLogger("toren.run")
 
 
-def decide(ctx: Context[RunState], msg: Decide) -> None:
-    """Apply ``msg`` to the call it names, or refuse it; answer its sender either way."""
+def decide(ctx: Context[RunState], msg: Decide) -> bool:
+    """Apply ``msg`` to the call it names, or refuse it; answer its sender either way.
+    Returns whether it was applied (the run is sent on)."""
     outcome = judge_decision(ctx.state, msg)
     user = telegram_user(msg.by)
     if user is not None and user not in approvers_of(agents_of(ctx).named(ctx.state.agent)):
@@ -66,6 +67,7 @@ def decide(ctx: Context[RunState], msg: Decide) -> None:
     elif outcome.outcome != "repeated":
         _refused(ctx, msg, outcome)
     ctx.reply(outcome)
+    return outcome.outcome == "applied"
 
 
 def _refused(ctx: Context[RunState], msg: Decide, outcome: DecisionOutcome) -> None:
