@@ -7,6 +7,7 @@ together once it commits.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -232,3 +233,16 @@ async def test_a_batch_whose_rows_do_not_match_its_steps_fails_every_step_instea
                 await tx.rollback()
     assert commits.batches == 1
     assert all(isinstance(out[n], InternalError) for n in (1, 0, 2)), out
+
+
+async def test_lanes_leave_the_pool_a_connection_and_batches_are_bounded(client: Client) -> None:
+    from supervisors.worker.hosts import HostRegistry
+    from toren import ConfigError
+
+    registry = HostRegistry(client.pool, uuid.uuid4(), Settings(pool_size=2, commit_lanes=4))
+    assert registry.commits.lanes == 1
+    assert HostRegistry(client.pool, uuid.uuid4(), Settings()).commits.lanes == 2
+    assert Settings.load(env={"TOREN_COMMIT_BATCH": "1"}).commit_batch == 1
+    for bad in (0, 1001):
+        with pytest.raises(ConfigError):
+            Settings(commit_batch=bad)

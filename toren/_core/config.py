@@ -81,6 +81,12 @@ def positive(inst: Any, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ConfigError(f"{attribute.name} must be a positive finite number, got {value!r}")
 
 
+def _batch_size(inst: Any, attribute: attrs.Attribute[Any], value: int) -> None:
+    positive(inst, attribute, value)
+    if value > 1000:
+        raise ConfigError(f"{attribute.name} must be at most 1000, got {value!r}")
+
+
 def http_url(inst: Any, attribute: attrs.Attribute[Any], value: str | None) -> None:
     # Printed to a terminal beside a run: a space or a line break would print a line, or a
     # link, that is not the console's.
@@ -182,7 +188,7 @@ class WorkerSettings:
     max_actors: int = attrs.field(default=1000, validator=positive)
     pool_size: int = attrs.field(default=10, validator=positive)
     commit_lanes: int = attrs.field(default=2, validator=positive)
-    commit_batch: int = attrs.field(default=32, validator=[positive, attrs.validators.le(1000)])
+    commit_batch: int = attrs.field(default=32, validator=_batch_size)
     worker_name: str = attrs.field(factory=socket.gethostname)
     deploy_label: str | None = None
     actor_restart_intensity: int = attrs.field(default=5, validator=positive)
