@@ -78,6 +78,10 @@ class Providers:
         (:meth:`get`), which waits for this import to end, never in the event loop.
 
         An SDK that fails to import is logged here; the calls that need it fail with it.
+
+        An import allocates enough to set off full garbage collections, which stop the event
+        loop while they scan the process's objects: ``toren worker`` freezes what it loaded
+        before it registers (:func:`toren._cli.boot.boot_app`), so that they scan little.
         """
         names = set()
         for model in models:
@@ -85,10 +89,11 @@ class Providers:
                 names.add(parse_model(model)[0])
             except ConfigError:  # the agent's runs report it, at their first call
                 continue
-        for name in sorted(names):
+        todo = [name for name in sorted(names) if f"toren.providers.{name}" not in sys.modules]
+        if not todo:
+            return
+        for name in todo:
             module = f"toren.providers.{name}"
-            if module in sys.modules:
-                continue
             started = time.monotonic()
             try:
                 await anyio.to_thread.run_sync(importlib.import_module, module)
@@ -96,9 +101,8 @@ class Providers:
             except Exception:
                 log.warning("could not import %s ahead of its first call", module, exc_info=True)
                 continue
-            log.info(
-                "imported the %s SDK in %.2fs, serving meanwhile", name, time.monotonic() - started
-            )
+            took = time.monotonic() - started
+            log.info("imported the %s SDK in %.2fs, serving meanwhile", name, took)
 
     async def close(self) -> None:
         """As :meth:`aclose` (a kind's runtime, :class:`toren.kernel.Runtime`)."""

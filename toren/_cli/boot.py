@@ -9,6 +9,7 @@ the other commands start without it.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from collections.abc import Mapping
@@ -32,7 +33,8 @@ PROVIDER_KEYS = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 def boot_app(app: str | None, settings: Settings) -> None:
     """What ``toren worker`` and ``toren up`` do before their worker starts: load the ``--app``
     module, read the secret files its channels name and log the boot checks. Without an app,
-    the boot checks warn that the worker runs no agents.
+    the boot checks warn that the worker runs no agents. Then freeze what is loaded (see
+    below).
 
     Raises:
         ConfigError: the app cannot be loaded, or a secret file cannot be read.
@@ -43,6 +45,11 @@ def boot_app(app: str | None, settings: Settings) -> None:
     module = load_app(app, settings)
     read_secret_files(names=channel_variables(module))
     log_boot_checks(module, settings)
+    # What is loaded now lives as long as the process: frozen, the garbage collector leaves it
+    # alone. Importing an SDK once the worker serves (toren.actors.runs.kind) sets off full
+    # collections, which stop the event loop (a takeover, a step) for as long as they scan:
+    # 130-260 ms each over everything, 30-80 ms over what the import made (measured here).
+    gc.freeze()
 
 
 def log_boot_checks(module: ModuleType | None, settings: Settings) -> None:
