@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -38,9 +39,15 @@ SDK_IMPORTED = b"imported the anthropic SDK"  # what a worker logs once it has
 
 
 async def _trial(
-    b: Bench, client: Client, i: int, procs: dict[int, subprocess.Popen[bytes]], lease: float
+    b: Bench,
+    client: Client,
+    i: int,
+    procs: dict[int, subprocess.Popen[bytes]],
+    lease: float,
+    keys: list[int],
 ) -> tuple[float, float]:
-    """The trial's takeover and, of it, the time until the claim (seconds)."""
+    """The trial's takeover and, of it, the time until the claim (seconds); the killed
+    worker's lock key appended to ``keys``."""
     actor_id = f"bench/takeover/{i}"
     marker = b.tmp / f"takeover-{i}"
     await client.spawn(Holder, actor_id)
@@ -48,6 +55,8 @@ async def _trial(
     while not marker.exists() or not marker.read_text():
         await anyio.sleep(0.005)
     owner = int(marker.read_text())
+    key = await client.pool.fetchval("SELECT lock_key FROM toren.workers WHERE pid = $1", owner)
+    keys.append(key)
     killed_at = time.monotonic()
     killed_wall = time.time()
     os.kill(owner, signal.SIGKILL)
@@ -90,9 +99,10 @@ async def run(b: Bench) -> None:
             procs = await _started(b, client, "a") | await _started(b, client, "b")
             times: list[float] = []
             claims: list[float] = []
+            keys: list[int] = []
             with b.task("takeover: SIGKILL the owner", trials) as task:
                 for i in range(trials):
-                    took, claim = await _trial(b, client, i, procs, lease)
+                    took, claim = await _trial(b, client, i, procs, lease, keys)
                     times.append(took)
                     claims.append(claim)
                     b.progress.advance(task)
@@ -118,11 +128,17 @@ async def run(b: Bench) -> None:
         f"{worst:.3f} s",
         f"claimed after {claims[slowest]:.3f} s; target < 3 s",
     )
+    # Which deaths a death watch noticed (its log line names the lock key), and which a poll.
+    logs = "".join(p.read_text(errors="replace") for p in b.tmp.glob("takeover-worker-*.log"))
+    watched = {int(k) for k in re.findall(r"watched worker \(lock key (\d+)\) is gone", logs)}
+    noticed = sum(1 for k in keys if k in watched)
+    b.results["takeover_noticed_by_watch"] = noticed
     claim_p99 = p99_ms(claims) / 1000
     b.record(
         "takeover_claim_p99_s",
         round(claim_p99, 3),
         "takeover: kill to claim, p99",
         f"{claim_p99:.3f} s",
-        "the death noticed (lock or poll) and the epoch raised",
+        f"the death noticed and the epoch raised; {noticed} of {trials} deaths noticed by a "
+        "death watch, the others by a poll",
     )
