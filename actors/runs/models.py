@@ -89,11 +89,10 @@ class Providers:
                 names.add(parse_model(model)[0])
             except ConfigError:  # the agent's runs report it, at their first call
                 continue
-        todo = [name for name in sorted(names) if f"toren.providers.{name}" not in sys.modules]
-        if not todo:
-            return
-        for name in todo:
+        for name in sorted(names):
             module = f"toren.providers.{name}"
+            if module in sys.modules:
+                continue  # imported already (by a call, or an earlier incarnation)
             started = time.monotonic()
             try:
                 await anyio.to_thread.run_sync(importlib.import_module, module)

@@ -121,7 +121,9 @@ class WorkerSession:
         await self.conn.add_listener(
             "toren_mail", lambda _c, _pid, _ch, payload: on_mail(str(payload))
         )
-        await self.conn.add_listener(JOIN_CHANNEL, lambda *n: _joined(on_join, n[3]))
+        await self.conn.add_listener(
+            JOIN_CHANNEL, lambda _c, _pid, _ch, payload: _joined(on_join, payload)
+        )
 
     def _on_termination(self, _conn: object) -> None:
         if not self._closing:
