@@ -67,9 +67,12 @@ class Bench:
         finally:
             self.progress.update(task, completed=total, visible=False)
 
-    def start_worker(self, env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """A ``toren worker --app bench.app`` process on the suite's database."""
-        return self.start_toren(["worker", "--app", "bench.app"], env)
+    def start_worker(
+        self, env: Mapping[str, str] | None = None, log: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A ``toren worker --app bench.app`` process on the suite's database (its output to
+        ``log``, by default the suite's ``workers.log``)."""
+        return self.start_toren(["worker", "--app", "bench.app"], env, log)
 
     def environ(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a ``toren`` process on the suite's database: this one's, without
@@ -80,10 +83,11 @@ class Bench:
         return environ
 
     def start_toren(
-        self, args: list[str], env: Mapping[str, str] | None = None
+        self, args: list[str], env: Mapping[str, str] | None = None, log: Path | None = None
     ) -> subprocess.Popen[bytes]:
-        """A ``toren ARGS`` process on the suite's database (stopped by :meth:`stop_workers`)."""
-        with (self.tmp / "workers.log").open("ab") as out:
+        """A ``toren ARGS`` process on the suite's database (stopped by :meth:`stop_workers`),
+        its output appended to ``log`` (by default the suite's ``workers.log``)."""
+        with (log or self.tmp / "workers.log").open("ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "toren", *args],
                 env=self.environ(env),

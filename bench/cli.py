@@ -3,6 +3,10 @@ and ``toren jobs show RUN``, each timed as a whole process (``python -m toren ..
 runs it, on the suite's database; RUN a completed 10-step run), beside ``python -c pass``: the
 interpreter's own start-up, the floor no command can go under. The median of 15 runs each, the
 commands taking turns so that a busy moment of the machine falls on all of them alike.
+
+Then a worker's: ``toren worker --app bench.app`` (an app whose agents call Anthropic) from its
+start to its row in ``toren.workers`` (it claims from then on), stopped with SIGTERM once there;
+the median of 10.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 import anyio
+import asyncpg
 
 from bench._common import ROOT, Bench
 from bench.agent import Finishes
@@ -56,6 +61,18 @@ async def timed(argvs: Sequence[Sequence[str]], rounds: int, env: Mapping[str, s
     return [statistics.median(spent) for spent in times]
 
 
+async def worker_registered(b: Bench, pool: asyncpg.Pool, rounds: int) -> float:
+    """The median time in ms from a ``toren worker`` process's start to its registration."""
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        worker = b.start_worker()
+        await b.wait_registered(pool, worker)
+        times.append((time.perf_counter() - started) * 1000)
+        b.stop_workers()
+    return statistics.median(times)
+
+
 async def run(b: Bench) -> None:
     rounds = b.count(15, 2)
     async with BenchModel() as model, await Client.connect(b.url) as client:
@@ -78,3 +95,14 @@ async def run(b: Bench) -> None:
         if key != BASELINE:
             vs = key.removesuffix("_ms") + "_vs_python"
             b.ratio(vs, ms, BASELINE, f"CLI: {figure} / python -c pass", "")
+    rounds = b.count(10, 1)
+    with b.task(f"CLI: toren worker to registered, {rounds} times", 1):
+        async with await Client.connect(b.url) as client:
+            ms = await worker_registered(b, client.pool, rounds)
+    b.record(
+        "cli_worker_registered_ms",
+        round(ms),
+        "CLI: toren worker, start to registered (median)",
+        f"{ms:.0f} ms",
+        "an app whose agents call Anthropic",
+    )

@@ -336,8 +336,8 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
         "claim", "code_version", "connect", "create_pool", "decode", "events", "events_after",
         "housekeep", "json_text", "kill_point", "last_seq", "live_workers", "mark_failed",
         "migrate", "open_death_watch", "printable", "rate_windows", "release", "release_claim",
-        "renew", "safe_text", "schema_status", "set_args", "singleton", "take_rate", "utf8_size",
-        "waiting", "watch_successor", "window_of",
+        "renew", "ring_position", "safe_text", "schema_status", "set_args", "singleton",
+        "successor", "take_rate", "utf8_size", "wait_for_death", "waiting", "window_of",
     ]  # fmt: skip
 
 

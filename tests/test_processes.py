@@ -312,3 +312,16 @@ async def test_a_worker_paused_past_its_lease_makes_no_effect_when_it_wakes(
     assert [e[0] for e in effects] == [str(survivor.pid)]  # the zombie made none
     epochs = [int(t) for t in ledger.with_suffix(f".started.{zombie.pid}").read_text().split()]
     assert int(effects[0][1]) > max(epochs)  # the survivor's fencing token is newer
+
+
+async def test_a_worker_registers_before_it_imports_its_agents_provider_sdks(
+    client: Client, workers: WorkerFactory
+) -> None:
+    # bench.app's agents call Anthropic: the worker serves first and imports the SDK after.
+    w = workers("bench.app")
+    imported = "INFO toren.run: imported the anthropic SDK in "
+    await wait_for(lambda: _log_matches(w, re.escape(imported)), what="the SDK imported")
+    log = w.log()
+    registered = re.search(r"INFO toren.leases: worker \S+ registered", log)
+    assert registered is not None, log
+    assert registered.start() < log.index(imported), log

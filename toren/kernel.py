@@ -44,7 +44,14 @@ from toren._core.singletons import singleton
 from toren._core.surfaces import Surfaces
 from toren._core.terminal import printable
 from toren._core.truncation import Archives
-from toren._core.workers import housekeep, live_workers, open_death_watch, watch_successor
+from toren._core.workers import (
+    housekeep,
+    live_workers,
+    open_death_watch,
+    ring_position,
+    successor,
+    wait_for_death,
+)
 
 __all__ = [
     "TRANSIENT_DB_ERRORS",
@@ -96,13 +103,15 @@ __all__ = [
     "release",
     "release_claim",
     "renew",
+    "ring_position",
     "safe_text",
     "schema_status",
     "set_args",
     "singleton",
+    "successor",
     "take_rate",
     "utf8_size",
+    "wait_for_death",
     "waiting",
-    "watch_successor",
     "window_of",
 ]

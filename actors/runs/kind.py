@@ -1,9 +1,12 @@
-"""The run kind as a worker runs it: the run actor, the model providers its runs share, and the
-service that moves ``next_turn`` runs stranded on a version no live worker serves."""
+"""The run kind as a worker runs it: the run actor, the model providers its runs share, the
+service that moves ``next_turn`` runs stranded on a version no live worker serves, and the one
+that imports the agents' provider SDKs once the worker serves."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+
+import anyio
 
 from toren.actors.runs.actor import RunActor
 from toren.actors.runs.models import Providers
@@ -35,7 +38,14 @@ def _services(env: WorkerEnv, providers: Providers) -> Sequence[Service]:
     async def move(started: Callable[[], None]) -> None:
         await run_mover(env.pool, agents, env.settings.poll_seconds * POLLS, started)
 
-    return (Service(id="stranded_runs", run=move),)
+    async def preload(started: Callable[[], None]) -> None:
+        # After the worker registered (services start in its incarnation): it serves first,
+        # and imports what its agents' first calls need after.
+        started()
+        await providers.preload(agent.model for agent in agents.registered())
+        await anyio.sleep_forever()
+
+    return (Service(id="stranded_runs", run=move), Service(id="provider_sdks", run=preload))
 
 
 KIND = Kind(name="run", actors=(RunActor,), open=_open, services=_services, surfaces=SURFACES)

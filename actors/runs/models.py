@@ -6,17 +6,27 @@ provider, price alike and fail alike.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
+import time
+from collections.abc import Iterable
 from decimal import Decimal
 
 import anyio
 import attrs
 
-from toren import Context
+from toren import ConfigError, Context
 from toren.actors.runs.rates import Rates
 from toren.kernel import MissingResource
-from toren.providers import ModelProvider, ProviderError, RetryPolicy, provider_for
+from toren.providers import (
+    ModelProvider,
+    ProviderError,
+    RetryPolicy,
+    parse_model,
+    provider_for,
+)
 from toren.providers import price as library_price
 from toren.runs import Agent, Continue, ModelResponse, RunFailed, RunRetrying, RunState
 
@@ -59,6 +69,39 @@ class Providers:
             if found is not created:
                 await created.aclose()
         return found
+
+    async def preload(self, models: Iterable[str]) -> None:
+        """Import the SDKs of ``models`` (their providers' modules) in a thread, one after
+        another: an SDK's import takes seconds. The worker does it once it serves (registered,
+        claiming), so that it starts serving without waiting for them, and a run's first call
+        seldom waits for one. A call made meanwhile imports its SDK in its own thread
+        (:meth:`get`), which waits for this import to end, never in the event loop.
+
+        An SDK that fails to import is logged here; the calls that need it fail with it.
+
+        An import allocates enough to set off full garbage collections, which stop the event
+        loop while they scan the process's objects: ``toren worker`` freezes what it loaded
+        before it registers (:func:`toren._cli.boot.boot_app`), so that they scan little.
+        """
+        names = set()
+        for model in models:
+            try:
+                names.add(parse_model(model)[0])
+            except ConfigError:  # the agent's runs report it, at their first call
+                continue
+        for name in sorted(names):
+            module = f"toren.providers.{name}"
+            if module in sys.modules:
+                continue  # imported already (by a call, or an earlier incarnation)
+            started = time.monotonic()
+            try:
+                await anyio.to_thread.run_sync(importlib.import_module, module)
+            # An SDK missing or broken: its agents' calls raise it; the worker serves the rest.
+            except Exception:
+                log.warning("could not import %s ahead of its first call", module, exc_info=True)
+                continue
+            took = time.monotonic() - started
+            log.info("imported the %s SDK in %.2fs, serving meanwhile", name, took)
 
     async def close(self) -> None:
         """As :meth:`aclose` (a kind's runtime, :class:`toren.kernel.Runtime`)."""

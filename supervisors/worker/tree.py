@@ -303,7 +303,7 @@ class Worker:
             self.url, session.worker_id, session.lock_key, settings, dispatcher.sweep_now
         )
         hosts.on_exit = dispatcher.want
-        await session.listen(dispatcher.on_mail)
+        await session.listen(dispatcher.on_mail, watch.joined)
 
         async def run_session(c: ChildContext) -> None:
             c.started()

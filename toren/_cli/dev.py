@@ -19,7 +19,7 @@ from rich.text import Text
 
 from toren._agent.agents import agents_in
 from toren._agent.app import load_app, loaded_agents
-from toren._cli.boot import log_boot_checks, preload_providers
+from toren._cli.boot import log_boot_checks
 from toren._cli.common import path_hint, toren_command
 from toren._cli.dev_state import (
     DevRecord,
@@ -132,7 +132,6 @@ async def _serve(
             if scripted is not None:  # before the boot checks: they look for provider keys
                 banner = await _start_offline(stack, module, scripted)
             log_boot_checks(module, settings)
-            preload_providers(module)
         async with anyio.create_task_group() as tg:
             await tg.start(partial(run_worker, sandboxes=_has_sandboxes(module)), settings, url)
             record = DevRecord(
@@ -284,7 +283,7 @@ async def _start_demo(stack: contextlib.AsyncExitStack, url: str, settings: Sett
     with it."""
     from toren import demo
 
-    preload_providers(load_app("toren.demo", settings))
+    load_app("toren.demo", settings)
     if os.environ.get("ANTHROPIC_API_KEY"):
         model = "Anthropic (ANTHROPIC_API_KEY is set)"
     else:

@@ -39,14 +39,21 @@ _LOCK_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
-_REGISTER = """
+JOIN_CHANNEL = "toren_workers"
+"""Where a worker announces its registration (the payload: its lock key), so that the worker
+that should now watch it in the ring (:func:`toren._core.workers.successor`) does so at once."""
+
+_REGISTER = f"""
 WITH registered AS (
     INSERT INTO toren.workers (worker_id, lock_key, name, version, deploy_label, host, pid)
     VALUES ($1, $2, $3, $4, $5, $6, $7)
+    RETURNING lock_key
+), versions AS (
+    INSERT INTO toren.agent_versions (agent, version)
+    SELECT * FROM unnest($8::text[], $9::text[])
+    ON CONFLICT DO NOTHING
 )
-INSERT INTO toren.agent_versions (agent, version)
-SELECT * FROM unnest($8::text[], $9::text[])
-ON CONFLICT DO NOTHING
+SELECT count(pg_notify('{JOIN_CHANNEL}', lock_key::text)) FROM registered
 """
 
 
@@ -115,10 +122,16 @@ class WorkerSession:
         log.info("worker %s registered (lock key %d)", worker_id, lock_key)
         return session
 
-    async def listen(self, on_mail: Callable[[str], None]) -> None:
-        """Call ``on_mail(actor_id)`` for every ``toren_mail`` notification."""
+    async def listen(
+        self, on_mail: Callable[[str], None], on_join: Callable[[int], None] = lambda _key: None
+    ) -> None:
+        """Call ``on_mail(actor_id)`` for every ``toren_mail`` notification, and
+        ``on_join(lock_key)`` whenever another worker registers (:data:`JOIN_CHANNEL`)."""
         await self.conn.add_listener(
             "toren_mail", lambda _c, _pid, _ch, payload: on_mail(str(payload))
+        )
+        await self.conn.add_listener(
+            JOIN_CHANNEL, lambda _c, _pid, _ch, payload: _joined(on_join, payload)
         )
 
     def abandon(self) -> None:
@@ -166,6 +179,14 @@ class WorkerSession:
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                     log.warning("could not deregister worker %s", self.worker_id)
         await _close_quietly(self.conn)
+
+
+def _joined(on_join: Callable[[int], None], payload: object) -> None:
+    try:
+        key = int(str(payload))
+    except ValueError:  # not a worker's: anyone may notify on a channel
+        return
+    on_join(key)
 
 
 async def _close_quietly(conn: asyncpg.Connection) -> None:

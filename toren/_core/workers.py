@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
+import anyio
 import asyncpg
 
 from toren._core.db import connect
@@ -31,7 +32,7 @@ LIMIT 1
 
 
 async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
-    """A dedicated connection for :func:`watch_successor`.
+    """A dedicated connection for :func:`wait_for_death`.
 
     Its lock waits give up after ``recheck`` seconds, so that the peer watched is re-chosen as
     workers come and go.
@@ -45,27 +46,39 @@ async def open_death_watch(url: str, *, recheck: float) -> asyncpg.Connection:
     return conn
 
 
-async def watch_successor(
-    conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int
-) -> bool | None:
-    """Wait until the next live worker in lock-key order (a ring) dies.
+def ring_position(lock_key: int, me: int) -> tuple[bool, int]:
+    """Where ``lock_key`` comes in the ring as seen from the worker whose key is ``me``: the
+    keys above ``me`` in order, then (wrapping round) the others. :func:`successor` picks the
+    live worker first in this order; a registered newcomer that comes before the peer watched
+    is the successor now (:class:`toren.supervisors.worker.death_watch.DeathWatch`)."""
+    return (lock_key <= me, lock_key)
 
-    Workers watch each other in a ring, so that each one has a watcher: the wait is a shared
-    request on the peer's advisory lock, granted the instant Postgres drops the dead peer's
-    session. That turns a worker's death into an event instead of something the next poll finds.
+
+async def successor(conn: asyncpg.Connection, worker_id: uuid.UUID, lock_key: int) -> int | None:
+    """The lock key of the next live worker after this one (``lock_key``) in lock-key order,
+    round a ring, so that each worker has a watcher; ``None`` if there is no other."""
+    peer: int | None = await conn.fetchval(_SUCCESSOR, worker_id, lock_key)
+    return peer
+
+
+async def wait_for_death(conn: asyncpg.Connection, peer: int) -> bool:
+    """Wait until the worker holding lock key ``peer`` dies (or stops).
+
+    The wait is a shared request on the peer's advisory lock, granted the instant Postgres
+    drops the dead peer's session. That turns a worker's death into an event instead of
+    something the next poll finds. A wait cancelled before the grant leaves ``conn``
+    mid-request: terminate it. Once granted, the rest is shielded: a death is never lost.
 
     Returns:
-        True if the watched worker died (or stopped); False if the wait timed out (call again at
-        once: the ring may have changed); None if there is no peer to watch.
+        True if the peer died; False if the wait timed out (the connection's ``lock_timeout``,
+        :func:`open_death_watch`: choose the peer again, the ring may have changed).
     """
-    peer: int | None = await conn.fetchval(_SUCCESSOR, worker_id, lock_key)
-    if peer is None:
-        return None
     try:
         await conn.execute("SELECT pg_advisory_lock_shared($1, $2)", LOCK_NAMESPACE, peer)
     except asyncpg.LockNotAvailableError:
         return False
-    await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", LOCK_NAMESPACE, peer)
+    with anyio.CancelScope(shield=True):  # granted: the death is certain, and is reported
+        await conn.execute("SELECT pg_advisory_unlock_shared($1, $2)", LOCK_NAMESPACE, peer)
     log.info("watched worker (lock key %d) is gone; claiming its actors now", peer)
     return True
 
