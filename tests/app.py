@@ -193,6 +193,14 @@ class Work:
     gated: bool = False
 
 
+async def _gate_opened(gate: Path, deadline: float = 120.0) -> None:
+    """Wait until the test creates ``gate``; past ``deadline`` the handler fails (charged to its
+    message, visible to the test) instead of holding its worker for ever."""
+    with anyio.fail_after(deadline):
+        while not gate.exists():
+            await anyio.sleep(0.05)
+
+
 @message("test.worked")
 @attrs.frozen(kw_only=True)
 class Worked:
@@ -220,9 +228,8 @@ class Worker(Actor[list[str]]):
             Path(marker).write_text(f"{os.getpid()} {msg.tag} {ctx.envelope.deliveries}\n")
         if not msg.only_first_delivery or ctx.envelope.deliveries == 1:
             await anyio.sleep(msg.seconds)
-            gate = Path(os.environ.get("TOREN_TEST_GATE", "")) if msg.gated else None
-            while gate is not None and not gate.exists():
-                await anyio.sleep(0.05)
+            if msg.gated:
+                await _gate_opened(Path(os.environ["TOREN_TEST_GATE"]))
         ctx.emit(Worked(tag=msg.tag, pid=os.getpid(), deliveries=ctx.envelope.deliveries))
 
 

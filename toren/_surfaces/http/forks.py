@@ -89,10 +89,8 @@ async def fork(request: web.Request) -> web.Response:
 
 def _pruned(exc: RunPruned) -> ProblemError:
     """A fork of a pruned run: 409 (as every write to it), saying to restore it first."""
-    when = exc.pruned_at.date().isoformat() if exc.pruned_at else "an earlier date"
     detail = (
-        f"cannot fork {exc.actor_id}: it was pruned on {when}; restore it first "
-        f"(toren jobs restore {exc.actor_id} --into-journal)"
+        f"{exc}; to fork it, restore it first (toren jobs restore {exc.actor_id} --into-journal)"
     )
     return ProblemError(409, "Conflict", detail)
 
