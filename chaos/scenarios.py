@@ -4,6 +4,7 @@ workers are SIGKILLed and restarted at random while many runs execute."""
 from __future__ import annotations
 
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -28,6 +29,12 @@ from toren.testing import AnthropicServer
 
 CHAOS = Principal(kind="os_user", id="chaos", name="chaos", via="chaos")
 
+# What a worker logs (toren.worker at DEBUG, toren.leases) of the runs it claims, and of
+# stopping them without being killed: on a CPU-starved machine the chaos lease (2 s) can lapse.
+CLAIMED = re.compile(r"claimed (run/\S+) at epoch")
+LOST_ONE = re.compile(r"(run/\S+): lease lost to another worker")
+LOST_ALL = ("lease renewal keeps failing", "lost its lock connection")
+
 
 @attrs.frozen
 class ScenarioResult:
@@ -40,6 +47,7 @@ class ScenarioResult:
     seconds: float
     batches: int = 0  # group commit: batches the workers' logs show committed
     batched: int = 0  # steps in them
+    lapses: int = 0  # workers that stopped their runs on a lapsed lease, not killed
 
     @property
     def passed(self) -> bool:
@@ -50,8 +58,8 @@ class ScenarioResult:
         return (
             f"{self.name}: {status}; {self.runs} runs, {self.faults} faults, "
             f"{self.duplicate_calls} model calls paid again (${self.duplicate_usd:.6f}, "
-            f"all in flight at a fault), {self.batches} batches of {self.batched} steps "
-            f"committed, {self.seconds:.0f}s"
+            f"all in flight at a fault), {self.lapses} leases lapsed, {self.batches} batches "
+            f"of {self.batched} steps committed, {self.seconds:.0f}s"
         )
 
 
@@ -149,6 +157,25 @@ class Fleet:
             dup_usd += verdict.duplicate_usd
         return problems, dup_calls, dup_usd
 
+    def lapsed(self) -> tuple[int, Counter[str]]:
+        """The workers' stops that were not kills (a lease lapsed, the lock connection lost),
+        and for each run, how many of them stopped a worker that had claimed it since its last
+        stop: each may have cut the run's step with its request sent."""
+        stops, runs = 0, Counter[str]()
+        for worker in self.workers:
+            held: set[str] = set()
+            for line in worker.log().splitlines():
+                if claimed := CLAIMED.search(line):
+                    held.add(claimed.group(1))
+                elif lost := LOST_ONE.search(line):
+                    runs[lost.group(1)] += 1
+                    held.discard(lost.group(1))
+                elif any(what in line for what in LOST_ALL) and held:
+                    stops += 1
+                    runs.update(held)
+                    held.clear()
+        return stops, runs
+
     def close(self) -> None:
         for w in self.workers:
             w.close()
@@ -173,6 +200,7 @@ async def _fleet(
         try:
             faults, problems, allowed = await body(fleet)
             more, dup_calls, dup_usd = await fleet.judge(expected, allowed)
+            lapses, _ = fleet.lapsed()
         finally:
             fleet.close()
             await client.close()
@@ -187,6 +215,7 @@ async def _fleet(
         time.monotonic() - started,
         batches,
         batched,
+        lapses,
     )
 
 
@@ -273,7 +302,10 @@ async def soak(
                 fleet.start_worker()
             problems = await fleet.wait_done(harness.bound * 3)
             tg.cancel_scope.cancel()
-        return kills, problems, lambda run_id: owned_at_kill[run_id]
+        # A run may repay a call once for each kill of a worker that owned it, and once for
+        # each lapse of the lease of a worker that had claimed it (the machine starved it).
+        _, lapsed = fleet.lapsed()
+        return kills, problems, lambda run_id: owned_at_kill[run_id] + lapsed[run_id]
 
     return await _fleet(harness, "soak", body, expected)
 

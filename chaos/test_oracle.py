@@ -238,3 +238,13 @@ def test_an_effect_is_judged_against_the_first_intent_of_its_key() -> None:
     assert effect_problems((ticket,), (late, again), ("ticket",)) == [
         "ticket applied before its tool.intent was recorded"
     ]
+
+
+def test_at_unknown_faults_each_stop_of_a_worker_may_leave_one_claim_unsent() -> None:
+    # Two workers in turn stopped with step 2's message claimed and its request not yet sent.
+    rows = (_called(1, 1), _lost(2, 2, count=2), _called(3, 2))
+    arrivals = ((1.0, 0), (2.0, 1))
+    twice = lost_problems(_state(*rows), rows, arrivals, unsent=None, stops=2)
+    assert not any(p.startswith("step") for p in twice)
+    once = lost_problems(_state(*rows), rows, arrivals, unsent=None, stops=1)
+    assert any("step 2: the server received 1 requests" in p for p in once)
