@@ -127,6 +127,10 @@ class GroupCommit:
             if log.isEnabledFor(logging.DEBUG):  # a chaos cell reads its members from here
                 log.debug("sending a batch of %d steps: %s", len(batch), [w.args[0] for w in batch])
             kill_point("batch.sending")
+            # Sent in actor id order (each statement fences its actor's row, share-locked to
+            # the commit), the order in which the worker's lease renewal locks those rows: in
+            # any other, a batch holding one row and waiting for another can deadlock with it.
+            batch.sort(key=lambda w: w.args[0])
             try:
                 rows = await self.pool.fetchmany(statement, [w.args for w in batch])
             except TRANSIENT_DB_ERRORS as exc:

@@ -210,12 +210,20 @@ async def claim(
     ]
 
 
+# The rows are locked in actor id order, as a group commit's batch locks its members' rows
+# (toren._core.group_commit): in any other order, a renewal and a batch can each hold a row
+# the other waits for.
 _RENEW = """
 WITH mine AS (
     SELECT * FROM unnest($4::text[], $5::bigint[]) AS m(actor_id, epoch)
+), locked AS (
+    SELECT a.actor_id FROM toren.actors a JOIN mine ON a.actor_id = mine.actor_id
+    WHERE a.owner = $1 AND a.epoch = mine.epoch
+    ORDER BY a.actor_id
+    FOR NO KEY UPDATE OF a
 ), renewed AS (
     UPDATE toren.actors a SET lease_expires_at = now() + make_interval(secs => $2)
-    FROM mine WHERE a.actor_id = mine.actor_id AND a.owner = $1 AND a.epoch = mine.epoch
+    FROM locked WHERE a.actor_id = locked.actor_id
     RETURNING a.actor_id, a.epoch
 ), beat AS (
     UPDATE toren.workers SET heartbeat_at = now(), stats = $3
