@@ -219,3 +219,62 @@ async def test_a_batch_and_its_workers_lease_renewal_do_not_deadlock(
                     await yt.rollback()
     assert not isinstance(out["renewal"], Exception), out
     assert not any(isinstance(out[n], Exception) for n in (b, c, a)), out
+
+
+async def test_a_failed_batch_commits_its_steps_one_by_one_on_its_own_lane(client: Client) -> None:
+    # After a failed batch, its members run their statements again alone: one after another on
+    # the lane the batch held, never all at once (they would take the pool's connections from
+    # the claims and the lease renewals). Each is told its own row, the failing one its error.
+    tag = "/* one-by-one */"
+    others = (
+        f"SELECT count(*) FROM pg_stat_activity WHERE query LIKE '{tag}%%' AND state = 'active'"
+    )
+    step = f"{tag} SELECT $1::int AS n, 1 / $2::int AS q, pg_sleep(0.01), ({others}) AS running"
+    commits = GroupCommit(client.pool, lanes=1, max_batch=32)
+    results: dict[int, Any] = {}
+
+    async def one(n: int) -> None:
+        try:
+            results[n] = await commits.fetchrow(step, [n, 0 if n == 5 else 1])
+        except Exception as exc:
+            results[n] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(commits.fetchrow, "SELECT pg_sleep(1)", [])
+        await wait_for(_holding(commits, busy=1), what="a step holds the lane")
+        for n in range(1, 12):
+            tg.start_soon(one, n)
+        await wait_for(_holding(commits, busy=1, queued=11), what="the steps queued")
+    assert (commits.batches, commits.batched) == (1, 11)
+    assert isinstance(results[5], asyncpg.DivisionByZeroError), results[5]
+    rows = [results[n] for n in range(1, 12) if n != 5]
+    assert [r["n"] for r in rows] == [n for n in range(1, 12) if n != 5]
+    assert max(r["running"] for r in rows) == 1, [r["running"] for r in rows]
+    assert (commits._busy, len(commits._queue)) == (0, 0)
+
+
+async def test_steps_of_another_statement_are_not_sent_in_a_batch_of_the_first(
+    client: Client,
+) -> None:
+    commits = GroupCommit(client.pool, lanes=1, max_batch=32)
+    results: dict[int, Any] = {}
+
+    async def one(n: int, statement: str) -> None:
+        results[n] = await commits.fetchrow(statement, [n])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 0, "SELECT $1::int AS n, pg_sleep(1), 'a' AS s")
+        await wait_for(_holding(commits, busy=1), what="a step holds the lane")
+        for n in range(1, 7):
+            tg.start_soon(one, n, f"SELECT $1::int AS n, '{'ab'[n % 2]}' AS s")
+        await wait_for(_holding(commits, busy=1, queued=6), what="the steps queued")
+    assert {n: r["s"] for n, r in results.items()} == {0: "a"} | {
+        n: "ab"[n % 2] for n in range(1, 7)
+    }
+
+
+def _holding(commits: GroupCommit, *, busy: int, queued: int = 0) -> Any:
+    async def check() -> bool:
+        return commits._busy == busy and len(commits._queue) == queued
+
+    return check

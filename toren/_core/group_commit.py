@@ -11,11 +11,12 @@ Each statement is fenced on its own: a step whose actor is no longer ours finds 
 and does nothing, in the batch as alone, and its member learns it from its own row while its
 batch-mates commit. A statement that raises (a seq written by a newer owner, a recipient that
 does not exist, a write the database refuses) aborts the batch's transaction, so nothing of it
-commits: each member then commits its step alone, and the failing one fails alone, with the
-error it would have had alone. A batch whose outcome the worker never learned (the connection
-lost mid-commit, the leader cancelled) is :class:`BatchOutcomeUnknown` to every member: unknown,
-never failed or done. The host commits the step again with ``retry``, which finds it landed by
-its message being gone while the actor is still ours.
+commits: each member's step is then committed alone, one after another on the batch's lane, and
+the failing one fails alone, with the error it would have had alone. A batch whose outcome the
+worker never learned (the connection lost mid-commit, the leader cancelled) is
+:class:`BatchOutcomeUnknown` to every member: unknown, never failed or done. The host commits
+the step again with ``retry``, which finds it landed by its message being gone while the actor
+is still ours.
 
 No task is started here: the waiter that leads is a host's own task, already waiting for its
 step.
@@ -45,10 +46,10 @@ class BatchOutcomeUnknown(TorenError):
 
 @attrs.define(eq=False)
 class _Waiter:
+    statement: str
     args: Sequence[Any]
     turn: anyio.Event = attrs.field(factory=anyio.Event)
     lead: bool = False  # woken to lead a batch, not with its row
-    alone: bool = False  # its batch failed: commit alone
     row: asyncpg.Record | None = None
     error: BaseException | None = None
 
@@ -89,7 +90,7 @@ class GroupCommit:
                 return await self.pool.fetchrow(statement, *args)
             finally:
                 self._free()
-        waiter = _Waiter(args)
+        waiter = _Waiter(statement, args)
         self._queue.append(waiter)
         try:
             await waiter.turn.wait()
@@ -104,8 +105,6 @@ class GroupCommit:
                 return await self.pool.fetchrow(statement, *args)
             finally:
                 self._free()
-        if waiter.alone:
-            return await self.pool.fetchrow(statement, *args)
         if waiter.error is not None:
             raise waiter.error
         return waiter.row
@@ -117,7 +116,7 @@ class GroupCommit:
             True: ``leader`` is alone in the queue (it runs its step itself, holding the lane).
         """
         batch = [leader]
-        while self._queue and len(batch) < self.max_batch:
+        while self._queue and len(batch) < self.max_batch and self._queue[0].statement == statement:
             batch.append(self._queue.popleft())
         if len(batch) == 1:
             return True
@@ -137,7 +136,7 @@ class GroupCommit:
                 self._settle(batch, error=BatchOutcomeUnknown(f"a batch's commit was cut: {exc}"))
                 return False
             except asyncpg.PostgresError:
-                self._settle(batch, alone=True)
+                await self._one_by_one(batch)
                 return False
             except BaseException:
                 self._settle(batch, error=BatchOutcomeUnknown("a batch's leader was stopped"))
@@ -156,12 +155,27 @@ class GroupCommit:
         finally:
             self._free()
 
+    async def _one_by_one(self, batch: list[_Waiter]) -> None:
+        """The batch failed and nothing of it committed: commit each step alone, one after
+        another on the lane the batch held (retried at once, a failed batch's steps would take
+        the pool's connections from the claims and the lease renewals), each told its own row
+        or error, as if it had never been batched."""
+        for done, waiter in enumerate(batch):
+            try:
+                waiter.row = await self.pool.fetchrow(waiter.statement, *waiter.args)
+            except Exception as exc:  # noqa: BLE001 (its own step's error, raised by its host)
+                waiter.error = exc
+            except BaseException:
+                self._settle(
+                    batch[done:], error=BatchOutcomeUnknown("a batch's leader was stopped")
+                )
+                raise
+            waiter.turn.set()
+
     @staticmethod
-    def _settle(
-        batch: list[_Waiter], *, error: BaseException | None = None, alone: bool = False
-    ) -> None:
+    def _settle(batch: list[_Waiter], *, error: BaseException) -> None:
         for waiter in batch:
-            waiter.error, waiter.alone = error, alone
+            waiter.error = error
             waiter.turn.set()
 
     def _free(self) -> None:

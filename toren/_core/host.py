@@ -182,8 +182,9 @@ class ActorHost:
                 # holds (here again, under a new claim, or at another worker).
                 log.warning("%s", exc)
                 return False
-            except TRANSIENT_DB_ERRORS as exc:
-                # Not the actor's fault: no restart is charged. The state is rebuilt afresh once
+            except _COMMIT_AGAIN as exc:
+                # Not the actor's fault (a commit cut while stopping included: a batch's too):
+                # no restart is charged. The state is rebuilt afresh once
                 # the database answers again (the claim still holds, or the next write fences).
                 # Back off on consecutive failures; progress since the last one starts afresh.
                 failures = 1 if self.steps != steps_at_failure else failures + 1
