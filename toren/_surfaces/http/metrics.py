@@ -109,7 +109,7 @@ async def metrics(request: web.Request) -> web.Response:
         pruned.add_metric([last["agent"], "at"], last["at"].timestamp())
     shared = app[OPTIONS].metrics_dir
     counters: Collector = (
-        app[REGISTRY] if shared is None else MultiProcessCollector(None, path=shared)
+        app[REGISTRY] if shared is None else MultiProcessCollector(None, path=shared)  # type: ignore[no-untyped-call]
     )
     exposition = _Exposition(counters, [runs, workers, tables, pruned])
     return web.Response(
