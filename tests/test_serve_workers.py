@@ -6,6 +6,8 @@ a killed process is started again; SIGTERM stops them all."""
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
 import re
 import signal
@@ -26,6 +28,8 @@ from tests.conftest import ROOT, decide_waiting, person, wait_for
 from tests.test_api import refund_agent
 from tests.test_streams import SSE, events_of, read_until
 from toren import Client
+from toren._core.logs import TorenHandler
+from toren._surfaces.http.access import AccessLog
 from toren._surfaces.tokens import create_token
 from toren.cli import main
 from toren.runs import read_run, start_run, waiting_on
@@ -33,6 +37,7 @@ from toren.runs import read_run, start_run, waiting_on
 pytestmark = pytest.mark.anyio
 
 TOREN = (sys.executable, "-m", "toren")
+PIPE_BUF = 4096  # Linux's
 LIMIT = 4  # failed authentications per address per minute, for the whole fleet
 
 
@@ -297,3 +302,36 @@ def test_a_number_of_processes_out_of_range_exits_2_saying_so(
         assert done.exit_code == 2, done.output
         assert said in done.output
         assert "lots" not in done.output
+
+
+async def test_the_access_log_writes_whole_lines_a_pipe_keeps_whole() -> None:
+    """Several processes write their access logs to one standard error: each write is whole
+    lines of at most PIPE_BUF bytes, which a pipe never mixes with another writer's."""
+
+    class Writes(io.StringIO):
+        def __init__(self) -> None:
+            super().__init__()
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+    stream = Writes()
+    logger = logging.getLogger("tests.access.pipe")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.addHandler(TorenHandler(stream))
+    try:
+        log = AccessLog(logger)
+        for n in range(500):  # about 40 KiB
+            log.add("GET", f"/runs/{n}?x=\u00e9" + "a" * (n % 50), 200, "127.0.0.1", "-", 0.001)
+        log.flush()
+    finally:
+        logger.handlers.clear()
+    assert len(stream.writes) > 1
+    assert all(0 < len(w.encode()) <= PIPE_BUF and w.endswith("\n") for w in stream.writes)
+    lines = "".join(stream.writes).splitlines()
+    assert [line.split(" ")[4] for line in lines] == [
+        f"/runs/{n}?x=\u00e9" + "a" * (n % 50) for n in range(500)
+    ]
