@@ -347,6 +347,7 @@ def test_the_kernel_facade_carries_kernel_names_only() -> None:
 # module there: not the kernel's.
 NOT_KERNEL_TABLES = {
     "tokens": "the HTTP API's tokens (toren/_surfaces/tokens.py)",
+    "auth_failures": "failed authentications per address (toren/_surfaces/http/guard.py)",
     "sessions": "the console's sessions (toren/_surfaces/tokens.py)",
     "pairing_key": "the channels' pairing key (toren/channels/pairing.py)",
     "run_audit": "pruned runs' audit records (toren/runs/audit.py, toren/runs/costs.py)",

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+import attrs
 import click
 from rich.table import Table
 
@@ -10,7 +17,9 @@ from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.terminal import plain
 from toren._settings import Settings
-from toren._surfaces import DEFAULT_HOST, DEFAULT_PORT
+from toren._surfaces import DEFAULT_HOST, DEFAULT_PORT, MOST_PROCESSES
+
+log = logging.getLogger("toren.http")
 
 
 def _settings(ctx: click.Context) -> Settings:
@@ -35,6 +44,49 @@ port_option = click.option(
     type=Unshown(click.IntRange(0, 65535), "a port number, 0 to 65535"),
     help="Port, 0 to 65535 (env TOREN_PORT).",
 )
+
+# How many API processes share the port: `toren serve` and `toren up`.
+workers_option = click.option(
+    "--workers",
+    envvar="TOREN_API_WORKERS",
+    default=1,
+    show_default=True,
+    type=Unshown(
+        click.IntRange(1, MOST_PROCESSES), f"a number of processes, 1 to {MOST_PROCESSES}"
+    ),
+    help=f"API server processes sharing the port, 1 to {MOST_PROCESSES} (env "
+    "TOREN_API_WORKERS); 1 serves in this process. Not actor workers.",
+)
+# Set by the parent of `--workers N` on each process it starts: which command it serves for.
+child_option = click.option(
+    "--process-of", type=click.Choice(["serve", "up"]), hidden=True, default=None
+)
+
+
+def child_command(ctx: click.Context, host: str, of: str) -> Callable[[int], list[str]]:
+    """The command line of one API process of ``--workers N`` (it serves ``port``): this
+    ``toren`` with the same ``--config`` and ``--log-level``."""
+    root = ctx.find_root().params
+    top = [sys.executable, "-m", "toren"]
+    if root.get("config") is not None:
+        top += ["--config", str(root["config"])]
+    if root.get("log_level") is not None:
+        top += ["--log-level", str(root["log_level"])]
+
+    def command(port: int) -> list[str]:
+        return [*top, "serve", "--host", host, "--port", str(port), "--process-of", of]
+
+    return command
+
+
+def warn_if_public(host: str) -> None:
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(  # the host as text: TOREN_HOST may hold anything, [/x] too
+            plain(f"listening on {host}:", style="yellow"),
+            plain(
+                "anyone who can reach it and holds a token can drive runs; put TLS in front of it."
+            ),
+        )
 
 
 def register(main: click.Group) -> None:
@@ -86,28 +138,52 @@ async def mcp(
 @click.command()
 @host_option
 @port_option
+@workers_option
+@child_option
 @click.pass_context
 @run_async
-async def serve(ctx: click.Context, host: str, port: int) -> None:
-    """Serve the HTTP API and the web console. Every route but /healthz needs a token."""
-    from toren._surfaces.http import ServerOptions
-    from toren._surfaces.serve import serve_forever
+async def serve(
+    ctx: click.Context, host: str, port: int, workers: int, process_of: str | None
+) -> None:
+    """Serve the HTTP API and the web console. Every route but /healthz needs a token.
+    With --workers N, N processes share the port (see docs/operations.md)."""
+    import anyio
 
-    if host not in ("127.0.0.1", "localhost", "::1"):
-        err.print(  # the host as text: TOREN_HOST may hold anything, [/x] too
-            plain(f"listening on {host}:", style="yellow"),
-            plain(
-                "anyone who can reach it and holds a token can drive runs; put TLS in front of it."
-            ),
-        )
+    from toren._surfaces.http import ServerOptions
+    from toren._surfaces.serve import serve_as_child, serve_forever
+
+    if process_of is None:
+        warn_if_public(host)
     try:
         arm_kill_points()  # the webhook route's kill point (chaos and the webhook crash test)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     settings = _settings(ctx)
-    await serve_forever(
-        database_url(settings), host=host, port=port, options=ServerOptions.of(settings)
-    )
+    url = database_url(settings)
+    options = ServerOptions.of(settings)
+    if process_of is not None:
+        shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        await serve_as_child(
+            url,
+            host=host,
+            port=port,
+            options=attrs.evolve(options, metrics_dir=shared),
+            of_up=process_of == "up",
+        )
+        return
+    if workers == 1:
+        await serve_forever(url, host=host, port=port, options=options)
+        return
+    from toren._surfaces.processes import api_processes
+
+    command = child_command(ctx, host, "serve")
+    async with api_processes(command, count=workers, host=host, port=port) as (_processes, bound):
+        log.info("API and console on http://%s:%d in %d processes", host, bound, workers)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("%s: stopping the API processes", signal.Signals(signum).name)
+                break
+    log.info("stopped")
 
 
 @click.group()

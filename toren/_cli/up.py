@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from toren._cli.common import err, run_async
-from toren._cli.serve import host_option, port_option
+from toren._cli.serve import child_command, host_option, port_option, workers_option
 from toren._core.errors import ConfigError
 from toren._core.killpoints import arm as arm_kill_points
 from toren._core.terminal import plain
@@ -32,16 +32,19 @@ def register(main: click.Group) -> None:
 @click.option("--app", envvar="TOREN_APP", help="Module defining your agents (MODULE[:ATTR]).")
 @host_option
 @port_option
+@workers_option
 @click.option("--max-actors", type=int, help="Cap on actors run at once by this worker.")
 @click.option("--grace-seconds", type=float, help="Shutdown grace period (default 30).")
 @click.option("--deploy-label", help="Added to the version shown by `toren workers`.")
 @click.pass_context
 @run_async
 async def up(
-    ctx: click.Context, /, app: str | None, host: str, port: int, **overrides: Any
+    ctx: click.Context, /, app: str | None, host: str, port: int, workers: int, **overrides: Any
 ) -> None:
     """Run a worker, the API and console in one process. It applies the migrations
     first and runs against TOREN_DATABASE_URL (never an embedded Postgres) until SIGTERM.
+    With --workers N the API is served by N more processes sharing the port (the worker
+    stays in this one).
 
     GET /healthz says the process is alive; GET /readyz answers 200 once the schema is migrated
     and this process's worker is registered, 503 with a reason otherwise (also while draining).
@@ -84,14 +87,30 @@ async def up(
                 "runs; put TLS in front of it."
             )
         )
-    workers: list[Worker] = []
+    started: list[Worker] = []
 
     def probe() -> Any:
-        return workers[0].state() if workers else (None, "starting")
+        return started[0].state() if started else (None, "starting")
 
-    async with serving(
-        url, host=host, port=port, options=ServerOptions.of(settings), worker=probe
-    ) as base:
-        log.info("API and console on %s; readiness at %s/readyz", base, base)
-        await run_worker(settings, url, on_started=workers.append)
+    options = ServerOptions.of(settings)
+    if workers == 1:
+        async with serving(url, host=host, port=port, options=options, worker=probe) as base:
+            log.info("API and console on %s; readiness at %s/readyz", base, base)
+            await run_worker(settings, url, on_started=started.append)
+    else:
+        from toren._surfaces.processes import api_processes
+
+        command = child_command(ctx, host, "up")
+        async with api_processes(command, count=workers, host=host, port=port, worker=probe) as (
+            _processes,
+            bound,
+        ):
+            base = f"http://{host}:{bound}"
+            log.info(
+                "API and console on %s in %d processes; readiness at %s/readyz",
+                base,
+                workers,
+                base,
+            )
+            await run_worker(settings, url, on_started=started.append)
     log.info("stopped")

@@ -4,3 +4,5 @@
 # importing the server (aiohttp).
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8420
+MOST_PROCESSES = 64
+"""Most API server processes ``--workers`` may ask for (each holds its own database pool)."""

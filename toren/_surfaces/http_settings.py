@@ -20,12 +20,15 @@ class HttpSettings:
         trusted_proxies: Addresses (or networks) of reverse proxies whose
             ``X-Forwarded-For`` names the client (for the failed-sign-in limit and the access
             log); from anyone else the header is ignored.
-        streams_max: Event streams one API server process keeps open at once (429 past it).
-        streams_per_token: Event streams one token (or session) may hold open per process.
+        streams_max: Event streams one API server process keeps open at once (429 past it);
+            per process, so N processes (``--workers N``) hold up to N times it.
+        streams_per_token: Event streams one token (or session) may hold open per process
+            (summed over processes, as ``streams_max``).
         stream_idle_seconds: An event stream with no new event for this long is closed (the
             client reconnects with ``Last-Event-ID``).
         failed_auth_per_minute: Failed sign-ins (bad bearer tokens, console sign-ins) one
-            client address may make per minute before it gets 429s.
+            client address may make per minute before it gets 429s, counted in Postgres
+            across every API server process on the database.
         console_url: The console's address as people open it (``https://toren.example.com``),
             for the links the CLI prints beside a run; unset, the CLI links to the console of
             the running ``toren dev`` whose database it uses, if any.

@@ -140,7 +140,7 @@ def require_token(
 ) -> ASGIApp:
     """Wrap an ASGI app: HTTP requests without a valid bearer token get a 401; an address
     past the failed-authentication limit gets a 429."""
-    failed = failed or FailedAuth(20)
+    failed = failed or FailedAuth(client.pool, "mcp", 20)
 
     async def guarded(
         scope: MutableMapping[str, Any],
@@ -155,16 +155,23 @@ def require_token(
                 return
             header = given[0].decode(errors="replace") if given else ""
             scheme, _, token = header.partition(" ")
-            retry_after = failed.blocked(address)
+            token = token.strip() if scheme.lower() == "bearer" else ""
+            # Asked only when it decides something (it may cost a query): not for a token
+            # that passed here lately, unless it fails now.
+            asked = not tokens.known(token)
+            retry_after = await failed.blocked(address) if asked else None
             if retry_after is not None:
                 await _refuse(send, 429, b"too many failed authentications", retry_after)
                 return
-            ok = scheme.lower() == "bearer" and await tokens.authenticate(
-                client.pool, token.strip(), via="mcp"
-            )
+            ok = bool(token) and await tokens.authenticate(client.pool, token, via="mcp")
             if not ok:
+                if header and not asked:
+                    retry_after = await failed.blocked(address)
+                if retry_after is not None:
+                    await _refuse(send, 429, b"too many failed authentications", retry_after)
+                    return
                 if header:
-                    failed.failed(address)
+                    await failed.failed(address)
                 await _refuse(
                     send, 401, b"send Authorization: Bearer <token> (toren tokens create)"
                 )
@@ -204,7 +211,7 @@ async def serving_http(
     mcp_server = build(
         client, message_cap=message_cap, allow_decisions=allow_decisions, tokens=tokens
     )
-    failed = FailedAuth(failed_auth_per_minute)
+    failed = FailedAuth(client.pool, "mcp", failed_auth_per_minute)
     app = require_token(mcp_server.streamable_http_app(host=host), client, tokens, failed)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)

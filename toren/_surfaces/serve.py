@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,9 +29,11 @@ async def serving(
     port: int = DEFAULT_PORT,
     options: ServerOptions | None = None,
     worker: WorkerProbe | None = None,
+    reuse_port: bool = False,
 ) -> AsyncIterator[str]:
     """Serve the API and console on ``host:port`` while inside; yields the base URL.
-    ``worker`` reports the worker this process runs too, for ``/readyz``.
+    ``worker`` reports the worker this process runs too, for ``/readyz``; ``reuse_port`` listens
+    with ``SO_REUSEPORT`` beside the other processes of ``toren serve --workers N``.
 
     Raises:
         ConfigError: the port cannot be bound.
@@ -43,7 +47,7 @@ async def serving(
     )
     try:
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         try:
             await site.start()
         except OSError as exc:
@@ -53,7 +57,10 @@ async def serving(
             ) from exc
         bound = runner.addresses[0][1]
         base = f"http://{host}:{bound}"
-        log.info("API and console on %s (openapi: %s/openapi.json)", base, base)
+        if reuse_port:  # one of several: the parent says where they serve
+            log.debug("API process %d on %s", os.getpid(), base)
+        else:
+            log.info("API and console on %s (openapi: %s/openapi.json)", base, base)
         yield base
     finally:
         with anyio.CancelScope(shield=True):
@@ -75,3 +82,38 @@ async def serve_forever(
             async for signum in signals:
                 log.info("%s: stopping", signal.Signals(signum).name)
                 break
+
+
+async def serve_as_child(
+    url: str, *, host: str, port: int, options: ServerOptions, of_up: bool
+) -> None:
+    """Serve as one of the processes of ``toren serve --workers N`` (``toren up`` when
+    ``of_up``: then ``/readyz`` reports the parent's worker, as the parent sends it down this
+    process's standard input). Stops as :func:`serve_forever` does, on a signal or when the
+    parent is gone (standard input closed). See :mod:`toren._surfaces.processes`."""
+    from toren._surfaces.processes import ParentSays
+
+    parent = ParentSays()
+    async with (
+        serving(
+            url,
+            host=host,
+            port=port,
+            options=options,
+            worker=parent.probe if of_up else None,
+            reuse_port=True,
+        ),
+        anyio.create_task_group() as tg,
+    ):
+
+        async def until_parent_gone() -> None:
+            await parent.listen(sys.stdin.fileno())
+            log.warning("the parent process is gone: stopping")
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(until_parent_gone)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.debug("API process %d: %s: stopping", os.getpid(), signal.Signals(signum).name)
+                break
+        tg.cancel_scope.cancel()

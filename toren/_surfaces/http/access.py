@@ -6,8 +6,8 @@ task), and when the application stops. Where it goes:
 
 - when the only handler the ``toren.http.access`` logger reaches is Toren's own
   (:func:`toren._core.logs.configure`: ``toren serve``, ``up``, ``dev``), the lines are formatted
-  as that handler formats a record, redacted as it redacts, and written to its stream in one
-  write;
+  as that handler formats a record, redacted as it redacts, and written to its stream in writes
+  of whole lines of at most :data:`WRITE_MOST` bytes;
 - otherwise (an application that embeds the API with logging of its own, or pytest's capture)
   each line is handed to the logger as its own record, timed when its request ended.
 
@@ -32,6 +32,10 @@ MOST = 20_000
 # application's filter or formatter may read its arguments).
 LINE = "%s %s %s %s %s %.1fms"
 DROPPED = "%d access log lines dropped (stream stalled)"
+WRITE_MOST = 4096
+"""Bytes of whole lines written at once at most: a pipe keeps a write of up to ``PIPE_BUF``
+(4096 on Linux) whole, so the lines of several processes writing to one (``toren serve
+--workers N``) never mix."""
 
 logger = logging.getLogger("toren.http.access")
 
@@ -84,10 +88,26 @@ class AccessLog:
                 record.created, record.msecs = at, (at % 1) * 1000
                 self._log.handle(record)
             return
-        text = "".join(
-            f"{line_prefix(at)}INFO {self._log.name}: {msg % args}\n" for at, msg, args in messages
+        text = redact(
+            "".join(
+                f"{line_prefix(at)}INFO {self._log.name}: {msg % args}\n"
+                for at, msg, args in messages
+            )
         )
-        handler.write(redact(text))
+        if len(text.encode(errors="replace")) <= WRITE_MOST:
+            handler.write(text)
+            return
+        chunk: list[str] = []
+        size = 0
+        for bare in text.removesuffix("\n").split("\n"):  # not splitlines: only \n ends one
+            line = bare + "\n"
+            length = len(line.encode(errors="replace"))
+            if chunk and size + length > WRITE_MOST:
+                handler.write("".join(chunk))
+                chunk, size = [], 0
+            chunk.append(line)
+            size += length
+        handler.write("".join(chunk))
 
 
 def _own_handler(log: logging.Logger) -> TorenHandler | None:

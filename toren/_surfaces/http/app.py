@@ -189,7 +189,7 @@ def create_app(
     app[CLIENT] = client
     app[OPTIONS] = options
     app[TOKENS] = TokenCache()
-    app[FAILED_AUTH] = FailedAuth(options.failed_auth_per_minute)
+    app[FAILED_AUTH] = FailedAuth(client.pool, "http", options.failed_auth_per_minute)
     app[ACCESS_LOG] = AccessLog()
     app[ROUTE_ACCESS] = RouteAccess()
     app[API_PARTS] = []

@@ -28,15 +28,20 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
     failed = request.app[FAILED_AUTH]
     tokens = request.app[TOKENS]
     address = client_address(request)
-    retry_after = failed.blocked(address)
     pool = request.app[CLIENT].pool
     token = bearer(request)
     cookie = request.cookies.get(SESSION_COOKIE)
     caller: Access | None = None
     # While an address is blocked, only a token this server saw pass lately, or a session
-    # cookie (256 random bits: nobody guesses one), is still checked; anything else waits.
+    # cookie (256 random bits: nobody guesses one), is still checked; anything else waits. The
+    # block is asked for only when it decides something (it may cost a query: the counts are
+    # shared by every server process), never for a credential that passes.
+    retry_after: int | None = None
+    asked = False
     if token is not None:
-        if retry_after is None or tokens.known(token):
+        if not tokens.known(token):
+            retry_after, asked = await failed.blocked(address), True
+        if retry_after is None:
             caller = await tokens.authenticate(pool, token, via="http")
         detail = "the bearer token is malformed, unknown, revoked or expired"
     elif cookie:
@@ -46,8 +51,10 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
         detail = "send Authorization: Bearer <token> (see `toren tokens create`)"
     if caller is None:
         if token is not None or cookie:
+            if not asked:
+                retry_after = await failed.blocked(address)
             if retry_after is None:
-                failed.failed(address)
+                await failed.failed(address)
             elif not optional:
                 raise ProblemError(
                     429,

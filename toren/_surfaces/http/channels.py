@@ -84,7 +84,9 @@ def install(app: web.Application) -> None:
     """The channel kind's routes; its webhook is checked by its bot's secret, not a token."""
     app[ROUTE_ACCESS].own_check.append(is_webhook)
     app[API_PARTS].append(channel_part())
-    app[WEBHOOKS] = Webhooks(FailedAuth(app[OPTIONS].failed_auth_per_minute))
+    app[WEBHOOKS] = Webhooks(
+        FailedAuth(app[CLIENT].pool, "webhook", app[OPTIONS].failed_auth_per_minute)
+    )
     app.router.add_get("/channels", listing)
     app.router.add_get("/channels/{bot}/messages", outbox)
     app.router.add_post("/telegram/{bot}", webhook)
@@ -218,15 +220,18 @@ async def webhook(request: web.Request) -> web.Response:
     hooks = request.app[WEBHOOKS]
     address = client_address(request)
     bot = request.match_info["bot"]
-    retry_after = hooks.failed.blocked(address)
     passed = hooks.passed.get(bot)
     recent = passed is not None and time.monotonic() - passed < RECENT_PASS
-    if retry_after is not None and not recent:
+    # The block (shared by every server process: it may cost a query) is asked for only when
+    # it decides something: not for an update of a bot whose secret passed here lately.
+    retry_after = None if recent else await hooks.failed.blocked(address)
+    if retry_after is not None:
         raise _too_many(address, retry_after)
     if not await _secret_matches(request, bot, hooks):
+        retry_after = await hooks.failed.blocked(address) if recent else None
         if retry_after is not None:
             raise _too_many(address, retry_after)
-        hooks.failed.failed(address)
+        await hooks.failed.failed(address)
         raise _unauthorized()
     hooks.passed[bot] = time.monotonic()
     update = await _update(request)

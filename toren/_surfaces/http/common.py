@@ -37,6 +37,11 @@ class ServerOptions:
     failed_auth_per_minute: int = 20
     pool_size: int = 10
     archive_store: str | None = None  # where pruned runs' journals are read (GET .../archive)
+    metrics_dir: str | None = None
+    """The directory of ``prometheus_client``'s multiprocess mode, when this process is one of
+    several serving one port (``toren serve --workers N``): ``/metrics`` then counts requests
+    of them all. Its ``PROMETHEUS_MULTIPROC_DIR`` must name it before ``prometheus_client`` is
+    imported."""
 
     @classmethod
     def of(cls, settings: Settings) -> ServerOptions:

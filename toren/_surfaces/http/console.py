@@ -52,7 +52,7 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
         origin = request.headers.get("Origin", "")
         raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin!r} refused")
     failed, address = request.app[FAILED_AUTH], client_address(request)
-    retry_after = failed.blocked(address)
+    retry_after = await failed.blocked(address)
     if retry_after is not None:
         raise ProblemError(
             429,
@@ -68,7 +68,7 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     pool = request.app[CLIENT].pool
     found = await authenticate(pool, token.strip()) if isinstance(token, str) else None
     if found is None:
-        failed.failed(address)
+        await failed.failed(address)
         raise web.HTTPSeeOther("/?denied=1")
     cookie, _, seconds = await open_session(pool, found)
     response = web.HTTPSeeOther("/")

@@ -2,22 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import anyio
 import asyncpg
+import attrs
 from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
-    Gauge,
     Histogram,
+    Metric,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 from toren._core.pruning import table_sizes
 from toren._core.rows import run_status_counts
 from toren._core.workers import live_worker_count, live_workers
-from toren._surfaces.http.common import ACCESS, CLIENT, json
+from toren._surfaces.http.common import ACCESS, CLIENT, OPTIONS, json
 from toren._surfaces.http.models import Health, WorkerInfo
 from toren._surfaces.http.versions import with_runs
 from toren.runs.audit import last_prunes
@@ -27,13 +33,15 @@ from toren.runs.version_listing import agent_versions
 REGISTRY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 _REQUESTS: web.AppKey[Counter] = web.AppKey("requests", Counter)
 _LATENCY: web.AppKey[Histogram] = web.AppKey("latency", Histogram)
-_RUNS: web.AppKey[Gauge] = web.AppKey("runs", Gauge)
-_WORKERS: web.AppKey[Gauge] = web.AppKey("workers", Gauge)
-_TABLES: web.AppKey[Gauge] = web.AppKey("tables", Gauge)
-_PRUNED: web.AppKey[Gauge] = web.AppKey("pruned", Gauge)
 
 
 def install(app: web.Application) -> None:
+    """``/metrics`` and ``/healthz``. The request counters are this process's, unless
+    :attr:`ServerOptions.metrics_dir` names the directory of ``prometheus_client``'s
+    multiprocess mode (``toren serve --workers N``): then each process writes its counts there
+    and a scrape, whichever process answers it, reads every process's (those of processes that
+    have exited too: totals never go back). The other series are read from the database at each
+    scrape, the same whichever process answers."""
     registry = CollectorRegistry()
     app[REGISTRY] = registry
     app[_REQUESTS] = Counter(
@@ -48,21 +56,6 @@ def install(app: web.Application) -> None:
         ["route"],
         registry=registry,
     )
-    app[_RUNS] = Gauge("toren_runs", "Runs by status.", ["status"], registry=registry)
-    app[_WORKERS] = Gauge("toren_workers_live", "Live workers.", registry=registry)
-    app[_TABLES] = Gauge(
-        "toren_table_bytes",
-        "Bytes each table of schema toren takes (pg_total_relation_size: indexes, TOAST).",
-        ["table"],
-        registry=registry,
-    )
-    app[_PRUNED] = Gauge(
-        "toren_last_prune",
-        "What the last prune batch of each agent that removed something removed: runs, "
-        "events, bytes (journal rows), archived runs, seconds it took, and when (unix time).",
-        ["agent", "what"],
-        registry=registry,
-    )
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
 
@@ -72,23 +65,55 @@ def observe(app: web.Application, method: str, route: str, status: int, seconds:
     app[_LATENCY].labels(route).observe(seconds)
 
 
+@attrs.frozen
+class _Exposition:
+    """What one scrape shows: the request counters (this process's, or every process's) and
+    the gauges read from the database for it."""
+
+    counters: Collector
+    gauges: list[Metric]
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.counters.collect()
+        yield from self.gauges
+
+
 async def metrics(request: web.Request) -> web.Response:
     app = request.app
     pool = app[CLIENT].pool
+    runs = GaugeMetricFamily("toren_runs", "Runs by status.", labels=["status"])
     # Counts kept as runs change status (migration 0006): a few rows, however many runs.
     counts = await run_status_counts(pool)
     for status in STATUSES:
-        app[_RUNS].labels(status).set(counts.get(status, 0))
-    app[_WORKERS].set(await live_worker_count(pool))
+        runs.add_metric([status], counts.get(status, 0))
+    workers = GaugeMetricFamily(
+        "toren_workers_live", "Live workers.", value=await live_worker_count(pool)
+    )
     # Retention: sizes from the catalog, the last prunes from a small log (no table is scanned).
+    tables = GaugeMetricFamily(
+        "toren_table_bytes",
+        "Bytes each table of schema toren takes (pg_total_relation_size: indexes, TOAST).",
+        labels=["table"],
+    )
     for table, size in (await table_sizes(pool)).items():
-        app[_TABLES].labels(table).set(size)
+        tables.add_metric([table], size)
+    pruned = GaugeMetricFamily(
+        "toren_last_prune",
+        "What the last prune batch of each agent that removed something removed: runs, "
+        "events, bytes (journal rows), archived runs, seconds it took, and when (unix time).",
+        labels=["agent", "what"],
+    )
     for last in await last_prunes(pool):
         for what in ("runs", "events", "bytes", "archived", "took"):
-            app[_PRUNED].labels(last["agent"], what).set(last[what])
-        app[_PRUNED].labels(last["agent"], "at").set(last["at"].timestamp())
+            pruned.add_metric([last["agent"], what], last[what])
+        pruned.add_metric([last["agent"], "at"], last["at"].timestamp())
+    shared = app[OPTIONS].metrics_dir
+    counters: Collector = (
+        app[REGISTRY] if shared is None else MultiProcessCollector(None, path=shared)  # type: ignore[no-untyped-call]
+    )
+    exposition = _Exposition(counters, [runs, workers, tables, pruned])
     return web.Response(
-        body=generate_latest(app[REGISTRY]), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        body=generate_latest(exposition), headers={"Content-Type": CONTENT_TYPE_LATEST}
     )
 
 

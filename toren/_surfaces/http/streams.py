@@ -13,8 +13,9 @@ notification was lost unseen. Its bounds:
 - At most ``streams_max`` streams open at once in a server process, and at most
   ``streams_per_token`` per principal (a token and the console sessions opened with it count
   together). Past either the request is answered 429 with ``Retry-After``, before any stream
-  starts. Each server process counts on its own: behind a balancer with N processes a client
-  may hold up to N times these.
+  starts. Each server process counts on its own: with N processes (``toren serve --workers
+  N``, or behind a balancer) a client may hold up to N times these. A stream works on any
+  process: each has its own listening connection.
 - The caller's credentials are checked again at least every ``stream_recheck_seconds``
   (through the token cache, itself at most a second stale), and the stream closes once its
   token is revoked or expires, or its console session ends.
