@@ -15,12 +15,15 @@ Postgres in batches (group commit).
   WAL flushes (``pg_stat_wal.wal_sync``; ``wal_write`` under an ``open_*`` sync method, which
   writes and flushes at once), transactions committed (a hint of the batches: a batch of 20
   steps is one), and CPU time, of every Postgres server process (the postmaster, its children,
-  and the children it has reaped, from ``/proc``) and of the workers.
+  and the children it has reaped, from ``/proc``) and of the workers;
+- from the workers' logs: the batches they committed and the steps in them (the line each logs
+  as it stops), and the deadlocks Postgres broke in their commits or lease renewals (each a
+  stall of ``deadlock_timeout``, 1 s, then a retry).
 
 Beside them, what the disk gives: 8 kB written and ``fdatasync``-ed at the same place, again and
-again for one second, in the directory of Postgres' data (what ``pg_test_fsync`` measures for
-``fdatasync``). WAL flushes per step times steps/s cannot go past that rate, so it bounds what
-one Postgres can do on this disk at the flushes per step measured.
+again for one second, in a file beside Postgres' data directory, on its file system (what
+``pg_test_fsync`` measures for ``fdatasync``). WAL flushes per step times steps/s cannot go past
+that rate, so it bounds what one Postgres can do on this disk at the flushes per step measured.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ async def run(b: Bench) -> None:
             f"per step: {c['wal_bytes']:,.0f} B WAL, {c['wal_flushes']:.3f} WAL flushes, "
             f"Postgres CPU {c['postgres_cpu_ms']:.3f} ms, workers' {c['workers_cpu_ms']:.3f} ms; "
             f"{c['batched_steps'] / c['steps']:.0%} of steps in batches "
-            f"(mean {c['batched_steps'] / max(1, c['batches']):.1f})",
+            f"(mean {c['batched_steps'] / max(1, c['batches']):.1f})"
+            + (f"; {c['deadlocks']} deadlocks" if c["deadlocks"] else ""),
         )
     best = max(configurations.values(), key=lambda c: c["steps_per_s"])
     if best["wal_flushes"] > 0:
@@ -247,8 +251,9 @@ async def _configuration(
         finally:
             b.stop_workers()
     flushes = "wal_write" if method.startswith("open_") else "wal_sync"
-    batches, batched = _batches(b.tmp.glob(f"sizing-{n}-*.log"))
+    batches, batched, deadlocks = _batches(b.tmp.glob(f"sizing-{n}-*.log"))
     return {
+        "deadlocks": deadlocks,
         "batches": batches,
         "batched_steps": batched,  # of all steps, these went in batches (the rest alone)
         "steps_per_s": round((last - first) / (t2 - t1)),
@@ -263,13 +268,16 @@ async def _configuration(
     }
 
 
-def _batches(logs: Iterable[Path]) -> tuple[int, int]:
+def _batches(logs: Iterable[Path]) -> tuple[int, int, int]:
     """The batches the workers committed and the steps in them, from the line each logs as it
-    stops."""
-    found = [DOWN.search(log.read_text(errors="replace")) for log in logs]
+    stops; and the deadlocks they were told of (a commit or a lease renewal that Postgres
+    chose to break a cycle of lock waits, after ``deadlock_timeout``: retried, but a stall)."""
+    texts = [log.read_text(errors="replace") for log in logs]
+    found = [DOWN.search(text) for text in texts]
     return (
         sum(int(m.group(1)) for m in found if m),
         sum(int(m.group(2)) for m in found if m),
+        sum(text.count("deadlock detected") for text in texts),
     )
 
 
