@@ -76,7 +76,7 @@ async def run(b: Bench) -> None:
         probe_s = 1.0 if not b.smoke else 0.1
         disk = await anyio.to_thread.run_sync(_disk_flushes_per_s, data_dir, probe_s)
         configurations: dict[str, dict[str, Any]] = {}
-        for n in WORKERS if not b.smoke else WORKERS[:2]:
+        for n in WORKERS if not b.smoke else (2,):  # smoke: one configuration, two processes
             configurations[str(n)] = await _configuration(
                 b, client, n, actors, window, data_dir, method
             )
@@ -94,15 +94,16 @@ async def run(b: Bench) -> None:
         f"{disk:,.0f}/s",
         f"beside Postgres' data directory, for {probe_s:g} s (as pg_test_fsync does)",
     )
-    for n, c in configurations.items():
+    for workers, c in configurations.items():
         b.record(
-            f"sizing_steps_per_s_{n}w",
+            f"sizing_steps_per_s_{workers}w",
             c["steps_per_s"],
-            f"sizing: {n} worker process{'es' if n != '1' else ''}, {actors} busy actors",
+            f"sizing: {workers} worker process{'es' if workers != '1' else ''}, {actors} "
+            "busy actors",
             f"{c['steps_per_s']:,.0f} steps/s",
             f"per step: {c['wal_bytes']:,.0f} B WAL, {c['wal_flushes']:.3f} WAL flushes, "
             f"Postgres CPU {c['postgres_cpu_ms']:.3f} ms, workers' {c['workers_cpu_ms']:.3f} ms; "
-            f"{c['batched_steps'] / c['steps']:.0%} of steps in batches "
+            f"{c['batched_steps'] / max(1, c['steps']):.0%} of steps in batches "
             f"(mean {c['batched_steps'] / max(1, c['batches']):.1f})"
             + (f"; {c['deadlocks']} deadlocks" if c["deadlocks"] else ""),
         )

@@ -35,8 +35,7 @@ KEYS = {
     "dbos_steps_per_s_conc50",
     "kernel_vs_dbos_conc50",
     "sizing_disk_flushes_per_s",
-    "sizing_steps_per_s_1w",
-    "sizing_steps_per_s_2w",  # smoke runs 1 and 2 workers, the real run 4 as well
+    "sizing_steps_per_s_2w",  # smoke runs 2 workers only, the real run 1, 2 and 4
     "agent_step_overhead_median_ms",
     "toren_runs_per_s_seq",
     "toren_runs_per_s_conc50",
