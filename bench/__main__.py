@@ -1,13 +1,15 @@
 """``python -m bench``: Toren's benchmark suite, every figure measured in one run on one database.
 
 One embedded Postgres (``fsync`` and ``synchronous_commit`` on, as shipped) serves every
-section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, DBOS
-Transact as a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of
-a 1,000-step run, forks of a long run from its last step, 10,000 parked runs, the HTTP API under
-``wrk``, pruning ended runs (and the kernel step beside a prune), sandboxes on real Docker
-(skipped, saying why, without a daemon or the sandbox image), and a Postgres failover on a
-Patroni cluster of its own (skipped, saying why, in smoke mode or without Patroni). Prints a
-table and writes ``bench/results.json``. ``--smoke`` runs every section with tiny counts: it
+section in turn: the floor (raw asyncpg commits), the CLI's start-up, the kernel step, sizing
+(kernel steps from 1, 2 and 4 worker processes, and what each costs Postgres), DBOS Transact as
+a peer, agent steps through the real Anthropic SDK, takeover after SIGKILL, replay of a
+1,000-step run, forks of a long run from its last step, 10,000 parked runs, the HTTP API (at a
+constant 500 requests/s from an open-loop generator, and under ``wrk``), pruning ended runs
+(and the kernel step beside a prune), sandboxes on real Docker (skipped, saying why, without a
+daemon or the sandbox image), and a Postgres failover on a Patroni cluster of its own (skipped,
+saying why, in smoke mode or without Patroni). Prints a table and writes
+``bench/results.json``. ``--smoke`` runs every section with tiny counts: it
 checks the suite works and measures nothing (CI runs it).
 """
 
@@ -49,6 +51,7 @@ from bench import (
     replay,
     sandbox,
     schedule,
+    sizing,
     takeover,
 )
 from bench._common import Bench
@@ -60,6 +63,7 @@ SECTIONS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "floor": floor.run,
     "cli": cli.run,
     "kernel": kernel.run,
+    "sizing": sizing.run,  # 1, 2 and 4 worker processes of kernel steps
     "dbos": dbos_peer.run,
     "agent": agent.run,
     "takeover": takeover.run,

@@ -1,5 +1,10 @@
-"""The HTTP API: ``GET /runs/{id}`` under 50 concurrent connections from ``wrk`` (a second
-process; Debian's ``wrk`` package), against ``toren serve`` with a bearer token.
+"""The HTTP API: ``GET /runs/{id}`` against ``toren serve`` with a bearer token, two ways.
+
+- open loop: a constant 500 requests/s for 10 s from :mod:`bench.openloop` in a process of its
+  own (Python and aiohttp: each request sent at its due time whatever the earlier ones do, its
+  latency counted from that time), p50, p99 and max, with the generator's own CPU;
+- closed loop: 50 concurrent connections from ``wrk`` (a second process; Debian's ``wrk``
+  package), each sending its next request when its last is answered: throughput and p99.
 
 The run read is a completed 10-step run (30 events): each request authenticates the token and
 folds the run's journal into its state, receipt and events count.
@@ -7,10 +12,12 @@ folds the run's journal into its state, receipt and events count.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import aiohttp
@@ -24,6 +31,7 @@ from toren._surfaces.tokens import SCOPES, create_token
 from toren.runs import start_run
 
 CONNECTIONS = 50
+OPEN_LOOP_RATE = 500  # requests/s
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 
 
@@ -70,6 +78,23 @@ async def run(b: Bench) -> None:
     url = f"http://127.0.0.1:{port}/runs/{run_id.removeprefix('run/')}"
     try:
         await _wait_serving(url, token, server)
+        rate = b.count(OPEN_LOOP_RATE, 50)
+        with b.task(f"API: open loop, {rate} requests/s", 1):
+            opened = await anyio.run_process(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.openloop",
+                    url,
+                    f"--rate={rate}",
+                    f"--seconds={b.count(10, 1)}",
+                    "--header",
+                    f"Authorization: Bearer {token}",
+                ],
+                check=False,
+            )
+        if opened.returncode:
+            raise RuntimeError(f"the open-loop generator failed:\n{opened.stderr.decode()}")
         with b.task(f"API: wrk, {CONNECTIONS} connections, {seconds} s", 1):
             done = await anyio.run_process(
                 [
@@ -98,7 +123,32 @@ async def run(b: Bench) -> None:
         "one toren serve process; wrk in another",
     )
     b.record(
-        "api_get_run_p99_ms", round(p99, 2), "API: p99 latency", f"{p99:.1f} ms", "target < 20 ms"
+        "api_get_run_p99_ms",
+        round(p99, 2),
+        "API: p99 latency, 50 connections",
+        f"{p99:.1f} ms",
+        "closed loop: a slow answer holds back its connection's next request",
+    )
+    _open_loop(b, json.loads(opened.stdout))
+
+
+def _open_loop(b: Bench, o: dict[str, float]) -> None:
+    b.results["api_open_loop"] = o
+    b.record(
+        "api_open_loop_p99_ms",
+        o["p99_ms"],
+        f"API: p50 / p99 / max at a constant {o['rate']:g} requests/s",
+        f"{o['p50_ms']:.1f} / {o['p99_ms']:.1f} / {o['max_ms']:.1f} ms",
+        f"target p99 < 20 ms; open loop, {o['answered_per_s']:,.0f} answered/s, "
+        f"{o['failed']:g} failed; latency from each request's due time",
+    )
+    b.record(
+        "api_open_loop_generator_cpu",
+        o["generator_cpu"],
+        "API: the open-loop generator's CPU",
+        f"{o['generator_cpu']:.0%} of a core",
+        f"its own process (Python, aiohttp); sends late by {o['send_lag_p99_ms']:.1f} ms "
+        f"at p99, {o['send_lag_max_ms']:.1f} ms at most",
     )
 
 

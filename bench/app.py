@@ -4,6 +4,8 @@
   killed with the message in hand.
 - :class:`Counter` (kernel step): handles a message by appending one event, nothing else; the
   like-for-like peer of a DBOS no-op step.
+- :class:`Pacer` (sizing): the same step, chained until a wall-clock instant instead of a count,
+  so that actors spread over several workers stay busy for one window whatever their rate.
 - the ``bench`` agent (agent step, replay, parked runs): calls the scripted model, which asks
   for the no-op ``lookup`` tool until the run's step budget is spent (see :mod:`bench.model`).
   ``bench_approve`` needs an approval for its tool call: its runs park.
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 import anyio
@@ -85,6 +88,31 @@ class Counter(Actor[int]):
         ctx.emit(Ticked(n=msg.n))
         if msg.n < msg.last:
             ctx.send(ctx.actor_id, Tick(n=msg.n + 1, last=msg.last))
+
+
+@message("bench.pace")
+@attrs.frozen(kw_only=True)
+class Pace:
+    n: int
+    until: float  # the actor sends itself the next one until this instant (time.time())
+
+
+class Pacer(Actor[int]):
+    """:class:`Counter`'s step, chained until ``until`` has passed."""
+
+    kind = "bench.pacer"
+    idle_seconds = 5.0
+
+    def initial_state(self) -> int:
+        return 0
+
+    def apply(self, state: int, event: Any) -> int:
+        return state + 1
+
+    async def handle(self, ctx: Context[int], msg: Any) -> None:
+        ctx.emit(Ticked(n=msg.n))
+        if time.time() < msg.until:
+            ctx.send(ctx.actor_id, Pace(n=msg.n + 1, until=msg.until))
 
 
 @tool(effects="read")

@@ -34,6 +34,8 @@ KEYS = {
     "kernel_steps_per_s_conc50",
     "dbos_steps_per_s_conc50",
     "kernel_vs_dbos_conc50",
+    "sizing_disk_flushes_per_s",
+    "sizing_steps_per_s_2w",  # smoke runs 2 workers only, the real run 1, 2 and 4
     "agent_step_overhead_median_ms",
     "toren_runs_per_s_seq",
     "toren_runs_per_s_conc50",
@@ -83,6 +85,8 @@ KEYS = {
     "parked_10k_rss_delta_mb",
     "api_get_run_rps",
     "api_get_run_p99_ms",
+    "api_open_loop_p99_ms",
+    "api_open_loop_generator_cpu",
 }
 # Only where Docker and the sandbox image are (CI has both); elsewhere skipped, saying why.
 SANDBOX_KEYS = {
