@@ -335,3 +335,39 @@ async def test_the_access_log_writes_whole_lines_a_pipe_keeps_whole() -> None:
     assert [line.split(" ")[4] for line in lines] == [
         f"/runs/{n}?x=\u00e9" + "a" * (n % 50) for n in range(500)
     ]
+
+
+# A stand-in for an API process: the first to start claims ``healthy`` and serves until
+# SIGTERM, then takes a while to stop (as a process draining its streams does) and says so in
+# ``stopped``; every later one exits 1 at once (a crash loop beside a healthy process).
+_STAND_IN = """
+import os, signal, sys, time
+healthy, stopped = sys.argv[1], sys.argv[2]
+try:
+    os.close(os.open(healthy, os.O_CREAT | os.O_EXCL))
+except FileExistsError:
+    sys.exit(1)
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(1), open(stopped, "w").close(), sys.exit(0)))
+while True:
+    time.sleep(60)
+"""
+
+
+async def test_a_parent_giving_up_on_a_crash_loop_waits_for_the_processes_still_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toren._surfaces import processes
+
+    monkeypatch.setattr(processes, "FIRST_PAUSE", 0.01)
+    monkeypatch.setattr(processes, "MOST_PAUSE", 0.01)
+    healthy, stopped = tmp_path / "healthy", tmp_path / "stopped"
+
+    def command(port: int) -> list[str]:
+        return [sys.executable, "-c", _STAND_IN, str(healthy), str(stopped)]
+
+    with pytest.raises(ExceptionGroup) as failing:
+        async with processes.api_processes(command, count=2, host="127.0.0.1", port=0):
+            await anyio.sleep_forever()
+    assert failing.group_contains(processes.ApiProcessesFailing)
+    assert healthy.exists()
+    assert stopped.exists(), "the parent ended before the process it told to stop had stopped"

@@ -171,6 +171,10 @@ class ApiProcesses:
             try:
                 code = await process.wait()
             finally:
+                # Cancelled (another slot failed): the child is still live until it exits, and
+                # stop() (signalled by it, or killed on a second signal) waits for it.
+                with anyio.CancelScope(shield=True):
+                    await process.wait()
                 del self.live[slot]
                 if self.stopping.is_set() and not self.live and not self._starting:
                     self._gone.set()
