@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -371,3 +372,18 @@ async def test_a_parent_giving_up_on_a_crash_loop_waits_for_the_processes_still_
     assert failing.group_contains(processes.ApiProcessesFailing)
     assert healthy.exists()
     assert stopped.exists(), "the parent ended before the process it told to stop had stopped"
+
+
+def test_a_port_another_set_of_api_processes_listens_on_is_refused() -> None:
+    """Another ``--workers N`` (its processes listen with ``SO_REUSEPORT``, as these would) on
+    the port: refused as a port in use, never silently sharing its connections."""
+    from toren._core.errors import ConfigError
+    from toren._surfaces.processes import reserve
+
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
+            reserve("127.0.0.1", port)

@@ -102,6 +102,12 @@ def reserve(host: str, port: int) -> tuple[list[socket.socket], int]:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             if family == socket.AF_INET6:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio does
+            if port:  # taken by any listener, even one with SO_REUSEPORT (another --workers N)?
+                with socket.socket(family, kind, proto) as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    if family == socket.AF_INET6:
+                        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                    probe.bind((address[0], port, *address[2:]))
             sock.bind((address[0], port, *address[2:]))
             port = sock.getsockname()[1]  # port 0: the others take the one chosen first
     except OSError as exc:
