@@ -6,6 +6,7 @@ a killed process is started again; SIGTERM stops them all."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -387,3 +388,63 @@ def test_a_port_another_set_of_api_processes_listens_on_is_refused() -> None:
         port = other.getsockname()[1]
         with pytest.raises(ConfigError, match=f"cannot listen on 127.0.0.1:{port}"):
             reserve("127.0.0.1", port)
+
+
+async def test_up_with_two_api_processes_reports_its_worker_on_both_and_drains_it_first(
+    db_url: str, tmp_path: Path
+) -> None:
+    """``toren up --workers 2``: the worker in the parent, its state on both processes'
+    ``/readyz``; on SIGTERM the worker drains before the API processes are told to stop."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOREN_")}
+    env.update(
+        TOREN_DATABASE_URL=db_url,
+        TOREN_HOME=str(tmp_path / "home"),
+        TOREN_SANDBOXES="false",
+        PYTHONPATH=str(ROOT),
+    )
+    log_path = tmp_path / "up.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [*TOREN, "--log-level", "DEBUG", "up", "--port", "0", "--workers", "2"],
+            env=env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    fleet = Fleet(proc, log_path)
+    try:
+
+        async def bound() -> int:
+            assert proc.poll() is None, fleet.log()
+            found = re.search(r"on http://127\.0\.0\.1:(\d+) in 2 processes", fleet.log())
+            return int(found[1]) if found else 0
+
+        fleet.port = await wait_for(bound, timeout=30, what="the parent to reserve a port")
+        await wait_for(lambda: _ready(len(fleet.listening()) == 2), timeout=30)
+        async with one_on_each(fleet) as each:
+
+            async def ready(one: Pinned) -> dict[str, Any] | None:
+                async with one.http.get(f"{fleet.base}/readyz") as r:
+                    body: dict[str, Any] = await r.json()
+                return body if r.status == 200 else None
+
+            for one in each.values():
+                shown = await wait_for(functools.partial(ready, one), timeout=30)
+                assert shown["worker"] == "running"
+        proc.send_signal(signal.SIGTERM)
+        code = await anyio.to_thread.run_sync(proc.wait, 30)
+        assert code == 0, fleet.log()
+    finally:
+        if proc.poll() is None:
+            for child in fleet.children():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
+            proc.kill()
+            proc.wait(10)
+    text = fleet.log()
+    drained = text.index("SIGTERM: draining")
+    down = text.index("down (group commit")
+    told = [m.start() for m in re.finditer(r"API process \d+: SIGTERM: stopping", text)]
+    assert len(told) == 2, text
+    assert drained < down < min(told), text
+    assert "Traceback" not in text
