@@ -445,6 +445,48 @@ async def test_failed_console_sign_ins_are_limited_per_address(client: Client, d
     assert await client.pool.fetchval("SELECT count(*) FROM toren.sessions") == 0
 
 
+@pytest.mark.parametrize("shaped", [False, True], ids=["malformed", "well-formed"])
+async def test_concurrent_failures_pass_the_limit_exactly(
+    client: Client, db_url: str, shaped: bool
+) -> None:
+    # 60 guesses at once from one address: each is counted before it is checked, under a lock
+    # of its address in Postgres, so exactly the limit's worth are checked and answered 401
+    # (a check, then a count, let every guess in flight pass the check).
+    async with api(db_url, failed_auth_per_minute=4) as base:
+
+        async def guess(n: int) -> int:
+            token = f"trn_{n:x}_guess{n}" if shaped else f"not a token {n}"
+            async with bearer(token) as http, http.get(f"{base}/runs") as r:
+                return r.status
+
+        statuses: list[int] = []
+
+        async def one(n: int) -> None:
+            statuses.append(await guess(n))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(60):
+                tg.start_soon(one, n)
+        assert sorted(statuses) == [401] * 4 + [429] * 56
+    assert await client.pool.fetchval("SELECT count(*) FROM toren.auth_failures") == 4
+
+
+async def test_a_token_that_passes_is_not_counted_as_a_failure(client: Client, db_url: str) -> None:
+    _, good = await _token(client, "good", ["read"])
+    async with api(db_url, failed_auth_per_minute=2) as base:
+        async with bearer(good) as http, http.get(f"{base}/runs") as r:
+            assert r.status == 200
+        async with aiohttp.ClientSession() as http, sign_in(http, base, good) as r:
+            assert r.status == 303
+            assert r.headers["Location"] == "/"
+        assert await client.pool.fetchval("SELECT count(*) FROM toren.auth_failures") == 0
+        for n in range(2):
+            async with bearer(f"trn_bad{n}_guess{n}") as http, http.get(f"{base}/runs") as r:
+                await _problem(r, 401)
+        async with bearer("trn_bad9_guess9") as http, http.get(f"{base}/runs") as r:
+            await _problem(r, 429)
+
+
 # --- 7b. console sessions per token (issue 26) --------------------------------------------------
 
 

@@ -448,3 +448,21 @@ async def test_up_with_two_api_processes_reports_its_worker_on_both_and_drains_i
     assert len(told) == 2, text
     assert drained < down < min(told), text
     assert "Traceback" not in text
+
+
+def test_metrics_folders_of_parents_that_are_gone_are_swept(tmp_path: Path) -> None:
+    from toren._surfaces.processes import METRICS_PREFIX, sweep_metrics
+
+    with subprocess.Popen([sys.executable, "-c", "pass"]) as child:
+        child.wait()
+    dead_pid = child.pid  # reaped: no process has it (unless reused at once)
+    dead = tmp_path / f"{METRICS_PREFIX}{dead_pid}-abc"
+    live = tmp_path / f"{METRICS_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{METRICS_PREFIX}not-a-pid"
+    for folder in (dead, live, other):
+        folder.mkdir()
+        (folder / "counter_1.db").write_bytes(b"x")
+    sweep_metrics(tmp_path)
+    assert not dead.exists()
+    assert live.exists()
+    assert other.exists()

@@ -156,26 +156,26 @@ def require_token(
             header = given[0].decode(errors="replace") if given else ""
             scheme, _, token = header.partition(" ")
             token = token.strip() if scheme.lower() == "bearer" else ""
-            # Asked only when it decides something (it may cost a query): not for a token
-            # that passed here lately, unless it fails now.
-            asked = not tokens.known(token)
-            retry_after = await failed.blocked(address) if asked else None
-            if retry_after is not None:
-                await _refuse(send, 429, b"too many failed authentications", retry_after)
+            # A token that passed here lately is checked without a statement, and counted only
+            # if it fails now; any other credential is an attempt, counted as a failure before
+            # it is checked (the counts are shared by every server process) and uncounted if it
+            # passes. No credential at all is no attempt: it is refused without a statement.
+            attempt = await failed.attempt(address) if header and not tokens.known(token) else None
+            if attempt is not None and attempt.retry_after is not None:
+                await _refuse(send, 429, b"too many failed authentications", attempt.retry_after)
                 return
             ok = bool(token) and await tokens.authenticate(client.pool, token, via="mcp")
             if not ok:
-                if header and not asked:
-                    retry_after = await failed.blocked(address)
+                retry_after = await failed.failed(address) if header and attempt is None else None
                 if retry_after is not None:
                     await _refuse(send, 429, b"too many failed authentications", retry_after)
                     return
-                if header:
-                    await failed.failed(address)
                 await _refuse(
                     send, 401, b"send Authorization: Bearer <token> (toren tokens create)"
                 )
                 return
+            if attempt is not None:
+                await failed.passed(attempt)
         await app(scope, receive, send)
 
     return guarded

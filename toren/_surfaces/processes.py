@@ -40,10 +40,12 @@ import subprocess
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import get_args
 
 import anyio
 import anyio.abc
+import psutil
 
 from toren._core.errors import ConfigError, TorenError
 from toren._surfaces.http.models import WorkerState
@@ -263,7 +265,15 @@ async def api_processes(
         ApiProcessesFailing: the children kept exiting.
     """
     sockets, bound = reserve(host, port)
-    metrics_dir = tempfile.mkdtemp(prefix="toren-metrics-")
+    if count > (os.cpu_count() or 1):
+        log.warning(
+            "%d API processes on %d CPUs: more processes than CPUs add connections to Postgres "
+            "(each its own pool) and no throughput",
+            count,
+            os.cpu_count() or 1,
+        )
+    sweep_metrics(Path(tempfile.gettempdir()))
+    metrics_dir = tempfile.mkdtemp(prefix=f"{METRICS_PREFIX}{os.getpid()}-")
     env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": metrics_dir}
     processes = ApiProcesses(command(bound), count=count, env=env, worker=worker)
     try:
@@ -282,6 +292,23 @@ async def api_processes(
         for sock in sockets:
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+METRICS_PREFIX = "toren-metrics-"
+"""The metrics directory of a parent: ``toren-metrics-<its pid>-<random>`` in the temp folder."""
+
+
+def sweep_metrics(folder: Path) -> None:
+    """Remove the metrics directories of parents that are gone without removing theirs (killed
+    with SIGKILL): those of this user whose pid is no longer a process."""
+    for path in folder.glob(f"{METRICS_PREFIX}*-*"):
+        pid = path.name[len(METRICS_PREFIX) :].partition("-")[0]
+        try:
+            mine = path.is_dir() and path.stat().st_uid == os.getuid()
+        except OSError:
+            continue
+        if mine and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class ParentSays:

@@ -116,4 +116,9 @@ async def serve_as_child(
             async for signum in signals:
                 log.debug("API process %d: %s: stopping", os.getpid(), signal.Signals(signum).name)
                 break
+        # One signal stops it; the parent's second is SIGKILL. A second SIGTERM (systemd
+        # signals every process of its unit, then the parent signals each child) must not cut
+        # the streams and requests it is finishing.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         tg.cancel_scope.cancel()

@@ -33,16 +33,22 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
     cookie = request.cookies.get(SESSION_COOKIE)
     caller: Access | None = None
     # While an address is blocked, only a token this server saw pass lately, or a session
-    # cookie (256 random bits: nobody guesses one), is still checked; anything else waits. The
-    # block is asked for only when it decides something (it may cost a query: the counts are
-    # shared by every server process), never for a credential that passes.
+    # cookie (256 random bits: nobody guesses one), is still checked; anything else waits. Any
+    # other token is an attempt, counted as a failure before it is checked (one statement: the
+    # counts are shared by every server process) and uncounted if it passes; a credential that
+    # passes costs nothing here.
     retry_after: int | None = None
-    asked = False
+    counted = False
     if token is not None:
-        if not tokens.known(token):
-            retry_after, asked = await failed.blocked(address), True
-        if retry_after is None:
+        if tokens.known(token):
             caller = await tokens.authenticate(pool, token, via="http")
+        else:
+            attempt = await failed.attempt(address)
+            retry_after, counted = attempt.retry_after, True
+            if retry_after is None:
+                caller = await tokens.authenticate(pool, token, via="http")
+                if caller is not None:
+                    await failed.passed(attempt)
         detail = "the bearer token is malformed, unknown, revoked or expired"
     elif cookie:
         caller = await session_access(pool, cookie)
@@ -51,11 +57,9 @@ async def authenticate(request: web.Request, *, optional: bool) -> Access | None
         detail = "send Authorization: Bearer <token> (see `toren tokens create`)"
     if caller is None:
         if token is not None or cookie:
-            if not asked:
-                retry_after = await failed.blocked(address)
-            if retry_after is None:
-                await failed.failed(address)
-            elif not optional:
+            if not counted:
+                retry_after = await failed.failed(address)
+            if retry_after is not None and not optional:
                 raise ProblemError(
                     429,
                     "Too many failed sign-ins",

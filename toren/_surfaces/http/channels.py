@@ -222,17 +222,19 @@ async def webhook(request: web.Request) -> web.Response:
     bot = request.match_info["bot"]
     passed = hooks.passed.get(bot)
     recent = passed is not None and time.monotonic() - passed < RECENT_PASS
-    # The block (shared by every server process: it may cost a query) is asked for only when
-    # it decides something: not for an update of a bot whose secret passed here lately.
-    retry_after = None if recent else await hooks.failed.blocked(address)
-    if retry_after is not None:
-        raise _too_many(address, retry_after)
+    # The counts are shared by every server process (a statement): an update of a bot whose
+    # secret passed here lately is checked without one, and counted only if it fails; any other
+    # is an attempt, counted as a failure before its secret is checked and uncounted if it passes.
+    attempt = None if recent else await hooks.failed.attempt(address)
+    if attempt is not None and attempt.retry_after is not None:
+        raise _too_many(address, attempt.retry_after)
     if not await _secret_matches(request, bot, hooks):
-        retry_after = await hooks.failed.blocked(address) if recent else None
+        retry_after = await hooks.failed.failed(address) if attempt is None else None
         if retry_after is not None:
             raise _too_many(address, retry_after)
-        await hooks.failed.failed(address)
         raise _unauthorized()
+    if attempt is not None:
+        await hooks.failed.passed(attempt)
     hooks.passed[bot] = time.monotonic()
     update = await _update(request)
     update_id = update["update_id"]

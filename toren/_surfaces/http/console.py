@@ -52,7 +52,8 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
         origin = request.headers.get("Origin", "")
         raise ProblemError(403, "Forbidden", f"cross-origin sign-in from {origin!r} refused")
     failed, address = request.app[FAILED_AUTH], client_address(request)
-    retry_after = await failed.blocked(address)
+    attempt = await failed.attempt(address)  # a failure until its token passes
+    retry_after = attempt.retry_after
     if retry_after is not None:
         raise ProblemError(
             429,
@@ -68,8 +69,8 @@ async def sign_in(request: web.Request) -> web.StreamResponse:
     pool = request.app[CLIENT].pool
     found = await authenticate(pool, token.strip()) if isinstance(token, str) else None
     if found is None:
-        await failed.failed(address)
         raise web.HTTPSeeOther("/?denied=1")
+    await failed.passed(attempt)
     cookie, _, seconds = await open_session(pool, found)
     response = web.HTTPSeeOther("/")
     secure = request.app[OPTIONS].secure_cookies

@@ -2,12 +2,15 @@
 
 Every API server process on one database counts into the same table (``toren.auth_failures``,
 migration 0017), so ``failed_auth_per_minute`` holds for the fleet: N processes behind one port
-(``toren serve --workers N``) or behind a balancer do not make it N times weaker. Only failures
-write (one statement, on an unlogged table: no WAL flush); a request whose credentials pass
-costs nothing here, because callers ask :meth:`FailedAuth.blocked` only when it decides
-something: before checking a credential this process has not seen pass lately, and after one
-failed. A block this process learnt of is remembered until it ends (blocks end only with time),
-so a flood from a blocked address costs no queries.
+(``toren serve --workers N``) or behind a balancer do not make it N times weaker, and attempts
+racing at once do not pass a limit between a check and a count. An attempt that decides
+something (a credential this process has not seen pass lately) is counted as a failure before
+its credential is checked, in one statement under a lock of its address
+(``toren.auth_attempt``: one after another from every process), and uncounted if the
+credential passes: a limit of N lets exactly N failures through in any minute. A credential
+this process saw pass lately is checked without asking, and counted only if it fails. Writes go
+to an unlogged table (no WAL flush). A block this process learnt of is remembered until it ends
+(blocks end only with time), so a flood from a blocked address costs no queries.
 """
 
 from __future__ import annotations
@@ -15,41 +18,28 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from decimal import Decimal
+from datetime import datetime
 
 import asyncpg
+import attrs
 from aiohttp import web
 
 REMEMBERED = 4096
 """Blocked addresses one process remembers at most (the oldest are forgotten first: a
 forgotten one is asked of the database again)."""
 
-# The failure that, a minute old, lets the address try again: the `$3`-th newest of the last
-# minute (none: not blocked). Reads at most `$3` index entries.
-_BLOCKED = """
-SELECT extract(epoch FROM at + interval '1 minute' - now()) FROM toren.auth_failures
-WHERE kind = $1 AND address = $2 AND at > now() - interval '1 minute'
-ORDER BY at DESC OFFSET $3 - 1 LIMIT 1
-"""
+_ATTEMPT = "SELECT retry_after, counted_at FROM toren.auth_attempt($1, $2, $3)"
+_PASSED = "DELETE FROM toren.auth_failures WHERE kind = $1 AND address = $2 AND at = $3"
 
-# One more failure, and the answer of _BLOCKED counting it. A few expired rows of any address go
-# too (without waiting on a sweep in another process), so the table holds about a minute.
-_FAILED = """
-WITH added AS (
-    INSERT INTO toren.auth_failures (kind, address) VALUES ($1, $2) RETURNING at
-), swept AS (
-    DELETE FROM toren.auth_failures WHERE ctid IN (
-        SELECT ctid FROM toren.auth_failures WHERE at <= now() - interval '1 minute'
-        LIMIT 100 FOR UPDATE SKIP LOCKED
-    )
-)
-SELECT extract(epoch FROM at + interval '1 minute' - now()) FROM (
-    SELECT at FROM toren.auth_failures
-    WHERE kind = $1 AND address = $2 AND at > now() - interval '1 minute'
-    UNION ALL SELECT at FROM added
-) recent
-ORDER BY at DESC OFFSET $3 - 1 LIMIT 1
-"""
+
+@attrs.frozen
+class Attempt:
+    """An attempt of one address: refused (``retry_after``: seconds until it may try again), or
+    counted as a failure until :meth:`FailedAuth.passed` says its credential passed."""
+
+    address: str
+    retry_after: int | None
+    counted_at: datetime | None
 
 
 class FailedAuth:
@@ -63,22 +53,29 @@ class FailedAuth:
         self.per_minute = per_minute
         self._until: OrderedDict[str, float] = OrderedDict()  # blocked: until when (monotonic)
 
-    async def blocked(self, address: str) -> int | None:
-        """Seconds until ``address`` may try again, or None if it may now.
+    async def attempt(self, address: str) -> Attempt:
+        """Count an attempt of ``address`` as a failure, unless it is blocked (then nothing is
+        counted): call :meth:`passed` if its credential passes.
 
         Raises:
             asyncpg.PostgresError, OSError: the database did not answer.
         """
         held = self._held(address)
         if held is not None:
-            return held
-        seconds = await self._pool.fetchval(_BLOCKED, self.kind, _key(address), self.per_minute)
-        return self._remember(address, seconds)
+            return Attempt(address, held, None)
+        row = await self._pool.fetchrow(_ATTEMPT, self.kind, _key(address), self.per_minute)
+        assert row is not None  # the function returns one row
+        return Attempt(address, self._remember(address, row["retry_after"]), row["counted_at"])
+
+    async def passed(self, attempt: Attempt) -> None:
+        """The attempt's credential passed: it is not a failure."""
+        if attempt.counted_at is not None:
+            await self._pool.execute(_PASSED, self.kind, _key(attempt.address), attempt.counted_at)
 
     async def failed(self, address: str) -> int | None:
-        """Count one failure of ``address``; returns what :meth:`blocked` now would."""
-        seconds = await self._pool.fetchval(_FAILED, self.kind, _key(address), self.per_minute)
-        return self._remember(address, seconds)
+        """A credential checked without :meth:`attempt` failed: count it. Returns the seconds
+        until ``address`` may try again if it was blocked already (nothing counted), else None."""
+        return (await self.attempt(address)).retry_after
 
     def _held(self, address: str) -> int | None:
         until = self._until.get(address)
@@ -90,7 +87,7 @@ class FailedAuth:
             return None
         return max(1, math.ceil(left))
 
-    def _remember(self, address: str, seconds: Decimal | None) -> int | None:
+    def _remember(self, address: str, seconds: float | None) -> int | None:
         if seconds is None:  # fewer than per_minute failures in the last minute
             return None
         left = float(seconds)
