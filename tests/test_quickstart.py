@@ -235,7 +235,12 @@ async def test_readme_and_quickstart_work_literally_in_a_clean_home(machine: Pat
         # The banner's commands work from a second terminal as printed (no PATH needed).
         printed = dict(re.findall(r"^  (\S.*?\S)\s{3,}(\S.*)$", banner[0], re.M))
         show = next(c for c in printed if " jobs show " in c)
-        assert "approval requested for issue_refund" in await second(show, activate=False)
+        # The banner may say the run "will park": the worker serves before it has imported the
+        # provider's SDK, so the run's first call can still be on its way. Shown until it parks.
+        asked, deadline = "approval requested for issue_refund", time.monotonic() + 120
+        while asked not in (shown := await second(show, activate=False)):
+            assert time.monotonic() < deadline, shown
+            await anyio.sleep(0.5)
 
         # The quickstart's banner, as it prints (the migration count included: on a clean
         # HOME every migration is applied now).
