@@ -145,8 +145,10 @@ async def phase_parked(
         now = await client.pool.fetchval("SELECT extract(epoch FROM now())::float8")
         await parked._settled(client, worker.pid, now)
         rounds = [{**await _dump(worker.pid, mem), "label": "before (warm-up parked)"}]
+        bursts: list[str] = []  # how long each batch took to park (the mid-burst dump included)
         for batch, label in ((n, "after {:,} parked"), (n // 3, "after {:,} more")):
             base = await parked._parked(client)
+            started = time.perf_counter()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(parked._start, client, batch, f"run{len(rounds)}")
                 while (done := await parked._parked(client) - base) < batch:
@@ -155,12 +157,14 @@ async def phase_parked(
                         actors = await _in_memory(client, worker.pid)
                         rounds.append({**mid, "label": f"mid-burst ({actors} actors in memory)"})
                     await anyio.sleep(0.5)
+            bursts.append(f"{batch:,} runs parked in {time.perf_counter() - started:.1f} s")
             now = await client.pool.fetchval("SELECT extract(epoch FROM now())::float8")
             await parked._settled(client, worker.pid, now)
             await settle(6)  # one more renewal: the idle worker's collection and trim ran
             rounds.append({**await _dump(worker.pid, mem), "label": label.format(batch)})
         b.stop_workers()
-    return _memory_report(rounds, frames, f"{allocator}, max_actors {max_actors or 'default'}")
+    report = _memory_report(rounds, frames, f"{allocator}, max_actors {max_actors or 'default'}")
+    return report + "\n" + "; ".join(bursts) + ".\n"
 
 
 def _memory_report(rounds: list[dict[str, Any]], frames: int, allocator: str) -> str:
