@@ -141,6 +141,21 @@ def test_unreachable_database_exits_1_without_a_traceback(tmp_path: Path) -> Non
     assert "Traceback" not in result.stderr
 
 
+async def test_no_server_of_the_url_being_writable_exits_1_without_a_traceback(
+    empty_db_url: str,
+) -> None:
+    """Every server of a multi-host URL up but none of the kind it asks for (all replicas
+    during a failover, for read-write): asyncpg's own error, not a reachable-database one, was
+    a traceback (here: the one server is a primary, asked for as a standby)."""
+    url = f"{empty_db_url}&target_session_attrs=standby"
+    for command in (("workers",), ("worker", "--app", "tests.agents_app")):
+        result = await anyio.to_thread.run_sync(lambda c=command: toren(*c, db_url=url))
+        assert result.returncode == 1, result
+        assert "cannot reach Postgres" in result.stderr
+        assert "no server of the URL" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
 def test_dev_runs_the_demo_agent_and_a_second_terminal_approves_it(tmp_path: Path) -> None:
     """The demo's first start, its run approved from a second terminal, then a second start
     on the same data: each banner says where the run is and what nothing is paid for; Docker,

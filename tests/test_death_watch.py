@@ -90,3 +90,23 @@ async def test_a_worker_killed_soon_after_it_joined_is_taken_over_through_its_lo
     finally:
         if older is not None:
             await older.close()
+
+
+@pytest.mark.parametrize(
+    "payload", ["", "x", "1.5", "\x00", "9" * 5000, "-1", str(2**70)], ids=repr
+)
+def test_any_payload_on_the_join_channel_is_harmless(payload: str) -> None:
+    """Anyone who may connect may NOTIFY toren_workers: a payload that is no integer, too long
+    to be one, negative or beyond any lock key is ignored or at most makes the watch choose its
+    peer again (which reads the live workers, not the payload); nothing raises."""
+    from toren._core.session import _joined
+
+    seen: list[int] = []
+    _joined(seen.append, payload)
+    watch = death_watch.DeathWatch(
+        "postgresql://unused", uuid.uuid4(), 10, Settings(database_url="x"), lambda: None
+    )
+    watch._choosing, watch.peer = False, 11
+    for key in seen:
+        watch.joined(key)  # never raises; a re-choice at most
+    assert seen == ([] if payload in ("", "x", "1.5", "\x00", "9" * 5000) else [int(payload)])

@@ -41,6 +41,18 @@ TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+# What a URL that leads to no usable connection raises: asyncpg's TargetServerAttributeNotMatched
+# is a server of each host up, none of the kind ``target_session_attrs`` asks for (with
+# ``read-write``: every server a replica, as during a failover).
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    ValueError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.TargetServerAttributeNotMatched,
+)
+
+
 @contextlib.asynccontextmanager
 async def one_snapshot(db: Db) -> AsyncIterator[Any]:
     """A connection of ``db`` whose statements read one snapshot of the database: a read-only
@@ -94,7 +106,7 @@ async def create_pool(url: str, *, size: int = 10, name: str = "toren") -> async
             reset=_keep_session,
             server_settings={"application_name": name},
         )
-    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except _CONNECT_ERRORS as exc:
         raise _unavailable(url, exc) from _shown_cause(exc)
     return pool
 
@@ -110,7 +122,7 @@ async def connect(url: str, *, name: str = "toren") -> asyncpg.Connection:
     """
     try:
         conn = await asyncpg.connect(url, server_settings={"application_name": name})
-    except (OSError, ValueError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except _CONNECT_ERRORS as exc:
         raise _unavailable(url, exc) from _shown_cause(exc)
     try:
         await init_connection(conn)
@@ -135,6 +147,11 @@ def _unavailable(url: str, exc: BaseException) -> DatabaseUnavailable:
             "the URL does not parse (asyncpg's reason is not shown: it may quote the "
             "password); percent-encode any @ : / ? # in the user name or password "
             "(@ is %40, : is %3A)"
+        )
+    if isinstance(exc, asyncpg.TargetServerAttributeNotMatched):
+        exc = ConnectionError(
+            "no server of the URL is what its target_session_attrs asks for (with read-write: "
+            "every server is a replica, as while a failover is under way)"
         )
     return DatabaseUnavailable(redact(url), exc)
 
