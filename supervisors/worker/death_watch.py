@@ -26,6 +26,8 @@ from toren.kernel import open_death_watch, ring_position, successor, wait_for_de
 log = logging.getLogger("toren.worker")
 
 RECHECK_SECONDS = 5.0
+REWATCH_GAP = 0.1
+"""The shortest time between two watches that a newcomer interrupted."""
 
 
 class DeathWatch:
@@ -76,8 +78,12 @@ class DeathWatch:
         failures = 0
         while True:
             try:
+                began = anyio.current_time()
                 await self._watch()
                 failures = 0  # a newcomer interrupted a lock wait: watch it on a new connection
+                # at most every REWATCH_GAP (anyone who may connect may NOTIFY: a flood of
+                # joins must not become a flood of connections; the poll still finds deaths)
+                await anyio.sleep(REWATCH_GAP - (anyio.current_time() - began))
             # Any failure of the watch only costs speed (polling still finds dead workers), so
             # it must never end the worker's incarnation.
             except Exception as exc:  # noqa: BLE001

@@ -117,8 +117,9 @@ class Worker:
         """The database URL, its servers (if several) in the order the route tries them."""
         return self.route.url
 
-    async def check_route(self) -> bool:
-        """Probe the URL's servers (if several) and point the pools at the one that commits.
+    async def check_route(self, *, avoided_too: bool = True) -> bool:
+        """Probe the URL's servers (if several) and point the pools at the one that commits
+        (the ones left out at the last check too, unless not ``avoided_too``).
 
         Returns:
             Whether the server the connections reach moved. Once the order changed, the pools'
@@ -128,7 +129,8 @@ class Worker:
         if not self.route.several:
             return False
         before = self.route.url
-        moved = await self.route.check(within=max(0.5, self.settings.renew_seconds / 2))
+        within = max(0.5, self.settings.renew_seconds / 2)
+        moved = await self.route.check(within, avoided_too=avoided_too)
         if self.route.url != before:
             for pool in (self._pool, self._lease_pool):
                 if pool is not None:
@@ -237,7 +239,9 @@ class Worker:
         settings = self.settings
         cards = self.resources.get(Directory).local_cards()
         versions = {name: str(card["version"]) for name, card in cards.items() if card["version"]}
-        await self.check_route()  # a server left stale by a failover is left out
+        # A server left stale by a failover is left out, and not probed again at each start (a
+        # probe of it leaves a backend waiting there); a renewal that times out probes them all.
+        await self.check_route(avoided_too=False)
         session = await WorkerSession.open(self.url, settings, versions)
         hosts = HostRegistry(pool, session.worker_id, settings, self.resources)
         session.on_lost = hosts.cancel_all

@@ -123,9 +123,11 @@ class Route:
             return self._url
         return with_hosts(self._url, [h for h in self.order if h not in self.avoided])
 
-    async def check(self, within: float) -> bool:
+    async def check(self, within: float, *, avoided_too: bool = True) -> bool:
         """Probe every server at once (each given ``within`` seconds to commit); try the ones
         that commit first, and leave the stuck ones out while one commits (else try them last).
+        Without ``avoided_too``, the servers left out are not probed again (each probe of a
+        stuck server leaves a backend waiting there): they stay stuck for this check.
 
         Returns:
             Whether the server that connections reach changed: a server commits, and it is not
@@ -141,7 +143,10 @@ class Route:
 
         async with anyio.create_task_group() as tg:
             for host in self.order:
-                tg.start_soon(one, host)
+                if avoided_too or host not in self.avoided:
+                    tg.start_soon(one, host)
+                else:
+                    verdicts[host] = "stuck"
         rank = {"writable": 0, "read-only": 1, "unreachable": 1, "stuck": 2}
         order = sorted(self.order, key=lambda h: rank[verdicts[h]])  # stable: ties keep order
         reached = next((h for h in self.order if verdicts[h] != "read-only"), order[0])
