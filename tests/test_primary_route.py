@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import socket
 
+import anyio
+import anyio.abc
 import pytest
 
 from toren import Settings
@@ -57,3 +59,28 @@ async def test_servers_that_refuse_connections_are_unreachable_and_move_nothing(
     route = Route(url)
     assert await route.check(within=2) is False
     assert route.order == [f"127.0.0.1:{a}", f"127.0.0.1:{b}"]
+
+
+@pytest.mark.anyio
+async def test_a_new_incarnations_check_does_not_probe_a_server_left_out_again() -> None:
+    # A server left out as stale is probed again only when asked (a renewal that timed out):
+    # each probe of a stale primary leaves a backend waiting there.
+    knocks: list[object] = []
+
+    async def knocked(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            knocks.append(stream)
+            await anyio.sleep(30)  # never answers
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    stale = f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"
+    other = f"127.0.0.1:{_closed_port()}"
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, knocked)
+        route = Route(f"postgresql://u:p@{other},{stale}/x?target_session_attrs=read-write")
+        route.avoided = frozenset({stale})
+        assert await route.check(within=0.5, avoided_too=False) is False
+        assert knocks == []
+        await route.check(within=0.5)
+        assert len(knocks) == 1
+        tg.cancel_scope.cancel()
