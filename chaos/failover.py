@@ -209,6 +209,8 @@ async def failover(
                     problems.append("the old primary kept committing: the fault did not land")
                 died_at = stuck_at or promoted_at
             problems += await fleet.wait_done(harness.bound * 2)
+            if any(p.startswith("stuck") for p in problems):
+                problems += await _backends(cluster, database)
             tg.cancel_scope.cancel()
         await follower.follow(until=time.monotonic() + 20)
         problems += await _sessions_moved(fleet)
@@ -239,6 +241,32 @@ async def failover(
     return FailoverResult(
         result, times.get("promoted") or 0.0, times.get("first"), times.get("rejoined") or 0.0
     )
+
+
+async def _backends(cluster: Cluster, database: str) -> list[str]:
+    """What the database's backends on every server are doing (for a failure's report: runs
+    that do not finish have steps waiting somewhere)."""
+    seen = []
+    for node in cluster.nodes:
+        try:
+            conn = await asyncpg.connect(cluster.node_url(node, database), timeout=3)
+        except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+            seen.append(f"{node.name}: cannot connect ({exc})")
+            continue
+        try:
+            role = await conn.fetchval("SELECT pg_is_in_recovery()")
+            rows = await conn.fetch(
+                "SELECT application_name, client_port, state, wait_event_type, wait_event, "
+                "now() - state_change AS for, left(query, 60) AS query FROM pg_stat_activity "
+                "WHERE datname = $1 AND pid <> pg_backend_pid() ORDER BY state_change",
+                database,
+            )
+            sync = await conn.fetchval("SHOW synchronous_standby_names")
+        finally:
+            await conn.close()
+        seen.append(f"{node.name} (replica: {role}, synchronous_standby_names {sync!r}):")
+        seen.extend(f"  {dict(r)}" for r in rows)
+    return seen
 
 
 async def _wait_primary(cluster: Cluster, node: Node, timeout: float) -> None:
