@@ -88,11 +88,14 @@ class _Follower:
         leader = await self.cluster.leader()
         if leader is self.on:
             return
-        url = self.cluster.url(self.database, nodes=(leader, self.cluster.other(leader)))
+        # The leader alone: Patroni names it before its promotion ends, and a URL that named the
+        # other server too would then connect there (a stale primary still takes read-write
+        # connections), and the client would stay on it, reading what it no longer commits.
+        url = self.cluster.url(self.database, nodes=(leader,))
         try:
             client = await Client.connect(url)
         except DatabaseUnavailable:
-            return  # Patroni names it before its promotion ends: try again later
+            return  # not writable yet: try again later
         old, self.fleet.client = self.fleet.client, client
         self.on = leader
         old.pool.terminate()
