@@ -276,9 +276,11 @@ async def test_a_killed_process_is_started_again_and_sigterm_stops_them_all(
     async with aiohttp.ClientSession() as http, http.get(f"{fleet.base}/healthz") as r:
         assert r.status == 200
     fleet.proc.send_signal(signal.SIGTERM)
-    with anyio.fail_after(30):
-        while fleet.proc.poll() is None:
-            await anyio.sleep(0.05)
+
+    async def exited() -> bool:
+        return fleet.proc.poll() is not None
+
+    await wait_for(exited, timeout=30, what="the parent exited after SIGTERM")
     assert fleet.proc.returncode == 0, fleet.log()
     for pid in now:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
