@@ -20,6 +20,7 @@ import psutil
 from rich.progress import Progress, TaskID
 
 ROOT = Path(__file__).resolve().parent.parent
+SDK_IMPORTED = b"imported the anthropic SDK"  # what a bench.app worker logs once it has
 
 
 def median_ms(seconds: list[float]) -> float:
@@ -73,6 +74,33 @@ class Bench:
         """A ``toren worker --app bench.app`` process on the suite's database (its output to
         ``log``, by default the suite's ``workers.log``)."""
         return self.start_toren(["worker", "--app", "bench.app"], env, log)
+
+    async def start_ready_worker(
+        self, pool: asyncpg.Pool, name: str, env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """A ``toren worker --app bench.app`` process, registered and done importing its agents'
+        provider SDK (Anthropic's for ``bench.app``), its output in ``worker-NAME.log``.
+
+        A worker serves before that import ends (1-2 s in a thread, with garbage collections
+        that stop its event loop meanwhile): a section that measures steps waits for it, so
+        that it measures a worker that has finished starting, as every worker was when SDKs
+        were imported before registering."""
+        log = self.tmp / f"worker-{name}.log"
+        proc = self.start_worker(env, log)
+        await self.wait_ready(pool, proc, log)
+        return proc
+
+    async def wait_ready(
+        self, pool: asyncpg.Pool, proc: subprocess.Popen[bytes], log: Path, within: float = 60
+    ) -> None:
+        """Wait until the worker ``proc`` (its output in ``log``, its own) is registered and
+        done importing its SDK."""
+        deadline = time.monotonic() + within
+        await self.wait_registered(pool, proc)
+        while SDK_IMPORTED not in log.read_bytes():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {proc.pid} did not import its SDK; see {log}")
+            await anyio.sleep(0.02)
 
     def environ(self, env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of a ``toren`` process on the suite's database: this one's, without

@@ -64,8 +64,7 @@ async def walls(client: Client, runs: list[str]) -> dict[str, float]:
 
 async def run(b: Bench) -> None:
     async with BenchModel() as model, await Client.connect(b.url) as client:
-        worker = b.start_worker(model.env())
-        await b.wait_registered(client.pool, worker)
+        await b.start_ready_worker(client.pool, "agent", model.env())
         finishes = Finishes(client)
         try:
             async with anyio.create_task_group() as tg:

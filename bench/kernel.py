@@ -49,8 +49,8 @@ async def run(b: Bench) -> None:
     async with await Client.connect(b.url) as client:
         import os
 
-        worker = b.start_worker({k: v for k, v in os.environ.items() if k == "TOREN_POOL_SIZE"})
-        await b.wait_registered(client.pool, worker)
+        pool_size = {k: v for k, v in os.environ.items() if k == "TOREN_POOL_SIZE"}
+        await b.start_ready_worker(client.pool, "kernel", pool_size)
         try:
             await _sequential(b, client)
             await _concurrent(b, client)

@@ -46,7 +46,6 @@ import psutil
 
 from bench._common import Bench
 from bench.app import Pace, Pacer
-from bench.takeover import SDK_IMPORTED
 from toren import Client
 
 WORKERS = (1, 2, 4)
@@ -197,13 +196,8 @@ async def _ready_workers(
     env["TOREN_MAX_ACTORS"] = str(math.ceil(actors / n))
     logs = [b.tmp / f"sizing-{n}-{i}.log" for i in range(n)]
     procs = [b.start_worker(env, log) for log in logs]
-    deadline = time.monotonic() + 120
     for proc, log in zip(procs, logs, strict=True):
-        await b.wait_registered(client.pool, proc)
-        while SDK_IMPORTED not in log.read_bytes():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker {proc.pid} did not start; see {log}")
-            await anyio.sleep(0.05)
+        await b.wait_ready(client.pool, proc, log, within=120)
     return procs
 
 

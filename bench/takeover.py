@@ -35,8 +35,6 @@ from bench._common import Bench, p99_ms
 from bench.app import Hold, Holder
 from toren import Client, Settings
 
-SDK_IMPORTED = b"imported the anthropic SDK"  # what a worker logs once it has
-
 
 async def _trial(
     b: Bench,
@@ -80,14 +78,7 @@ async def _trial(
 
 async def _started(b: Bench, client: Client, name: str) -> dict[int, subprocess.Popen[bytes]]:
     """A worker started, registered and done importing its agents' SDK."""
-    log = b.tmp / f"takeover-worker-{name}.log"
-    proc = b.start_worker(log=log)
-    await b.wait_registered(client.pool, proc)
-    deadline = time.monotonic() + 60
-    while SDK_IMPORTED not in log.read_bytes():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker {proc.pid} did not import its SDK; see {log}")
-        await anyio.sleep(0.02)
+    proc = await b.start_ready_worker(client.pool, f"takeover-{name}")
     return {proc.pid: proc}
 
 
@@ -129,7 +120,7 @@ async def run(b: Bench) -> None:
         f"claimed after {claims[slowest]:.3f} s; target < 3 s",
     )
     # Which deaths a death watch noticed (its log line names the lock key), and which a poll.
-    logs = "".join(p.read_text(errors="replace") for p in b.tmp.glob("takeover-worker-*.log"))
+    logs = "".join(p.read_text(errors="replace") for p in b.tmp.glob("worker-takeover-*.log"))
     watched = {int(k) for k in re.findall(r"watched worker \(lock key (\d+)\) is gone", logs)}
     noticed = sum(1 for k in keys if k in watched)
     b.results["takeover_noticed_by_watch"] = noticed
