@@ -153,9 +153,9 @@ def main(smoke: bool, only: tuple[str, ...], out: Path | None) -> None:
                 finally:
                     b.stop_workers()
         except Exception:
-            log = tmp / "workers.log"
-            if log.exists():
-                console.print(f"[dim]last lines of the workers' log:\n{log.read_text()[-4000:]}")
+            for log in sorted(tmp.glob("*.log")):  # workers.log and each worker's own
+                tail = log.read_text(errors="replace")[-4000:]
+                console.print(f"last lines of {log.name}:\n{tail}", markup=False, style="dim")
             raise
         finally:
             server.stop()

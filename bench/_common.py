@@ -96,7 +96,7 @@ class Bench:
         """Wait until the worker ``proc`` (its output in ``log``, its own) is registered and
         done importing its SDK."""
         deadline = time.monotonic() + within
-        await self.wait_registered(pool, proc)
+        await self.wait_registered(pool, proc, log)
         while SDK_IMPORTED not in log.read_bytes():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"worker {proc.pid} did not import its SDK; see {log}")
@@ -126,14 +126,17 @@ class Bench:
         self._workers.append(proc)
         return proc
 
-    async def wait_registered(self, pool: asyncpg.Pool, proc: subprocess.Popen[bytes]) -> None:
+    async def wait_registered(
+        self, pool: asyncpg.Pool, proc: subprocess.Popen[bytes], log: Path | None = None
+    ) -> None:
+        """Wait until ``proc`` is registered (its output in ``log``, by default ``workers.log``)."""
         deadline = time.monotonic() + 60
         while not await pool.fetchval(
             "SELECT count(*) FROM toren.workers WHERE pid = $1", proc.pid
         ):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"worker {proc.pid} did not start; see {self.tmp / 'workers.log'}"
+                    f"worker {proc.pid} did not start; see {log or self.tmp / 'workers.log'}"
                 )
             await anyio.sleep(0.02)
 

@@ -196,8 +196,9 @@ async def _ready_workers(
     env["TOREN_MAX_ACTORS"] = str(math.ceil(actors / n))
     logs = [b.tmp / f"sizing-{n}-{i}.log" for i in range(n)]
     procs = [b.start_worker(env, log) for log in logs]
+    deadline = time.monotonic() + 120  # for them all
     for proc, log in zip(procs, logs, strict=True):
-        await b.wait_ready(client.pool, proc, log, within=120)
+        await b.wait_ready(client.pool, proc, log, within=max(1.0, deadline - time.monotonic()))
     return procs
 
 

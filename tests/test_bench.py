@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -108,8 +109,8 @@ SANDBOX_KEYS = {
 CLI_KEYS = {"sandbox_docker_run_d_median_ms", "sandbox_docker_run_rm_median_ms"}
 
 
-# The smoke suite in two halves at once (each its own process and Postgres): about 50 s each on
-# a 2-core machine instead of 100 s in one. A section whose ratio has a baseline in another
+# The smoke suite in two halves at once (each its own process and Postgres): about 65 s on a
+# 2-core machine instead of 100 s in one. A section whose ratio has a baseline in another
 # (kernel and agent against floor and DBOS, schedule against kernel) is in that one's half.
 HALVES = (
     ("cli", "takeover", "parked", "api", "compaction", "activate", "claim"),
@@ -130,6 +131,20 @@ HALVES = (
         "schedule",
     ),
 )
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGINT each running half's process group (the suite stops its workers and Postgres on
+    its way out), SIGKILL what is left after 20 s."""
+    running = [p for p in procs if p.poll() is None]
+    for proc in running:
+        os.killpg(proc.pid, signal.SIGINT)
+    for proc in running:
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def test_the_halves_hold_every_section() -> None:
@@ -158,16 +173,20 @@ def test_the_smoke_suite_runs_every_section_and_writes_every_key(tmp_path: Path)
                     env=env,
                     stdout=sink,
                     stderr=subprocess.STDOUT,
+                    start_new_session=True,  # its workers, Postgres and wrk are stopped with it
                 )
             )
-    deadline = time.monotonic() + 280  # under the pytest timeout: a hung half fails with its output
+    deadline = time.monotonic() + 270  # under the pytest timeout (300 s)
     try:
         codes = [proc.wait(timeout=max(1.0, deadline - time.monotonic())) for proc in procs]
+    except subprocess.TimeoutExpired:
+        _stop(procs)
+        tails = "\n".join(
+            f"--- {log.name}\n{log.read_text(errors='replace')[-3000:]}" for log in logs
+        )
+        pytest.fail(f"the smoke suite did not end within 270 s:\n{tails}", pytrace=False)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        _stop(procs)
     printed = "".join(log.read_text(errors="replace") for log in logs)
     for code, log in zip(codes, logs, strict=True):
         assert code == 0, log.read_text(errors="replace")[-6000:]
