@@ -70,7 +70,7 @@ async def test_a_new_incarnations_check_does_not_probe_a_server_left_out_again()
     async def knocked(stream: anyio.abc.SocketStream) -> None:
         async with stream:
             knocks.append(stream)
-            await anyio.sleep(30)  # never answers
+            await anyio.sleep_forever()  # never answers (cancelled with the task group)
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     stale = f"127.0.0.1:{listener.extra(anyio.abc.SocketAttribute.local_port)}"

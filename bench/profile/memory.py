@@ -75,8 +75,9 @@ if os.environ.get("BENCH_PROFILE_MEMORY"):
             finally:
                 os.dup2(saved, 2)
                 os.close(saved)
-        with open(stem + ".json", "w") as f:
+        with open(stem + ".json.part", "w") as f:
             json.dump(figures, f)
+        os.replace(stem + ".json.part", stem + ".json")  # whole when it appears: the dump's end
 
     signal.signal(signal.SIGUSR2, _dump)
 '''
@@ -91,7 +92,6 @@ async def _dump(pid: int, out: Path) -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise RuntimeError("the worker did not dump its memory figures")
         await anyio.sleep(0.2)
-    await anyio.sleep(0.5)
     return dict(json.loads(path.read_text()), stem=str(path.with_suffix("")))
 
 

@@ -73,9 +73,7 @@ async def _explain_step(client: Client) -> str:
     """EXPLAIN (ANALYZE, BUFFERS) of a Counter's step, as the worker sends it: a fresh actor,
     owned by hand inside the transaction, consumes its tick, appends one event, sends itself
     the next tick and claims it."""
-    actor_id = f"bench/explain/{uuid.uuid4()}"
-    await client.spawn(kernel.Counter, actor_id)
-    await client.send(actor_id, kernel.Tick(n=1, last=10))
+    actor_id = await _ticking(client, "explain", last=10)
     owner = uuid.uuid4()
     execution, planning, plan = [], [], ""
     async with client.pool.acquire() as conn:
@@ -83,16 +81,7 @@ async def _explain_step(client: Client) -> str:
             tr = conn.transaction()
             await tr.start()
             try:
-                epoch = await conn.fetchval(
-                    "UPDATE toren.actors SET owner = $2, epoch = epoch + 1, "
-                    "lease_expires_at = now() + interval '1 minute' WHERE actor_id = $1 "
-                    "RETURNING epoch",
-                    actor_id,
-                    owner,
-                )
-                message_id = await conn.fetchval(
-                    "SELECT id FROM toren.mailbox WHERE actor_id = $1", actor_id
-                )
+                epoch, message_id = await _take(conn, actor_id, owner)
                 inputs = _tick_step(actor_id, owner, epoch, message_id)
                 rows = await conn.fetch(
                     "EXPLAIN (ANALYZE, BUFFERS, WAL) " + STEP, *arguments(inputs)
@@ -116,9 +105,7 @@ async def _plan_cache(client: Client, url: str) -> str:
     """How Postgres plans the step statement as a worker sends it (prepared once, executed many
     times): the plans it chose (``pg_prepared_statements``) and the statement's time seen from
     the client, under each ``plan_cache_mode``. Each execution is rolled back."""
-    actor_id = f"bench/plans/{uuid.uuid4()}"
-    await client.spawn(kernel.Counter, actor_id)
-    await client.send(actor_id, kernel.Tick(n=1, last=10))
+    actor_id = await _ticking(client, "plans", last=10)
     owner = uuid.uuid4()
     lines = ["| plan_cache_mode | custom plans | generic plans | step statement, median ms |",
              "| --- | --- | --- | --- |"]  # fmt: skip
@@ -132,16 +119,7 @@ async def _plan_cache(client: Client, url: str) -> str:
                 tr = conn.transaction()
                 await tr.start()
                 try:
-                    epoch = await conn.fetchval(
-                        "UPDATE toren.actors SET owner = $2, epoch = epoch + 1, "
-                        "lease_expires_at = now() + interval '1 minute' WHERE actor_id = $1 "
-                        "RETURNING epoch",
-                        actor_id,
-                        owner,
-                    )
-                    message_id = await conn.fetchval(
-                        "SELECT id FROM toren.mailbox WHERE actor_id = $1", actor_id
-                    )
+                    epoch, message_id = await _take(conn, actor_id, owner)
                     args = arguments(_tick_step(actor_id, owner, epoch, message_id))
                     t = time.perf_counter()
                     if await prepared.fetchrow(*args) is None:
@@ -228,11 +206,17 @@ LEAN_FRAGMENTS = MappingProxyType(
 )
 
 
-async def _own(client: Client, conn: asyncpg.Connection, owner: uuid.UUID) -> tuple[str, int, int]:
-    """A fresh Counter with one tick queued, owned by ``owner`` by hand: (id, epoch, tick id)."""
-    actor_id = f"bench/chain/{uuid.uuid4()}"
+async def _ticking(client: Client, kind: str, last: int) -> str:
+    """A fresh Counter (its id ``bench/KIND/…``) with one tick queued."""
+    actor_id = f"bench/{kind}/{uuid.uuid4()}"
     await client.spawn(kernel.Counter, actor_id)
-    await client.send(actor_id, kernel.Tick(n=1, last=1))
+    await client.send(actor_id, kernel.Tick(n=1, last=last))
+    return actor_id
+
+
+async def _take(conn: asyncpg.Connection, actor_id: str, owner: uuid.UUID) -> tuple[int, int]:
+    """Own ``actor_id`` as ``owner`` by hand (a new epoch, a lease of an hour): (epoch, the id of
+    its queued message)."""
     epoch = await conn.fetchval(
         "UPDATE toren.actors SET owner = $2, epoch = epoch + 1, "
         "lease_expires_at = now() + interval '1 hour' WHERE actor_id = $1 RETURNING epoch",
@@ -240,7 +224,13 @@ async def _own(client: Client, conn: asyncpg.Connection, owner: uuid.UUID) -> tu
         owner,
     )
     message_id = await conn.fetchval("SELECT id FROM toren.mailbox WHERE actor_id = $1", actor_id)
-    return actor_id, epoch, message_id
+    return epoch, message_id
+
+
+async def _own(client: Client, conn: asyncpg.Connection, owner: uuid.UUID) -> tuple[str, int, int]:
+    """A fresh Counter with one tick queued, owned by ``owner`` by hand: (id, epoch, tick id)."""
+    actor_id = await _ticking(client, "chain", last=1)
+    return actor_id, *await _take(conn, actor_id, owner)
 
 
 # The rows a kernel step writes and nothing else (no fence, no claim, no checks): the least a
